@@ -1,0 +1,15 @@
+"""graphkernel: a graph-kernel fusion compiler and runtime for tensor programs.
+
+Write a network the MindSpore way (an `nn.Cell` whose `construct` calls primitives), switch on
+`context.set_context(enable_graph_kernel=True)`, and graphkernel fuses its operators into
+generated C kernels. See docs/architecture.md for the map of the house.
+"""
+from graphkernel import nn, ops  # noqa: E402  (after Tensor, which they use)
+from graphkernel._version import __version__
+from graphkernel.frontend import context
+from graphkernel.frontend.compile import compile
+from graphkernel.frontend.tensor import Parameter, Tensor
+from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
+
+__all__ = ["__version__", "context", "compile", "Parameter", "Tensor", "nn", "ops", "float16",
+           "float32", "float64", "int32", "int64", "bool_"]

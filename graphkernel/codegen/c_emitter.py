@@ -1,0 +1,359 @@
+"""C source for one fused group: a loop nest over the group's iteration space.
+
+Pointwise groups are one loop nest whose innermost loop is `#pragma omp simd`; reduction groups
+loop over the kept axes outside (OpenMP-parallel above a size threshold) and over the reduced
+axes inside, once per reduction phase, then once more for the epilogue. Transcendentals are
+declared `omp declare simd` so gcc calls glibc's vector math library (libmvec).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphkernel.graph_kernel.schedule import Schedule
+from graphkernel.ir import types as T
+from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opset import PatternKind, get_op
+
+PRELUDE = """\
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <limits.h>
+/* Vector variants from glibc's libmvec: without these declarations gcc calls the scalar libm
+   functions one element at a time. */
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+double tanh(double);
+#pragma omp declare simd notinbranch
+double erf(double);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+"""
+
+
+def c_identifier(text: str) -> str:
+    """A safe C identifier from any text (user names never reach C otherwise)."""
+    # The prefix keeps user names (a cell called `main` or `expf`) off C library symbols.
+    return "gk_" + re.sub(r"[^A-Za-z0-9_]", "_", text)[:80]
+
+
+def c_comment(text: str) -> str:
+    """Text safe inside a C block comment."""
+    return text.replace("*/", "* /").replace("/*", "/ *").replace("\n", " ")
+
+
+def literal(value: np.ndarray) -> str:
+    """A C literal of a 0-d constant, in its compute type."""
+    dt = value.dtype
+    v = value.item()
+    if T.is_float(dt):
+        suffix = "" if dt == T.float64 else "f"
+        if math.isnan(v):
+            return "NAN" if dt != T.float64 else "((double)NAN)"
+        if math.isinf(v):
+            text = "INFINITY" if dt != T.float64 else "((double)INFINITY)"
+            return text if v > 0 else f"(-{text})"
+        return f"({float(v)!r}{suffix})"
+    if dt == T.bool_:
+        return "((bool)1)" if v else "((bool)0)"
+    ctype = T.C_COMPUTE[dt]
+    if dt == T.int64 and v == -(2 ** 63):
+        return "INT64_MIN"
+    if dt == T.int32 and v == -(2 ** 31):
+        return "INT32_MIN"
+    return f"(({ctype}){int(v)}{'LL' if dt == T.int64 else ''})"
+
+
+@dataclass
+class Buffer:
+    """A kernel argument: an input, a non-scalar constant or an output."""
+
+    value: Value
+    aligned: tuple[int, ...]
+    is_output: bool
+    index: int
+    strides: list[int] = field(default_factory=list)  # per loop dim, in elements
+
+    @property
+    def name(self) -> str:
+        return f"out{self.index}" if self.is_output else f"in{self.index}"
+
+
+@dataclass
+class LoopDim:
+    size: int
+    reduced: bool
+    strides: dict[int, int]  # buffer id -> stride
+
+
+@dataclass
+class KernelSource:
+    name: str
+    source: str
+    buffers: list[Buffer]  # in argument order: inputs, constants, outputs
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(acc if dim != 1 else 0)
+        acc *= dim
+    return list(reversed(strides))
+
+
+def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int) -> KernelSource:
+    return _Emitter(graph, name, sched, parallel_threshold).emit()
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int) -> None:
+        self.graph = graph
+        self.name = name
+        self.sched = sched
+        self.threshold = threshold
+        self.lines: list[str] = []
+        self.var: dict[int, str] = {}
+        self.buffers: list[Buffer] = []
+        self.buffer_of: dict[int, Buffer] = {}
+
+    # -- buffers and loops ---------------------------------------------------------------
+    def _collect_buffers(self) -> None:
+        rank = len(self.sched.space)
+        sources: list[Value] = list(self.graph.inputs)
+        for const in self.graph.constants():
+            if not const.is_scalar:
+                sources.append(const)
+        for i, value in enumerate(sources):
+            aligned = self.sched.aligned.get(value.uid, (1,) * (rank - len(value.shape)) +
+                                             tuple(value.shape))
+            buf = Buffer(value, aligned, False, i)
+            self.buffers.append(buf)
+            self.buffer_of[value.uid] = buf
+        for i, value in enumerate(self.graph.outputs):
+            buf = Buffer(value, self.sched.aligned[value.uid], True, i)
+            self.buffers.append(buf)
+
+    def _loop_dims(self) -> list[LoopDim]:
+        space, axes = self.sched.space, self.sched.reduce_axes
+        per_buffer = {id(b): _contiguous_strides(b.aligned) for b in self.buffers}
+        order = [d for d in range(len(space)) if d not in axes] + list(axes)
+        dims = [LoopDim(space[d], d in axes, {k: s[d] for k, s in per_buffer.items()})
+                for d in order if space[d] != 1]
+        merged: list[LoopDim] = []
+        for dim in dims:
+            if merged and merged[-1].reduced == dim.reduced and all(
+                    merged[-1].strides[k] == dim.strides[k] * dim.size for k in dim.strides):
+                prev = merged[-1]
+                merged[-1] = LoopDim(prev.size * dim.size, dim.reduced, dict(dim.strides))
+            else:
+                merged.append(dim)
+        return merged
+
+    # -- expressions --------------------------------------------------------------------------
+    def _offset(self, buf: Buffer, dims: list[LoopDim], upto_reduced: bool) -> str:
+        terms = []
+        for i, dim in enumerate(dims):
+            if dim.reduced and not upto_reduced:
+                continue
+            stride = dim.strides[id(buf)]
+            if stride:
+                terms.append(f"i{i}" if stride == 1 else f"i{i} * {stride}")
+        return " + ".join(terms) or "0"
+
+    def _operand(self, value: Value, dims: list[LoopDim], inner: bool) -> str:
+        if isinstance(value, Constant) and value.is_scalar:
+            return literal(value.value)
+        if value.uid in self.var:
+            return self.var[value.uid]
+        buf = self.buffer_of[value.uid]
+        load = f"{buf.name}[{self._offset(buf, dims, inner)}]"
+        if value.dtype == T.float16:
+            return f"((float){load})"
+        return load
+
+    def _expr(self, node: Node, dims: list[LoopDim], inner: bool) -> str:
+        opdef = get_op(node.op)
+        in_dtypes = [v.dtype for v in node.inputs]
+        out_ct = T.C_COMPUTE[node.dtype]
+        if node.op == "Cast":
+            operand_dtypes = in_dtypes
+        elif node.op == "Select":
+            operand_dtypes = [T.bool_, node.dtype, node.dtype]
+        else:
+            operand_dtypes = [T.promote(*in_dtypes)] * len(in_dtypes)
+        operands = []
+        for value, want in zip(node.inputs, operand_dtypes):
+            text = self._operand(value, dims, inner)
+            if T.C_COMPUTE[value.dtype] != T.C_COMPUTE[want]:
+                text = f"(({T.C_COMPUTE[want]}){text})"
+            operands.append(text)
+        template = opdef.c_template or ""
+        compute = T.C_COMPUTE[operand_dtypes[-1]] if operand_dtypes else out_ct
+        if T.is_float(operand_dtypes[-1]) and "c_float_template" in opdef.extra:
+            template = opdef.extra["c_float_template"]
+        expr = template.format(*operands, f="f" if compute == "float" else "")
+        expr = f"(({out_ct}){expr})"
+        if node.dtype == T.float16:
+            expr = f"((float)(_Float16){expr})"  # round every float16 op, as numpy does
+        return expr
+
+    def _compute(self, nodes: list[Node], dims: list[LoopDim], inner: bool, indent: str) -> None:
+        for node in nodes:
+            var = f"v{len(self.var)}"
+            self.lines.append(f"{indent}const {T.C_COMPUTE[node.dtype]} {var} = "
+                              f"{self._expr(node, dims, inner)};")
+            self.var[node.uid] = var
+
+    def _inner_closure(self, targets: list[Value]) -> list[Node]:
+        """Inner (per-element) nodes needed for targets, in topological order."""
+        needed: set[int] = set()
+        by_uid = {n.uid: n for n in self.graph.nodes}
+        stack = [t.uid for t in targets]
+        while stack:
+            uid = stack.pop()
+            node = by_uid.get(uid)
+            if node is None or uid in needed or self.sched.is_outer(node):
+                continue
+            needed.add(uid)
+            stack.extend(v.uid for v in node.inputs)
+        return [n for n in self.graph.nodes if n.uid in needed]
+
+    def _store(self, buf: Buffer, dims: list[LoopDim], inner: bool, indent: str) -> None:
+        value = self.var[buf.value.uid] if buf.value.uid in self.var else \
+            self._operand(buf.value, dims, inner)
+        storage = T.C_STORAGE[buf.value.dtype]
+        self.lines.append(f"{indent}{buf.name}[{self._offset(buf, dims, inner)}] = "
+                          f"({storage}){value};")
+
+    # -- loop nests ---------------------------------------------------------------------------
+    def _open_loops(self, dims: list[LoopDim], which: list[int], indent: str,
+                    simd: str | None, parallel: bool) -> str:
+        work = int(np.prod(self.sched.space)) if self.sched.space else 1
+        for n, i in enumerate(which):
+            threads = parallel and n == 0 and work >= self.threshold
+            vector = simd is not None and n == len(which) - 1
+            if threads and vector:
+                self.lines.append(f"{indent}#pragma omp parallel for simd{simd} schedule(static)")
+            elif threads:
+                self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+            elif vector:
+                self.lines.append(f"{indent}#pragma omp simd{simd}")
+            self.lines.append(f"{indent}for (int64_t i{i} = 0; i{i} < {dims[i].size}; ++i{i}) {{")
+            indent += "  "
+        return indent
+
+    def _close_loops(self, count: int, indent: str) -> str:
+        for _ in range(count):
+            indent = indent[:-2]
+            self.lines.append(f"{indent}}}")
+        return indent
+
+    def emit(self) -> KernelSource:
+        self._collect_buffers()
+        dims = self._loop_dims()
+        kept = [i for i, d in enumerate(dims) if not d.reduced]
+        reduced = [i for i, d in enumerate(dims) if d.reduced]
+        ops = ", ".join(n.op for n in self.graph.nodes)
+        self.lines.append(f"/* {c_comment(self.name)}: {c_comment(ops)} */")
+        self.lines.append(f"void {self.name}(void *const *args) {{")
+        for k, buf in enumerate(self.buffers):
+            storage = T.C_STORAGE[buf.value.dtype]
+            const = "" if buf.is_output else "const "
+            self.lines.append(f"  {const}{storage} *restrict {buf.name} = "
+                              f"({const}{storage} *)args[{k}];")
+        outputs = [b for b in self.buffers if b.is_output]
+        if not self.sched.is_reduction:
+            indent = self._open_loops(dims, kept, "  ", "" if kept else None, parallel=True)
+            self._compute(self._inner_closure([b.value for b in outputs]), dims, True, indent)
+            for buf in outputs:
+                self._store(buf, dims, True, indent)
+            self._close_loops(len(kept), indent)
+        else:
+            self._emit_reduction(dims, kept, reduced, outputs)
+        self.lines.append("}")
+        return KernelSource(self.name, "\n".join(self.lines) + "\n", self.buffers)
+
+    def _emit_reduction(self, dims: list[LoopDim], kept: list[int], reduced: list[int],
+                        outputs: list[Buffer]) -> None:
+        indent = self._open_loops(dims, kept, "  ", None, parallel=True)
+        outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
+                       get_op(n.op).kind != PatternKind.REDUCE]
+        self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == 0], dims,
+                      False, indent)
+        for phase, reductions in enumerate(self.sched.phases, start=1):
+            clauses = []
+            for red in reductions:
+                acc = f"acc{red.uid}"
+                ct = T.C_COMPUTE[red.dtype]
+                opdef = get_op(red.op)
+                init = opdef.reduce_init or "0"
+                if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
+                    bits = "INT64" if red.dtype == T.int64 else "INT32"
+                    init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
+                self.lines.append(f"{indent}{ct} {acc} = {init};")
+                combine = opdef.reduce_combine
+                if combine in ("max", "min"):
+                    clauses.append(f" reduction({combine}:{acc})")
+                    if T.is_float(red.dtype):
+                        self.lines.append(f"{indent}int nan{red.uid} = 0;")
+                        clauses.append(f" reduction(|:nan{red.uid})")
+                else:
+                    clauses.append(f" reduction({'+' if '+' in combine else '*'}:{acc})")
+            inner_indent = self._open_loops(dims, reduced, indent, "".join(clauses), False)
+            saved = dict(self.var)
+            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
+                          inner_indent)
+            for red in reductions:
+                acc = f"acc{red.uid}"
+                v = self._operand(red.inputs[0], dims, True)
+                combine = get_op(red.op).reduce_combine
+                if combine == "max":
+                    self.lines.append(f"{inner_indent}{acc} = {acc} > {v} ? {acc} : {v};")
+                elif combine == "min":
+                    self.lines.append(f"{inner_indent}{acc} = {acc} < {v} ? {acc} : {v};")
+                else:
+                    self.lines.append(f"{inner_indent}{acc} = {combine.replace('v', v)};")
+                if combine in ("max", "min") and T.is_float(red.dtype):
+                    self.lines.append(f"{inner_indent}nan{red.uid} |= ({v} != {v});")
+            self.var = saved
+            self._close_loops(len(reduced), inner_indent)
+            for red in reductions:
+                acc = f"acc{red.uid}"
+                if get_op(red.op).reduce_combine in ("max", "min") and T.is_float(red.dtype):
+                    self.lines.append(f"{indent}if (nan{red.uid}) {acc} = NAN;")
+                if red.dtype == T.float16:
+                    self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")
+                self.var[red.uid] = acc
+            self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase],
+                          dims, False, indent)
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        if inner_outputs:
+            inner_indent = self._open_loops(dims, reduced, indent, "", False)
+            saved = dict(self.var)
+            self._compute(self._inner_closure([b.value for b in inner_outputs]), dims, True,
+                          inner_indent)
+            for buf in inner_outputs:
+                self._store(buf, dims, True, inner_indent)
+            self.var = saved
+            self._close_loops(len(reduced), inner_indent)
+        for buf in outputs:
+            if self.sched.is_outer(buf.value):
+                self._store(buf, dims, False, indent)
+        self._close_loops(len(kept), indent)

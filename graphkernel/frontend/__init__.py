@@ -1,0 +1,1 @@
+"""Frontend: Tensor, Cell, primitives, context, tracing construct into the IR, the driver."""

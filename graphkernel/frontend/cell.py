@@ -1,0 +1,116 @@
+"""nn.Cell and nn.GraphKernel: networks whose `construct` calls primitives."""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from graphkernel.errors import GraphModeError, InputError
+from graphkernel.frontend import context
+from graphkernel.frontend.tensor import Parameter, Tensor
+from graphkernel.frontend.tracing import Tracer, current_tracer, user_location
+from graphkernel.ir.types import TensorType, TupleType
+
+
+class Cell:
+    """A network or layer. Sub-cells, primitives and Parameters are attributes."""
+
+    def __init__(self, auto_prefix: bool = True) -> None:
+        object.__setattr__(self, "_cells", {})
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_compiled", {})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_cells" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                                 f"before setting attribute {name!r}")
+        if isinstance(value, Cell):
+            self._cells[name] = value
+        elif isinstance(value, Parameter):
+            if not value.name:
+                value.name = name
+            self._params[name] = value
+        object.__setattr__(self, name, value)
+
+    def construct(self, *inputs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must define construct()")
+
+    def cells(self) -> dict[str, Cell]:
+        return dict(self._cells)
+
+    def parameters_and_names(self, prefix: str = "") -> list[tuple[str, Parameter]]:
+        out = [(prefix + name, p) for name, p in self._params.items()]
+        for name, cell in self._cells.items():
+            out += cell.parameters_and_names(f"{prefix}{name}.")
+        return out
+
+    def trainable_params(self) -> list[Parameter]:
+        return [p for _, p in self.parameters_and_names()]
+
+    def __call__(self, *inputs: Any) -> Any:
+        if current_tracer() is not None:
+            return self._traced_call(inputs)
+        if context.get_context("mode") == context.PYNATIVE_MODE:
+            return self.construct(*inputs)
+        from graphkernel.frontend.compile import compile_cached
+        return compile_cached(self, inputs)(*inputs)
+
+    def _traced_call(self, inputs: tuple[Any, ...]) -> Any:
+        # A plain Cell inside a traced construct is inlined.
+        return self.construct(*inputs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class GraphKernel(Cell):
+    """A composite operator the user declares: its `construct` becomes one composite node."""
+
+    def _traced_call(self, inputs: tuple[Any, ...]) -> Any:
+        outer = current_tracer()
+        assert outer is not None
+        loc = user_location()
+        for i, arg in enumerate(inputs):
+            if not isinstance(arg, Tensor):
+                raise InputError(f"{type(self).__name__} (a GraphKernel) takes tensors; input {i} "
+                                 f"is a {type(arg).__name__}", loc)
+        child = Tracer(type(self).__name__, parent=outer)
+        names = _input_names(self, len(inputs))
+        with child:
+            args = [child.add_input(TensorType(a.shape, a.dtype), n)
+                    for a, n in zip(inputs, names)]
+            result = self.construct(*args)
+            outs = result if isinstance(result, (tuple, list)) else (result,)
+            for o in outs:
+                if not isinstance(o, Tensor):
+                    raise GraphModeError(f"{type(self).__name__}.construct must return tensors, "
+                                         f"got {type(o).__name__}", loc)
+            child.graph.outputs = [child.value_of(o) for o in outs]
+        child.graph.returns_tuple = isinstance(result, (tuple, list))
+        operands = [outer.value_of(a) for a in inputs]
+        operands += [outer_value for outer_value, _ in child.captures.values()]
+        out_types = [v.tensor_type for v in child.graph.outputs]
+        type_ = out_types[0] if len(out_types) == 1 else TupleType(tuple(out_types))
+        node = outer.add_node("Composite", operands, {}, type_, loc, subgraph=child.graph,
+                              name=type(self).__name__)
+        if len(out_types) == 1:
+            return Tensor._symbolic(node, outer)
+        items = []
+        for index, item in enumerate(out_types):
+            getter = outer.add_node("GetItem", [node], {"index": index}, item, loc)
+            items.append(Tensor._symbolic(getter, outer))
+        return tuple(items)
+
+
+def _input_names(cell: Cell, count: int) -> list[str]:
+    try:
+        params = [p for p in inspect.signature(cell.construct).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        names = [p.name for p in params]
+    except (TypeError, ValueError):
+        names = []
+    names += [f"input{i}" for i in range(len(names), count)]
+    return names[:count]
+
+
+def input_names(cell: Cell, count: int) -> list[str]:
+    return _input_names(cell, count)

@@ -1,0 +1,126 @@
+"""The driver: trace a cell, run the pipeline, build the executable. Cells in graph mode call
+`compile_cached`; users and tests call `graphkernel.compile`."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import ContextError, GraphModeError, InputError
+from graphkernel.frontend import context
+from graphkernel.frontend.cell import Cell, input_names
+from graphkernel.frontend.tensor import Tensor
+from graphkernel.frontend.tracing import Tracer, user_location
+from graphkernel.graph_kernel.flags import parse_flags
+from graphkernel.graph_kernel.pipeline import (
+    FRONTEND_STAGES,
+    BackendState,
+    CompileOptions,
+    backend_stages,
+)
+from graphkernel.ir import types as T
+from graphkernel.ir.graph import Graph
+from graphkernel.ir.types import TensorType
+from graphkernel.passes.manager import Dumper, run_stages
+from graphkernel.runtime.builder import build_executable
+from graphkernel.runtime.executable import Executable
+
+
+def _signature(args: tuple[Any, ...], cell: Cell) -> list[TensorType]:
+    names = input_names(cell, len(args))
+    types = []
+    for arg, name in zip(args, names):
+        if isinstance(arg, Tensor):
+            types.append(TensorType(arg.shape, arg.dtype))
+        elif isinstance(arg, np.ndarray):
+            types.append(TensorType(tuple(arg.shape), T.to_dtype(arg.dtype)))
+        else:
+            raise InputError(f"{type(cell).__name__} input {name!r} must be a Tensor or a numpy "
+                             f"array in graph mode, got {type(arg).__name__} ({arg!r:.40})")
+    return types
+
+
+def trace(cell: Cell, types: list[TensorType]) -> Graph:
+    """Run `construct` on symbolic tensors; every primitive call becomes a node."""
+    name = type(cell).__name__
+    tracer = Tracer(name)
+    names = input_names(cell, len(types))
+    with tracer:
+        args = [tracer.add_input(t, n) for t, n in zip(types, names)]
+        result = cell._traced_call(tuple(args))
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        values = []
+        for i, out in enumerate(outs):
+            if not isinstance(out, Tensor):
+                raise GraphModeError(f"{name}.construct returned a {type(out).__name__} (output "
+                                     f"{i}); graph mode returns tensors or a tuple of tensors",
+                                     user_location())
+            values.append(tracer.value_of(out))
+    graph = tracer.graph
+    graph.outputs = values
+    graph.returns_tuple = isinstance(result, (tuple, list))
+    # Weights were appended as they were met; user inputs first keeps call order simple.
+    graph.inputs = [i for i in graph.inputs if i.kind == "input"] + \
+        [i for i in graph.inputs if i.kind == "weight"]
+    return graph
+
+
+def options_from_context() -> CompileOptions:
+    return CompileOptions(enable_graph_kernel=context.get_context("enable_graph_kernel"),
+                          flags=parse_flags(context.get_context("graph_kernel_flags")))
+
+
+def _dump_folder() -> str | None:
+    if not context.get_context("save_graphs"):
+        return None
+    folder = os.path.abspath(context.get_context("save_graphs_path"))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ContextError(f"save_graphs_path {folder} cannot be created: {exc}") from exc
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ContextError(f"save_graphs_path {folder} is not writable; choose another folder "
+                           "with context.set_context(save_graphs_path=...)")
+    return folder
+
+
+def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> Executable:
+    """Compile `cell` for the signature of `inputs` with the current context settings."""
+    start = time.perf_counter()
+    types = _signature(inputs, cell)
+    options = options or options_from_context()
+    folder = _dump_folder()
+    graph = trace(cell, types)
+    dumper = Dumper(folder) if folder is not None else None
+    results = run_stages(graph, FRONTEND_STAGES, dumper)
+    state = BackendState()
+    results += run_stages(results[-1].graph, backend_stages(options, state), dumper)
+    final = results[-1].graph
+    exe = build_executable(final, type(cell).__name__, folder, options.cost)
+    exe.stages = {r.name: r.graph for r in results}
+    exe.stage_docs = {r.name: r.doc for r in results}
+    exe.reasons = state.reasons
+    exe.compile_seconds = time.perf_counter() - start
+    exe.dump_files = list(dumper.written) if dumper else []
+    if dumper is not None and options.flags.dump_as_text:
+        path = os.path.join(folder, "graph_kernel_summary.txt")  # type: ignore[arg-type]
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(exe.summary() + "\n")
+        exe.dump_files.append(path)
+    return exe
+
+
+def compile_cached(cell: Cell, inputs: tuple[Any, ...]) -> Executable:
+    """The executable for this cell, input signature and context (compiled on first use)."""
+    types = _signature(inputs, cell)
+    snap = context.snapshot()
+    key = (tuple((t.shape, t.dtype.str) for t in types),
+           tuple(sorted((k, str(v)) for k, v in snap.items())))
+    cache = cell._compiled
+    exe = cache.get(key)
+    if exe is None:
+        exe = compile(cell, *inputs)
+        cache[key] = exe
+    return exe

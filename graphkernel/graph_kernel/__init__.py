@@ -1,0 +1,1 @@
+"""graph_kernel layer."""

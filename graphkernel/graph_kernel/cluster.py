@@ -1,0 +1,349 @@
+"""Clustering: grow fused groups over producer -> consumer edges, one legality rule at a time.
+
+The rules, checked in order for each edge (the first that refuses is the recorded reason):
+  flag     - an op is excluded by graph_kernel_flags (or the opt level);
+  pattern  - an op is opaque or injective: it runs as its own library kernel or view;
+  limit    - the merged group would exceed composite_op_limit_size ops;
+  cycle    - the merged group would depend on itself through an outside op;
+  shape    - the merged group has no single iteration space (schedule.analyze);
+  cost     - legal, but the cost model says it does not pay.
+Groups are materialised as composite nodes named after their members (Fused_Mul_Add_Mul).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
+from graphkernel.graph_kernel.flags import GraphKernelFlags
+from graphkernel.graph_kernel.reasons import FusionReason
+from graphkernel.graph_kernel.schedule import NotSchedulable, analyze, fusible_op
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.types import TupleType
+
+
+@dataclass
+class Group:
+    units: list[Node]  # top-level nodes (composites or basic ops), plus attached GetItems
+    gid: int
+
+    def op_count(self) -> int:
+        return sum(len(flat_ops(u)) for u in self.units if u.op != "GetItem")
+
+
+@dataclass
+class ClusterResult:
+    graph: Graph
+    reasons: list[FusionReason] = field(default_factory=list)
+
+
+def flat_ops(node: Node) -> list[Node]:
+    if node.subgraph is None:
+        return [node]
+    out: list[Node] = []
+    for inner in node.subgraph.nodes:
+        out.extend(flat_ops(inner))
+    return out
+
+
+def op_refusal(op: str, flags: GraphKernelFlags) -> tuple[str, str] | None:
+    """Why a basic op may not join any group: (rule, detail), or None."""
+    if op in flags.disable_cluster_ops:
+        return "flag", f"{op} is listed in --disable_cluster_ops"
+    opdef = get_op(op)
+    if op == "GetItem":
+        return "pattern", "GetItem selects an output of a multi-output op"
+    if not fusible_op(op):
+        if opdef.kind == PatternKind.OPAQUE:
+            return "pattern", f"{op} is opaque: it runs as a library kernel"
+        return "pattern", f"{op} is {opdef.kind.name.lower()}: it runs as a view or copy of its own"
+    if flags.opt_level <= 1 and opdef.kind == PatternKind.REDUCE and \
+            op not in flags.enable_cluster_ops:
+        return "flag", f"opt_level {flags.opt_level} fuses elementwise ops only"
+    return None
+
+
+def flatten(units: list[Node]) -> tuple[list[Node], dict[int, Value]]:
+    """Copies of the basic ops of `units` with composites inlined.
+
+    Returns the ops in order and a map from each unit's result (a single-output unit, or a
+    GetItem of a multi-output one) to the flattened value that computes it.
+    """
+    nodes: list[Node] = []
+
+    def inline_all(graph_nodes: list[Node], env: dict[int, Value],
+                   tuples: dict[int, list[Value]]) -> None:
+        for node in graph_nodes:
+            if node.op == "GetItem" and node.inputs[0].uid in tuples:
+                env[node.uid] = tuples[node.inputs[0].uid][node.attrs["index"]]
+                continue
+            results = inline(node, env)
+            if isinstance(node.type, TupleType):
+                tuples[node.uid] = results
+            else:
+                env[node.uid] = results[0]
+
+    def inline(node: Node, env: dict[int, Value]) -> list[Value]:
+        if node.subgraph is None:
+            copy = Node(node.op, [env.get(v.uid, v) for v in node.inputs], node.attrs,
+                        node.type, node.name, node.loc)
+            nodes.append(copy)
+            return [copy]
+        inner_env = {inner.uid: env.get(outer.uid, outer)
+                     for outer, inner in zip(node.inputs, node.subgraph.inputs)}
+        inline_all(node.subgraph.nodes, inner_env, {})
+        return [inner_env.get(o.uid, o) for o in node.subgraph.outputs]
+
+    env: dict[int, Value] = {}
+    inline_all(units, env, {})
+    return nodes, env
+
+
+class Clusterer:
+    def __init__(self, graph: Graph, flags: GraphKernelFlags, allow_composites: bool,
+                 stage: str, cost: CostModel = DEFAULT_COST_MODEL) -> None:
+        self.graph = graph
+        self.flags = flags
+        self.allow_composites = allow_composites
+        self.stage = stage
+        self.cost = cost
+        self.pos = {n.uid: i for i, n in enumerate(graph.nodes)}
+        self.by_uid = {n.uid: n for n in graph.nodes}
+        self.users = graph.users()
+        self.output_uids = {v.uid for v in graph.outputs}
+        self.group_of: dict[int, Group] = {}
+        self.reasons: dict[tuple[int, int], FusionReason] = {}
+
+    # -- which nodes may join groups ------------------------------------------------------
+    def unit_refusal(self, node: Node) -> tuple[str, str] | None:
+        if node.subgraph is None:
+            return op_refusal(node.op, self.flags)
+        if not self.allow_composites:
+            return "pattern", (f"composite {node.name} joins other ops in the composite-op "
+                               "fusion stage")
+        for inner in flat_ops(node):
+            refusal = op_refusal(inner.op, self.flags)
+            if refusal is not None:
+                return refusal[0], f"composite {node.name} contains {inner.op}: {refusal[1]}"
+        return None
+
+    def run(self) -> ClusterResult:
+        for gid, node in enumerate(self.graph.nodes):
+            if node.op == "GetItem" and node.inputs[0].uid in self.group_of:
+                group = self.group_of[node.inputs[0].uid]
+                group.units.append(node)
+                self.group_of[node.uid] = group
+                continue
+            if node.op != "GetItem" and self.unit_refusal(node) is None:
+                self.group_of[node.uid] = Group([node], gid)
+        for node in self.graph.nodes:
+            if node.op == "GetItem":
+                continue
+            for value in node.inputs:
+                producer = self._producer(value)
+                if producer is None:
+                    continue
+                self._try_merge(producer, node)
+        return ClusterResult(self._materialise(), self._final_reasons())
+
+    def _producer(self, value: Value) -> Node | None:
+        node = self.by_uid.get(value.uid)
+        if node is not None and node.op == "GetItem":
+            node = self.by_uid.get(node.inputs[0].uid, node)
+        return node
+
+    def _refuse(self, producer: Node, consumer: Node, rule: str, detail: str) -> None:
+        self.reasons[(producer.uid, consumer.uid)] = FusionReason(
+            self.stage, producer.name, consumer.name, rule, detail)
+
+    def _try_merge(self, producer: Node, consumer: Node) -> None:
+        a, b = self.group_of.get(producer.uid), self.group_of.get(consumer.uid)
+        if a is not None and a is b:
+            return
+        for node in (producer, consumer):
+            refusal = None if node.uid in self.group_of else self.unit_refusal(node)
+            if refusal is not None:
+                self._refuse(producer, consumer, *refusal)
+                return
+        assert a is not None and b is not None
+        if a.op_count() + b.op_count() > self.flags.composite_op_limit_size:
+            self._refuse(producer, consumer, "limit",
+                         f"together they would hold {a.op_count() + b.op_count()} ops "
+                         f"(--composite_op_limit_size={self.flags.composite_op_limit_size})")
+            return
+        if self._creates_cycle(a, b):
+            self._refuse(producer, consumer, "cycle",
+                         "another op outside both depends on the first and feeds the second")
+            return
+        units = sorted(a.units + b.units, key=lambda n: self.pos[n.uid])
+        nodes, inputs, outputs, _ = self.describe(units)
+        try:
+            sched = analyze(nodes, outputs)
+        except NotSchedulable as exc:
+            self._refuse(producer, consumer, "shape", str(exc))
+            return
+        reason = self.cost.decline(nodes, inputs, sched)
+        if reason is not None:
+            self._refuse(producer, consumer, "cost", reason)
+            return
+        a.units = units
+        for unit in b.units:
+            self.group_of[unit.uid] = a
+        self.reasons.pop((producer.uid, consumer.uid), None)
+
+    def describe(self, units: list[Node]) -> tuple[list[Node], list[Value], list[Value],
+                                                   list[tuple[Node, Value]]]:
+        """Flattened ops, external inputs, outputs, and (unit result, flat value) pairs."""
+        nodes, value_map = flatten(units)
+        member = {u.uid for u in units}
+        flat_ids = {n.uid for n in nodes}
+        inputs: list[Value] = []
+        seen: set[int] = set()
+        for node in nodes:
+            for v in node.inputs:
+                if v.uid not in flat_ids and v.uid not in seen and not (
+                        isinstance(v, Constant) and v.is_scalar):
+                    seen.add(v.uid)
+                    inputs.append(v)
+        exported: list[tuple[Node, Value]] = []
+        for unit in units:
+            if unit.uid not in value_map:
+                continue
+            used_outside = unit.uid in self.output_uids or any(
+                u.uid not in member for u in self.users.get(unit.uid, []))
+            if used_outside:
+                exported.append((unit, value_map[unit.uid]))
+        outputs: list[Value] = []
+        for _, v in exported:
+            if v not in outputs:
+                outputs.append(v)
+        return nodes, inputs, outputs, exported
+
+    def _creates_cycle(self, a: Group, b: Group) -> bool:
+        members = {u.uid for u in a.units} | {u.uid for u in b.units}
+        for src, dst in ((a, b), (b, a)):
+            targets = {u.uid for u in dst.units}
+            limit = max(self.pos[u] for u in targets)
+            stack = [w for u in src.units for w in self.users.get(u.uid, [])
+                     if w.uid not in members]
+            seen: set[int] = set()
+            while stack:
+                node = stack.pop()
+                if node.uid in seen or self.pos[node.uid] > limit:
+                    continue
+                seen.add(node.uid)
+                for w in self.users.get(node.uid, []):
+                    if w.uid in targets:
+                        return True
+                    if w.uid not in members:
+                        stack.append(w)
+        return False
+
+    # -- results ------------------------------------------------------------------------------
+    def _final_reasons(self) -> list[FusionReason]:
+        out = []
+        for (p, c), reason in self.reasons.items():
+            gp, gc = self.group_of.get(p), self.group_of.get(c)
+            if gp is None or gp is not gc:
+                out.append(reason)
+        return out
+
+    def _materialise(self) -> Graph:
+        groups: dict[int, Group] = {}
+        for group in self.group_of.values():
+            groups[id(group)] = group
+        replacement: dict[int, Node] = {}  # first unit uid -> fused node
+        remap: dict[int, Value] = {}
+        fused_units: set[int] = set()
+        taken_names = {n.name for n in self.graph.nodes}
+        for group in groups.values():
+            real = [u for u in group.units if u.op != "GetItem"]
+            if len(real) < 2:
+                continue
+            nodes, inputs, outputs, exported = self.describe(group.units)
+            sub_inputs = [Input(v.tensor_type, f"in{i}") for i, v in enumerate(inputs)]
+            outer_to_inner = {v.uid: s for v, s in zip(inputs, sub_inputs)}
+            for node in nodes:
+                node.inputs = [outer_to_inner.get(v.uid, v) for v in node.inputs]
+            ops = [n.op for n in nodes]
+            name = fused_name(ops, taken_names)
+            taken_names.add(name)
+            sub = Graph(name, sub_inputs, nodes, outputs)
+            type_ = outputs[0].type if len(outputs) == 1 else TupleType(
+                tuple(o.tensor_type for o in outputs))
+            fused = Node("Composite", inputs, {}, type_, name, real[0].loc, sub)
+            fused.notes["members"] = ", ".join(u.name for u in real)
+            replacement[group.units[0].uid] = fused
+            fused_units.update(u.uid for u in group.units)
+            for unit, flat in exported:
+                index = outputs.index(flat)
+                if len(outputs) == 1:
+                    remap[unit.uid] = fused
+                else:
+                    getter = Node("GetItem", [fused], {"index": index}, flat.type, "GetItem",
+                                  unit.loc)
+                    remap[unit.uid] = getter
+        if not replacement:
+            return self.graph
+        return _rebuild(self.graph, replacement, fused_units, remap)
+
+
+def _rebuild(graph: Graph, replacement: dict[int, Node], fused_units: set[int],
+             remap: dict[int, Value]) -> Graph:
+    """New node list in a topological order of the quotient graph (Kahn's algorithm)."""
+    items: list[Node] = []
+    for node in graph.nodes:
+        if node.uid in replacement:
+            items.append(replacement[node.uid])
+        elif node.uid not in fused_units:
+            items.append(node)
+    getters = [v for v in remap.values() if isinstance(v, Node) and v.op == "GetItem"]
+    for node in items:
+        node.inputs = [remap.get(v.uid, v) for v in node.inputs]
+    items += getters
+    producers = {n.uid: n for n in items}
+    order = {n.uid: i for i, n in enumerate(items)}
+    indegree = {n.uid: 0 for n in items}
+    consumers: dict[int, list[Node]] = {}
+    for node in items:
+        for v in {v.uid for v in node.inputs}:
+            if v in producers:
+                indegree[node.uid] += 1
+                consumers.setdefault(v, []).append(node)
+    import heapq
+    ready = [(order[n.uid], n.uid) for n in items if indegree[n.uid] == 0]
+    heapq.heapify(ready)
+    result: list[Node] = []
+    while ready:
+        _, uid = heapq.heappop(ready)
+        node = producers[uid]
+        result.append(node)
+        for user in consumers.get(uid, []):
+            indegree[user.uid] -= 1
+            if indegree[user.uid] == 0:
+                heapq.heappush(ready, (order[user.uid], user.uid))
+    assert len(result) == len(items), "fusion created a cycle"
+    graph.nodes = result
+    graph.outputs = [remap.get(v.uid, v) for v in graph.outputs]
+    return graph
+
+
+def fused_name(ops: list[str], taken: set[str]) -> str:
+    if len(ops) <= 8:
+        base = "Fused_" + "_".join(ops)
+    else:
+        base = "Fused_" + "_".join(ops[:4]) + f"_and_{len(ops) - 4}_more"
+    name, n = base, 1
+    while name in taken:
+        name = f"{base}_{n}"
+        n += 1
+    return name
+
+
+def cluster(graph: Graph, flags: GraphKernelFlags, allow_composites: bool, stage: str,
+            cost: CostModel = DEFAULT_COST_MODEL) -> ClusterResult:
+    return Clusterer(graph, flags, allow_composites, stage, cost).run()
+
+
+def is_scalar_constant(value: Value) -> bool:
+    return isinstance(value, Constant) and value.is_scalar

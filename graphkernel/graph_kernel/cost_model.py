@@ -1,0 +1,42 @@
+"""When fusing is legal but not worth it. Tunable heuristics live here, apart from legality
+(graph_kernel/cluster.py and schedule.py decide what *can* fuse)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.graph_kernel.schedule import Schedule
+from graphkernel.ir.graph import Constant, Node, Value
+
+# Ops costing far more than a load: recomputing them for every element of a larger iteration
+# space can cost more than the memory traffic fusion saves.
+EXPENSIVE_OPS = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt", "RealDiv",
+                           "Reciprocal"})
+
+
+@dataclass(frozen=True)
+class CostModel:
+    max_inputs: int = 24
+    recompute_limit: int = 8  # an expensive op may be recomputed at most this many times over
+    # Elements of iteration space above which a kernel's outer loop runs on OpenMP threads:
+    # below it the fork/join costs more than the work (measured on the 2-core VMs).
+    parallel_threshold: int = 1 << 17
+
+    def decline(self, nodes: list[Node], inputs: list[Value], sched: Schedule) -> str | None:
+        """A reason not to fuse, or None when fusing pays."""
+        buffers = [v for v in inputs if not (isinstance(v, Constant) and v.is_scalar)]
+        if len(buffers) > self.max_inputs:
+            return f"the kernel would read {len(buffers)} inputs (limit {self.max_inputs})"
+        space = int(np.prod(sched.space)) if sched.space else 1
+        for node in nodes:
+            if node.op not in EXPENSIVE_OPS or sched.is_outer(node):
+                continue
+            size = int(np.prod(sched.aligned[node.uid])) if sched.aligned[node.uid] else 1
+            if size and space // max(size, 1) > self.recompute_limit:
+                return (f"{node.op} on {size} elements would be recomputed "
+                        f"{space // size}x across the iteration space {sched.space}")
+        return None
+
+
+DEFAULT_COST_MODEL = CostModel()

@@ -1,0 +1,153 @@
+"""Which fused groups one generated loop nest can compute, and how: the iteration space.
+
+A group is schedulable when every value in it maps onto one iteration space `space`:
+- pointwise: `space` is the shape of the group's outputs; every value broadcasts into it;
+- row reduction: every reduction has the same input shape (`space`) and the same axes; values
+  that do not vary along the reduced axes ("outer" values: reduction results and what is computed
+  from them) are computed once per outer point; the others ("inner") inside the loops over the
+  reduced axes. Reductions run in phases: a reduction whose input depends on another reduction
+  (Softmax's sum of exp(x - max)) runs in a later pass over the same row.
+
+Clustering asks `analyze` whether a candidate group is legal; codegen builds loops from the
+returned Schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel.ir.graph import Constant, Node, Value
+from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.types import normalize_axes
+
+
+class NotSchedulable(Exception):
+    """The group cannot be one loop nest; the message says why (shown as a fusion reason)."""
+
+
+@dataclass
+class Schedule:
+    space: tuple[int, ...]
+    reduce_axes: tuple[int, ...]
+    # Every value's shape right-aligned to len(space) (reductions: reduced axes set to 1).
+    aligned: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # uid -> 0 for values computed per element (inner), or 1 + phase after which an outer value
+    # can be computed (0 phase = before any reduction).
+    outer_phase: dict[int, int] = field(default_factory=dict)
+    # Reductions grouped by phase (phase 1 first).
+    phases: list[list[Node]] = field(default_factory=list)
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.reduce_axes)
+
+    def is_outer(self, value: Value) -> bool:
+        return value.uid in self.outer_phase
+
+
+def fusible_op(op: str) -> bool:
+    """Basic ops the loop-nest generator computes."""
+    opdef = get_op(op)
+    if opdef.kind == PatternKind.REDUCE:
+        return opdef.reduce_combine is not None
+    return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
+        opdef.c_template is not None
+
+
+def _align(shape: tuple[int, ...], rank: int, what: str) -> tuple[int, ...]:
+    if len(shape) > rank:
+        raise NotSchedulable(f"{what} has rank {len(shape)}, more than the kernel's {rank}")
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
+    """The schedule of a group of basic ops (in topological order) with the given outputs."""
+    for node in nodes:
+        if node.subgraph is not None or not fusible_op(node.op):
+            raise NotSchedulable(f"{node.op} has no loop-nest code template")
+    reductions = [n for n in nodes if get_op(n.op).kind == PatternKind.REDUCE]
+    if reductions:
+        first = reductions[0].inputs[0]
+        space = tuple(first.shape)
+        axes = normalize_axes(reductions[0].attrs.get("axis", ()), len(space))
+        for red in reductions[1:]:
+            shape = tuple(red.inputs[0].shape)
+            red_axes = normalize_axes(red.attrs.get("axis", ()), len(shape))
+            if shape != space or red_axes != axes:
+                raise NotSchedulable(f"reductions over different spaces: {space} axes {axes} vs "
+                                     f"{shape} axes {red_axes}")
+    else:
+        space = ()
+        for out in outputs:
+            if len(out.shape) > len(space) or out.shape != space:
+                space = _broadcast_or_fail(space, tuple(out.shape))
+        axes = ()
+    rank = len(space)
+    sched = Schedule(space, axes)
+    in_group = {n.uid for n in nodes}
+    reduce_phase: dict[int, int] = {}
+    depends_phase: dict[int, int] = {}  # uid -> highest reduction phase it depends on
+    for node in nodes:
+        for value in node.inputs:
+            if value.uid not in in_group and value.uid not in sched.aligned:
+                sched.aligned[value.uid] = _check_fits(_align(value.shape, rank, value.name),
+                                                       space, value.name)
+        dep = max((depends_phase.get(v.uid, 0) for v in node.inputs), default=0)
+        if get_op(node.op).kind == PatternKind.REDUCE:
+            if sched.aligned[node.inputs[0].uid] != space:
+                raise NotSchedulable(f"{node.op} input {node.inputs[0].name} does not span the "
+                                     f"whole iteration space {space}")
+            phase = dep + 1
+            reduce_phase[node.uid] = phase
+            depends_phase[node.uid] = phase
+            while len(sched.phases) < phase:
+                sched.phases.append([])
+            sched.phases[phase - 1].append(node)
+            sched.aligned[node.uid] = tuple(1 if i in axes else d for i, d in enumerate(space))
+            sched.outer_phase[node.uid] = phase
+            continue
+        aligned = _check_fits(_align(node.shape, rank, node.name), space, node.name)
+        for value in node.inputs:
+            if value.uid in reduce_phase and not value_keeps_dims(value):
+                raise NotSchedulable(f"{value.name} (a reduction without keep_dims) is used by "
+                                     f"{node.op} inside the kernel")
+        sched.aligned[node.uid] = aligned
+        depends_phase[node.uid] = dep
+        if axes and all(aligned[a] == 1 for a in axes) and all(
+                v.uid not in in_group or v.uid in sched.outer_phase or isinstance(v, Constant)
+                for v in node.inputs):
+            sched.outer_phase[node.uid] = dep
+    # An inner value that depends on a reduction may only be used after that reduction's phase:
+    # guaranteed because phases follow dependencies. Outputs must be writable once per element.
+    for out in outputs:
+        if out.uid not in in_group:
+            raise NotSchedulable(f"output {out.name} is not computed by the group")
+        aligned = sched.aligned[out.uid]
+        if out.uid in sched.outer_phase and axes:
+            expected = tuple(1 if i in axes else d for i, d in enumerate(space))
+            if aligned != expected:
+                raise NotSchedulable(f"output {out.name} of shape {out.shape} is neither the "
+                                     f"iteration space {space} nor its reduction")
+        elif aligned != space:
+            raise NotSchedulable(f"output {out.name} of shape {out.shape} would be written more "
+                                 f"than once in the iteration space {space}")
+    return sched
+
+
+def value_keeps_dims(value: Value) -> bool:
+    return bool(getattr(value, "attrs", {}).get("keep_dims", False))
+
+
+def _broadcast_or_fail(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    from graphkernel.ir.types import broadcast_shapes
+    try:
+        return broadcast_shapes(a, b)
+    except Exception as exc:
+        raise NotSchedulable(f"outputs of shapes {a} and {b} share no iteration space") from exc
+
+
+def _check_fits(aligned: tuple[int, ...], space: tuple[int, ...], what: str) -> tuple[int, ...]:
+    for dim, size in zip(aligned, space):
+        if dim not in (1, size):
+            raise NotSchedulable(f"{what} of shape {aligned} does not fit the iteration space "
+                                 f"{space}")
+    return aligned

@@ -1,0 +1,11 @@
+"""The IR layer: types, the op table, graphs, the verifier, the text printer and DOT export.
+
+It imports nothing from the layers above it (frontend, passes, graph_kernel, codegen, runtime,
+tools).
+"""
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.opset import OPS, OpDef, PatternKind, get_op
+from graphkernel.ir.types import TensorType, TupleType
+
+__all__ = ["Constant", "Graph", "Input", "Node", "Value", "OPS", "OpDef", "PatternKind",
+           "get_op", "TensorType", "TupleType"]

@@ -1,0 +1,179 @@
+"""The graph IR: values (inputs, constants, op nodes) in a topologically ordered graph.
+
+A composite node (a user's GraphKernel cell, an expanded op, or a fused group) holds its own
+subgraph; its inputs map one to one onto the subgraph's inputs and its outputs onto the
+subgraph's outputs. An op with several outputs has a TupleType; `GetItem` nodes pick items.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import SourceLocation
+from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.types import TensorType, TupleType, ValueType
+
+_ids = itertools.count()
+
+
+class Value:
+    """Anything a node can consume."""
+
+    type: ValueType
+    name: str
+
+    def __init__(self, type_: ValueType, name: str) -> None:
+        self.type = type_
+        self.name = name
+        self.uid = next(_ids)
+
+    @property
+    def tensor_type(self) -> TensorType:
+        assert isinstance(self.type, TensorType), f"{self.name} is a tuple"
+        return self.type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.tensor_type.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tensor_type.dtype
+
+
+class Input(Value):
+    """A graph parameter: a call argument (`kind="input"`) or a Cell's Parameter (`"weight"`)."""
+
+    def __init__(self, type_: TensorType, name: str, kind: str = "input",
+                 binding: Any = None) -> None:
+        super().__init__(type_, name)
+        self.kind = kind
+        self.binding = binding  # the Parameter object a weight reads at call time
+
+
+class Constant(Value):
+    """A constant array; a 0-d constant is a scalar that code generators inline."""
+
+    def __init__(self, value: np.ndarray, name: str = "") -> None:
+        value = np.array(value, copy=True)  # never alias (or freeze) a user's array
+        super().__init__(TensorType(tuple(value.shape), value.dtype), name or "const")
+        self.value = value
+        self.value.setflags(write=False)
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.value.ndim == 0
+
+    def literal(self) -> str:
+        """Readable text of the constant (scalars; small arrays are summarised)."""
+        if self.is_scalar:
+            v = self.value.item()
+            return repr(v)
+        return f"array{self.type}"
+
+
+class Node(Value):
+    """An op applied to values."""
+
+    def __init__(self, op: str, inputs: list[Value], attrs: dict[str, Any], type_: ValueType,
+                 name: str = "", loc: SourceLocation | None = None,
+                 subgraph: Graph | None = None) -> None:
+        super().__init__(type_, name or op)
+        self.op = op
+        self.inputs = list(inputs)
+        self.attrs = dict(attrs)
+        self.loc = loc
+        self.subgraph = subgraph
+        # Free-form notes from passes (e.g. the origin of a fused node), shown in dumps.
+        self.notes: dict[str, Any] = {}
+
+    @property
+    def is_composite(self) -> bool:
+        return self.subgraph is not None
+
+    @property
+    def kind(self) -> PatternKind:
+        if self.subgraph is not None:
+            return max((n.kind for n in self.subgraph.nodes), default=PatternKind.ELEMWISE)
+        return get_op(self.op).kind
+
+    def __repr__(self) -> str:
+        return f"<Node {self.name}: {self.op} -> {self.type}>"
+
+
+class Graph:
+    """A function: inputs, nodes in topological order, outputs."""
+
+    def __init__(self, name: str, inputs: list[Input] | None = None,
+                 nodes: list[Node] | None = None, outputs: list[Value] | None = None) -> None:
+        self.name = name
+        self.inputs: list[Input] = list(inputs or [])
+        self.nodes: list[Node] = list(nodes or [])
+        self.outputs: list[Value] = list(outputs or [])
+        # Set by tracing: the output is a tuple (construct returned a tuple).
+        self.returns_tuple = False
+
+    # -- queries --------------------------------------------------------------------------
+    def users(self) -> dict[int, list[Node]]:
+        """uid of a value -> nodes that consume it."""
+        out: dict[int, list[Node]] = {}
+        for node in self.nodes:
+            for value in node.inputs:
+                out.setdefault(value.uid, []).append(node)
+        return out
+
+    def constants(self) -> list[Constant]:
+        seen: dict[int, Constant] = {}
+        for node in self.nodes:
+            for value in node.inputs:
+                if isinstance(value, Constant):
+                    seen.setdefault(value.uid, value)
+        for value in self.outputs:
+            if isinstance(value, Constant):
+                seen.setdefault(value.uid, value)
+        return list(seen.values())
+
+    def walk(self) -> Iterable[Node]:
+        """Every node, descending into composites."""
+        for node in self.nodes:
+            yield node
+            if node.subgraph is not None:
+                yield from node.subgraph.walk()
+
+    def op_count(self) -> int:
+        return len(self.nodes)
+
+    # -- edits ----------------------------------------------------------------------------
+    def replace_uses(self, old: Value, new: Value) -> None:
+        for node in self.nodes:
+            node.inputs = [new if v is old else v for v in node.inputs]
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+    def clone(self) -> Graph:
+        """A deep copy: new value objects, same structure (constants are shared, immutable)."""
+        mapping: dict[int, Value] = {}
+        inputs = []
+        for inp in self.inputs:
+            new_inp = Input(inp.tensor_type, inp.name, inp.kind, inp.binding)
+            mapping[inp.uid] = new_inp
+            inputs.append(new_inp)
+        nodes = []
+        for node in self.nodes:
+            new_node = Node(node.op, [mapping.get(v.uid, v) for v in node.inputs], node.attrs,
+                            node.type, node.name, node.loc,
+                            node.subgraph.clone() if node.subgraph is not None else None)
+            new_node.notes = dict(node.notes)
+            mapping[node.uid] = new_node
+            nodes.append(new_node)
+        graph = Graph(self.name, inputs, nodes, [mapping.get(v.uid, v) for v in self.outputs])
+        graph.returns_tuple = self.returns_tuple
+        return graph
+
+
+def output_types(node: Value) -> tuple[TensorType, ...]:
+    if isinstance(node.type, TupleType):
+        return node.type.items
+    return (node.type,)

@@ -1,0 +1,151 @@
+"""Tensor types: dtypes, shapes, broadcasting and scalar promotion rules."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.errors import DTypeError, ShapeError
+
+float16 = np.dtype("float16")
+float32 = np.dtype("float32")
+float64 = np.dtype("float64")
+int32 = np.dtype("int32")
+int64 = np.dtype("int64")
+bool_ = np.dtype("bool")
+
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = (float16, float32, float64, int32, int64, bool_)
+FLOAT_DTYPES = (float16, float32, float64)
+INT_DTYPES = (int32, int64)
+
+# The C type that stores each dtype, and the type arithmetic runs in (float16 computes in float,
+# rounding after every op as numpy does).
+C_STORAGE = {float16: "_Float16", float32: "float", float64: "double",
+             int32: "int32_t", int64: "int64_t", bool_: "bool"}
+C_COMPUTE = {float16: "float", float32: "float", float64: "double",
+             int32: "int32_t", int64: "int64_t", bool_: "bool"}
+
+
+def to_dtype(value: object) -> np.dtype:
+    """Normalise a dtype-like (numpy dtype, type, or name) to a supported numpy dtype."""
+    try:
+        dt = np.dtype(value)  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise DTypeError(f"not a dtype: {value!r}") from exc
+    if dt not in SUPPORTED_DTYPES:
+        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+        raise DTypeError(f"dtype {dt.name} is not supported; supported dtypes: {names}")
+    return dt
+
+
+def is_float(dt: np.dtype) -> bool:
+    return dt in FLOAT_DTYPES
+
+
+def is_int(dt: np.dtype) -> bool:
+    return dt in INT_DTYPES
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """The static type of a value: its shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.dtype.name}[{dims}]"
+
+
+@dataclass(frozen=True)
+class TupleType:
+    """The type of an op with several outputs (e.g. LayerNorm, a multi-output fused kernel)."""
+
+    items: tuple[TensorType, ...]
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(str(t) for t in self.items) + ")"
+
+
+ValueType = TensorType | TupleType
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """NumPy broadcasting; the error names every shape involved."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[int] = []
+    for axis in range(rank):
+        size = 1
+        for shape in shapes:
+            dim = shape[axis - rank + len(shape)] if axis - rank + len(shape) >= 0 else 1
+            if dim == 1:
+                continue
+            if size not in (1, dim):
+                listed = " and ".join(str(tuple(s)) for s in shapes)
+                raise ShapeError(f"shapes {listed} do not broadcast (axis {axis - rank}: "
+                                 f"{size} vs {dim})")
+            size = dim
+        out.append(size)
+    return tuple(out)
+
+
+def promote(*dtypes: np.dtype) -> np.dtype:
+    """Result dtype of tensors combined by an arithmetic op (NumPy's rules)."""
+    return np.result_type(*dtypes)
+
+
+def scalar_dtype(value: object, partner: np.dtype | None) -> np.dtype:
+    """The dtype a Python scalar takes next to a tensor: NumPy-like weak typing.
+
+    A float scalar next to a float tensor takes the tensor's dtype (float32 * 2.0 stays float32);
+    next to an int or bool tensor it is float32 (graphkernel's default float, as in MindSpore).
+    An int scalar takes the tensor's dtype unless that is bool.
+    """
+    if isinstance(value, bool):
+        return partner if partner is not None else bool_
+    if isinstance(value, int):
+        if partner is None or partner == bool_:
+            return int64 if partner is None else int64
+        return partner
+    if isinstance(value, float):
+        if partner is not None and is_float(partner):
+            return partner
+        return float32
+    raise DTypeError(f"not a Python scalar: {value!r} ({type(value).__name__})")
+
+
+def normalize_axes(axis: int | tuple[int, ...] | list[int] | None, rank: int) -> tuple[int, ...]:
+    """Turn an axis argument into sorted non-negative axes; None or () means all axes."""
+    if axis is None:
+        return tuple(range(rank))
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
+        axes: tuple[int, ...] = (int(axis),)
+    elif isinstance(axis, (tuple, list)) and all(
+            isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in axis):
+        axes = tuple(int(a) for a in axis)
+        if not axes:
+            return tuple(range(rank))
+    else:
+        raise ShapeError(f"axis must be an int, a tuple of ints or None, got {axis!r}")
+    out = []
+    for a in axes:
+        if not -rank <= a < max(rank, 1):
+            raise ShapeError(f"axis {a} is out of range for a tensor of rank {rank} "
+                             f"(valid: {-rank}..{rank - 1})")
+        out.append(a % rank if rank else 0)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"axis {axis!r} repeats an axis")
+    return tuple(sorted(out))

@@ -1,0 +1,72 @@
+"""The IR verifier: checks that a graph is well formed after every pass."""
+from __future__ import annotations
+
+from graphkernel.errors import VerifyError
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import TensorType, TupleType, ValueType
+
+
+def infer_node_type(node: Node) -> ValueType:
+    """Re-infer a node's type from its inputs (composites: from their subgraph)."""
+    if node.subgraph is not None:
+        outs = node.subgraph.outputs
+        if len(outs) == 1:
+            return outs[0].type
+        return TupleType(tuple(o.tensor_type for o in outs))
+    if node.op == "GetItem":
+        source = node.inputs[0].type
+        assert isinstance(source, TupleType)
+        return source.items[node.attrs["index"]]
+    opdef = get_op(node.op)
+    types = tuple(v.tensor_type for v in node.inputs)
+    return opdef.infer(types, {**opdef.attr_defaults, **node.attrs})
+
+
+def verify(graph: Graph, where: str = "") -> None:
+    """Raise VerifyError naming the first problem found."""
+    _verify(graph, where or graph.name)
+
+
+def _verify(graph: Graph, where: str) -> None:
+    defined: set[int] = {inp.uid for inp in graph.inputs}
+    for inp in graph.inputs:
+        if not isinstance(inp, Input) or not isinstance(inp.type, TensorType):
+            raise VerifyError(f"{where}: graph input {inp.name} is malformed")
+    for node in graph.nodes:
+        if node.uid in defined:
+            raise VerifyError(f"{where}: node {node.name} appears twice")
+        for value in node.inputs:
+            _check_operand(value, defined, node, where)
+        if node.subgraph is not None:
+            sub = node.subgraph
+            if len(sub.inputs) != len(node.inputs):
+                raise VerifyError(f"{where}: composite {node.name} has {len(node.inputs)} inputs "
+                                  f"but its subgraph takes {len(sub.inputs)}")
+            for outer, inner in zip(node.inputs, sub.inputs):
+                if outer.type != inner.type:
+                    raise VerifyError(f"{where}: composite {node.name} input {inner.name} is "
+                                      f"{inner.type} inside but {outer.type} outside")
+            _verify(sub, f"{where}/{node.name}")
+        try:
+            expected = infer_node_type(node)
+        except Exception as exc:  # inference errors are verifier findings here
+            raise VerifyError(f"{where}: node {node.name} ({node.op}) fails type inference: "
+                              f"{exc}") from exc
+        if expected != node.type:
+            raise VerifyError(f"{where}: node {node.name} ({node.op}) has type {node.type} "
+                              f"but its inputs give {expected}")
+        defined.add(node.uid)
+    if not graph.outputs:
+        raise VerifyError(f"{where}: graph has no outputs")
+    for value in graph.outputs:
+        _check_operand(value, defined, None, where)
+
+
+def _check_operand(value: Value, defined: set[int], node: Node | None, where: str) -> None:
+    user = f"node {node.name}" if node is not None else "return"
+    if isinstance(value, Constant):
+        return
+    if value.uid not in defined:
+        raise VerifyError(f"{where}: {user} uses {value.name} before it is defined "
+                          "(or from another graph)")

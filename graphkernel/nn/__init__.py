@@ -1,0 +1,6 @@
+"""Cells: `Cell`, `GraphKernel`, and layers built from primitives."""
+from graphkernel.frontend.cell import Cell, GraphKernel
+from graphkernel.nn.layers import GELU, Dense, LayerNorm, ReLU, SequentialCell, Softmax
+
+__all__ = ["Cell", "GraphKernel", "Dense", "GELU", "LayerNorm", "ReLU", "SequentialCell",
+           "Softmax"]

@@ -1,0 +1,1 @@
+"""General passes and the pass manager (stages, verification, dumps)."""

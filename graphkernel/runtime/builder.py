@@ -1,0 +1,175 @@
+"""From the final graph (hwopt_d_end) to an Executable: generate and compile the kernels of the
+fused groups, and bind every node to a step."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from graphkernel.codegen import toolchain
+from graphkernel.codegen.c_emitter import KernelSource, c_identifier, emit_kernel
+from graphkernel.codegen.library import build_library
+from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
+from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.types import TensorType, TupleType
+from graphkernel.runtime.executable import (
+    Executable,
+    KernelInfo,
+    Step,
+    getitem_step,
+    interpreted_step,
+    library_step,
+    native_step,
+)
+
+_warned_no_compiler = False
+
+
+def _flat_op_names(graph: Graph) -> list[str]:
+    names: list[str] = []
+    for node in graph.nodes:
+        if node.subgraph is not None:
+            names += _flat_op_names(node.subgraph)
+        elif node.op != "GetItem":
+            names.append(node.op)
+    return names
+
+
+def _bytes(values: list[Value], out_type: Any) -> int:
+    total = sum(v.tensor_type.nbytes for v in values if isinstance(v.type, TensorType) and
+                not (isinstance(v, Constant) and v.is_scalar))
+    outs = out_type.items if isinstance(out_type, TupleType) else (out_type,)
+    return total + sum(t.nbytes for t in outs)
+
+
+def build_executable(graph: Graph, name: str, kernel_dir: str | None,
+                     cost: CostModel = DEFAULT_COST_MODEL) -> Executable:
+    """Bind each node of `graph` to a step; composites become generated C kernels."""
+    global _warned_no_compiler
+    slot_of: dict[int, int] = {}
+
+    def slot(value: Value) -> int:
+        if value.uid not in slot_of:
+            slot_of[value.uid] = len(slot_of)
+        return slot_of[value.uid]
+
+    input_slots = [slot(i) for i in graph.inputs if i.kind == "input"]
+    input_names = [i.name for i in graph.inputs if i.kind == "input"]
+    weight_slots = [(slot(i), i.binding) for i in graph.inputs if i.kind == "weight"]
+    # A graph's user inputs come first in graph.inputs order, weights after; keep inputs aligned.
+    graph_inputs = [i for i in graph.inputs if i.kind == "input"]
+
+    tc = toolchain.detect()
+    if tc is None and not _warned_no_compiler:
+        warnings.warn("graphkernel: no C compiler found (set CC or install gcc); fused kernels "
+                      "run op by op on numpy, correct but slow. `graphkernel doctor` says more.",
+                      RuntimeWarning, stacklevel=3)
+        _warned_no_compiler = True
+
+    sources: list[KernelSource] = []
+    pending: list[tuple[int, Node, KernelSource, list[Value], list[np.ndarray]]] = []
+    steps: list[Step | None] = []
+    kernels: list[KernelInfo] = []
+    used_names: set[str] = set()
+    exe_warnings: list[str] = []
+
+    def operand(v: Value) -> int | Constant:
+        return v if isinstance(v, Constant) else slot(v)  # type: ignore[return-value]
+
+    for node in graph.nodes:
+        out_slot = slot(node)
+        if node.op == "GetItem":
+            steps.append(getitem_step(slot(node.inputs[0]), node.attrs["index"], out_slot))
+            continue
+        output_text = str(node.type)
+        moved = _bytes(node.inputs, node.type)
+        if node.subgraph is None:
+            steps.append(library_step(node, [operand(v) for v in node.inputs], out_slot))
+            kernels.append(KernelInfo(node.name, [node.op], None, "library", output_text, moved))
+            continue
+        sub = node.subgraph
+        op_names = _flat_op_names(sub)
+        multi = isinstance(node.type, TupleType)
+        reason = None
+        if tc is None:
+            reason = "no C compiler"
+        else:
+            try:
+                sched = analyze(sub.nodes, sub.outputs)
+            except NotSchedulable as exc:
+                reason = str(exc)
+        if reason is not None:
+            steps.append(interpreted_step(sub, [operand(v) for v in node.inputs], out_slot, multi))
+            kernels.append(KernelInfo(node.name, op_names, None, "interpreted", output_text,
+                                      moved, note=reason))
+            if tc is not None:
+                exe_warnings.append(f"{node.name} runs op by op on numpy: {reason}")
+            continue
+        cname = c_identifier(node.name)
+        while cname in used_names:
+            cname += "_"
+        used_names.add(cname)
+        src = emit_kernel(sub, cname, sched, cost.parallel_threshold)
+        consts = [c.value for c in sub.constants() if not c.is_scalar]
+        consts = [np.ascontiguousarray(c) for c in consts]
+        sources.append(src)
+        pending.append((len(steps), node, src, node.inputs, consts))
+        steps.append(None)
+        kernels.append(KernelInfo(node.name, op_names, src.source, "native", output_text, moved))
+
+    library_path, from_cache = None, False
+    if sources:
+        built = build_library(sources)
+        library_path, from_cache = built.path, built.from_cache
+        if kernel_dir is not None:
+            _write_kernel_sources(kernel_dir, name, built.source)
+        for index, node, src, inputs, consts in pending:
+            out_types = [o.tensor_type for o in node.subgraph.outputs]  # type: ignore[union-attr]
+            steps[index] = native_step(built.functions[src.name], [operand(v) for v in inputs],
+                                       slot(node), out_types, consts,
+                                       isinstance(node.type, TupleType))
+    output_slots = []
+    for v in graph.outputs:
+        output_slots.append(slot(v))
+    constant_steps = _constant_outputs(graph, slot)
+    return Executable(
+        name=name, graph=graph, stages={}, kernels=kernels,
+        steps=constant_steps + [s for s in steps if s is not None], slot_count=len(slot_of),
+        input_slots=input_slots, input_names=input_names, weight_slots=weight_slots,
+        output_slots=output_slots, returns_tuple=graph.returns_tuple,
+        library_path=library_path, from_cache=from_cache, warnings=exe_warnings,
+    ) if len(graph_inputs) == len(input_slots) else _fail()
+
+
+def _fail() -> Executable:
+    raise AssertionError("graph inputs out of order")
+
+
+def _constant_outputs(graph: Graph, slot: Any) -> list[Step]:
+    steps: list[Step] = []
+    for v in graph.outputs:
+        if isinstance(v, Constant):
+            s = slot(v)
+            value = v.value
+
+            def step(slots: list[Any], s: int = s, value: np.ndarray = value) -> None:
+                slots[s] = np.array(value)
+            steps.append(step)
+    return steps
+
+
+def _write_kernel_sources(folder: str, graph_name: str, source: str) -> None:
+    kernel_meta = os.path.join(folder, "kernel_meta")
+    os.makedirs(kernel_meta, exist_ok=True)
+    path = os.path.join(kernel_meta, f"{c_identifier(graph_name)}.c")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(source)
+    os.replace(tmp, path)
+
+
+def is_user_input(value: Value) -> bool:
+    return isinstance(value, Input) and value.kind == "input"

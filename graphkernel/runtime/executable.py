@@ -1,0 +1,213 @@
+"""Running a compiled graph: a list of steps over value slots, each step one kernel launch."""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import InputError
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import TensorType
+
+
+@dataclass
+class KernelInfo:
+    """One kernel one call launches."""
+
+    name: str
+    op_names: list[str]
+    source: str | None
+    backend: str  # "native" (generated C), "library" (numpy), "interpreted" (numpy, op by op)
+    output: str
+    bytes_moved: int = 0
+    note: str = ""
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name} [{self.backend}] {'+'.join(self.op_names)}>"
+
+
+def run_reference_graph(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate a (sub)graph op by op with the numpy references."""
+    env: dict[int, Any] = {inp.uid: a for inp, a in zip(graph.inputs, arrays)}
+
+    def get(v: Value) -> Any:
+        return v.value if isinstance(v, Constant) else env[v.uid]
+
+    for node in graph.nodes:
+        args = [get(v) for v in node.inputs]
+        if node.subgraph is not None:
+            outs = run_reference_graph(node.subgraph, args)
+            env[node.uid] = outs[0] if len(outs) == 1 and not isinstance(
+                node.type, tuple) and len(node.subgraph.outputs) == 1 else tuple(outs)
+        elif node.op == "GetItem":
+            env[node.uid] = args[0][node.attrs["index"]]
+        else:
+            opdef = get_op(node.op)
+            result = opdef.reference(*args, **{**opdef.attr_defaults, **node.attrs})
+            if isinstance(node.type, TensorType):
+                result = np.asarray(result)
+                if result.dtype != node.dtype:
+                    result = result.astype(node.dtype)
+            env[node.uid] = result
+    return [np.asarray(get(v)) for v in graph.outputs]
+
+
+Step = Callable[[list[Any]], None]
+
+
+@dataclass
+class Executable:
+    """A compiled graph. Calling it runs the graph; `.kernels` are the launches of one call."""
+
+    name: str
+    graph: Graph
+    stages: dict[str, Graph]
+    kernels: list[KernelInfo]
+    steps: list[Step]
+    slot_count: int
+    input_slots: list[int]
+    input_names: list[str]
+    weight_slots: list[tuple[int, Any]]
+    output_slots: list[int]
+    returns_tuple: bool
+    reasons: list[Any] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    library_path: str | None = None
+    from_cache: bool = False
+    dump_files: list[str] = field(default_factory=list)
+    stage_docs: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    # -- running ------------------------------------------------------------------------------
+    def check_inputs(self, args: tuple[Any, ...]) -> list[np.ndarray]:
+        if len(args) != len(self.input_slots):
+            names = ", ".join(self.input_names)
+            raise InputError(f"{self.name} takes {len(self.input_slots)} input(s) ({names}), got "
+                             f"{len(args)}")
+        arrays = []
+        for arg, slot_name, inp in zip(args, self.input_names, self.graph.inputs):
+            array = _as_array(arg, slot_name, self.name)
+            expected = inp.tensor_type
+            if tuple(array.shape) != expected.shape or array.dtype != expected.dtype:
+                raise InputError(
+                    f"{self.name} input {slot_name!r} is {array.dtype.name}{list(array.shape)} but "
+                    f"this executable was compiled for {expected.dtype.name}"
+                    f"{list(expected.shape)}; call the cell again to compile for the new "
+                    "signature")
+            if not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)  # Fortran order, strided views
+            arrays.append(array)
+        return arrays
+
+    def run_arrays(self, *args: Any) -> list[np.ndarray]:
+        """Run on arrays (or Tensors); return the outputs as numpy arrays."""
+        arrays = self.check_inputs(args)
+        slots: list[Any] = [None] * self.slot_count
+        for slot, array in zip(self.input_slots, arrays):
+            slots[slot] = array
+        for slot, param in self.weight_slots:
+            slots[slot] = param.asnumpy()
+        for step in self.steps:
+            step(slots)
+        return [slots[s] for s in self.output_slots]
+
+    def __call__(self, *args: Any) -> Any:
+        from graphkernel.frontend.tensor import Tensor
+        outs = [Tensor._wrap(a) for a in self.run_arrays(*args)]
+        if self.returns_tuple or len(outs) != 1:
+            return tuple(outs)
+        return outs[0]
+
+    # -- introspection ---------------------------------------------------------------------------
+    @property
+    def kernel_count(self) -> int:
+        return len(self.kernels)
+
+    def summary(self) -> str:
+        lines = [f"graph {self.name}: {len(self.kernels)} kernel(s) per call, compiled in "
+                 f"{self.compile_seconds * 1000:.0f} ms"
+                 + (" (kernels from cache)" if self.from_cache else "")]
+        for i, k in enumerate(self.kernels):
+            lines.append(f"  [{i}] {k.name:<40} {k.backend:<11} {k.output:<22} "
+                         f"ops: {' '.join(k.op_names)}")
+        if self.reasons:
+            lines.append("ops kept apart:")
+            for reason in self.reasons:
+                lines.append(f"  {reason}")
+        for warning in self.warnings:
+            lines.append(f"warning: {warning}")
+        lines.append("stages: " + ", ".join(self.stages))
+        return "\n".join(lines)
+
+
+def _as_array(arg: Any, name: str, graph: str) -> np.ndarray:
+    from graphkernel.frontend.tensor import Tensor
+    if isinstance(arg, Tensor):
+        return arg.asnumpy()
+    if isinstance(arg, np.ndarray):
+        return arg
+    raise InputError(f"{graph} input {name!r} must be a Tensor or a numpy array, got "
+                     f"{type(arg).__name__}")
+
+
+# -------------------------------------------------------------------------------------------
+# Step builders
+
+def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
+                out_types: list[TensorType], const_arrays: list[np.ndarray], multi: bool) -> Step:
+    """Call one generated kernel: argv = inputs, constant arrays, fresh outputs."""
+    count = len(in_slots) + len(const_arrays) + len(out_types)
+    argv_type = ctypes.c_void_p * count
+    const_ptrs = [a.ctypes.data for a in const_arrays]
+    fixed = {i: s.value.ctypes.data for i, s in enumerate(in_slots) if isinstance(s, Constant)}
+    keep_alive = [s for s in in_slots if isinstance(s, Constant)]
+    shapes = [(t.shape, t.dtype) for t in out_types]
+
+    def step(slots: list[Any]) -> None:
+        outs = [np.empty(shape, dtype) for shape, dtype in shapes]
+        ptrs = [fixed[i] if i in fixed else slots[s].ctypes.data  # type: ignore[index]
+                for i, s in enumerate(in_slots)]
+        fn(argv_type(*ptrs, *const_ptrs, *[o.ctypes.data for o in outs]))
+        slots[out_slot] = tuple(outs) if multi else outs[0]
+    step.keep_alive = (keep_alive, const_arrays)  # type: ignore[attr-defined]
+    return step
+
+
+def library_step(node: Node, in_slots: list[int | Constant], out_slot: int) -> Step:
+    opdef = get_op(node.op)
+    attrs = {**opdef.attr_defaults, **node.attrs}
+    ref = opdef.reference
+    dtype = node.dtype if isinstance(node.type, TensorType) else None
+
+    def step(slots: list[Any]) -> None:
+        args = [s.value if isinstance(s, Constant) else slots[s] for s in in_slots]
+        result = ref(*args, **attrs)
+        if dtype is not None:
+            result = np.asarray(result)
+            if result.dtype != dtype:
+                result = result.astype(dtype)
+        slots[out_slot] = result
+    return step
+
+
+def interpreted_step(graph: Graph, in_slots: list[int | Constant], out_slot: int,
+                     multi: bool) -> Step:
+    def step(slots: list[Any]) -> None:
+        args = [s.value if isinstance(s, Constant) else slots[s] for s in in_slots]
+        outs = run_reference_graph(graph, args)
+        slots[out_slot] = tuple(outs) if multi else outs[0]
+    return step
+
+
+def getitem_step(src: int, index: int, out_slot: int) -> Step:
+    def step(slots: list[Any]) -> None:
+        slots[out_slot] = slots[src][index]
+    return step
+
+
+def is_weight(value: Value) -> bool:
+    return isinstance(value, Input) and value.kind == "weight"

@@ -1,0 +1,180 @@
+"""The seed lab's whole experiment in one process: two nets x fusion on/off, dumps, pictures,
+and the lab's three conclusions checked."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel import compile as gk_compile
+from graphkernel.frontend import context
+from graphkernel.frontend.cell import Cell, GraphKernel
+from graphkernel.frontend.tensor import Tensor
+from graphkernel.ir.printer import print_graph
+from graphkernel.ops import operations as P
+from graphkernel.runtime.executable import Executable
+from graphkernel.tools.render import render
+
+
+class NetBasicFuse(Cell):
+    """out = ((x * 2.0) + 1.0) * 3.0 from two Muls and a TensorAdd."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add = P.TensorAdd()
+        self.mul = P.Mul()
+
+    def construct(self, x: Any) -> Any:
+        mul_res = self.mul(x, 2.0)
+        add_res = self.add(mul_res, 1.0)
+        out_basic = self.mul(add_res, 3.0)
+        return out_basic
+
+
+class Composite(GraphKernel):
+    """The lab's user-declared composite: x * 2.0 + 1.0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add = P.TensorAdd()
+        self.mul = P.Mul()
+
+    def construct(self, x: Any) -> Any:
+        mul_res = self.mul(x, 2.0)
+        add_res = self.add(mul_res, 1.0)
+        return add_res
+
+
+class NetCompositeFuse(Cell):
+    """Composite(x) * 3.0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mul = P.Mul()
+        self.composite = Composite()
+
+    def construct(self, x: Any) -> Any:
+        composite_ = self.composite(x)
+        pow_res = self.mul(composite_, 3.0)
+        return pow_res
+
+
+SCENARIOS = (
+    ("test_basic_fuse", NetBasicFuse, True),
+    ("test_composite_fuse", NetCompositeFuse, True),
+    ("test_basic_fuse_no", NetBasicFuse, False),
+    ("test_composite_fuse_no", NetCompositeFuse, False),
+)
+FIGURES = ("6_validate", "hwopt_d_end")
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    net: str
+    fusion: bool
+    executable: Executable
+    x: np.ndarray
+    result: np.ndarray
+    folder: str
+    pictures: list[str] = field(default_factory=list)
+
+    @property
+    def initial_text(self) -> str:
+        return graph_text(self.executable, "6_validate")
+
+    @property
+    def final_text(self) -> str:
+        return graph_text(self.executable, "hwopt_d_end")
+
+
+@dataclass
+class Conclusion:
+    text: str
+    holds: bool
+    evidence: str
+
+
+def graph_text(exe: Executable, stage: str) -> str:
+    """The stage's graph as text without the header line naming the stage."""
+    return print_graph(exe.stages[stage])
+
+
+def run_scenario(name: str, net_cls: type[Cell], fusion: bool, out_dir: str,
+                 rng: np.random.Generator, render_pictures: bool = True) -> ScenarioResult:
+    folder = os.path.join(out_dir, name)
+    saved = context.snapshot()
+    try:
+        context.set_context(mode=context.GRAPH_MODE, device_target="CPU", save_graphs=True,
+                            save_graphs_path=folder, enable_graph_kernel=fusion)
+        x = rng.standard_normal((4, 4)).astype(np.float32)
+        net = net_cls()
+        exe = gk_compile(net, Tensor(x))
+        result = exe(Tensor(x)).asnumpy()
+    finally:
+        context.set_context(**saved)
+    pictures = []
+    if render_pictures:
+        for stage in FIGURES:
+            pictures.append(render(os.path.join(folder, stage + ".dot"),
+                                   os.path.join(folder, stage + ".png")))
+    return ScenarioResult(name, net_cls.__name__, fusion, exe, x, result, folder, pictures)
+
+
+def conclusions(results: dict[str, ScenarioResult]) -> list[Conclusion]:
+    out = []
+    pairs = (("test_basic_fuse", "test_basic_fuse_no"),
+             ("test_composite_fuse", "test_composite_fuse_no"))
+    same = [(off, results[off].initial_text == results[off].final_text) for _, off in pairs]
+    out.append(Conclusion(
+        "Without fusion, the initial graph (6_validate) and the processed graph (hwopt_d_end) "
+        "are the same.", all(s for _, s in same),
+        "; ".join(f"{name}: {'identical' if s else 'DIFFERENT'}" for name, s in same)))
+    evidence, holds = [], True
+    for on, off in pairs:
+        initial_same = results[on].initial_text == results[off].initial_text
+        final_differs = results[on].final_text != results[on].initial_text
+        holds &= initial_same and final_differs
+        evidence.append(f"{on}: initial graph {'same as' if initial_same else 'DIFFERS from'} "
+                        f"fusion off, processed graph "
+                        f"{'differs' if final_differs else 'DOES NOT differ'}")
+    out.append(Conclusion("With fusion, the initial graph is the same as without fusion and the "
+                          "processed graph differs.", holds, "; ".join(evidence)))
+    evidence, holds = [], True
+    for on, off in pairs:
+        k_on, k_off = results[on].executable.kernels, results[off].executable.kernels
+        ops_on = sum(len(k.op_names) for k in k_on)
+        one = len(k_on) == 1 and len(k_off) > 1 and k_on[0].backend == "native" and \
+            ops_on == sum(len(k.op_names) for k in k_off)
+        holds &= one
+        evidence.append(f"{on}: {len(k_off)} kernels -> {len(k_on)} "
+                        f"({', '.join(k.name for k in k_on)})")
+    out.append(Conclusion("Fusion turns several operators into one composite operator, so fewer "
+                          "kernels run with no gaps between them.", holds, "; ".join(evidence)))
+    return out
+
+
+def run_lab(out_dir: str, seed: int = 0, render_pictures: bool = True, echo: bool = True
+            ) -> tuple[dict[str, ScenarioResult], list[Conclusion]]:
+    rng = np.random.default_rng(seed)
+    results: dict[str, ScenarioResult] = {}
+    for name, cls, fusion in SCENARIOS:
+        res = run_scenario(name, cls, fusion, out_dir, rng, render_pictures)
+        results[name] = res
+        if echo:
+            print(f"=============== {name} ({res.net}, enable_graph_kernel={fusion}) "
+                  "===============")
+            print(f"x: {res.x}")
+            print(f"result: {res.result}")
+            print(f"kernels per call: {len(res.executable.kernels)} "
+                  f"({', '.join(k.name for k in res.executable.kernels)})")
+            print(f"files: {res.folder}/{{6_validate,hwopt_d_end}}.{{ir,dot"
+                  f"{',png' if render_pictures else ''}}}")
+    found = conclusions(results)
+    if echo:
+        print("=============== conclusions ===============")
+        for i, c in enumerate(found, 1):
+            print(f"{i}. [{'holds' if c.holds else 'DOES NOT HOLD'}] {c.text}\n   {c.evidence}")
+    return results, found
