@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ctypes
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +117,34 @@ class Executable:
             step(slots)
         return [slots[s] for s in self.output_slots]
 
+    def profile_kernels(self, *args: Any, repeats: int = 20) -> list[float]:
+        """Median seconds each of `.kernels` takes within one call, over `repeats` calls.
+
+        Times the steps one by one for reports; run_arrays stays free of timing. Steps that
+        launch no kernel (GetItem, constant outputs) are left out of every kernel's time.
+        """
+        arrays = self.check_inputs(args)
+        marks = [getattr(step, "launches_kernel", False) for step in self.steps]
+        if sum(marks) != len(self.kernels):
+            raise RuntimeError(f"{self.name}: {sum(marks)} kernel steps for "
+                               f"{len(self.kernels)} kernels")
+        samples: list[list[float]] = [[] for _ in self.kernels]
+        for _ in range(max(1, repeats)):
+            slots: list[Any] = [None] * self.slot_count
+            for slot, array in zip(self.input_slots, arrays):
+                slots[slot] = array
+            for slot, param in self.weight_slots:
+                slots[slot] = param.asnumpy()
+            index = 0
+            for step, is_kernel in zip(self.steps, marks):
+                start = time.perf_counter()
+                step(slots)
+                elapsed = time.perf_counter() - start
+                if is_kernel:
+                    samples[index].append(elapsed)
+                    index += 1
+        return [statistics.median(s) for s in samples]
+
     def __call__(self, *args: Any) -> Any:
         from graphkernel.frontend.tensor import Tensor
         outs = [Tensor._wrap(a) for a in self.run_arrays(*args)]
@@ -174,6 +204,7 @@ def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
         fn(argv_type(*ptrs, *const_ptrs, *[o.ctypes.data for o in outs]))
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.keep_alive = (keep_alive, const_arrays)  # type: ignore[attr-defined]
+    step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
     return step
 
 
@@ -191,6 +222,7 @@ def library_step(node: Node, in_slots: list[int | Constant], out_slot: int) -> S
             if result.dtype != dtype:
                 result = result.astype(dtype)
         slots[out_slot] = result
+    step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
     return step
 
 
@@ -200,6 +232,7 @@ def interpreted_step(graph: Graph, in_slots: list[int | Constant], out_slot: int
         args = [s.value if isinstance(s, Constant) else slots[s] for s in in_slots]
         outs = run_reference_graph(graph, args)
         slots[out_slot] = tuple(outs) if multi else outs[0]
+    step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
     return step
 
 
