@@ -329,7 +329,7 @@ class _Emitter:
                 elif combine == "min":
                     self.lines.append(f"{inner_indent}{acc} = {acc} < {v} ? {acc} : {v};")
                 else:
-                    self.lines.append(f"{inner_indent}{acc} = {combine.replace('v', v)};")
+                    self.lines.append(f"{inner_indent}{acc} = {combine.format(acc=acc, v=v)};")
                 if combine in ("max", "min") and T.is_float(red.dtype):
                     self.lines.append(f"{inner_indent}nan{red.uid} |= ({v} != {v});")
             self.var = saved

@@ -265,14 +265,14 @@ class Clusterer:
             outer_to_inner = {v.uid: s for v, s in zip(inputs, sub_inputs)}
             for node in nodes:
                 node.inputs = [outer_to_inner.get(v.uid, v) for v in node.inputs]
-            ops = [n.op for n in nodes]
-            name = fused_name(ops, taken_names)
+            name = fused_name([label for u in real for label in unit_labels(u)], taken_names)
             taken_names.add(name)
             sub = Graph(name, sub_inputs, nodes, outputs)
             type_ = outputs[0].type if len(outputs) == 1 else TupleType(
                 tuple(o.tensor_type for o in outputs))
             fused = Node("Composite", inputs, {}, type_, name, real[0].loc, sub)
             fused.notes["members"] = ", ".join(u.name for u in real)
+            fused.notes["fused_from"] = " ".join(label for u in real for label in unit_labels(u))
             replacement[group.units[0].uid] = fused
             fused_units.update(u.uid for u in group.units)
             for unit, flat in exported:
@@ -326,6 +326,16 @@ def _rebuild(graph: Graph, replacement: dict[int, Node], fused_units: set[int],
     graph.nodes = result
     graph.outputs = [remap.get(v.uid, v) for v in graph.outputs]
     return graph
+
+
+def unit_labels(unit: Node) -> list[str]:
+    """How a unit appears in a fused kernel's name: an expanded op by its own name (GeLU), a
+    previous fused group by its labels, anything else by its basic ops (Mul, Add)."""
+    if "expanded_from" in unit.notes:
+        return [unit.notes["expanded_from"]]
+    if "fused_from" in unit.notes:
+        return str(unit.notes["fused_from"]).split()
+    return [n.op for n in flat_ops(unit)]
 
 
 def fused_name(ops: list[str], taken: set[str]) -> str:

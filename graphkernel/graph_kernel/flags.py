@@ -11,9 +11,13 @@ DEFAULT_OP_LIMIT = 64
 
 @dataclass(frozen=True)
 class GraphKernelFlags:
-    """Parsed flags. opt_level: 0 no fusion, 1 expand and fuse elementwise chains only,
-    2 (default) all fusion patterns, 3 also fold constants and simplify inside kernels
-    more aggressively (today the same as 2)."""
+    """Parsed flags.
+
+    opt_level: 0 no graph-kernel passes; 1 elementwise fusion only (composite ops with
+    reductions stay library kernels unless named in enable_expand_ops, reductions are not
+    clustered unless named in enable_cluster_ops); 2 (default) every fusion pattern; 3 the same
+    as 2 today (reserved for fusions that trade accuracy or memory for speed).
+    """
 
     opt_level: int = 2
     enable_expand_ops: frozenset[str] = field(default_factory=frozenset)

@@ -16,6 +16,7 @@ from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
 from graphkernel.ir.graph import Graph, Node
+from graphkernel.ir.opset import PatternKind
 from graphkernel.passes.general import (
     eliminate_common_subexpressions,
     eliminate_dead_nodes,
@@ -59,11 +60,14 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             _expand(node.subgraph, options)
             new_nodes.append(node)
             continue
-        enabled = node.op in EXPANDERS and node.op not in flags.disable_expand_ops
-        if not enabled:
+        if node.op not in EXPANDERS or node.op in flags.disable_expand_ops:
             new_nodes.append(node)
             continue
         composite = expand_node(node)
+        has_reduction = any(n.kind == PatternKind.REDUCE for n in composite.subgraph.nodes)  # type: ignore
+        if has_reduction and flags.opt_level <= 1 and node.op not in flags.enable_expand_ops:
+            new_nodes.append(node)  # opt_level 1 fuses elementwise work only
+            continue
         try:
             analyze(composite.subgraph.nodes, composite.subgraph.outputs)  # type: ignore
         except NotSchedulable as exc:

@@ -253,10 +253,10 @@ def _reduce_ref(f: Callable[..., Any], empty_ok: bool = True) -> Callable[..., A
 
 _REDUCE_ATTRS = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),))
 declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.sum), reduce_init="0", reduce_combine="acc + v",
+              reference=_reduce_ref(np.sum), reduce_init="0", reduce_combine="{acc} + {v}",
               accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.prod), reduce_init="1", reduce_combine="acc * v",
+              reference=_reduce_ref(np.prod), reduce_init="1", reduce_combine="{acc} * {v}",
               accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.max, empty_ok=False), reduce_init="-INFINITY",
