@@ -69,6 +69,8 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
         first = reductions[0].inputs[0]
         space = tuple(first.shape)
         axes = normalize_axes(reductions[0].attrs.get("axis", ()), len(space))
+        if not axes:  # a 0-d input: the loop nest would have no reduction to run
+            raise NotSchedulable(f"{reductions[0].op} of a 0-d tensor reduces no axis")
         for red in reductions[1:]:
             shape = tuple(red.inputs[0].shape)
             red_axes = normalize_axes(red.attrs.get("axis", ()), len(shape))

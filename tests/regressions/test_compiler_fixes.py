@@ -1,0 +1,35 @@
+"""Compiler bugs found by the differential tests (tests/test_differential.py), one test each."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import nn
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+
+class _Fn(nn.Cell):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, *xs: Any) -> Any:
+        return self.fn(*xs)
+
+
+def _run(fn: Any, *arrays: np.ndarray, fusion: bool) -> list[np.ndarray]:
+    exe = graphkernel.compile(_Fn(fn), *arrays, options=CompileOptions(enable_graph_kernel=fusion))
+    return exe.run_arrays(*arrays)
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_reduce_mean_of_0d_tensor(fusion: bool) -> None:
+    # schedule.analyze accepted a reduction of a 0-d tensor (no axis to reduce) and the emitter
+    # never computed it: KeyError in codegen.
+    x = np.array(1.5, np.float16)
+    (out,) = _run(lambda x: P.ReduceMean(keep_dims=True)(x, ()), x, fusion=fusion)
+    assert out.shape == () and out == np.float16(1.5)
