@@ -240,6 +240,16 @@ def _reduce_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Value
     return TensorType(shape, x.dtype)
 
 
+def _reduce_nonempty_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    """ReduceMax/ReduceMin: reducing an empty axis has no answer, so it is a compile error."""
+    (x,) = types
+    axes = T.normalize_axes(attrs["axis"], x.rank)
+    if any(x.shape[a] == 0 for a in axes):
+        raise ShapeError(f"cannot take the max or min over an empty axis: axis "
+                         f"{attrs['axis']!r} of shape {x.shape} has no elements")
+    return _reduce_infer(types, attrs)
+
+
 def _reduce_ref(f: Callable[..., Any], empty_ok: bool = True) -> Callable[..., Any]:
     def ref(x: np.ndarray, axis: Any = (), keep_dims: bool = False) -> np.ndarray:
         axes = T.normalize_axes(axis, x.ndim)
@@ -258,10 +268,12 @@ declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_r
 declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.prod), reduce_init="1", reduce_combine="{acc} * {v}",
               accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
-declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
+declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",),
+              infer=_reduce_nonempty_infer,
               reference=_reduce_ref(np.max, empty_ok=False), reduce_init="-INFINITY",
               reduce_combine="max", accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
-declare(OpDef(name="ReduceMin", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
+declare(OpDef(name="ReduceMin", kind=PatternKind.REDUCE, inputs=("x",),
+              infer=_reduce_nonempty_infer,
               reference=_reduce_ref(np.min, empty_ok=False), reduce_init="INFINITY",
               reduce_combine="min", accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 # ReduceMean is a composite: expanded to ReduceSum * (1/n) when fusing.
@@ -504,6 +516,9 @@ _composite("AddN", ("xs",), _addn_ref, infer=_addn_infer, accepts=NUMBERS, varia
 
 
 def _softmax_ref(x: np.ndarray, axis: Any = -1) -> np.ndarray:
+    if x.size == 0:  # numpy's max of an empty axis raises; there is nothing to compute
+        return x.copy()
+
     def f(v: np.ndarray) -> np.ndarray:
         axes = T.normalize_axes(axis, v.ndim)
         e = np.exp(v - v.max(axis=axes, keepdims=True))
@@ -512,6 +527,9 @@ def _softmax_ref(x: np.ndarray, axis: Any = -1) -> np.ndarray:
 
 
 def _log_softmax_ref(x: np.ndarray, axis: Any = -1) -> np.ndarray:
+    if x.size == 0:  # numpy's max of an empty axis raises; there is nothing to compute
+        return x.copy()
+
     def f(v: np.ndarray) -> np.ndarray:
         axes = T.normalize_axes(axis, v.ndim)
         s = v - v.max(axis=axes, keepdims=True)

@@ -8,6 +8,7 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
+from graphkernel.errors import ShapeError
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
@@ -33,3 +34,12 @@ def test_reduce_mean_of_0d_tensor(fusion: bool) -> None:
     x = np.array(1.5, np.float16)
     (out,) = _run(lambda x: P.ReduceMean(keep_dims=True)(x, ()), x, fusion=fusion)
     assert out.shape == () and out == np.float16(1.5)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_max_of_an_empty_axis_is_a_compile_error(op: str) -> None:
+    # numpy raises at run time; the C kernel returned -inf/+inf. Now a clear compile-time error.
+    x = np.zeros((0, 3), np.float32)
+    with pytest.raises(ShapeError, match=r"empty axis.*\(0, 3\)") as info:
+        _run(lambda x: getattr(P, op)()(x, 0), x, fusion=True)
+    assert info.value.location is not None and info.value.location.filename == __file__
