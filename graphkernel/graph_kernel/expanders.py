@@ -73,6 +73,11 @@ def _reduced_size(x: Value, axis: Any) -> int:
     return int(np.prod([x.shape[a] for a in axes])) if axes else 1
 
 
+def _inverse_count(n: int) -> float:
+    """1/n for a mean; over no elements the mean is NaN, as numpy's (0 * inf)."""
+    return 1.0 / n if n else math.inf
+
+
 # ---------------------------------------------------------------------------------------------
 
 @expander("GeLU")
@@ -149,7 +154,7 @@ def bias_add(b: Builder, x: Value, bias: Value) -> Value:
 @expander("ReduceMean")
 def reduce_mean(b: Builder, x: Value, axis: Any = (), keep_dims: bool = False) -> Value:
     total = b("ReduceSum", x, axis=axis, keep_dims=keep_dims)
-    return b("Mul", total, 1.0 / max(_reduced_size(x, axis), 1))
+    return b("Mul", total, _inverse_count(_reduced_size(x, axis)))
 
 
 @expander("Softmax")
@@ -171,7 +176,7 @@ def layer_norm(b: Builder, x: Value, gamma: Value, beta: Value, begin_norm_axis:
                begin_params_axis: int = -1, epsilon: float = 1e-7) -> tuple[Value, ...]:
     rank = len(x.shape)
     axes = tuple(range(begin_norm_axis % rank, rank))
-    inv_n = 1.0 / max(_reduced_size(x, axes), 1)
+    inv_n = _inverse_count(_reduced_size(x, axes))
     mean = b("Mul", b("ReduceSum", x, axis=axes, keep_dims=True), inv_n)
     centred = b("Sub", x, mean)
     var = b("Mul", b("ReduceSum", b("Mul", centred, centred), axis=axes, keep_dims=True), inv_n)

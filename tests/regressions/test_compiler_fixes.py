@@ -43,3 +43,11 @@ def test_max_of_an_empty_axis_is_a_compile_error(op: str) -> None:
     with pytest.raises(ShapeError, match=r"empty axis.*\(0, 3\)") as info:
         _run(lambda x: getattr(P, op)()(x, 0), x, fusion=True)
     assert info.value.location is not None and info.value.location.filename == __file__
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_mean_over_no_elements_is_nan(fusion: bool) -> None:
+    # The ReduceMean expander multiplied by 1/max(n, 1): 0 instead of numpy's NaN.
+    x = np.zeros((0, 2), np.float32)
+    (out,) = _run(lambda x: P.ReduceMean()(x, 0), x, fusion=fusion)
+    assert out.shape == (2,) and np.isnan(out).all()
