@@ -15,7 +15,7 @@ from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
-from graphkernel.ir.graph import Graph, Node
+from graphkernel.ir.graph import Graph, Node, output_types
 from graphkernel.ir.opset import PatternKind
 from graphkernel.passes.general import (
     eliminate_common_subexpressions,
@@ -60,7 +60,8 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             _expand(node.subgraph, options)
             new_nodes.append(node)
             continue
-        if node.op not in EXPANDERS or node.op in flags.disable_expand_ops:
+        if node.op not in EXPANDERS or node.op in flags.disable_expand_ops or \
+                all(t.size == 0 for t in output_types(node)):  # empty: nothing to compute
             new_nodes.append(node)
             continue
         composite = expand_node(node)

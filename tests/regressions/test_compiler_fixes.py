@@ -51,3 +51,11 @@ def test_mean_over_no_elements_is_nan(fusion: bool) -> None:
     x = np.zeros((0, 2), np.float32)
     (out,) = _run(lambda x: P.ReduceMean()(x, 0), x, fusion=fusion)
     assert out.shape == (2,) and np.isnan(out).all()
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_softmax_of_an_empty_tensor(fusion: bool) -> None:
+    # The numpy reference raised (max of an empty axis); the expander hit the same error.
+    x = np.zeros((0, 3), np.float32)
+    outs = _run(lambda x: (P.Softmax(axis=0)(x), P.LogSoftmax(axis=0)(x)), x, fusion=fusion)
+    assert [o.shape for o in outs] == [(0, 3), (0, 3)]
