@@ -9,16 +9,38 @@ from graphkernel.errors import GraphKernelError
 
 def _cmd_lab(args: argparse.Namespace) -> int:
     from graphkernel.tools.lab import run_lab
-    _, found = run_lab(args.out, seed=args.seed)
+    results, found = run_lab(args.out, seed=args.seed)
     if args.report:
         from graphkernel.tools.report import write_lab_report
-        print(f"report: {write_lab_report(args.out, args.report)}")
+        # Reuse this run's results rather than running the lab a second time.
+        print(f"report: {write_lab_report(args.out, args.report, lab=(results, found))}")
     return 0 if all(c.holds for c in found) else 1
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
     from graphkernel.tools.render import render
     print(render(args.dot, args.output))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from graphkernel.tools import report
+    path, sep, _ = args.target.rpartition(":")
+    if sep and path.endswith(".py"):
+        import numpy as np
+
+        from graphkernel.frontend.tensor import Tensor
+        cell = report.load_cell_spec(args.target)
+        types = [report.parse_input_spec(t) for t in args.input]
+        rng = np.random.default_rng(args.seed)
+        inputs = [Tensor(np.asarray(rng.standard_normal(t.shape)).astype(t.dtype)) for t in types]
+        sources: object = report.compare(cell, *inputs)
+    else:
+        if args.input:
+            raise report.ReportError("--input goes with a FILE.py:CellClass target")
+        sources = args.target
+    print(report.write_report(sources, args.out, repeats=args.repeats,  # type: ignore[arg-type]
+                              seed=args.seed))
     return 0
 
 
@@ -41,6 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("dot")
     render.add_argument("-o", "--output", default=None, help="OUT.png or OUT.svg")
     render.set_defaults(fn=_cmd_render)
+    rep = sub.add_parser("report", help="an HTML page of what fusion did: graphs side by side, "
+                         "kernels timed with and without fusion, reasons, C, stages")
+    rep.add_argument("target", nargs="?", default=".",
+                     help="a save_graphs folder (or a folder of them, like the lab's output), or "
+                     "FILE.py:CellClass to compile and time with fusion on and off")
+    rep.add_argument("--out", default="report.html", help="the HTML file to write")
+    rep.add_argument("--input", action="append", default=[], metavar="TYPE",
+                     help="with FILE.py:CellClass, one per input: dtype and shape, e.g. "
+                     "float32[4,4]")
+    rep.add_argument("--repeats", type=int, default=50, help="timing samples per executable")
+    rep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    rep.set_defaults(fn=_cmd_report)
     doctor = sub.add_parser("doctor", help="what this machine offers graphkernel")
     doctor.set_defaults(fn=_cmd_doctor)
     args = parser.parse_args(argv)
