@@ -3,12 +3,20 @@ once, cached on disk, loaded with ctypes."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
 import os
+import sys
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from graphkernel import __version__
 from graphkernel.codegen import cache, toolchain
 from graphkernel.codegen.c_emitter import PRELUDE, KernelSource
+from graphkernel.codegen.entry import EntryPlan, emit_entry
 
 KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]
 
@@ -19,6 +27,7 @@ class BuiltLibrary:
     source: str
     from_cache: bool
     functions: dict[str, KernelFn]
+    entry: Any = None  # the graph's CPython `run`, when it has one
 
 
 def translation_unit(kernels: list[KernelSource], with_libmvec: bool) -> str:
@@ -30,20 +39,28 @@ def translation_unit(kernels: list[KernelSource], with_libmvec: bool) -> str:
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
-def build_library(kernels: list[KernelSource]) -> BuiltLibrary:
+def build_library(kernels: list[KernelSource], plan: EntryPlan | None = None) -> BuiltLibrary:
     tc = toolchain.detect()
     assert tc is not None, "build_library needs a C compiler"
     # libgomp reads its settings when it is loaded: spin-waiting threads stall on a shared
     # 2-core machine, so wait passively unless the user chose otherwise.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     source = translation_unit(kernels, tc.libmvec)
+    flags = tc.flags
+    module = None
+    if plan is not None and tc.python_includes:
+        # The module's name must be known inside its source: name it after the kernels' source.
+        module = "gk_" + hashlib.sha256(source.encode()).hexdigest()[:24]
+        source += "\n" + emit_entry(plan, module)
+        flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
     folder = cache.ensure_private_dir(cache.cache_dir())
-    key = cache.cache_key(source, tc.compiler, tc.version, tc.flags + tc.libs, __version__,
+    abi = f"{sys.version_info[:2]} numpy {np.__version__}" if module else ""
+    key = cache.cache_key(source, tc.compiler, tc.version, flags + tc.libs, __version__ + abi,
                           toolchain.cpu_signature())
     path = cache.lookup(folder, key)
     from_cache = path is not None
     if path is None:
-        path = cache.build(folder, key, source, tc.compiler, tc.flags, tc.libs)
+        path = cache.build(folder, key, source, tc.compiler, flags, tc.libs)
     lib = _loaded.get(path)
     if lib is None:
         try:
@@ -51,7 +68,7 @@ def build_library(kernels: list[KernelSource]) -> BuiltLibrary:
         except OSError:
             # Unloadable although the checksum matched (e.g. built for another libc): rebuild.
             os.unlink(path)
-            path = cache.build(folder, key, source, tc.compiler, tc.flags, tc.libs)
+            path = cache.build(folder, key, source, tc.compiler, flags, tc.libs)
             lib = ctypes.CDLL(path)
             from_cache = False
         _loaded[path] = lib
@@ -61,4 +78,14 @@ def build_library(kernels: list[KernelSource]) -> BuiltLibrary:
         fn.argtypes = [ctypes.c_void_p]
         fn.restype = None
         functions[k.name] = fn
-    return BuiltLibrary(path, source, from_cache, functions)
+    entry = _load_entry(path, module) if module else None
+    return BuiltLibrary(path, source, from_cache, functions, entry)
+
+
+def _load_entry(path: str, module: str) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader(module, path)
+    spec = importlib.util.spec_from_file_location(module, path, loader=loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod.run

@@ -1,7 +1,9 @@
 """The C compiler this machine offers: which one, its version, OpenMP and libmvec support."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +17,9 @@ class Toolchain:
     version: str
     openmp: bool
     libmvec: bool
+    # Include folders for CPython and numpy headers when both exist: graphs then get a CPython
+    # entry point (codegen/entry.py).
+    python_includes: tuple[str, ...] = ()
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -58,12 +63,53 @@ def find_compiler() -> str | None:
     return None
 
 
+def _python_includes() -> tuple[str, ...]:
+    import sysconfig
+
+    import numpy
+    python = sysconfig.get_paths().get("include", "")
+    if python and os.path.exists(os.path.join(python, "Python.h")):
+        return (python, numpy.get_include())
+    return ()
+
+
 @functools.lru_cache(maxsize=1)
 def detect() -> Toolchain | None:
-    """The toolchain, or None when no C compiler exists (fused groups then run on numpy)."""
+    """The toolchain, or None when no C compiler exists (fused groups then run on numpy).
+
+    Probing runs the compiler a few times (~0.3 s); the result is kept in the private cache
+    folder, keyed by the compiler's path, size and modification time, so a new process reuses
+    it."""
     compiler = find_compiler()
     if compiler is None:
         return None
+    from graphkernel.codegen import cache
+    try:
+        info = os.stat(compiler)
+        folder = cache.ensure_private_dir(cache.cache_dir())
+    except (OSError, cache.CacheError):
+        return _probe(compiler)
+    stamp = f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{_python_includes()}"
+    path = os.path.join(folder, "toolchain.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            saved = json.load(fh)
+        if saved.get("stamp") == stamp:
+            fields = saved["toolchain"]
+            fields["python_includes"] = tuple(fields["python_includes"])
+            return Toolchain(**fields)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = _probe(compiler)
+    if found is not None:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"stamp": stamp, "toolchain": dataclasses.asdict(found)}, fh)
+        os.replace(tmp, path)
+    return found
+
+
+def _probe(compiler: str) -> Toolchain | None:
     try:
         out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
         version = out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
@@ -72,7 +118,12 @@ def detect() -> Toolchain | None:
     openmp = _try_compile(compiler, "int f(void){return 0;}\n", ["-fopenmp"])
     libmvec = _try_compile(compiler, _MVEC_PROBE, ["-O3", "-march=native", "-fopenmp-simd",
                                                    "-fno-math-errno", "-lmvec", "-lm"])
-    return Toolchain(compiler, version, openmp, libmvec)
+    includes = _python_includes()
+    if includes and not _try_compile(compiler, "#include <Python.h>\n#include "
+                                     "<numpy/arrayobject.h>\n",
+                                     [f"-I{d}" for d in includes]):
+        includes = ()
+    return Toolchain(compiler, version, openmp, libmvec, includes)
 
 
 def cpu_signature() -> str:

@@ -114,13 +114,13 @@ def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> 
 
 def compile_cached(cell: Cell, inputs: tuple[Any, ...]) -> Executable:
     """The executable for this cell, input signature and context (compiled on first use)."""
-    types = _signature(inputs, cell)
-    snap = context.snapshot()
-    key = (tuple((t.shape, t.dtype.str) for t in types),
-           tuple(sorted((k, str(v)) for k, v in snap.items())))
-    cache = cell._compiled
-    exe = cache.get(key)
+    try:
+        key = (context._generation,) + tuple((a.shape, a.dtype) for a in inputs)
+    except AttributeError:  # not arrays or tensors: _signature raises the clear error
+        _signature(inputs, cell)
+        raise
+    exe = cell._compiled.get(key)
     if exe is None:
         exe = compile(cell, *inputs)
-        cache[key] = exe
+        cell._compiled[key] = exe
     return exe

@@ -10,6 +10,7 @@ import numpy as np
 
 from graphkernel.codegen import toolchain
 from graphkernel.codegen.c_emitter import KernelSource, c_identifier, emit_kernel
+from graphkernel.codegen.entry import EntryCall, EntryPlan, EntryValue
 from graphkernel.codegen.library import build_library
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
@@ -121,8 +122,11 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
         kernels.append(KernelInfo(node.name, op_names, src.source, "native", output_text, moved))
 
     library_path, from_cache = None, False
+    entry_plan, entry_tail = _entry_plan(graph, pending, len(pending) == len(kernels))
+    entry = None
     if sources:
-        built = build_library(sources)
+        built = build_library(sources, entry_plan)
+        entry = built.entry
         library_path, from_cache = built.path, built.from_cache
         if kernel_dir is not None:
             _write_kernel_sources(kernel_dir, name, built.source)
@@ -135,17 +139,65 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
     for v in graph.outputs:
         output_slots.append(slot(v))
     constant_steps = _constant_outputs(graph, slot)
+    assert len(graph_inputs) == len(input_slots)
     return Executable(
         name=name, graph=graph, stages={}, kernels=kernels,
         steps=constant_steps + [s for s in steps if s is not None], slot_count=len(slot_of),
         input_slots=input_slots, input_names=input_names, weight_slots=weight_slots,
         output_slots=output_slots, returns_tuple=graph.returns_tuple,
         library_path=library_path, from_cache=from_cache, warnings=exe_warnings,
-    ) if len(graph_inputs) == len(input_slots) else _fail()
+        entry=entry, entry_constants=entry_tail,
+    )
 
 
-def _fail() -> Executable:
-    raise AssertionError("graph inputs out of order")
+def _entry_plan(graph: Graph, pending: list[Any], all_native: bool
+                ) -> tuple[EntryPlan | None, tuple[np.ndarray, ...]]:
+    """The plan of the graph's CPython entry: only when every kernel is generated C and every
+    output comes from a kernel (the common fused case)."""
+    if not pending or not all_native:
+        return None, ()
+    args: list[EntryValue] = []
+    ids: dict[Any, int] = {}
+    for inp in graph.inputs:  # user inputs, then weights, in call order
+        ids[inp.uid] = len(args)
+        args.append(EntryValue(inp.dtype.num, inp.shape))
+    tail: list[np.ndarray] = []
+    for _, _node, _, inputs, consts in pending:
+        for value in inputs:
+            if isinstance(value, Constant) and value.uid not in ids:
+                ids[value.uid] = len(args)
+                args.append(EntryValue(value.dtype.num, value.shape))
+                tail.append(np.ascontiguousarray(value.value))
+        for const in consts:
+            if id(const) not in ids:
+                ids[id(const)] = len(args)
+                args.append(EntryValue(const.dtype.num, tuple(const.shape)))
+                tail.append(const)
+    plan = EntryPlan(args, returns_tuple=graph.returns_tuple)
+    next_id = len(args)
+    getitems = {n.uid: n for n in graph.nodes if n.op == "GetItem"}
+    for _, node, src, inputs, consts in pending:
+        outs = node.subgraph.outputs
+        out_ids = []
+        for i, out in enumerate(outs):
+            plan.values[next_id] = EntryValue(out.dtype.num, out.shape)
+            ids[(node.uid, i)] = next_id
+            if len(outs) == 1:
+                ids[node.uid] = next_id
+            out_ids.append(next_id)
+            next_id += 1
+        for getter in getitems.values():
+            if getter.inputs[0] is node:
+                ids[getter.uid] = ids[(node.uid, getter.attrs["index"])]
+        operands = [ids[v.uid] for v in inputs] + [ids[id(c)] for c in consts]
+        plan.calls.append(EntryCall(src.name, operands, out_ids))
+    for value in graph.outputs:
+        if value.uid not in ids or ids[value.uid] < len(args):
+            return None, ()  # an output that is an input or a constant: the Python path
+        plan.results.append(ids[value.uid])
+    if len(set(plan.results)) != len(plan.results):
+        return None, ()  # the same buffer returned twice must not alias: the Python path
+    return plan, tuple(tail)
 
 
 def _constant_outputs(graph: Graph, slot: Any) -> list[Step]:

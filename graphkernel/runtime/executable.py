@@ -83,6 +83,10 @@ class Executable:
     dump_files: list[str] = field(default_factory=list)
     stage_docs: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # The graph's compiled CPython entry (codegen/entry.py) and the constant arrays it takes
+    # after the inputs and weights; None when some kernel is not generated C.
+    entry: Any = None
+    entry_constants: tuple[np.ndarray, ...] = ()
 
     # -- running ------------------------------------------------------------------------------
     def check_inputs(self, args: tuple[Any, ...]) -> list[np.ndarray]:
@@ -107,6 +111,11 @@ class Executable:
 
     def run_arrays(self, *args: Any) -> list[np.ndarray]:
         """Run on arrays (or Tensors); return the outputs as numpy arrays."""
+        if self.entry is not None:
+            weights = [p._array for _, p in self.weight_slots]
+            out = self.entry(*args, *weights, *self.entry_constants)
+            if out is not NotImplemented:
+                return list(out) if type(out) is tuple else [out]
         arrays = self.check_inputs(args)
         slots: list[Any] = [None] * self.slot_count
         for slot, array in zip(self.input_slots, arrays):
@@ -115,7 +124,15 @@ class Executable:
             slots[slot] = param.asnumpy()
         for step in self.steps:
             step(slots)
-        return [slots[s] for s in self.output_slots]
+        outs: list[np.ndarray] = []
+        given = {id(a) for a in arrays} | {id(slots[s]) for s, _ in self.weight_slots}
+        for s in self.output_slots:
+            out = slots[s]
+            # A result never aliases an input, a weight or another result.
+            if id(out) in given or any(out is o for o in outs) or not out.flags.owndata:
+                out = np.array(out)
+            outs.append(out)
+        return outs
 
     def profile_kernels(self, *args: Any, repeats: int = 20) -> list[float]:
         """Median seconds each of `.kernels` takes within one call, over `repeats` calls.
@@ -147,7 +164,15 @@ class Executable:
 
     def __call__(self, *args: Any) -> Any:
         from graphkernel.frontend.tensor import Tensor
-        outs = [Tensor._wrap(a) for a in self.run_arrays(*args)]
+        arrays = [a._array if type(a) is Tensor else a for a in args]
+        if self.entry is not None:  # the fast path, spelled out: this is the per-call cost
+            out = self.entry(*arrays, *[p._array for _, p in self.weight_slots],
+                             *self.entry_constants)
+            if out is not NotImplemented:
+                if type(out) is tuple:
+                    return tuple(Tensor._wrap(o) for o in out)
+                return Tensor._wrap(out)
+        outs = [Tensor._wrap(a) for a in self.run_arrays(*arrays)]
         if self.returns_tuple or len(outs) != 1:
             return tuple(outs)
         return outs[0]

@@ -1,0 +1,93 @@
+"""Runtime behaviour: the compiled entry, output buffers, inputs of every layout, weights."""
+import numpy as np
+
+import graphkernel
+from graphkernel import Parameter, Tensor, nn
+from graphkernel.frontend import context
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+from graphkernel.tools.lab import NetBasicFuse
+
+ON = CompileOptions(enable_graph_kernel=True)
+
+
+def expected(x):
+    return ((x * 2.0) + 1.0) * 3.0
+
+
+def test_fused_graph_has_a_compiled_entry(rng):
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
+    assert exe.entry is not None
+    np.testing.assert_allclose(exe.run_arrays(x)[0], expected(x), rtol=1e-6)
+
+
+def test_results_held_by_the_caller_never_share_memory(rng):
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
+    results = [exe.run_arrays(x * i)[0] for i in range(5)]
+    for i, r in enumerate(results):
+        np.testing.assert_allclose(r, expected(x * i), rtol=1e-6)
+    addresses = {r.ctypes.data for r in results}
+    assert len(addresses) == 5
+    view = exe.run_arrays(x)[0][:2]  # only a view survives: its base must not be reused
+    again = exe.run_arrays(x * 7)[0]
+    np.testing.assert_allclose(view, expected(x)[:2], rtol=1e-6)
+    np.testing.assert_allclose(again, expected(x * 7), rtol=1e-6)
+
+
+def test_inputs_are_never_written(rng):
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    before = x.copy()
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
+    exe.run_arrays(x)
+    exe(Tensor(x))
+    np.testing.assert_array_equal(x, before)
+
+
+def test_readonly_strided_and_fortran_inputs(rng):
+    base = rng.standard_normal((8, 12)).astype(np.float32)
+    exe = graphkernel.compile(NetBasicFuse(), base[:, :6], options=ON)
+    readonly = base[:, :6].copy()
+    readonly.setflags(write=False)
+    fortran = np.asfortranarray(base[:, :6])
+    strided = base[:, ::2]
+    for x in (readonly, fortran, strided, base[:, :6]):
+        np.testing.assert_allclose(exe.run_arrays(x)[0], expected(np.asarray(x)), rtol=1e-6)
+
+
+def test_weights_are_read_at_call_time(rng):
+    class Scale(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(np.ones((4,), np.float32), "w")
+            self.mul = P.Mul()
+            self.add = P.Add()
+
+        def construct(self, x):
+            return self.add(self.mul(x, self.w), 1.0)
+    net = Scale()
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    context.set_context(enable_graph_kernel=True)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), x + 1, rtol=1e-6)
+    net.w.set_data(np.full((4,), 2.0, np.float32))
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), 2 * x + 1, rtol=1e-6)
+    assert len(net._compiled) == 1
+
+
+def test_tuple_outputs_and_identity_outputs(rng):
+    class Two(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.exp = P.Exp()
+
+        def construct(self, x, y):
+            return self.exp(x), y, self.exp(x)
+    x, y = rng.standard_normal((3, 3)).astype(np.float32), np.ones((2,), np.float32)
+    exe = graphkernel.compile(Two(), x, y, options=ON)
+    a, b, c = exe(Tensor(x), Tensor(y))
+    np.testing.assert_allclose(a.asnumpy(), np.exp(x), rtol=1e-6)
+    np.testing.assert_array_equal(b.asnumpy(), y)
+    np.testing.assert_allclose(c.asnumpy(), np.exp(x), rtol=1e-6)
+    assert not np.shares_memory(a.asnumpy(), c.asnumpy())
+    assert not np.shares_memory(b.asnumpy(), y)
