@@ -95,6 +95,8 @@ def _inline(composite: Node) -> list[Node]:
     mapping = {inner.uid: outer for inner, outer in zip(sub.inputs, composite.inputs)}
     for node in sub.nodes:
         node.inputs = [mapping.get(v.uid, v) for v in node.inputs]
+    # An expansion may return one of its inputs unchanged (AddN of one tensor).
+    sub.outputs = [mapping.get(v.uid, v) for v in sub.outputs]
     return list(sub.nodes)
 
 

@@ -59,3 +59,12 @@ def test_softmax_of_an_empty_tensor(fusion: bool) -> None:
     x = np.zeros((0, 3), np.float32)
     outs = _run(lambda x: (P.Softmax(axis=0)(x), P.LogSoftmax(axis=0)(x)), x, fusion=fusion)
     assert [o.shape for o in outs] == [(0, 3), (0, 3)]
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_addn_of_one_tensor(fusion: bool) -> None:
+    # Its expansion returns its input; inlining it left the graph returning the expansion's
+    # own input placeholder (VerifyError: "return uses x0 before it is defined").
+    x = np.array([1.5, -2.0], np.float16)
+    (out,) = _run(lambda x: P.AddN()([x]), x, fusion=fusion)
+    np.testing.assert_array_equal(out, x)
