@@ -73,11 +73,12 @@ return Array.from(svgs).map(svg => Array.from(svg.querySelectorAll('g.cluster > 
 """
 
 
-def test_lab_report_in_headless_chromium(driver, tmp_path):
-    lab = run_lab(str(tmp_path / "lab"), echo=False)
+def test_lab_report_in_headless_chromium(driver, tmp_path, monkeypatch):
+    # From the folder it runs in, as README's `graphkernel lab --report lab_output/report.html`.
+    monkeypatch.chdir(tmp_path)
+    lab = run_lab("lab_output", echo=False)
     results, found = lab
-    report = write_lab_report(str(tmp_path / "lab"), str(tmp_path / "report.html"), lab=lab,
-                              repeats=20)
+    report = write_lab_report("lab_output", "lab_output/report.html", lab=lab, repeats=20)
     driver.get("file://" + os.path.abspath(report))
 
     severe = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
