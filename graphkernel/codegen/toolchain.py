@@ -20,12 +20,16 @@ class Toolchain:
     # Include folders for CPython and numpy headers when both exist: graphs then get a CPython
     # entry point (codegen/entry.py).
     python_includes: tuple[str, ...] = ()
+    avx512: bool = False
 
     @property
     def flags(self) -> tuple[str, ...]:
         omp = "-fopenmp" if self.openmp else "-fopenmp-simd"
-        return ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
-                "-fwrapv", omp)
+        # 512-bit vectors: -march=native on AVX-512 Xeons defaults to 256-bit ones, which also
+        # picks libmvec's 8-wide AVX2 variants instead of the 16-wide AVX-512 ones.
+        wide = ("-mprefer-vector-width=512",) if self.avx512 else ()
+        return ("-O3", "-march=native", *wide, "-fPIC", "-shared", "-std=gnu11",
+                "-fno-math-errno", "-fwrapv", omp)
 
     @property
     def libs(self) -> tuple[str, ...]:
@@ -53,6 +57,10 @@ void f(float *restrict x, int n) {
   for (int i = 0; i < n; ++i) x[i] = expf(x[i]);
 }
 """
+
+
+# Bump when the probe or the Toolchain fields change, so saved probes are redone.
+_PROBE_VERSION = 2
 
 
 def find_compiler() -> str | None:
@@ -89,7 +97,8 @@ def detect() -> Toolchain | None:
         folder = cache.ensure_private_dir(cache.cache_dir())
     except (OSError, cache.CacheError):
         return _probe(compiler)
-    stamp = f"{compiler}|{info.st_size}|{info.st_mtime_ns}|{_python_includes()}"
+    stamp = (f"{_PROBE_VERSION}|{compiler}|{info.st_size}|{info.st_mtime_ns}|"
+             f"{_python_includes()}|{cpu_signature()}")
     path = os.path.join(folder, "toolchain.json")
     try:
         with open(path, encoding="utf-8") as fh:
@@ -123,7 +132,8 @@ def _probe(compiler: str) -> Toolchain | None:
                                      "<numpy/arrayobject.h>\n",
                                      [f"-I{d}" for d in includes]):
         includes = ()
-    return Toolchain(compiler, version, openmp, libmvec, includes)
+    avx512 = "avx512f" in cpu_signature().split()
+    return Toolchain(compiler, version, openmp, libmvec, includes, avx512)
 
 
 def cpu_signature() -> str:
