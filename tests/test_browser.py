@@ -83,6 +83,9 @@ def test_lab_report_in_headless_chromium(driver, tmp_path, monkeypatch):
 
     severe = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert severe == [], severe
+    # The log channel works: an error the page would print does arrive.
+    driver.execute_script("console.error('gk-probe')")
+    assert any("gk-probe" in e["message"] for e in driver.get_log("browser"))
 
     sections = driver.find_elements("css selector", "section.graph")
     # The lab report's order: each net with fusion on, then off.

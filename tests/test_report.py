@@ -325,6 +325,18 @@ def test_dot_with_nasty_names_renders(fusion):
         assert "http://" not in inlined and 'id="p-graph0"' in inlined
 
 
+def test_report_with_nasty_names(tmp_path):
+    x = Tensor(np.ones((2, 3), np.float32))
+    exe = graphkernel.compile(nasty_net(), x, options=CompileOptions(enable_graph_kernel=True))
+    text = open(write_report(exe, str(tmp_path / "n.html"), repeats=2), encoding="utf-8").read()
+    page = Page(text)
+    assert [s["svgs"] for s in page.sections] == [2]
+    assert NASTY not in text  # escaped everywhere: no raw quote-newline sequence
+    assert 'data-graph="a&quot;b\\c{d}e\nf;g-&gt;h"' in text
+    assert f"weights {NASTY}: float32[2,3]" in page.section_text(0)
+    assert page.sections[0]["text"] and NASTY in page.section_text(0)  # read back verbatim
+
+
 def test_inline_svg_prefixes_references():
     svg = ('<?xml version="1.0"?>\n<!-- c -->\n<svg xmlns="http://www.w3.org/2000/svg" '
            'xmlns:xlink="http://www.w3.org/1999/xlink"><defs><linearGradient id="l_1"/></defs>'

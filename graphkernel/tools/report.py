@@ -448,10 +448,13 @@ class _EntryView:
                    + (f", {len(fused)} fused" if self.fusion_on else ""))
         parts = [f'<section class="graph" id="{self.anchor}" data-graph="{esc(exe.name)}">',
                  f"<h2>{esc(self.title)}</h2>"]
-        facts = [f"graph <code>{esc(exe.name)}</code>",
-                 "inputs " + ", ".join(f"<code>{esc(i.name)}: {esc(i.type)}</code>"
-                                       for i in exe.graph.inputs),
-                 f"fusion {'on' if self.fusion_on else 'off'}",
+        facts = [f"graph <code>{esc(exe.name)}</code>"]
+        for kind, label in (("input", "inputs"), ("weight", "weights")):
+            values = [i for i in exe.graph.inputs if i.kind == kind]
+            if values:
+                facts.append(label + " " + ", ".join(f"<code>{esc(i.name)}: {esc(i.type)}</code>"
+                                                     for i in values))
+        facts += [f"fusion {'on' if self.fusion_on else 'off'}",
                  f"compiled in {exe.compile_seconds * 1000:.0f}&nbsp;ms"]
         parts.append(f'<p class="facts">{" &middot; ".join(facts)}</p>')
         if self.entry.note:
@@ -630,10 +633,11 @@ pre { background:#f2f4f7; border:1px solid var(--line); border-radius:6px; paddi
 .note { margin:0 0 10px; font-size:13.5px; }
 .figs { display:grid; grid-template-columns:1fr 1fr; gap:16px; }
 .fig { margin:0; border:1px solid var(--line); border-radius:8px; padding:8px; background:#fff;
-  display:flex; flex-direction:column; align-items:center; min-width:0; }
-.fig figcaption { align-self:stretch; font-size:13px; padding:2px 4px 8px;
-  border-bottom:1px solid var(--line); margin-bottom:8px; }
-.graph-svg { max-width:100%; height:auto; max-height:520px; }
+  display:flex; flex-direction:column; align-items:center; min-width:0; max-height:85vh;
+  overflow:auto; }
+.fig figcaption { align-self:stretch; position:sticky; top:-8px; background:#fff;
+  font-size:13px; padding:2px 4px 8px; border-bottom:1px solid var(--line); margin-bottom:8px; }
+.graph-svg { max-width:100%; height:auto; flex:none; }
 table { border-collapse:collapse; width:100%; margin:8px 0 12px; font-size:13.5px; }
 caption { text-align:left; font-weight:600; padding:4px 0; }
 th, td { border-bottom:1px solid var(--line); padding:5px 10px; text-align:left;
