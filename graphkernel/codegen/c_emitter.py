@@ -48,6 +48,11 @@ double pow(double, double);
 """
 
 
+# Ops whose results are worth keeping in memory rather than recomputing in a later pass.
+_WORTH_STASHING = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt",
+                                   "RealDiv"})
+
+
 def c_identifier(text: str) -> str:
     """A safe C identifier from any text (user names never reach C otherwise)."""
     # The prefix keeps user names (a cell called `main` or `expf`) off C library symbols.
@@ -221,15 +226,17 @@ class _Emitter:
                               f"{self._expr(node, dims, inner)};")
             self.var[node.uid] = var
 
-    def _inner_closure(self, targets: list[Value]) -> list[Node]:
-        """Inner (per-element) nodes needed for targets, in topological order."""
+    def _inner_closure(self, targets: list[Value], known: set[int] | None = None) -> list[Node]:
+        """Inner (per-element) nodes needed for targets, in topological order (stopping at
+        values in `known`, which are available already)."""
         needed: set[int] = set()
         by_uid = {n.uid: n for n in self.graph.nodes}
         stack = [t.uid for t in targets]
+        known = known or set()
         while stack:
             uid = stack.pop()
             node = by_uid.get(uid)
-            if node is None or uid in needed or self.sched.is_outer(node):
+            if node is None or uid in needed or uid in known or self.sched.is_outer(node):
                 continue
             needed.add(uid)
             stack.extend(v.uid for v in node.inputs)
@@ -290,8 +297,28 @@ class _Emitter:
         self.lines.append("}")
         return KernelSource(self.name, "\n".join(self.lines) + "\n", self.buffers)
 
+    def _choose_stash(self, outputs: list[Buffer]) -> tuple[Node, Buffer] | None:
+        """A value the last reduction pass computes and the epilogue needs again (Softmax's
+        exp(x - max)): the pass stores it in an output buffer of its dtype, and the epilogue
+        loads it instead of recomputing it. Each element is stored and reloaded by the same
+        iteration before the epilogue overwrites it, so the buffer is free scratch."""
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        if not self.sched.phases or not inner_outputs:
+            return None
+        last = self.sched.phases[-1]
+        in_pass = {n.uid for n in self._inner_closure([r.inputs[0] for r in last])}
+        epilogue = self._inner_closure([b.value for b in inner_outputs])
+        shared = [n for n in epilogue if n.uid in in_pass and n.op in _WORTH_STASHING
+                  and self.sched.aligned[n.uid] == self.sched.space]
+        for node in reversed(shared):  # the latest shared value saves the most work
+            for buf in inner_outputs:
+                if buf.value.dtype == node.dtype:
+                    return node, buf
+        return None
+
     def _emit_reduction(self, dims: list[LoopDim], kept: list[int], reduced: list[int],
                         outputs: list[Buffer]) -> None:
+        stash = self._choose_stash(outputs)
         indent = self._open_loops(dims, kept, "  ", None, parallel=True)
         outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
                        get_op(n.op).kind != PatternKind.REDUCE]
@@ -320,6 +347,10 @@ class _Emitter:
             saved = dict(self.var)
             self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
                           inner_indent)
+            if stash is not None and phase == len(self.sched.phases):
+                node, buf = stash
+                self.lines.append(f"{inner_indent}{buf.name}[{self._offset(buf, dims, True)}] "
+                                  f"= ({T.C_STORAGE[node.dtype]}){self.var[node.uid]};")
             for red in reductions:
                 acc = f"acc{red.uid}"
                 v = self._operand(red.inputs[0], dims, True)
@@ -347,8 +378,16 @@ class _Emitter:
         if inner_outputs:
             inner_indent = self._open_loops(dims, reduced, indent, "", False)
             saved = dict(self.var)
-            self._compute(self._inner_closure([b.value for b in inner_outputs]), dims, True,
-                          inner_indent)
+            known: set[int] = set()
+            if stash is not None:
+                node, buf = stash
+                load = f"{buf.name}[{self._offset(buf, dims, True)}]"
+                self.lines.append(f"{inner_indent}const {T.C_COMPUTE[node.dtype]} "
+                                  f"stash{node.uid} = ({T.C_COMPUTE[node.dtype]}){load};")
+                self.var[node.uid] = f"stash{node.uid}"
+                known.add(node.uid)
+            self._compute(self._inner_closure([b.value for b in inner_outputs], known), dims,
+                          True, inner_indent)
             for buf in inner_outputs:
                 self._store(buf, dims, True, inner_indent)
             self.var = saved
