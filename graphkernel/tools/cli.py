@@ -34,13 +34,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         types = [report.parse_input_spec(t) for t in args.input]
         rng = np.random.default_rng(args.seed)
         inputs = [Tensor(np.asarray(rng.standard_normal(t.shape)).astype(t.dtype)) for t in types]
-        sources: object = report.compare(cell, *inputs)
+        sources: report.Source = report.compare(cell, *inputs)
     else:
         if args.input:
             raise report.ReportError("--input goes with a FILE.py:CellClass target")
         sources = args.target
-    print(report.write_report(sources, args.out, repeats=args.repeats,  # type: ignore[arg-type]
-                              seed=args.seed))
+    print(report.write_report(sources, args.out, repeats=args.repeats, seed=args.seed))
     return 0
 
 

@@ -212,7 +212,8 @@ def write_report(sources: Source | Iterable[Source], out_html: str, *,
                  conclusions: Sequence[Any] = (), intro: str = "", seed: int = 0) -> str:
     """Write the report of `sources` (executables, entries, save_graphs folders) to
     `out_html`; return its path. Times every executable on random inputs of its signature,
-    `repeats` samples each (see `measure`)."""
+    `repeats` samples each (see `measure`). `intro` is HTML put in as is (the caller's own
+    text); `conclusions` are the lab's (anything with .text, .holds, .evidence)."""
     entries = _as_entries(sources)
     rng = np.random.default_rng(seed)
     page = _Page(title)
@@ -270,7 +271,7 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-_ID_ATTR = re.compile(r'\bid="([^"]*)"')
+_ID_ATTR = re.compile(r'(?<=\s)id="([^"]*)"')
 _URL_REF = re.compile(r"url\(#([^)]*)\)")
 _HREF_REF = re.compile(r'\b((?:xlink:)?href)="#([^"]*)"')
 
