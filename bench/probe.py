@@ -1,0 +1,136 @@
+"""Compile time, cold and warm: each measured in a new process.
+
+cold: an empty cache folder (GRAPHKERNEL_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, jax's persistent
+compilation cache, MindSpore's compiler cache and kernel folder); warm: a second new process
+given the same folder. The time is from the start of compiling (graphkernel.compile, torch.compile,
+jax.jit, creating the ONNX Runtime session, building the MindSpore cell) to the first result in
+hand; imports are timed apart.
+
+Run by the benchmark as `python -m bench.probe SUITE WORKLOAD SYSTEM`; prints one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+PROBED = ("gk_fused", "gk_unfused", "inductor", "jax", "onnxruntime", "mindspore")
+MARK = "BENCH-PROBE "
+NOTES = {
+    "onnxruntime": "no kernel cache by default: warm is a second cold start",
+    "jax": "warm uses jax's persistent compilation cache (off unless configured)",
+    "mindspore": "warm reuses the compiler cache (MS_COMPILER_CACHE_ENABLE=1) and the "
+                 "kernel folder in the working directory",
+    "inductor": "warm reuses TORCHINDUCTOR_CACHE_DIR (FX graph cache)",
+    "gk_fused": "warm reuses GRAPHKERNEL_CACHE_DIR",
+    "gk_unfused": "warm reuses GRAPHKERNEL_CACHE_DIR",
+}
+
+
+def _probe(suite: str, key: str, system: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from bench.workloads import SUITES, check, input_sets, reference
+    w = next(w for w in SUITES[suite]() if w.key == key)
+    sets, params = input_sets(w, [0])
+    result: dict[str, Any] = {}
+    if system == "mindspore":
+        import mindspore  # noqa: F401
+
+        from bench import ms_worker
+        result["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        ms_worker.prepare(w, [0])
+        result["first_result_s"] = time.perf_counter() - t1
+        out = ms_worker.output("fresh", 0)
+    else:
+        from bench.systems import all_systems
+        sys_obj = next(s for s in all_systems() if s.key == system)
+        why = sys_obj.probe()
+        if why:
+            return {"skipped": why}
+        if system == "jax" and os.environ.get("BENCH_JAX_CACHE"):
+            import jax
+            jax.config.update("jax_compilation_cache_dir", os.environ["BENCH_JAX_CACHE"])
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        result["import_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        prep = sys_obj.prepare(w, sets, params, [0])
+        result["first_result_s"] = time.perf_counter() - t1
+        out = prep.runners[0].run_once(0)
+        for k in ("from_cache", "kernel_count", "compile_seconds_reported"):
+            if k in prep.info:
+                result[k] = prep.info[k]
+    c = check(w, out, reference(w, sets[0], params))
+    result["ok"] = c["ok"]
+    if not c["ok"]:
+        result["error"] = c.get("error")
+    return result
+
+
+def _run_probe(suite: str, key: str, system: str, folder: str, timeout: float
+               ) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["GRAPHKERNEL_CACHE_DIR"] = os.path.join(folder, "graphkernel")
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor")
+    env["BENCH_JAX_CACHE"] = os.path.join(folder, "jax")
+    env["MS_COMPILER_CACHE_ENABLE"] = "1"
+    env["MS_COMPILER_CACHE_PATH"] = os.path.join(folder, "mindspore")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "")
+                                                  .split(os.pathsep) if p])
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "bench.probe", suite, key, system],
+                              cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARK):
+            res = json.loads(line[len(MARK):])
+            res["process_wall_s"] = wall
+            return res
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+    return {"error": f"probe exited {proc.returncode}: " + " | ".join(tail)[-1200:]}
+
+
+def compile_times(suite: str, workloads: list[Any], systems: list[str],
+                  log: Callable[[str], None], timeout: float = 600) -> dict[str, Any]:
+    """{workload: {system: {cold: ..., warm: ...}}} for the systems where it is meaningful."""
+    out: dict[str, Any] = {"notes": {k: v for k, v in NOTES.items() if k in systems},
+                           "workloads": {}}
+    for w in workloads:
+        row: dict[str, Any] = {}
+        out["workloads"][w.key] = row
+        for system in systems:
+            if system not in PROBED:
+                continue
+            if w.kind == "composite" and not system.startswith("gk_"):
+                continue  # the same program as NetBasicFuse for every other system
+            folder = tempfile.mkdtemp(prefix="gk-bench-probe-")
+            try:
+                cold = _run_probe(suite, w.key, system, folder, timeout)
+                warm = _run_probe(suite, w.key, system, folder, timeout) \
+                    if "error" not in cold and "skipped" not in cold else None
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            row[system] = {"cold": cold, "warm": warm}
+            log(f"  compile {w.key} {system}: cold {cold.get('first_result_s', cold)}"
+                f" warm {(warm or {}).get('first_result_s', warm)}")
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        res = _probe(sys.argv[1], sys.argv[2], sys.argv[3])
+    except Exception as exc:
+        res = {"error": f"{type(exc).__name__}: {str(exc)[:1500]}"}
+    print(MARK + json.dumps(res, default=str), flush=True)

@@ -1,0 +1,224 @@
+"""What a system looks like to the harness, and the systems that need nothing but numpy:
+graphkernel (fusion on, fusion off), numpy eager and numexpr.
+
+A system `prepare`s a workload (compiles it, converts the inputs to its own tensors) and hands
+back runners: one per way of calling it ("fresh": a new output per call, as a user gets it;
+"preallocated": the result written into an output allocated once, where the system offers
+that). A runner runs one call on input set i for the correctness check, and times k calls.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.workloads import ELEMENTWISE_KINDS, Workload, numpy_fn
+
+FRESH, PREALLOCATED = "fresh", "preallocated"
+
+
+def version_of(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class Runner:
+    """One way of calling one prepared workload."""
+
+    def __init__(self, system: str, mode: str, call: Callable[[int], Any],
+                 to_numpy: Callable[[Any], np.ndarray] = np.asarray, n_sets: int = 1) -> None:
+        self.system, self.mode = system, mode
+        self._call, self._to_numpy, self.n_sets = call, to_numpy, n_sets
+
+    def run_once(self, i: int = 0) -> np.ndarray:
+        return self._to_numpy(self._call(i % self.n_sets))
+
+    def time(self, k: int, start: int) -> float:
+        """Seconds for k calls, rotating through the input sets from `start`."""
+        call, n = self._call, self.n_sets
+        indices = [(start + j) % n for j in range(k)]
+        t0 = time.perf_counter()
+        for i in indices:
+            call(i)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Prepared:
+    runners: list[Runner]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class System:
+    key = ""
+    label = ""
+    kind = "peer"  # "graphkernel", "baseline" (numpy), "peer"
+    dists: tuple[str, ...] = ()
+
+    def probe(self) -> str | None:
+        """None when usable here, else why not (shown as a note)."""
+        return None
+
+    def versions(self) -> dict[str, str | None]:
+        return {d: version_of(d) for d in self.dists}
+
+    def threads(self) -> dict[str, Any]:
+        return {}
+
+    def supports(self, w: Workload) -> str | None:
+        return None
+
+    def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
+                params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# graphkernel
+
+class GraphKernel(System):
+    kind = "graphkernel"
+    dists = ("graphkernel",)
+
+    def __init__(self, fused: bool) -> None:
+        self.fused = fused
+        self.key = "gk_fused" if fused else "gk_unfused"
+        self.label = "graphkernel fused" if fused else "graphkernel unfused"
+
+    def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
+                params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
+        import graphkernel
+        from bench.gk_cells import make_cell
+        from graphkernel.graph_kernel.pipeline import CompileOptions
+
+        cell = make_cell(w, params)
+        arrays = [list(s.values()) for s in sets]
+        t0 = time.perf_counter()
+        exe = graphkernel.compile(cell, *arrays[0],
+                                  options=CompileOptions(enable_graph_kernel=self.fused))
+        compile_wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        exe.run_arrays(*arrays[0])
+        first_call = time.perf_counter() - t0
+        run = exe.run_arrays
+
+        def fresh(i: int) -> Any:
+            return run(*arrays[i])[0]
+
+        runners = [Runner(self.key, FRESH, fresh, n_sets=len(sets))]
+        kernels = [{"name": k.name, "backend": k.backend, "ops": list(k.op_names)}
+                   for k in exe.kernels]
+        backends: dict[str, int] = {}
+        for k in exe.kernels:
+            backends[k.backend] = backends.get(k.backend, 0) + 1
+        info = {"compile_s": compile_wall, "first_call_s": first_call,
+                "compile_seconds_reported": exe.compile_seconds, "from_cache": exe.from_cache,
+                "kernel_count": len(exe.kernels), "backends": backends,
+                "warnings": list(exe.warnings)}
+        if len(kernels) <= 40:
+            info["kernels"] = kernels
+        return Prepared(runners, info)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy eager
+
+class NumpyEager(System):
+    key, label, kind = "numpy", "numpy eager", "baseline"
+    dists = ("numpy",)
+
+    def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
+                params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
+        fn = numpy_fn(w, params)
+        arrays = [list(s.values()) for s in sets]
+        out = np.empty(w.output_shape(), np.float32)
+        out.fill(0)  # touch the pages once, as a reused buffer would be
+
+        def fresh(i: int) -> Any:
+            return fn(*arrays[i])
+
+        def into(i: int) -> Any:
+            return fn(*arrays[i], out=out)
+
+        n = len(sets)
+        return Prepared([Runner(self.key, FRESH, fresh, n_sets=n),
+                         Runner(self.key, PREALLOCATED, into, n_sets=n)],
+                        {"preallocated": "out= on the last ufunc"})
+
+
+# ---------------------------------------------------------------------------------------------
+# numexpr (elementwise only)
+
+_NUMEXPR = {
+    "basic": "((x * c2) + c1) * c3",
+    "composite": "((x * c2) + c1) * c3",
+    "chain": "(tanh(exp(x * c05 + c01) * c03 - c07) + c1) * x",
+    "bias_gelu": "c05 * (x + b) * (c1 + tanh(k * ((x + b) + c044715 * (x + b) * (x + b) "
+                 "* (x + b))))",
+}
+
+
+class NumExpr(System):
+    key, label = "numexpr", "numexpr"
+    dists = ("numexpr",)
+
+    def probe(self) -> str | None:
+        try:
+            import numexpr
+        except ImportError as exc:
+            return f"numexpr not installed ({exc})"
+        numexpr.set_num_threads(2)
+        return None
+
+    def threads(self) -> dict[str, Any]:
+        import numexpr
+        return {"numexpr_threads": numexpr.get_num_threads()}
+
+    def supports(self, w: Workload) -> str | None:
+        if w.kind not in ELEMENTWISE_KINDS:
+            return "numexpr evaluates elementwise expressions only (no matmul, no row reductions)"
+        return None
+
+    def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
+                params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
+        import numexpr
+
+        import bench.workloads as W
+        expr = _NUMEXPR[w.kind]
+        f32 = np.float32  # Python float literals would turn the result into float64
+        consts = {"c1": f32(1.0), "c2": f32(2.0), "c3": f32(3.0), "c05": f32(0.5),
+                  "c01": f32(0.1), "c03": f32(0.3), "c07": f32(0.7), "c044715": f32(0.044715),
+                  "k": f32(W.SQRT_2_OVER_PI)}
+        envs = [{**consts, **s} for s in sets]
+        out = np.empty(w.output_shape(), np.float32)
+        out.fill(0)
+        evaluate = numexpr.evaluate
+
+        def fresh(i: int) -> Any:
+            return evaluate(expr, local_dict=envs[i])
+
+        def into(i: int) -> Any:
+            return evaluate(expr, local_dict=envs[i], out=out)
+
+        n = len(sets)
+        return Prepared([Runner(self.key, FRESH, fresh, n_sets=n),
+                         Runner(self.key, PREALLOCATED, into, n_sets=n)],
+                        {"expression": expr, "preallocated": "evaluate(..., out=)"})
+
+
+def all_systems() -> list[System]:
+    from bench.peers import JaxJit, MindSporeFused, OnnxRuntime, TorchCompile, TorchEager
+    return [GraphKernel(True), GraphKernel(False), NumpyEager(), NumExpr(), TorchEager(),
+            TorchCompile(), JaxJit(), OnnxRuntime(), MindSporeFused()]

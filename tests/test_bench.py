@@ -1,0 +1,107 @@
+"""The benchmark harness's correctness path on tiny sizes: every system that needs only numpy
+(graphkernel fused and unfused, numpy eager, numexpr when present) must match the float64
+reference on every workload. Times are never asserted."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bench import workloads as W
+from bench.cli import failures, main
+from bench.harness import Config, run_workload
+from bench.report import markdown
+from bench.systems import GraphKernel, NumExpr, NumpyEager
+
+TINY = W.tiny_suite()
+
+
+def _systems() -> list:
+    systems = [GraphKernel(True), GraphKernel(False), NumpyEager()]
+    ne = NumExpr()
+    if ne.probe() is None:
+        systems.append(ne)
+    return systems
+
+
+@pytest.mark.parametrize("w", TINY, ids=[w.key for w in TINY])
+def test_every_output_checks_on_tiny_sizes(w: W.Workload) -> None:
+    cfg = Config.quick(suite="tiny", rounds=2, overhead_rounds=2, min_sample_s=1e-4,
+                       warmup_s=0.0, log=lambda msg: None)
+    res = run_workload(w, _systems(), cfg, l3=1 << 20, copy_gbps=10.0)
+    for key, rec in res["systems"].items():
+        if rec["status"] == "not applicable":
+            assert key == "numexpr" and w.kind not in W.ELEMENTWISE_KINDS
+            continue
+        assert rec["status"] == "ok", (key, rec.get("error"), rec.get("modes"))
+        for mode, m in rec["modes"].items():
+            assert m["status"] == "ok", (key, mode, m.get("error"))
+            assert m["check"]["ok"] and m["check"]["dtype"] == "float32"
+            assert m["timing"]["n"] == 2 and m["timing"]["median_s"] > 0
+    assert res["copy"]["median_s"] > 0
+    json.dumps(res)  # the results document stays serialisable
+
+
+def test_check_rejects_wrong_answers() -> None:
+    w = next(w for w in TINY if w.kind == "softmax")
+    inputs, params = W.make_arrays(w)
+    ref = W.reference(w, inputs, params)
+    good = W.np_softmax(inputs["x"])
+    assert W.check(w, good, ref)["ok"]
+    off = good.copy()
+    off[0, 0] += 1e-3
+    bad = W.check(w, off, ref)
+    assert not bad["ok"] and bad["bad_elements"] == 1 and "[0, 0]" in bad["error"]
+    assert not W.check(w, good.astype(np.float64), ref)["ok"]  # float32 expected
+    assert not W.check(w, good[:, :-1], ref)["ok"]
+    nan = good.copy()
+    nan[1, 1] = np.nan
+    assert not W.check(w, nan, ref)["ok"]
+
+
+def test_references_match_the_math() -> None:
+    # Known values, independent of the shared numpy code path.
+    assert math.isclose(float(W.np_gelu(np.float64(1.0))), 0.8411919906082768, rel_tol=1e-12)
+    w = next(w for w in TINY if w.kind == "layernorm")
+    inputs, params = W.make_arrays(w)
+    x = inputs["x"].astype(np.float64)
+    y = W.reference(w, {"x": inputs["x"], "gamma": np.ones_like(inputs["gamma"]),
+                        "beta": np.zeros_like(inputs["beta"])}, params)
+    assert np.allclose(y.mean(axis=-1), 0, atol=1e-12)
+    assert np.allclose((y * y).mean(axis=-1), x.var(axis=-1) / (x.var(axis=-1) + W.EPS))
+    s = next(w for w in TINY if w.kind == "softmax")
+    p = W.reference(s, W.make_arrays(s)[0], {})
+    assert np.allclose(p.sum(axis=-1), 1.0) and (p > 0).all()
+    e = next(w for w in TINY if w.kind == "encoder")
+    inputs, params = W.make_arrays(e)
+    out = W.reference(e, inputs, params)
+    assert out.shape == inputs["x"].shape and np.isfinite(out).all()
+
+
+def test_bytes_and_suites() -> None:
+    full = {w.key: w for w in W.full_suite()}
+    assert full["basic_4096x4096"].nbytes()["total"] == 2 * 4096 * 4096 * 4
+    assert full["basic_4x4"].is_overhead and not full["softmax_8192x1024"].is_overhead
+    mlp = full["mlp_512x1024x4096"].nbytes()
+    assert mlp["read"] == 4 * (512 * 1024 + 2 * 4096 * 1024 + 4096 + 3 * 1024)
+    assert len({w.key for w in W.quick_suite()}) == len(W.quick_suite()) == 10
+
+
+def test_cli_quick_path_writes_results(tmp_path: object) -> None:
+    out = str(tmp_path)
+    code = main(["--suite", "tiny", "--keep-env", "--systems", "gk_fused,numpy",
+                 "--workloads", "basic,softmax", "--compile-probes", "none", "--rounds", "2",
+                 "--out", out])
+    assert code == 0
+    with open(f"{out}/results.json", encoding="utf-8") as fh:
+        results = json.load(fh)
+    assert [w["kind"] for w in results["workloads"]] == ["basic", "basic", "softmax"]
+    assert failures(results) == []
+    text = markdown(results)
+    assert "| softmax_8x16 |" in text and "graphkernel fused" in text
+    # A wrong answer is reported as a failure, never timed.
+    rec = results["workloads"][0]["systems"]["gk_fused"]
+    rec["modes"]["fresh"] = {"status": "wrong answer", "error": "1 of 16 elements"}
+    assert failures(results) and "**wrong answer**" in markdown(results)
