@@ -224,8 +224,11 @@ def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
 
     def step(slots: list[Any]) -> None:
         outs = [np.empty(shape, dtype) for shape, dtype in shapes]
-        ptrs = [fixed[i] if i in fixed else slots[s].ctypes.data  # type: ignore[index]
-                for i, s in enumerate(in_slots)]
+        # Kernels index dense C-order buffers; a library step may leave a view (BroadcastTo's
+        # zero strides, Transpose), which is copied here (a no-op for contiguous arrays).
+        dense = [None if i in fixed else np.ascontiguousarray(slots[s])  # type: ignore[index]
+                 for i, s in enumerate(in_slots)]
+        ptrs = [fixed[i] if a is None else a.ctypes.data for i, a in enumerate(dense)]
         fn(argv_type(*ptrs, *const_ptrs, *[o.ctypes.data for o in outs]))
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.keep_alive = (keep_alive, const_arrays)  # type: ignore[attr-defined]

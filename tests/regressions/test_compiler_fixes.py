@@ -68,3 +68,20 @@ def test_addn_of_one_tensor(fusion: bool) -> None:
     x = np.array([1.5, -2.0], np.float16)
     (out,) = _run(lambda x: P.AddN()([x]), x, fusion=fusion)
     np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_kernel_after_a_view_producing_library_op(fusion: bool) -> None:
+    # BroadcastTo and Transpose run as numpy views (zero or permuted strides); the generated
+    # kernel after them read the view's memory as if it were dense.
+    x = np.array(-1.5, np.float16)
+    m = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    def fn(x: Any, m: Any) -> Any:
+        b = P.BroadcastTo((4,))(x)
+        t = P.Transpose()(m, (1, 0))
+        return P.Select()(P.Less()(b, 0.0), b, 0.0), P.Neg()(t) * 2.0
+
+    got = _run(fn, x, m, fusion=fusion)
+    np.testing.assert_array_equal(got[0], np.full(4, -1.5, np.float16))
+    np.testing.assert_array_equal(got[1], -m.T * 2)
