@@ -28,8 +28,10 @@ class Toolchain:
         # 512-bit vectors: -march=native on AVX-512 Xeons defaults to 256-bit ones, which also
         # picks libmvec's 8-wide AVX2 variants instead of the 16-wide AVX-512 ones.
         wide = ("-mprefer-vector-width=512",) if self.avx512 else ()
+        # -fno-trapping-math lets gcc turn selects on floats (clamps, NaN checks, max/min)
+        # into vector blends; results stay IEEE-exact (it is not -ffast-math).
         return ("-O3", "-march=native", *wide, "-fPIC", "-shared", "-std=gnu11",
-                "-fno-math-errno", "-fwrapv", omp)
+                "-fno-math-errno", "-fno-trapping-math", "-fwrapv", omp)
 
     @property
     def libs(self) -> tuple[str, ...]:
@@ -60,7 +62,7 @@ void f(float *restrict x, int n) {
 
 
 # Bump when the probe or the Toolchain fields change, so saved probes are redone.
-_PROBE_VERSION = 2
+_PROBE_VERSION = 3
 
 
 def find_compiler() -> str | None:

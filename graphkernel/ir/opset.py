@@ -164,9 +164,10 @@ _elementwise("Mul", 2, _same(np.multiply), "({0} * {1})")
 _elementwise("RealDiv", 2, _same(np.true_divide), "({0} / {1})", accepts=FLOATS,
              aliases=("Div",))
 _elementwise("Neg", 1, _same(np.negative), "(-{0})")
-# NaN-propagating max/min, like numpy (C's fmax drops NaN).
-_elementwise("Maximum", 2, _same(np.maximum), "(({0} > {1} || {0} != {0}) ? {0} : {1})")
-_elementwise("Minimum", 2, _same(np.minimum), "(({0} < {1} || {0} != {0}) ? {0} : {1})")
+# NaN-propagating max/min, like numpy (C's fmax drops NaN). Bitwise `|`, `&` rather than
+# `||`, `&&` throughout: short-circuit operators are control flow, which stops vectorisation.
+_elementwise("Maximum", 2, _same(np.maximum), "((({0} > {1}) | ({0} != {0})) ? {0} : {1})")
+_elementwise("Minimum", 2, _same(np.minimum), "((({0} < {1}) | ({0} != {0})) ? {0} : {1})")
 _elementwise("Pow", 2, _same(np.power), "pow{f}({0}, {1})", accepts=FLOATS)
 _elementwise("Sqrt", 1, _same(np.sqrt), "sqrt{f}({0})", accepts=FLOATS)
 _elementwise("Rsqrt", 1, _same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=FLOATS)
@@ -186,8 +187,8 @@ for _name, _ufunc, _sym in (("Equal", np.equal, "=="), ("NotEqual", np.not_equal
                             ("Greater", np.greater, ">"), ("GreaterEqual", np.greater_equal, ">=")):
     _elementwise(_name, 2, _quiet(_ufunc), "({0} " + _sym + " {1})", accepts=ALL,
                  out_dtype=_to_bool)
-_elementwise("LogicalAnd", 2, _quiet(np.logical_and), "({0} && {1})", accepts=(T.bool_,))
-_elementwise("LogicalOr", 2, _quiet(np.logical_or), "({0} || {1})", accepts=(T.bool_,))
+_elementwise("LogicalAnd", 2, _quiet(np.logical_and), "({0} & {1})", accepts=(T.bool_,))
+_elementwise("LogicalOr", 2, _quiet(np.logical_or), "({0} | {1})", accepts=(T.bool_,))
 _elementwise("LogicalNot", 1, _quiet(np.logical_not), "(!{0})", accepts=(T.bool_,))
 
 
