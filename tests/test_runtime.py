@@ -91,3 +91,21 @@ def test_tuple_outputs_and_identity_outputs(rng):
     np.testing.assert_allclose(c.asnumpy(), np.exp(x), rtol=1e-6)
     assert not np.shares_memory(a.asnumpy(), c.asnumpy())
     assert not np.shares_memory(b.asnumpy(), y)
+
+
+def test_mixed_graph_results_held_never_share_memory(rng):
+    class MatExp(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.mm, self.exp, self.mul = P.MatMul(), P.Exp(), P.Mul()
+
+        def construct(self, a, b):
+            return self.mul(self.exp(self.mm(a, b)), 2.0)
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 16)).astype(np.float32) * 0.1
+    exe = graphkernel.compile(MatExp(), a, b, options=ON)
+    assert exe.entry is None  # a library kernel in the graph: the Python step loop runs it
+    results = [exe.run_arrays(a * i, b)[0] for i in range(4)]
+    for i, r in enumerate(results):
+        np.testing.assert_allclose(r, np.exp((a * i) @ b) * 2, rtol=1e-5)
+    assert len({r.ctypes.data for r in results}) == 4
