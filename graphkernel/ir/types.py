@@ -111,8 +111,8 @@ def scalar_dtype(value: object, partner: np.dtype | None) -> np.dtype:
     """The dtype a Python scalar takes next to a tensor: NumPy-like weak typing.
 
     A float scalar next to a float tensor takes the tensor's dtype (float32 * 2.0 stays float32);
-    next to an int or bool tensor it is float32 (graphkernel's default float, as in MindSpore).
-    An int scalar takes the tensor's dtype unless that is bool.
+    next to an int or bool tensor it is float64, so the result is float64 as in NumPy 2 (an
+    int32 tensor times 2.5). An int scalar takes the tensor's dtype unless that is bool.
     """
     if isinstance(value, bool):
         return partner if partner is not None else bool_
@@ -121,9 +121,9 @@ def scalar_dtype(value: object, partner: np.dtype | None) -> np.dtype:
             return int64 if partner is None else int64
         return partner
     if isinstance(value, float):
-        if partner is not None and is_float(partner):
-            return partner
-        return float32
+        if partner is None:
+            return float32  # a float scalar alone, as in Tensor(2.0)
+        return partner if is_float(partner) else float64
     raise DTypeError(f"not a Python scalar: {value!r} ({type(value).__name__})")
 
 
