@@ -245,3 +245,33 @@ def test_context_errors():
         context.set_context(mode=5)
     with pytest.raises(ContextError, match="True or False"):
         context.set_context(enable_graph_kernel="yes")
+
+
+def test_column_reductions_across_blocks_keep_nan_and_outputs(rng):
+    """Reducing a non-innermost axis walks the innermost axis in blocks of lanes; shapes that
+    straddle a block boundary, NaN propagation and several outputs stay exact."""
+    x = rng.standard_normal((37, 1030)).astype(np.float32)
+    x[5, 7] = np.nan
+    x[0, 1029] = np.nan
+    cell = Fn(lambda s, x: s.max(s.mul(x, 2.0), 0), max=P.ReduceMax(keep_dims=False),
+              mul=P.Mul())
+    on, _ = run_both(cell, x)
+    got = on.run_arrays(x)[0]
+    np.testing.assert_array_equal(got, (x * 2).max(0))
+    assert np.isnan(got[7]) and np.isnan(got[1029])
+
+    y = rng.standard_normal((3, 1030)).astype(np.float32)
+    on, _ = run_both(nn.Softmax(0), y)
+    e = np.exp(y - y.max(0, keepdims=True))
+    np.testing.assert_allclose(on.run_arrays(y)[0], e / e.sum(0, keepdims=True), rtol=1e-5)
+
+    def centre(s, x):
+        mean = s.mul(s.sum(x, 0), 1.0 / x.shape[0])
+        return s.sub(x, mean), mean
+    cell = Fn(centre, sum=P.ReduceSum(keep_dims=True), mul=P.Mul(), sub=P.Sub())
+    z = rng.standard_normal((6, 5, 700)).astype(np.float32)
+    on, _ = run_both(cell, z)
+    assert len(on.kernels) == 1
+    centred, mean = on.run_arrays(z)
+    np.testing.assert_allclose(mean, z.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(centred, z - z.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -53,6 +53,11 @@ _WORTH_STASHING = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt"
                                    "RealDiv"})
 
 
+# Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
+# stay in L1 (512 floats = 2 KiB per reduction).
+COLUMN_BLOCK = 512
+
+
 def c_identifier(text: str) -> str:
     """A safe C identifier from any text (user names never reach C otherwise)."""
     # The prefix keeps user names (a cell called `main` or `expf`) off C library symbols.
@@ -155,10 +160,14 @@ class _Emitter:
             buf = Buffer(value, self.sched.aligned[value.uid], True, i)
             self.buffers.append(buf)
 
-    def _loop_dims(self) -> list[LoopDim]:
+    def _loop_dims(self, column: bool = False) -> list[LoopDim]:
+        """Loop dimensions, adjacent compatible ones merged. Row order: kept dims outside,
+        reduced inside. Column order (the innermost axis is kept): other kept dims, then the
+        reduced ones, then the innermost kept run, so the innermost loop walks memory."""
         space, axes = self.sched.space, self.sched.reduce_axes
         per_buffer = {id(b): _contiguous_strides(b.aligned) for b in self.buffers}
-        order = [d for d in range(len(space)) if d not in axes] + list(axes)
+        order = list(range(len(space))) if column else \
+            [d for d in range(len(space)) if d not in axes] + list(axes)
         dims = [LoopDim(space[d], d in axes, {k: s[d] for k, s in per_buffer.items()})
                 for d in order if space[d] != 1]
         merged: list[LoopDim] = []
@@ -169,7 +178,17 @@ class _Emitter:
                 merged[-1] = LoopDim(prev.size * dim.size, dim.reduced, dict(dim.strides))
             else:
                 merged.append(dim)
+        if column:
+            inner = merged[-1]
+            merged = [d for d in merged[:-1] if not d.reduced] + \
+                [d for d in merged[:-1] if d.reduced] + [inner]
         return merged
+
+    def _is_column_reduction(self) -> bool:
+        space = self.sched.space
+        live = [d for d in range(len(space)) if space[d] != 1]
+        return self.sched.is_reduction and bool(live) and live[-1] not in self.sched.reduce_axes \
+            and any(space[a] != 1 for a in self.sched.reduce_axes)
 
     # -- expressions --------------------------------------------------------------------------
     def _offset(self, buf: Buffer, dims: list[LoopDim], upto_reduced: bool) -> str:
@@ -274,7 +293,8 @@ class _Emitter:
 
     def emit(self) -> KernelSource:
         self._collect_buffers()
-        dims = self._loop_dims()
+        column = self._is_column_reduction()
+        dims = self._loop_dims(column)
         kept = [i for i, d in enumerate(dims) if not d.reduced]
         reduced = [i for i, d in enumerate(dims) if d.reduced]
         ops = ", ".join(n.op for n in self.graph.nodes)
@@ -292,6 +312,8 @@ class _Emitter:
             for buf in outputs:
                 self._store(buf, dims, True, indent)
             self._close_loops(len(kept), indent)
+        elif column:
+            self._emit_column_reduction(dims, outputs)
         else:
             self._emit_reduction(dims, kept, reduced, outputs)
         self.lines.append("}")
@@ -396,3 +418,131 @@ class _Emitter:
             if self.sched.is_outer(buf.value):
                 self._store(buf, dims, False, indent)
         self._close_loops(len(kept), indent)
+
+    # -- column reductions ------------------------------------------------------------------
+    def _emit_column_reduction(self, dims: list[LoopDim], outputs: list[Buffer]) -> None:
+        """Reductions over axes that are not innermost (axis 0 of a matrix, the middle axis of
+        a 3-d tensor): the innermost kept axis is walked in blocks of COLUMN_BLOCK lanes, each
+        lane with its own accumulator, so every load is contiguous and the lanes vectorise."""
+        kin = len(dims) - 1
+        kout = [i for i, d in enumerate(dims[:-1]) if not d.reduced]
+        red = [i for i, d in enumerate(dims) if d.reduced]
+        block = min(COLUMN_BLOCK, dims[kin].size)
+        work = int(np.prod(self.sched.space))
+        threads = work >= self.threshold
+        indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
+        if threads and not kout:
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+        size = dims[kin].size
+        self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
+        indent += "  "
+        self.lines.append(f"{indent}const int64_t nb = {size} - kb < {block} ? {size} - kb : "
+                          f"{block};")
+        lane = f"const int64_t i{kin} = kb + j;"
+
+        def lanes(body: list[str], at: str) -> None:
+            self.lines.append(f"{at}#pragma omp simd")
+            self.lines.append(f"{at}for (int64_t j = 0; j < nb; ++j) {{")
+            self.lines.append(f"{at}  {lane}")
+            self.lines.extend(f"{at}  {b}" for b in body)
+            self.lines.append(f"{at}}}")
+
+        outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
+                       get_op(n.op).kind != PatternKind.REDUCE]
+
+        def outer_values(phase: int) -> None:
+            nodes = [n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase]
+            if not nodes:
+                return
+            body = []
+            for node in nodes:
+                ct = T.C_COMPUTE[node.dtype]
+                self.lines.append(f"{indent}{ct} ov{node.uid}[{block}];")
+                body.append(f"ov{node.uid}[j] = {self._expr(node, dims, False)};")
+                self.var[node.uid] = f"ov{node.uid}[j]"
+            lanes(body, indent)
+
+        outer_values(0)
+        for phase, reductions in enumerate(self.sched.phases, start=1):
+            init_body = []
+            for red_node in reductions:
+                ct = T.C_COMPUTE[red_node.dtype]
+                acc = f"acc{red_node.uid}"
+                self.lines.append(f"{indent}{ct} {acc}[{block}];")
+                init_body.append(f"{acc}[j] = {self._reduce_init(red_node)};")
+                if self._tracks_nan(red_node):
+                    self.lines.append(f"{indent}int nan{red_node.uid}[{block}];")
+                    init_body.append(f"nan{red_node.uid}[j] = 0;")
+            lanes(init_body, indent)
+            inner_indent = self._open_loops(dims, red, indent, None, False)
+            saved = dict(self.var)
+            mark = len(self.lines)
+            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
+                          inner_indent + "  ")
+            body = [line.strip() for line in self.lines[mark:]]
+            del self.lines[mark:]
+            for red_node in reductions:
+                acc = f"acc{red_node.uid}[j]"
+                v = self._operand(red_node.inputs[0], dims, True)
+                body.append(f"{acc} = {self._combine(red_node, acc, v)};")
+                if self._tracks_nan(red_node):
+                    body.append(f"nan{red_node.uid}[j] |= ({v} != {v});")
+            self.var = saved
+            lanes(body, inner_indent)
+            self._close_loops(len(red), inner_indent)
+            final_body = []
+            for red_node in reductions:
+                acc = f"acc{red_node.uid}[j]"
+                if self._tracks_nan(red_node):
+                    final_body.append(f"if (nan{red_node.uid}[j]) {acc} = NAN;")
+                if red_node.dtype == T.float16:
+                    final_body.append(f"{acc} = (float)(_Float16){acc};")
+                self.var[red_node.uid] = acc
+            if final_body:
+                lanes(final_body, indent)
+            outer_values(phase)
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        if inner_outputs:
+            inner_indent = self._open_loops(dims, red, indent, None, False)
+            saved = dict(self.var)
+            mark = len(self.lines)
+            self._compute(self._inner_closure([b.value for b in inner_outputs]), dims, True,
+                          inner_indent)
+            for buf in inner_outputs:
+                self._store(buf, dims, True, inner_indent)
+            body = [line.strip() for line in self.lines[mark:]]
+            del self.lines[mark:]
+            self.var = saved
+            lanes(body, inner_indent)
+            self._close_loops(len(red), inner_indent)
+        outer_outputs = [b for b in outputs if self.sched.is_outer(b.value)]
+        if outer_outputs:
+            mark = len(self.lines)
+            for buf in outer_outputs:
+                self._store(buf, dims, False, indent)
+            body = [line.strip() for line in self.lines[mark:]]
+            del self.lines[mark:]
+            lanes(body, indent)
+        indent = indent[:-2]
+        self.lines.append(f"{indent}}}")
+        self._close_loops(len(kout), indent)
+
+    def _reduce_init(self, red: Node) -> str:
+        init = get_op(red.op).reduce_init or "0"
+        if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
+            bits = "INT64" if red.dtype == T.int64 else "INT32"
+            init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
+        return init
+
+    @staticmethod
+    def _tracks_nan(red: Node) -> bool:
+        return get_op(red.op).reduce_combine in ("max", "min") and T.is_float(red.dtype)
+
+    @staticmethod
+    def _combine(red: Node, acc: str, v: str) -> str:
+        combine = get_op(red.op).reduce_combine or ""
+        if combine == "max":
+            return f"{acc} > {v} ? {acc} : {v}"
+        if combine == "min":
+            return f"{acc} < {v} ? {acc} : {v}"
+        return combine.format(acc=acc, v=v)
