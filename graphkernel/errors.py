@@ -58,6 +58,14 @@ class GraphModeError(GraphKernelError, RuntimeError):
     """Something graph mode cannot trace (control flow on a tensor's value, unsupported calls)."""
 
 
+class UnsupportedError(GraphKernelError, AttributeError):
+    """An operator or tensor method graphkernel does not have."""
+
+
+class ResourceError(GraphKernelError, MemoryError):
+    """A graph that needs more memory than the machine has."""
+
+
 class ContextError(GraphKernelError, ValueError):
     """An unknown context key or value."""
 

@@ -2,17 +2,24 @@
 `compile_cached`; users and tests call `graphkernel.compile`."""
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import ContextError, GraphModeError, InputError
-from graphkernel.frontend import context
+from graphkernel.errors import (
+    ContextError,
+    DTypeError,
+    GraphModeError,
+    InputError,
+    ResourceError,
+)
+from graphkernel.frontend import context, primitive
 from graphkernel.frontend.cell import Cell, input_names
 from graphkernel.frontend.tensor import Tensor
-from graphkernel.frontend.tracing import Tracer, user_location
+from graphkernel.frontend.tracing import Tracer, function_location, user_location
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import (
     FRONTEND_STAGES,
@@ -21,24 +28,48 @@ from graphkernel.graph_kernel.pipeline import (
     backend_stages,
 )
 from graphkernel.ir import types as T
-from graphkernel.ir.graph import Graph
+from graphkernel.ir.graph import Graph, output_types
 from graphkernel.ir.types import TensorType
 from graphkernel.passes.manager import Dumper, run_stages
 from graphkernel.runtime.builder import build_executable
 from graphkernel.runtime.executable import Executable
 
 
+def _check_count(args: tuple[Any, ...], cell: Cell) -> None:
+    """The number of inputs `construct` takes (not counting self), as an InputError."""
+    try:
+        params = list(inspect.signature(cell.construct).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) <= len(args) <= len(positional):
+        return
+    names = ", ".join(p.name for p in positional) or "none"
+    want = str(len(positional)) if len(required) == len(positional) else \
+        f"{len(required)} to {len(positional)}"
+    raise InputError(f"{type(cell).__name__}.construct takes {want} input(s) ({names}), got "
+                     f"{len(args)}", user_location())
+
+
 def _signature(args: tuple[Any, ...], cell: Cell) -> list[TensorType]:
+    _check_count(args, cell)
     names = input_names(cell, len(args))
     types = []
     for arg, name in zip(args, names):
-        if isinstance(arg, Tensor):
-            types.append(TensorType(arg.shape, arg.dtype))
-        elif isinstance(arg, np.ndarray):
-            types.append(TensorType(tuple(arg.shape), T.to_dtype(arg.dtype)))
+        if isinstance(arg, (Tensor, np.ndarray)):
+            try:
+                dtype = T.to_dtype(arg.dtype)
+            except DTypeError as err:
+                raise InputError(f"{type(cell).__name__} input {name!r}: {err.problem}",
+                                 user_location()) from None
+            types.append(TensorType(tuple(arg.shape), dtype))
         else:
             raise InputError(f"{type(cell).__name__} input {name!r} must be a Tensor or a numpy "
-                             f"array in graph mode, got {type(arg).__name__} ({arg!r:.40})")
+                             f"array in graph mode, got {type(arg).__name__} ({arg!r:.40})",
+                             user_location())
     return types
 
 
@@ -56,7 +87,7 @@ def trace(cell: Cell, types: list[TensorType]) -> Graph:
             if not isinstance(out, Tensor):
                 raise GraphModeError(f"{name}.construct returned a {type(out).__name__} (output "
                                      f"{i}); graph mode returns tensors or a tuple of tensors",
-                                     user_location())
+                                     function_location(cell.construct))
             values.append(tracer.value_of(out))
     graph = tracer.graph
     graph.outputs = values
@@ -86,6 +117,24 @@ def _dump_folder() -> str | None:
     return folder
 
 
+def _check_memory(graph: Graph, name: str) -> None:
+    """Every input and result of the initial graph together must fit in physical memory (an
+    upper bound of what one call holds: refuse before any kernel runs rather than swap or die)."""
+    have = primitive.physical_memory()
+    values = [*graph.nodes, *graph.inputs]  # the largest node, if any, locates the error
+    sizes = sorted(((sum(t.nbytes for t in output_types(v)), v) for v in values),
+                   key=lambda item: -item[0])
+    need = sum(size for size, _ in sizes)
+    if not have or need <= have:
+        return
+    largest = sizes[0][1]
+    where = getattr(largest, "loc", None)
+    raise ResourceError(f"{name} needs {primitive.format_bytes(need)} for its inputs and results, "
+                        f"more than this machine's memory ({primitive.format_bytes(have)}); the "
+                        f"largest is {largest.name}: {largest.type} "
+                        f"({primitive.format_bytes(sizes[0][0])})", where)
+
+
 def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> Executable:
     """Compile `cell` for the signature of `inputs` with the current context settings."""
     start = time.perf_counter()
@@ -95,6 +144,7 @@ def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> 
     graph = trace(cell, types)
     dumper = Dumper(folder) if folder is not None else None
     results = run_stages(graph, FRONTEND_STAGES, dumper)
+    _check_memory(results[-1].graph, type(cell).__name__)
     state = BackendState()
     results += run_stages(results[-1].graph, backend_stages(options, state), dumper)
     final = results[-1].graph

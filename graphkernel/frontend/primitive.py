@@ -2,11 +2,12 @@
 that traces a node (graph mode) or runs the numpy reference (op by op)."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import DTypeError, GraphKernelError, InputError
+from graphkernel.errors import DTypeError, GraphKernelError, InputError, ResourceError
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.frontend.tracing import Tracer, current_tracer, user_location
 from graphkernel.ir import types as T
@@ -50,6 +51,33 @@ def _normalise_args(op: OpDef, args: list[Any]) -> list[Tensor | np.ndarray]:
     return out
 
 
+def physical_memory() -> int:
+    """Bytes of RAM this machine has (0 when unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError(n)
+
+
+def check_fits_in_memory(op: str, out_type: Any) -> None:
+    """An op whose result alone is larger than the machine's memory is an error before it runs."""
+    items = out_type.items if isinstance(out_type, TupleType) else (out_type,)
+    need = sum(t.nbytes for t in items)
+    have = physical_memory()
+    if have and need > have:
+        raise ResourceError(f"{op} would produce {out_type} ({format_bytes(need)}), more than "
+                            f"this machine's memory ({format_bytes(have)})")
+
+
 def apply_op(name: str, args: list[Any], attrs: dict[str, Any]) -> Tensor | tuple[Tensor, ...]:
     """Apply a primitive to operands: trace it or run it eagerly."""
     op = get_op(name)
@@ -67,6 +95,7 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
     types = tuple(TensorType(tuple(o.shape), o.dtype) for o in operands)
     _check_dtypes(op.name, types, op.accepts)
     out_type = op.infer(types, full_attrs)
+    check_fits_in_memory(op.name, out_type)
     tracer = _tracer_for(operands)
     if tracer is None:
         arrays = [o.asnumpy() if isinstance(o, Tensor) else o for o in operands]

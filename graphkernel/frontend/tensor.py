@@ -88,18 +88,32 @@ class Tensor:
 
     def asnumpy(self) -> np.ndarray:
         if self._array is None:
-            raise GraphModeError(f"Tensor.asnumpy() called while tracing: {_STATIC_GRAPH_HELP}")
+            from graphkernel.frontend.tracing import user_location
+            raise GraphModeError(f"Tensor.asnumpy() (or a numpy function on a tensor) called "
+                                 f"while tracing: {_STATIC_GRAPH_HELP}", user_location())
         return self._array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.asnumpy()
         return array if dtype is None else array.astype(dtype)
 
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes Tensor lacks (x.sum(), x.reshape(...)): say what exists.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        from graphkernel.errors import UnsupportedError
+        from graphkernel.frontend.tracing import user_location
+        raise UnsupportedError(f"Tensor has no attribute {name!r}: graphkernel tensors have "
+                               "shape, dtype, ndim, size and asnumpy(), the operators + - * / ** "
+                               "@ < <= > >=, and every op as a primitive (e.g. P.ReduceSum()(x, "
+                               "axis)) from graphkernel.ops.operations", user_location())
+
     # -- Python protocols that need values ---------------------------------------------------
     def _needs_value(self, what: str) -> None:
         if self._array is None:
+            from graphkernel.frontend.tracing import user_location
             raise GraphModeError(f"{what} on a tensor while tracing `construct`: "
-                                 f"{_STATIC_GRAPH_HELP}")
+                                 f"{_STATIC_GRAPH_HELP}", user_location())
 
     def __bool__(self) -> bool:
         self._needs_value("bool() (an `if`, `while`, `and`/`or` or assert)")
@@ -160,6 +174,20 @@ class Tensor:
 
     def __pow__(self, other: Any) -> Tensor:
         return self._binary("Pow", other)
+
+    # Comparisons give bool tensors (so `if x > 0:` in graph mode reaches __bool__'s clear
+    # error). == and != stay Python's identity tests: Tensors remain hashable.
+    def __lt__(self, other: Any) -> Tensor:
+        return self._binary("Less", other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return self._binary("LessEqual", other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return self._binary("Greater", other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return self._binary("GreaterEqual", other)
 
     def __neg__(self) -> Tensor:
         from graphkernel.frontend.primitive import apply_op

@@ -39,6 +39,15 @@ def user_location() -> SourceLocation | None:
     return None
 
 
+def function_location(fn: Any) -> SourceLocation | None:
+    """The `def` line of a user's function (e.g. construct), for errors about what it returned."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    text = linecache.getline(code.co_filename, code.co_firstlineno)
+    return SourceLocation(code.co_filename, code.co_firstlineno, code.co_name, text)
+
+
 class Tracer:
     """Builds one graph; a GraphKernel cell traced inside it gets a child tracer."""
 
