@@ -46,6 +46,8 @@ def _cell(rec: dict[str, Any] | None, mode: str) -> str:
             return "—"
         return f"**{status}**" if status != "not applicable" else "n/a"
     line = f"{fmt_time(t['median_s'])} ({fmt_time(t['p10_s'])}–{fmt_time(t['p90_s'])})"
+    if _status(rec, mode) == "inaccurate":
+        line = "⚠ inaccurate: " + line
     extra = f"{t['gbps']:.3g} GB/s"
     if t.get("fraction_of_copy_bw") is not None:
         extra += f" · {t['fraction_of_copy_bw']:.2f} BW"
@@ -83,8 +85,9 @@ def markdown(results: dict[str, Any], command: str | None = None) -> str:
         "weights read once + output written once, over the time); fraction of the machine's "
         "copy bandwidth (BW); time over a copy of the same bytes timed in the same rounds "
         "(× copy). Every output was checked against float64 numpy before timing; a failing "
-        "system is named in bold instead of a time. n/a: the system has no way to express "
-        "the workload.",
+        "system is named in bold instead of a time; ⚠ inaccurate: outside the tolerance but "
+        "within 1e-3 of max |reference| (timed, see Accuracy). n/a: the system has no way to "
+        "express the workload.",
         "",
         "## Fresh output per call (as a user gets it)",
         "",
@@ -97,6 +100,8 @@ def markdown(results: dict[str, Any], command: str | None = None) -> str:
     if pre:
         lines += ["", "## Output preallocated once (where the system offers it)", ""]
         lines += _table(results, pre, labels, PREALLOCATED, with_copy=True)
+    lines += ["", "## Accuracy: max |error| / max |reference| against float64 numpy", ""]
+    lines += _accuracy_table(results, systems, labels)
     if results.get("compile_times"):
         lines += ["", "## Compile time: seconds to the first result, cold / warm", ""]
         lines += _compile_table(results, labels)
@@ -137,6 +142,24 @@ def _table(results: dict[str, Any], systems: list[str], labels: dict[str, str], 
             c = w.get("copy")
             cells.append(f"{fmt_time(c['median_s'])}<br>{c['gbps']:.3g} GB/s" if c else "—")
         cells += [_cell(w["systems"].get(k), mode) for k in systems]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _accuracy_table(results: dict[str, Any], systems: list[str], labels: dict[str, str]
+                    ) -> list[str]:
+    head = ["workload", "tolerance (rtol, atol × max\\|ref\\|)"] + [labels[k] for k in systems]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w in results["workloads"]:
+        tol = w["tolerance"]
+        cells = [w["key"], f"{tol['rtol']:g}, {tol['atol_times_max_ref']:g}"]
+        for k in systems:
+            c = w["systems"].get(k, {}).get("modes", {}).get(FRESH, {}).get("check")
+            if not c or "max_err_over_max_ref" not in c:
+                cells.append("—")
+            else:
+                mark = "" if c["ok"] else " **fails**"
+                cells.append(f"{c['max_err_over_max_ref']:.1e}{mark}")
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -248,7 +271,8 @@ def chart(results: dict[str, Any], path: str) -> str | None:
     workloads = results["workloads"]
     fig, ax = plt.subplots(figsize=(max(10, 1.3 * len(workloads)), 6.5))
     width = 0.85 / max(1, len(series))
-    cmap = plt.get_cmap("tab10")
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+               "#bcbd22", "#17becf", "#393b79", "#637939"]
     for j, key in enumerate(series):
         xs, ys = [], []
         for i, w in enumerate(workloads):
@@ -256,9 +280,10 @@ def chart(results: dict[str, Any], path: str) -> str | None:
             if r is not None:
                 xs.append(i + (j - (len(series) - 1) / 2) * width)
                 ys.append(r)
-        color = "0.6" if key == "copy" else cmap(j % 10)
+        color = "0.75" if key == "copy" else palette[j % len(palette)]
         label = "copy of the same bytes (floor)" if key == "copy" else labels[key]
-        ax.bar(xs, ys, width=width, bottom=0, color=color, label=label)
+        ax.bar(xs, ys, width=width, color=color, label=label,
+               hatch="//" if key == "copy" else None, edgecolor="0.4" if key == "copy" else None)
         for i, w in enumerate(workloads):  # mark failures
             rec = w["systems"].get(key) if key != "copy" else None
             if rec and rec.get("status") not in ("ok", "not applicable") and \

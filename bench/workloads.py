@@ -226,6 +226,7 @@ def check(w: Workload, out: Any, ref: np.ndarray) -> dict[str, Any]:
     result["max_abs_err"] = float(np.nanmax(diff)) if diff.size else 0.0
     result["max_rel_err"] = float(np.nanmax(diff / (np.abs(ref) + w.atol * scale))) \
         if diff.size else 0.0
+    result["max_err_over_max_ref"] = result["max_abs_err"] / scale
     result["bad_elements"] = int(bad.sum())
     result["ok"] = not bool(bad.any())
     if not result["ok"]:
@@ -252,6 +253,8 @@ def _suite(n_small: int, n_big: int, ln: tuple[int, int], mlp: tuple[int, int, i
     eb, es, eh, heads = enc
     # Matmul-based nets: float32 sums of a few thousand terms, then LayerNorm.
     net_tol = {"rtol": 2e-4, "atol": 2e-4}
+    # exp/tanh: float32 libraries differ by a few ulp to ~1e-5 (vectorised approximations).
+    fn_tol = {"rtol": 1e-4, "atol": 1e-5}
     return [
         _w(f"basic_{n_small}x{n_small}", "basic", f"NetBasicFuse ((x*2)+1)*3, "
            f"{n_small}x{n_small}", rows=n_small, cols=n_small),
@@ -262,9 +265,9 @@ def _suite(n_small: int, n_big: int, ln: tuple[int, int], mlp: tuple[int, int, i
         _w(f"composite_{n_big}x{n_big}", "composite", f"NetCompositeFuse, {n_big}x{n_big}",
            rows=n_big, cols=n_big),
         _w(f"chain8_{n_big}x{n_big}", "chain", f"8-op chain (tanh(exp(x*0.5+0.1)*0.3-0.7)+1)*x,"
-           f" {n_big}x{n_big}", rtol=1e-5, atol=1e-6, rows=n_big, cols=n_big),
+           f" {n_big}x{n_big}", rows=n_big, cols=n_big, **fn_tol),
         _w(f"bias_gelu_{n_big}x{n_big}", "bias_gelu", f"BiasAdd + GeLU(tanh), "
-           f"[{n_big},{n_big}] + [{n_big}]", rtol=1e-5, atol=2e-6, rows=n_big, cols=n_big),
+           f"[{n_big},{n_big}] + [{n_big}]", rows=n_big, cols=n_big, **fn_tol),
         _w(f"layernorm_{rows}x{cols}", "layernorm", f"LayerNorm (last axis), [{rows},{cols}]",
            rtol=1e-4, atol=1e-5, rows=rows, cols=cols),
         _w(f"softmax_{rows}x{cols}", "softmax", f"Softmax (last axis), [{rows},{cols}]",

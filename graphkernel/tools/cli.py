@@ -50,6 +50,16 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from bench.cli import main as bench_main
+    except ImportError:
+        print("graphkernel: error: the benchmark package `bench` is not importable; run from "
+              "a source checkout (python -m bench)", file=sys.stderr)
+        return 2
+    return bench_main(list(args.bench_args))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="graphkernel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(fn=_cmd_report)
     doctor = sub.add_parser("doctor", help="what this machine offers graphkernel")
     doctor.set_defaults(fn=_cmd_doctor)
+    bench = sub.add_parser("bench", add_help=False, prefix_chars="\0",
+                           help="benchmarks against numpy, numexpr, PyTorch, torch.compile, "
+                           "jax.jit, ONNX Runtime, MindSpore and the copy floor (python -m "
+                           "bench; `graphkernel bench --help` for its options)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(fn=_cmd_bench)
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args))
