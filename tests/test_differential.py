@@ -1,0 +1,607 @@
+"""Differential testing: random graphs, compiled with fusion on and off, against numpy.
+
+A generated *program* is a list of instructions over numbered values (the graph inputs first).
+`ProgramCell.construct` interprets it with primitives, so graph mode traces it like any user
+cell; the reference runs the same program in PYNATIVE mode, op by op on the numpy references of
+ir/opset.py, with no tracing, no passes, no clustering and no C.
+
+Instructions (tuples, so a failing case prints as a pasteable regression test):
+    ("op", name, operands, call_args, init_attrs)   operands: value indices or Python scalars
+    ("gk", program, operands)                        a nn.GraphKernel whose construct runs
+                                                     `program` on `operands`
+    ("get", index, item)                             item `item` of a tuple value
+
+Data contains NaN, +-Inf, -0.0, subnormals and integer extremes.
+
+Tolerances (checked per element as |got - want| <= atol + rtol * |want|, NaN exactly where the
+reference has NaN, +-Inf exactly where it has +-Inf for exact programs):
+- float32/float64, exact ops (arithmetic, comparisons, shape ops, max/min, sqrt): rtol 1e-5.
+  Reductions sum in a different order than numpy, so atol is 1e-5 times the largest finite
+  magnitude the reference computed anywhere in the program (summation error scales with the
+  terms, not the result).
+- transcendentals (Exp, Log, Tanh, Erf, Pow, Rsqrt, Sigmoid, GeLU, Softmax, LayerNorm, ...):
+  libmvec is within a few ulp of glibc but not correctly rounded, and errors grow through later
+  ops: rtol 1e-4 (float32/64). Near overflow one side may round to Inf and the other not, so
+  Inf must match only where both sides are beyond 1/rtol of the program's scale.
+- float16: rtol 1e-2 (float16 has 11 bits; C computes each op in float and rounds like numpy,
+  but reduction order and transcendental rounding differ by a few float16 ulp).
+Integers and bools must match exactly (wrapping on overflow, like numpy).
+
+Float -> int Cast is undefined in C (and platform-defined in numpy) for NaN, Inf and values out
+of range, so the generator clamps and de-NaNs a float before casting it to an integer.
+
+CI runs GRAPHKERNEL_DIFF_EXAMPLES (default 300) random programs; a long run is
+    GRAPHKERNEL_DIFF_EXAMPLES=10000 .venv/bin/python -m pytest tests/test_differential.py -m slow
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphkernel
+from graphkernel import nn
+from graphkernel.errors import GraphKernelError
+from graphkernel.frontend import context
+from graphkernel.frontend.tensor import Tensor
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import _check_dtypes, get_op
+from graphkernel.ir.types import TensorType, TupleType
+from graphkernel.ops import operations as P
+
+DTYPES = [T.float16, T.float32, T.float64, T.int32, T.int64, T.bool_]
+INPUT_DTYPES = [T.float32, T.float32, T.float64, T.float16, T.int32, T.int64, T.bool_]
+MAX_ELEMENTS = 2048
+
+UNARY = ["Neg", "Abs", "Sign", "Sqrt", "Rsqrt", "Reciprocal", "Exp", "Log", "Tanh", "Erf",
+         "Floor", "Round", "LogicalNot"]
+BINARY = ["Add", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "Pow", "Equal", "NotEqual", "Less",
+          "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr"]
+REDUCE = ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceMean"]
+SHAPE = ["Reshape", "Transpose", "ExpandDims", "Squeeze", "BroadcastTo", "Tile"]
+COMPOSITE_UNARY = ["GeLU", "FastGeLU", "Sigmoid", "SiLU", "ReLU", "ReLU6", "HSwish", "Softplus",
+                   "Square"]
+TRANSCENDENTAL = {"Exp", "Log", "Tanh", "Erf", "Pow", "Rsqrt", "GeLU", "FastGeLU", "Sigmoid",
+                  "SiLU", "Softplus", "Softmax", "LogSoftmax", "LayerNorm", "HSwish"}
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A Python scalar operand (plain ints in a program are value indices)."""
+
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"Lit({self.value!r})"
+
+
+SCALARS = [Lit(v) for v in (0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -2.5, 1e-3, math.inf, -math.inf,
+                            math.nan, 0, 1, 2, -1, 7, True, False)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a program
+
+Program = list[tuple[Any, ...]]
+
+
+def _call(instr: tuple[Any, ...], vals: list[Any]) -> Any:
+    kind = instr[0]
+    if kind == "op":
+        _, name, operands, call_args, init = instr
+        args = [o.value if isinstance(o, Lit) else vals[o] if isinstance(o, int) else o
+                for o in operands]
+        if name == "AddN":
+            return P.AddN()(args)
+        return getattr(P, name)(**init)(*args, *call_args)
+    if kind == "gk":
+        _, program, operands = instr
+        return ProgramKernel(program)(*[vals[o] for o in operands])
+    if kind == "get":
+        return vals[instr[1]][instr[2]]
+    raise AssertionError(instr)
+
+
+def _interpret(program: Program, inputs: tuple[Any, ...], outputs: list[int] | None) -> Any:
+    vals = list(inputs)
+    for instr in program:
+        vals.append(_call(instr, vals))
+    picked = [vals[i] for i in (outputs if outputs is not None else [len(vals) - 1])]
+    return tuple(picked) if len(picked) > 1 else picked[0]
+
+
+class ProgramKernel(nn.GraphKernel):
+    """A user composite whose construct is a generated sub-program (outputs: its last value)."""
+
+    def __init__(self, program: Program) -> None:
+        super().__init__()
+        self.program = program
+
+    def construct(self, *xs: Any) -> Any:
+        return _interpret(self.program, xs, None)
+
+
+class ProgramCell(nn.Cell):
+    def __init__(self, program: Program, outputs: list[int]) -> None:
+        super().__init__()
+        self.program = program
+        self.outputs = outputs
+
+    def construct(self, *xs: Any) -> Any:
+        return _interpret(self.program, xs, self.outputs)
+
+
+def reference(program: Program, outputs: list[int], arrays: list[np.ndarray]
+              ) -> tuple[list[np.ndarray], float]:
+    """The outputs in PYNATIVE mode, and the largest finite magnitude of any value computed."""
+    context.set_context(mode=context.PYNATIVE_MODE)
+    try:
+        vals: list[Any] = [Tensor(a.copy()) for a in arrays]
+        for instr in program:
+            vals.append(_call(instr, vals))
+    finally:
+        context.set_context(mode=context.GRAPH_MODE)
+    scale = 1.0
+    for v in vals:
+        for t in (v if isinstance(v, tuple) else (v,)):
+            a = t.asnumpy()
+            if a.dtype.kind == "f" and a.size:
+                finite = np.abs(a[np.isfinite(a)].astype(np.float64))
+                if finite.size:
+                    scale = max(scale, float(finite.max()))
+    return [np.array(vals[i].asnumpy()) for i in outputs], scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Type inference for the generator (the op table's own rules)
+
+Ty = tuple[tuple[int, ...], np.dtype]
+
+
+def _operand_array(o: Any, types: list[Any]) -> Any:
+    if isinstance(o, Lit):
+        return o.value
+    if isinstance(o, int):
+        shape, dtype = types[o]
+        return np.broadcast_to(np.zeros((), dtype), shape)
+    return o
+
+
+def infer(instr: tuple[Any, ...], types: list[Any]) -> Any:
+    """The result type of an instruction (a Ty or a tuple of Ty); raises GraphKernelError."""
+    from graphkernel.frontend.primitive import _normalise_args
+    kind = instr[0]
+    if kind == "get":
+        return types[instr[1]][instr[2]]
+    if kind == "gk":
+        _, program, operands = instr
+        sub = [types[o] for o in operands]
+        for inner in program:
+            sub.append(infer(inner, sub))
+        if is_tensor(sub[-1]):
+            return sub[-1]
+        raise GraphKernelError("composite must end in a tensor")
+    _, name, operands, call_args, init = instr
+    op = get_op(name)
+    args = [_operand_array(o, types) for o in operands]
+    arrays = _normalise_args(op, args)
+    tts = tuple(TensorType(tuple(a.shape), a.dtype) for a in arrays)
+    _check_dtypes(op.name, tts, op.accepts)
+    attrs = {**op.attr_defaults, **init, **dict(zip([n for n, _ in op.call_attrs], call_args))}
+    out = op.infer(tts, attrs)
+    if isinstance(out, TupleType):
+        return tuple((t.shape, t.dtype) for t in out.items)
+    return (out.shape, out.dtype)
+
+
+def is_tensor(t: Any) -> bool:
+    return len(t) == 2 and isinstance(t[1], np.dtype)
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# The generator
+
+@st.composite
+def shapes(draw: Any, max_rank: int = 3) -> tuple[int, ...]:
+    rank = draw(st.integers(0, max_rank))
+    return tuple(draw(st.sampled_from([1, 1, 2, 3, 4, 5, 0])) if draw(st.booleans())
+                 else draw(st.sampled_from([1, 2, 3, 4, 6])) for _ in range(rank))
+
+
+def _broadcast_partner(draw: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts with `shape`: drop leading dims, set some dims to 1."""
+    drop = draw(st.integers(0, len(shape)))
+    out = [1 if draw(st.integers(0, 3)) == 0 else d for d in shape[drop:]]
+    if draw(st.integers(0, 5)) == 0 and len(out) < 4:
+        out = [draw(st.sampled_from([1, 2]))] + out
+    return tuple(out)
+
+
+def _axis(draw: Any, rank: int) -> Any:
+    if rank == 0:
+        return draw(st.sampled_from([(), None]))
+    choice = draw(st.integers(0, 4))
+    if choice == 0:
+        return None
+    if choice == 1:
+        return ()
+    if choice == 2:
+        return draw(st.integers(-rank, rank - 1))
+    axes = draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+    return tuple(a - rank if draw(st.booleans()) else a for a in axes)
+
+
+def _factor(draw: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A new shape with the same number of elements."""
+    n = _size(shape)
+    if n == 0:
+        dims = list(shape) or [0]
+        draw(st.randoms()).shuffle(dims)
+        return tuple(dims)
+    dims = []
+    rest = n
+    for f in (2, 3, 5, 7):
+        while rest % f == 0:
+            dims.append(f)
+            rest //= f
+    if rest > 1:
+        dims.append(rest)
+    draw(st.randoms()).shuffle(dims)
+    out: list[int] = []
+    for d in dims:
+        if out and draw(st.booleans()):
+            out[-1] *= d
+        else:
+            out.append(d)
+    while draw(st.integers(0, 3)) == 0 and len(out) < 4:
+        out.insert(draw(st.integers(0, len(out))), 1)
+    if out and draw(st.integers(0, 3)) == 0:
+        out[draw(st.integers(0, len(out) - 1))] = -1
+    return tuple(out)
+
+
+def _sanitize_for_int_cast(vals: list[int], types: list[Any], src: int, prog: Program) -> int:
+    """Select(x == x, clamp(x, -1000, 1000), 0): NaN- and range-free before a float->int Cast."""
+    steps = [("op", "Maximum", [src, Lit(-1000.0)], [], {}),
+             ("op", "Minimum", [len(types), Lit(1000.0)], [], {}),
+             ("op", "Equal", [src, src], [], {}),
+             ("op", "Select", [len(types) + 2, len(types) + 1, Lit(0.0)], [], {})]
+    for instr in steps:
+        types.append(infer(instr, types))
+        prog.append(instr)
+    return len(types) - 1
+
+
+def _draw_instr(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> tuple | None:
+    """One instruction over the tensor values in `types`, or None if the draw was invalid."""
+    tensors = [i for i, t in enumerate(types) if is_tensor(t)]
+    x = draw(st.sampled_from(tensors[-4:] if draw(st.booleans()) else tensors))
+    shape, dtype = types[x]
+    family = draw(st.sampled_from(["unary", "binary", "binary", "reduce", "shape", "select",
+                                   "cast", "composite", "gk"] if allow_gk else
+                                  ["unary", "binary", "binary", "reduce", "shape", "select",
+                                   "cast", "composite"]))
+
+    def other() -> Any:
+        how = draw(st.integers(0, 3))
+        if how == 0:
+            return draw(st.sampled_from(SCALARS))
+        same = [i for i in tensors if types[i][0] == shape]
+        candidates = [i for i in tensors if i != x] or tensors
+        if how == 1 and same:
+            return draw(st.sampled_from(same))
+        if how == 2:
+            return draw(st.sampled_from(candidates))
+        # a constant array of a broadcasting shape
+        pshape = _broadcast_partner(draw, shape)
+        pdtype = draw(st.sampled_from(DTYPES))
+        return _const_array(draw(st.integers(0, 2**31)), pshape, pdtype)
+
+    if family == "unary":
+        return ("op", draw(st.sampled_from(UNARY)), [x], [], {})
+    if family == "binary":
+        y = other()
+        args = [x, y] if draw(st.booleans()) else [y, x]
+        return ("op", draw(st.sampled_from(BINARY)), args, [], {})
+    if family == "select":
+        cond = [i for i in tensors if types[i][1] == T.bool_]
+        c = draw(st.sampled_from(cond)) if cond and draw(st.booleans()) else \
+            draw(st.sampled_from([Lit(True), Lit(False)])) if draw(st.integers(0, 4)) == 0 else None
+        if c is None:
+            cmp = ("op", draw(st.sampled_from(["Less", "Greater", "Equal"])), [x, other()], [], {})
+            types.append(infer(cmp, types))
+            prog.append(cmp)
+            c = len(types) - 1
+        return ("op", "Select", [c, x, other()], [], {})
+    if family == "cast":
+        target = draw(st.sampled_from(DTYPES))
+        if T.is_float(dtype) and not T.is_float(target) and target != T.bool_:
+            x = _sanitize_for_int_cast([], types, x, prog)
+        return ("op", "Cast", [x], [target], {})
+    if family == "reduce":
+        name = draw(st.sampled_from(REDUCE))
+        return ("op", name, [x], [_axis(draw, len(shape))], {"keep_dims": draw(st.booleans())})
+    if family == "shape":
+        name = draw(st.sampled_from(SHAPE))
+        rank = len(shape)
+        if name == "Reshape":
+            return ("op", name, [x], [_factor(draw, shape)], {})
+        if name == "Transpose":
+            perm = list(range(rank))
+            draw(st.randoms()).shuffle(perm)
+            return ("op", name, [x], [tuple(perm)], {})
+        if name == "ExpandDims":
+            return ("op", name, [x], [draw(st.integers(-rank - 1, rank))], {})
+        if name == "Squeeze":
+            ones = [i for i, d in enumerate(shape) if d == 1]
+            axis = () if not ones or draw(st.booleans()) else \
+                tuple(draw(st.lists(st.sampled_from(ones), min_size=1, unique=True)))
+            return ("op", name, [x], [], {"axis": axis})
+        if name == "BroadcastTo":
+            target = [d if d != 1 else draw(st.sampled_from([1, 2, 3])) for d in shape]
+            if len(target) < 4 and draw(st.booleans()):
+                target.insert(0, draw(st.sampled_from([1, 2, 3])))
+            target = [-1 if i >= len(target) - rank and draw(st.integers(0, 3)) == 0 else d
+                      for i, d in enumerate(target)]
+            return ("op", name, [x], [], {"shape": tuple(target)})
+        mult = [draw(st.sampled_from([1, 1, 2, 3])) for _ in range(rank + draw(st.integers(0, 1)))]
+        return ("op", name, [x], [tuple(mult)], {})
+    if family == "composite":
+        name = draw(st.sampled_from(COMPOSITE_UNARY + ["Softmax", "LogSoftmax", "LayerNorm",
+                                                       "SquaredDifference", "AddN", "BiasAdd"]))
+        if name in COMPOSITE_UNARY:
+            init = {"approximate": draw(st.sampled_from(["tanh", "none"]))} if name == "GeLU" \
+                else {}
+            return ("op", name, [x], [], init)
+        if name in ("Softmax", "LogSoftmax"):
+            axis = draw(st.integers(-len(shape), len(shape) - 1)) if shape else -1
+            if shape and draw(st.integers(0, 3)) == 0:
+                axis = tuple(sorted({axis % len(shape), draw(st.integers(0, len(shape) - 1))}))
+            return ("op", name, [x], [], {"axis": axis})
+        if name == "SquaredDifference":
+            return ("op", name, [x, other()], [], {})
+        if name == "AddN":
+            return ("op", name, [x] + [other() for _ in range(draw(st.integers(0, 2)))], [], {})
+        if name == "BiasAdd":
+            channel = shape[1 if len(shape) > 2 else -1] if len(shape) >= 2 else 1
+            bias = _const_array(draw(st.integers(0, 2**31)), (channel,), dtype)
+            return ("op", name, [x, bias], [], {})
+        rank = max(len(shape), 1)
+        norm = draw(st.integers(-rank, rank - 1))
+        params = draw(st.integers(-rank, rank - 1))
+        pshape = shape[params % rank:] if shape else ()
+        seed = draw(st.integers(0, 2**31))
+        gamma = _const_array(seed, pshape, dtype)
+        beta = _const_array(seed + 1, pshape, dtype)
+        ln = ("op", "LayerNorm", [x, gamma, beta], [],
+              {"begin_norm_axis": norm, "begin_params_axis": params,
+               "epsilon": draw(st.sampled_from([1e-7, 1e-5]))})
+        types.append(infer(ln, types))
+        prog.append(ln)
+        return ("get", len(types) - 1, draw(st.integers(0, 2)))
+    # A user GraphKernel over one to three values.
+    operands = draw(st.lists(st.sampled_from(tensors), min_size=1, max_size=3, unique=True))
+    sub_types = [types[o] for o in operands]
+    sub: Program = []
+    for _ in range(draw(st.integers(1, 6))):
+        if len(sub) < 4:
+            _append(draw, sub_types, sub, allow_gk=False)
+    if not sub or not is_tensor(sub_types[-1]):
+        return None
+    return ("gk", sub, operands)
+
+
+def _append(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> None:
+    """Append one valid instruction (and any helpers it needs), or nothing."""
+    tmark, pmark = len(types), len(prog)
+    try:
+        instr = _draw_instr(draw, types, prog, allow_gk)
+        if instr is None:
+            raise GraphKernelError("no instruction")
+        out = infer(instr, types)
+        outs = (out,) if is_tensor(out) else out
+        if any(_size(s) > MAX_ELEMENTS for s, _ in outs):
+            raise GraphKernelError("too big")
+    except GraphKernelError:
+        del prog[pmark:]
+        del types[tmark:]
+        return
+    types.append(out)
+    prog.append(instr)
+
+
+def _const_array(seed: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return make_data(np.random.default_rng(seed), shape, dtype, special=0.05)
+
+
+@st.composite
+def programs(draw: Any) -> tuple[list[Ty], Program, list[int]]:
+    n_inputs = draw(st.integers(1, 3))
+    base = draw(shapes())
+    input_types: list[Ty] = []
+    for i in range(n_inputs):
+        shape = base if i == 0 else draw(st.sampled_from(
+            [base, _broadcast_partner(draw, base), draw(shapes())]))
+        input_types.append((shape, draw(st.sampled_from(INPUT_DTYPES))))
+    types: list[Any] = list(input_types)
+    prog: Program = []
+    target = draw(st.integers(1, 7))
+    for _ in range(3 * target):
+        if len(prog) >= target:
+            break
+        _append(draw, types, prog, allow_gk=True)
+    tensors = [i for i in range(n_inputs, len(types)) if is_tensor(types[i])]
+    if not tensors:
+        prog.append(("op", "Neg" if types[0][1] != T.bool_ else "LogicalNot", [0], [], {}))
+        types.append(infer(prog[-1], types))
+        tensors = [len(types) - 1]
+    outputs = sorted(set([tensors[-1]] + draw(st.lists(st.sampled_from(tensors), max_size=2))))
+    return input_types, prog, outputs
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+def make_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
+              special: float = 0.15) -> np.ndarray:
+    n = _size(shape)
+    if dtype == T.bool_:
+        return np.asarray(rng.random(n).reshape(shape) < 0.5)
+    if T.is_int(dtype):
+        info = np.iinfo(dtype)
+        out = rng.integers(-6, 7, n).astype(dtype)
+        extremes = np.array([info.min, info.max, info.min + 1, 0, -1], dtype)
+        mask = rng.random(n) < special / 3
+        out[mask] = rng.choice(extremes, mask.sum())
+        return out.reshape(shape)
+    info = np.finfo(dtype)
+    out = (rng.standard_normal(n) * 2).astype(dtype)
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, info.smallest_subnormal,
+                         -info.smallest_subnormal, info.smallest_normal / 4, 1.0, -1.0], dtype)
+    mask = rng.random(n) < special
+    out[mask] = rng.choice(specials, mask.sum())
+    return out.reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison
+
+def _uses(program: Program, names: set[str]) -> bool:
+    for instr in program:
+        if instr[0] == "op" and instr[1] in names:
+            return True
+        if instr[0] == "gk" and _uses(instr[1], names):
+            return True
+    return False
+
+
+def compare(got: np.ndarray, want: np.ndarray, program: Program, scale: float, f16: bool,
+            what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    if want.dtype.kind != "f":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    loose = _uses(program, TRANSCENDENTAL)
+    rtol = 1e-2 if f16 or got.dtype == T.float16 else (1e-4 if loose else 1e-5)
+    g = got.astype(np.float64)
+    w = want.astype(np.float64)
+    nan_w, nan_g = np.isnan(w), np.isnan(g)
+    bad = nan_w != nan_g
+    atol = rtol * scale
+    inf_w, inf_g = np.isinf(w), np.isinf(g)
+    if loose or rtol >= 1e-2:
+        # near overflow one side may round to Inf: only Inf of the wrong sign, or Inf where the
+        # other side is small, counts
+        big = np.abs(np.where(np.isfinite(g), g, 0)) + np.abs(np.where(np.isfinite(w), w, 0))
+        inf_bad = (inf_w & ~inf_g & (big < 1 / rtol)) | (inf_g & ~inf_w & (big < 1 / rtol)) | \
+            (inf_w & inf_g & (np.sign(w) != np.sign(g)))
+    else:
+        inf_bad = (inf_w != inf_g) | (inf_w & inf_g & (np.sign(w) != np.sign(g)))
+    both = ~nan_w & ~nan_g & ~inf_w & ~inf_g
+    with np.errstate(all="ignore"):
+        far = both & (np.abs(g - w) > atol + rtol * np.abs(w))
+    bad |= inf_bad | far
+    if bad.any():
+        idx = np.argwhere(bad)[:5]
+        detail = ", ".join(f"{tuple(i)}: got {g[tuple(i)]!r} want {w[tuple(i)]!r}" for i in idx)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements differ "
+                             f"(rtol {rtol}, atol {atol:g}): {detail}")
+
+
+def check_program(input_types: list[Ty], program: Program, outputs: list[int], seed: int,
+                  layouts: bool = False) -> None:
+    rng = np.random.default_rng(seed)
+    arrays = [make_data(rng, s, d) for s, d in input_types]
+    want, scale = reference(program, outputs, arrays)
+    f16 = any(d == T.float16 for _, d in input_types) or "float16" in repr(program)
+    for fusion in (False, True):
+        cell = ProgramCell(program, outputs)
+        originals = [a.copy() for a in arrays]
+        exe = graphkernel.compile(cell, *arrays,
+                                  options=CompileOptions(enable_graph_kernel=fusion))
+        got = exe.run_arrays(*arrays)
+        for a, o in zip(arrays, originals):
+            np.testing.assert_array_equal(a, o, err_msg="a kernel wrote into an input array")
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            compare(np.asarray(g), w, program, scale, f16, f"fusion={fusion} output {i}")
+        # A second call on other data leaves the first call's results alone.
+        kept = [np.array(g, copy=True) for g in got]
+        exe.run_arrays(*[make_data(rng, s, d) for s, d in input_types])
+        for g, k in zip(got, kept):
+            np.testing.assert_array_equal(g, k, err_msg="a later call overwrote a result")
+        if layouts:
+            # Fortran order, read-only, strided views give the same answer.
+            views = []
+            for a in arrays:
+                f = np.array(a, order="F")  # (asfortranarray makes 0-d arrays 1-d)
+                f.setflags(write=False)
+                views.append(f)
+            for g, w in zip(exe.run_arrays(*views), got):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+N_EXAMPLES = int(os.environ.get("GRAPHKERNEL_DIFF_EXAMPLES", "300"))
+_SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False,
+                 print_blob=True)
+
+
+@settings(max_examples=N_EXAMPLES, **_SETTINGS)
+@given(programs(), st.integers(0, 2**31 - 1))
+def test_random_graphs_match_numpy(case: Any, seed: int) -> None:
+    input_types, program, outputs = case
+    check_program(input_types, program, outputs, seed)
+
+
+@settings(max_examples=N_EXAMPLES, **_SETTINGS)
+@given(programs(), st.integers(0, 2**31 - 1))
+def _long_run(case: Any, seed: int) -> None:
+    input_types, program, outputs = case
+    check_program(input_types, program, outputs, seed, layouts=True)
+
+
+@pytest.mark.slow
+def test_random_graphs_long_run(request: pytest.FixtureRequest) -> None:
+    """Only with `-m slow`: GRAPHKERNEL_DIFF_EXAMPLES programs, also run on other layouts."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long differential run: pytest tests/test_differential.py -m slow")
+    _long_run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Failing cases the generator found, kept as regression tests (input types, program, outputs).
+
+REGRESSIONS: dict[str, tuple[list[Ty], Program, list[int]]] = {
+    # schedule.analyze accepted a reduction of a 0-d tensor (no reduced axis) and the emitter
+    # then never computed it (KeyError in codegen).
+    "reduce_of_0d_tensor": ([((), T.float16)],
+                            [("op", "ReduceMean", [0], [()], {"keep_dims": True})], [1]),
+    # The ReduceMean expander's 1/max(n, 1) gave 0 for the mean of nothing (numpy: NaN).
+    "mean_of_nothing": ([((0,), T.float16)], [("op", "ReduceMean", [0], [None], {})], [1]),
+    # AddN of one tensor expands to its input; inlining left the graph returning a placeholder.
+    "addn_of_one": ([((), T.float16)], [("op", "AddN", [0], [], {})], [1]),
+    # A kernel after BroadcastTo (a zero-stride numpy view) read it as a dense buffer.
+    "kernel_after_view": ([((), T.int32), ((), T.float16)],
+                          [("op", "BroadcastTo", [1], [], {"shape": (2,)}),
+                           ("op", "Less", [2, Lit(0.0)], [], {}),
+                           ("op", "Select", [3, 2, Lit(0.0)], [], {})], [4]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_regression(name: str) -> None:
+    input_types, program, outputs = REGRESSIONS[name]
+    for seed in range(3):
+        check_program(input_types, program, outputs, seed, layouts=True)
