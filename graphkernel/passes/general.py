@@ -31,7 +31,8 @@ def _attr_key(value: object) -> object:
 
 def _operand_key(value: Value) -> object:
     if isinstance(value, Constant) and value.is_scalar:
-        return ("const", value.dtype.name, value.value.item())
+        # By bits, not by value: 0.0 == -0.0, yet x * 0.0 and x * -0.0 differ in sign.
+        return ("const", value.dtype.name, value.value.tobytes())
     return value.uid
 
 

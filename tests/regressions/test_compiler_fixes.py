@@ -85,3 +85,12 @@ def test_kernel_after_a_view_producing_library_op(fusion: bool) -> None:
     got = _run(fn, x, m, fusion=fusion)
     np.testing.assert_array_equal(got[0], np.full(4, -1.5, np.float16))
     np.testing.assert_array_equal(got[1], -m.T * 2)
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_cse_keeps_ops_on_zero_and_negative_zero_apart(fusion: bool) -> None:
+    # CSE keyed scalar constants by value, and 0.0 == -0.0: x * -0.0 became x * 0.0.
+    x = np.array([1.0, -2.0], np.float32)
+    a, b = _run(lambda x: (P.Reciprocal()(x * 0.0), P.Reciprocal()(x * -0.0)), x, fusion=fusion)
+    np.testing.assert_array_equal(a, [np.inf, -np.inf])
+    np.testing.assert_array_equal(b, [-np.inf, np.inf])
