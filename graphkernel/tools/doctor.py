@@ -1,4 +1,5 @@
-"""`graphkernel doctor`: what this machine offers (compiler, OpenMP, libmvec, renderer, cache)."""
+"""`graphkernel doctor`: what this machine offers (compiler, OpenMP, libmvec, renderer, cache),
+and what is missing."""
 from __future__ import annotations
 
 import os
@@ -9,27 +10,55 @@ from graphkernel.errors import CacheError
 from graphkernel.tools.render import find_renderer
 
 
+def _cache_line() -> tuple[str, str | None]:
+    """The cache folder's line, and what is wrong with it (None when it is fine)."""
+    folder = cache.cache_dir()
+    source = "$GRAPHKERNEL_CACHE_DIR" if os.environ.get("GRAPHKERNEL_CACHE_DIR") else "default"
+    if not os.path.exists(folder):
+        return (f"cache    : {folder} ({source}; not created yet, will be created with mode 700)",
+                None)
+    try:
+        cache.ensure_private_dir(folder)
+    except CacheError as err:
+        return f"cache    : REFUSED - {err.problem}", f"a private kernel cache folder ({folder})"
+    info = os.stat(folder)
+    mode = stat.S_IMODE(info.st_mode)
+    entries = len([f for f in os.listdir(folder) if f.endswith(cache.LIBRARY_SUFFIX)])
+    return (f"cache    : {folder} ({source}; mode {mode:o}, owner uid {info.st_uid} = you, "
+            f"{entries} libraries)", None)
+
+
 def doctor() -> tuple[str, bool]:
-    lines, ok = [], True
+    """The report, and whether everything graphkernel can use is there."""
+    lines: list[str] = []
+    missing: list[str] = []
     tc = toolchain.detect()
     if tc is None:
-        ok = False
-        lines.append("compiler : MISSING - fused kernels run op by op on numpy (install gcc or "
-                     "set CC)")
+        cc = os.environ.get("CC")
+        tried = f"$CC={cc!r}, gcc, cc, clang" if cc else "gcc, cc, clang"
+        lines.append(f"compiler : MISSING (tried {tried}) - fused kernels run op by op on "
+                     "numpy: correct but slow")
+        missing.append("a C compiler (install gcc, or set CC)")
     else:
         lines.append(f"compiler : {tc.compiler} ({tc.version})")
-        lines.append(f"openmp   : {'yes' if tc.openmp else 'no - kernels run on one thread'}")
+        lines.append(f"openmp   : {'yes' if tc.openmp else 'MISSING - kernels run on one thread'}")
+        if not tc.openmp:
+            missing.append("OpenMP (libgomp: install gcc's OpenMP support)")
         lines.append(f"libmvec  : {'yes' if tc.libmvec else 'no - exp/log/tanh stay scalar'}")
+        if not tc.libmvec:
+            missing.append("libmvec (glibc's vector math: exp/log/tanh are slower)")
         lines.append(f"flags    : {' '.join(tc.flags + tc.libs)}")
     renderer = find_renderer()
     lines.append(f"renderer : {renderer or 'MISSING - pip install graphviz-pure==0.2.2'}")
-    folder = cache.cache_dir()
-    try:
-        cache.ensure_private_dir(folder)
-        mode = stat.S_IMODE(os.stat(folder).st_mode)
-        entries = len([f for f in os.listdir(folder) if f.endswith(cache.LIBRARY_SUFFIX)])
-        lines.append(f"cache    : {folder} (mode {mode:o}, {entries} libraries)")
-    except CacheError as err:
-        ok = False
-        lines.append(f"cache    : REFUSED - {err}")
+    if renderer is None:
+        missing.append("a Graphviz renderer for pictures (pip install graphviz-pure==0.2.2)")
+    line, problem = _cache_line()
+    lines.append(line)
+    if problem is not None:
+        missing.append(problem)
+    if missing:
+        lines.append("missing  : " + "; ".join(missing))
+    else:
+        lines.append("missing  : nothing")
+    ok = tc is not None and problem is None
     return "\n".join(lines), ok
