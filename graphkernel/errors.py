@@ -74,6 +74,10 @@ class FlagError(GraphKernelError, ValueError):
     """An unknown or malformed graph_kernel_flags entry."""
 
 
+class DumpError(GraphKernelError, FileExistsError):
+    """save_graphs would replace a file graphkernel did not write."""
+
+
 class CompileError(GraphKernelError, RuntimeError):
     """The C compiler failed on generated code (a graphkernel bug: please report it)."""
 

@@ -30,8 +30,8 @@ from graphkernel.graph_kernel.pipeline import (
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Graph, output_types
 from graphkernel.ir.types import TensorType
-from graphkernel.passes.manager import Dumper, run_stages
-from graphkernel.runtime.builder import build_executable
+from graphkernel.passes.manager import Dumper, run_stages, stage_dump_names
+from graphkernel.runtime.builder import build_executable, kernel_source_name
 from graphkernel.runtime.executable import Executable
 
 
@@ -98,6 +98,9 @@ def trace(cell: Cell, types: list[TensorType]) -> Graph:
     return graph
 
 
+SUMMARY_NAME = "graph_kernel_summary.txt"
+
+
 def options_from_context() -> CompileOptions:
     return CompileOptions(enable_graph_kernel=context.get_context("enable_graph_kernel"),
                           flags=parse_flags(context.get_context("graph_kernel_flags")))
@@ -141,12 +144,16 @@ def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> 
     types = _signature(inputs, cell)
     options = options or options_from_context()
     folder = _dump_folder()
-    graph = trace(cell, types)
+    state = BackendState()
+    stages = backend_stages(options, state)
     dumper = Dumper(folder) if folder is not None else None
+    if dumper is not None:  # refuse before compiling if a dump would replace a user's file
+        dumper.claim(stage_dump_names(FRONTEND_STAGES + stages) +
+                     [kernel_source_name(type(cell).__name__), SUMMARY_NAME])
+    graph = trace(cell, types)
     results = run_stages(graph, FRONTEND_STAGES, dumper)
     _check_memory(results[-1].graph, type(cell).__name__)
-    state = BackendState()
-    results += run_stages(results[-1].graph, backend_stages(options, state), dumper)
+    results += run_stages(results[-1].graph, stages, dumper)
     final = results[-1].graph
     exe = build_executable(final, type(cell).__name__, folder, options.cost)
     exe.stages = {r.name: r.graph for r in results}
@@ -155,10 +162,7 @@ def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> 
     exe.compile_seconds = time.perf_counter() - start
     exe.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:
-        path = os.path.join(folder, "graph_kernel_summary.txt")  # type: ignore[arg-type]
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(exe.summary() + "\n")
-        exe.dump_files.append(path)
+        exe.dump_files.append(dumper.write_text(SUMMARY_NAME, exe.summary() + "\n"))
     return exe
 
 

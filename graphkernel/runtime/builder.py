@@ -16,6 +16,7 @@ from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.types import TensorType, TupleType
+from graphkernel.passes.manager import Dumper
 from graphkernel.runtime.executable import (
     Executable,
     KernelInfo,
@@ -213,14 +214,14 @@ def _constant_outputs(graph: Graph, slot: Any) -> list[Step]:
     return steps
 
 
+def kernel_source_name(graph_name: str) -> str:
+    """Where a graph's kernel source goes in the dump folder (relative path)."""
+    return os.path.join("kernel_meta", f"{c_identifier(graph_name)}.c")
+
+
 def _write_kernel_sources(folder: str, graph_name: str, source: str) -> None:
-    kernel_meta = os.path.join(folder, "kernel_meta")
-    os.makedirs(kernel_meta, exist_ok=True)
-    path = os.path.join(kernel_meta, f"{c_identifier(graph_name)}.c")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(source)
-    os.replace(tmp, path)
+    # Through the Dumper: it never replaces a file it did not write.
+    Dumper(folder).write_text(kernel_source_name(graph_name), source)
 
 
 def is_user_input(value: Value) -> bool:

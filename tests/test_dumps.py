@@ -1,0 +1,141 @@
+"""save_graphs never deletes or overwrites a file it did not write; a bad folder is a clear error
+before compiling."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from graphkernel import Tensor, nn
+from graphkernel.errors import ContextError, DumpError
+from graphkernel.frontend import context
+from graphkernel.ops import operations as P
+from graphkernel.passes.manager import MANIFEST
+
+X = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+class Kernel(nn.GraphKernel):
+    def construct(self, x: Any) -> Any:
+        return x * 2.0 + 1.0
+
+
+class Net(nn.Cell):
+    traced = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = Kernel()
+
+    def construct(self, x: Any) -> Any:
+        Net.traced += 1
+        return P.Exp()(self.k(x)) * 0.5
+
+
+def _dump_to(folder: Any, fusion: bool = True, flags: str = "") -> Any:
+    context.set_context(save_graphs=True, save_graphs_path=str(folder),
+                        enable_graph_kernel=fusion, graph_kernel_flags=flags)
+    return Net()(Tensor(X))
+
+
+def _files(folder: Any) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder)
+            for f in fs}
+
+
+def test_dumps_are_listed_and_rewritten_on_the_next_compile(tmp_path: Any) -> None:
+    _dump_to(tmp_path, flags="--dump_as_text")
+    first = _files(tmp_path)
+    assert {"6_validate.ir", "hwopt_d_end.dot", "graph_kernel_summary.txt", MANIFEST} <= first
+    assert any(f.startswith("kernel_meta" + os.sep) and f.endswith(".c") for f in first)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert set(manifest["files"]) == first - {MANIFEST}
+    _dump_to(tmp_path, flags="--dump_as_text")  # our own files: replaced without complaint
+    assert _files(tmp_path) == first  # nothing extra (no temporary files left behind)
+
+
+@pytest.mark.parametrize("name", ["6_validate.ir", "0_trace.dot", "hwopt_d_end.ir",
+                                  "graph_kernel_summary.txt", os.path.join("kernel_meta",
+                                                                           "gk_Net.c")])
+def test_a_users_file_with_a_dumps_name_is_refused_before_compiling(tmp_path: Any,
+                                                                    name: str) -> None:
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("my notes\n")
+    Net.traced = 0
+    with pytest.raises(DumpError) as info:
+        _dump_to(tmp_path, flags="--dump_as_text")
+    msg = str(info.value)
+    assert str(path) in msg and "graphkernel did not write" in msg
+    assert "save_graphs_path" in msg
+    assert Net.traced == 0  # refused before tracing
+    assert path.read_text() == "my notes\n"
+    assert _files(tmp_path) == {name}  # nothing written, nothing removed
+
+
+def test_a_dump_the_user_edited_is_not_overwritten(tmp_path: Any) -> None:
+    _dump_to(tmp_path)
+    edited = tmp_path / "hwopt_d_end.ir"
+    edited.write_text(edited.read_text() + "\n# my annotations\n")
+    with pytest.raises(DumpError, match="hwopt_d_end.ir"):
+        _dump_to(tmp_path)
+    assert edited.read_text().endswith("# my annotations\n")
+
+
+def test_a_symlink_with_a_dumps_name_is_refused(tmp_path: Any) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    os.symlink(target, folder / "0_trace.ir")
+    with pytest.raises(DumpError, match="0_trace.ir"):
+        _dump_to(folder)
+    assert target.read_text() == "keep me"
+
+
+def test_other_files_in_the_folder_are_never_touched(tmp_path: Any) -> None:
+    mine = {"notes.txt": "a", "0_trace.ir.tmp": "b", "6_validate.ir.bak": "c",
+            os.path.join("kernel_meta", "helper.c"): "d"}
+    for name, text in mine.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    for fusion in (True, False, True):
+        _dump_to(tmp_path, fusion=fusion)
+    for name, text in mine.items():
+        assert (tmp_path / name).read_text() == text
+
+
+def test_a_manifest_that_is_not_graphkernels_is_refused(tmp_path: Any) -> None:
+    (tmp_path / MANIFEST).write_text("something else")
+    with pytest.raises(DumpError, match="not graphkernel's list of its dumps"):
+        _dump_to(tmp_path)
+    assert (tmp_path / MANIFEST).read_text() == "something else"
+
+
+def test_save_graphs_path_that_cannot_be_created(tmp_path: Any) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    Net.traced = 0
+    with pytest.raises(ContextError) as info:
+        _dump_to(blocker / "dumps")
+    assert f"save_graphs_path {blocker / 'dumps'} cannot be created" in str(info.value)
+    assert Net.traced == 0
+
+
+def test_save_graphs_path_that_is_not_writable(tmp_path: Any,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if os.fspath(p) == str(folder)
+                        else real_access(p, mode))
+    Net.traced = 0
+    with pytest.raises(ContextError) as info:
+        _dump_to(folder)
+    assert f"save_graphs_path {folder} is not writable" in str(info.value)
+    assert "set_context(save_graphs_path=...)" in str(info.value)
+    assert Net.traced == 0
+    assert os.listdir(folder) == []
