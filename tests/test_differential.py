@@ -22,7 +22,10 @@ reference has NaN, +-Inf exactly where it has +-Inf for exact programs):
 - transcendentals (Exp, Log, Tanh, Erf, Pow, Rsqrt, Sigmoid, GeLU, Softmax, LayerNorm, ...):
   libmvec is within a few ulp of glibc but not correctly rounded, and errors grow through later
   ops: rtol 1e-4 (float32/64). Near overflow one side may round to Inf and the other not, so
-  Inf must match only where both sides are beyond 1/rtol of the program's scale.
+  Inf must match only where both sides are beyond 1/rtol of the program's scale. Programs with
+  transcendentals get data of spread 0.7 instead of 2 (special values stay): at the saturated
+  ends (1 + tanh(-8) in GeLU) the float32 formula is ill-conditioned and two correct
+  implementations differ by orders of magnitude more than any tolerance.
 - float16: rtol 1e-2 (float16 has 11 bits; C computes each op in float and rounds like numpy,
   but reduction order and transcendental rounding differ by a few float16 ulp).
 Integers and bools must match exactly (wrapping on overflow, like numpy).
@@ -454,7 +457,7 @@ def programs(draw: Any) -> tuple[list[Ty], Program, list[int]]:
 # Data
 
 def make_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
-              special: float = 0.15) -> np.ndarray:
+              special: float = 0.15, spread: float = 2.0) -> np.ndarray:
     n = _size(shape)
     if dtype == T.bool_:
         return np.asarray(rng.random(n).reshape(shape) < 0.5)
@@ -466,7 +469,7 @@ def make_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
         out[mask] = rng.choice(extremes, mask.sum())
         return out.reshape(shape)
     info = np.finfo(dtype)
-    out = (rng.standard_normal(n) * 2).astype(dtype)
+    out = (rng.standard_normal(n) * spread).astype(dtype)
     specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, info.smallest_subnormal,
                          -info.smallest_subnormal, info.smallest_normal / 4, 1.0, -1.0], dtype)
     mask = rng.random(n) < special
@@ -523,7 +526,11 @@ def compare(got: np.ndarray, want: np.ndarray, program: Program, scale: float, f
 def check_program(input_types: list[Ty], program: Program, outputs: list[int], seed: int,
                   layouts: bool = False) -> None:
     rng = np.random.default_rng(seed)
-    arrays = [make_data(rng, s, d) for s, d in input_types]
+    # At the saturated ends of tanh/exp (e.g. GeLU(-5) = x * (1 + tanh(...)) ~ 1e-7) the float32
+    # formula itself is ill-conditioned: two correct implementations differ by far more than any
+    # tolerance. Programs with transcendentals get data of a smaller spread (special values stay).
+    spread = 0.7 if _uses(program, TRANSCENDENTAL) else 2.0
+    arrays = [make_data(rng, s, d, spread=spread) for s, d in input_types]
     want, scale = reference(program, outputs, arrays)
     f16 = any(d == T.float16 for _, d in input_types) or "float16" in repr(program)
     for fusion in (False, True):
@@ -539,7 +546,7 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
             compare(np.asarray(g), w, program, scale, f16, f"fusion={fusion} output {i}")
         # A second call on other data leaves the first call's results alone.
         kept = [np.array(g, copy=True) for g in got]
-        exe.run_arrays(*[make_data(rng, s, d) for s, d in input_types])
+        exe.run_arrays(*[make_data(rng, s, d, spread=spread) for s, d in input_types])
         for g, k in zip(got, kept):
             np.testing.assert_array_equal(g, k, err_msg="a later call overwrote a result")
         if layouts:
@@ -593,6 +600,11 @@ REGRESSIONS: dict[str, tuple[list[Ty], Program, list[int]]] = {
     # AddN of one tensor expands to its input; inlining left the graph returning a placeholder.
     "addn_of_one": ([((), T.float16)], [("op", "AddN", [0], [], {})], [1]),
     # A kernel after BroadcastTo (a zero-stride numpy view) read it as a dense buffer.
+    # Not a compiler bug: 1 / GeLU(-4.9) divides by float32 rounding noise (1 + tanh(-8)); kept
+    # to check that transcendental programs get data where the comparison is meaningful.
+    "gelu_saturated": ([((2, 3), T.float32)],
+                       [("op", "GeLU", [0], [], {"approximate": "tanh"}),
+                        ("op", "RealDiv", [Lit(1.0), 1], [], {})], [2]),
     "kernel_after_view": ([((), T.int32), ((), T.float16)],
                           [("op", "BroadcastTo", [1], [], {"shape": (2,)}),
                            ("op", "Less", [2, Lit(0.0)], [], {}),
