@@ -262,6 +262,13 @@ def _reduce_ref(f: Callable[..., Any], empty_ok: bool = True) -> Callable[..., A
     return ref
 
 
+def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    # np.mean warns on an empty axis; the mean over nothing is NaN, quietly.
+    count = int(np.prod([x.shape[a] for a in axis]))
+    total = np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64)
+    return total / count if count else np.full(np.shape(total), np.nan)
+
+
 _REDUCE_ATTRS = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),))
 declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.sum), reduce_init="0", reduce_combine="{acc} + {v}",
@@ -279,7 +286,7 @@ declare(OpDef(name="ReduceMin", kind=PatternKind.REDUCE, inputs=("x",),
               reduce_combine="min", accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 # ReduceMean is a composite: expanded to ReduceSum * (1/n) when fusing.
 declare(OpDef(name="ReduceMean", kind=PatternKind.OPAQUE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.mean), accepts=FLOATS,
+              reference=_reduce_ref(_mean), accepts=FLOATS,
               **_REDUCE_ATTRS))  # type: ignore[arg-type]
 
 
@@ -415,7 +422,8 @@ def _matmul_ref(a: np.ndarray, b: np.ndarray, transpose_a: bool = False,
         a = np.swapaxes(a, -1, -2)
     if transpose_b:
         b = np.swapaxes(b, -1, -2)
-    return np.matmul(a, b)
+    with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in the kernels: no warning
+        return np.matmul(a, b)
 
 
 _MM_ATTRS = (("transpose_a", False), ("transpose_b", False))
