@@ -52,7 +52,7 @@ import graphkernel
 from graphkernel import nn
 from graphkernel.errors import GraphKernelError
 from graphkernel.frontend import context
-from graphkernel.frontend.tensor import Tensor
+from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir import types as T
 from graphkernel.ir.opset import _check_dtypes, get_op
@@ -95,8 +95,10 @@ SCALARS = [Lit(v) for v in (0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 3.0, -2.5, 1e-3, mat
 Program = list[tuple[Any, ...]]
 
 
-def _call(instr: tuple[Any, ...], vals: list[Any]) -> Any:
+def _call(instr: tuple[Any, ...], vals: list[Any], weights: dict[Any, Any]) -> Any:
     kind = instr[0]
+    if kind == "param":  # ("param", shape, dtype, seed): a Parameter of the cell
+        return weights[instr]
     if kind == "op":
         _, name, operands, call_args, init = instr
         args = [o.value if isinstance(o, Lit) else vals[o] if isinstance(o, int) else o
@@ -112,10 +114,11 @@ def _call(instr: tuple[Any, ...], vals: list[Any]) -> Any:
     raise AssertionError(instr)
 
 
-def _interpret(program: Program, inputs: tuple[Any, ...], outputs: list[int] | None) -> Any:
+def _interpret(program: Program, inputs: tuple[Any, ...], outputs: list[int] | None,
+               weights: dict[Any, Any] | None = None) -> Any:
     vals = list(inputs)
     for instr in program:
-        vals.append(_call(instr, vals))
+        vals.append(_call(instr, vals, weights or {}))
     picked = [vals[i] for i in (outputs if outputs is not None else [len(vals) - 1])]
     return tuple(picked) if len(picked) > 1 else picked[0]
 
@@ -136,9 +139,11 @@ class ProgramCell(nn.Cell):
         super().__init__()
         self.program = program
         self.outputs = outputs
+        self.weights = {instr: Parameter(_const_array(instr[3], instr[1], instr[2]), f"w{i}")
+                        for i, instr in enumerate(program) if instr[0] == "param"}
 
     def construct(self, *xs: Any) -> Any:
-        return _interpret(self.program, xs, self.outputs)
+        return _interpret(self.program, xs, self.outputs, self.weights)
 
 
 def reference(program: Program, outputs: list[int], arrays: list[np.ndarray]
@@ -147,8 +152,10 @@ def reference(program: Program, outputs: list[int], arrays: list[np.ndarray]
     context.set_context(mode=context.PYNATIVE_MODE)
     try:
         vals: list[Any] = [Tensor(a.copy()) for a in arrays]
+        weights = {instr: Tensor(_const_array(instr[3], instr[1], instr[2]))
+                   for instr in program if instr[0] == "param"}
         for instr in program:
-            vals.append(_call(instr, vals))
+            vals.append(_call(instr, vals, weights))
     finally:
         context.set_context(mode=context.GRAPH_MODE)
     scale = 1.0
@@ -183,6 +190,8 @@ def infer(instr: tuple[Any, ...], types: list[Any]) -> Any:
     kind = instr[0]
     if kind == "get":
         return types[instr[1]][instr[2]]
+    if kind == "param":
+        return (instr[1], instr[2])
     if kind == "gk":
         _, program, operands = instr
         sub = [types[o] for o in operands]
@@ -292,9 +301,9 @@ def _draw_instr(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> t
     x = draw(st.sampled_from(tensors[-4:] if draw(st.booleans()) else tensors))
     shape, dtype = types[x]
     family = draw(st.sampled_from(["unary", "binary", "binary", "reduce", "shape", "select",
-                                   "cast", "composite", "gk"] if allow_gk else
+                                   "cast", "composite", "gk", "param", "matmul"] if allow_gk else
                                   ["unary", "binary", "binary", "reduce", "shape", "select",
-                                   "cast", "composite"]))
+                                   "cast", "composite", "matmul"]))
 
     def other() -> Any:
         how = draw(st.integers(0, 3))
@@ -313,6 +322,25 @@ def _draw_instr(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> t
 
     if family == "unary":
         return ("op", draw(st.sampled_from(UNARY)), [x], [], {})
+    if family == "param":
+        # a weight of the cell (a graph input bound at call time) next to x
+        pshape = _broadcast_partner(draw, shape)
+        param = ("param", pshape, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31)))
+        types.append(infer(param, types))
+        prog.append(param)
+        return ("op", draw(st.sampled_from(BINARY)), [x, len(types) - 1], [], {})
+    if family == "matmul":
+        if len(shape) < 2:
+            return None
+        ta, tb = draw(st.booleans()), draw(st.booleans())
+        k = shape[-2] if ta else shape[-1]
+        n = draw(st.sampled_from([1, 2, 3, 5]))
+        bshape = (n, k) if tb else (k, n)
+        if len(shape) > 2 and draw(st.booleans()):
+            bshape = shape[:-2] + bshape
+        b = _const_array(draw(st.integers(0, 2**31)), bshape, dtype)
+        name = "BatchMatMul" if len(shape) > 2 else "MatMul"
+        return ("op", name, [x, b], [], {"transpose_a": ta, "transpose_b": tb})
     if family == "binary":
         y = other()
         args = [x, y] if draw(st.booleans()) else [y, x]
@@ -444,12 +472,14 @@ def programs(draw: Any) -> tuple[list[Ty], Program, list[int]]:
         if len(prog) >= target:
             break
         _append(draw, types, prog, allow_gk=True)
-    tensors = [i for i in range(n_inputs, len(types)) if is_tensor(types[i])]
+    tensors = [i for i in range(n_inputs, len(types)) if is_tensor(types[i]) and
+               prog[i - n_inputs][0] != "param"]
     if not tensors:
         prog.append(("op", "Neg" if types[0][1] != T.bool_ else "LogicalNot", [0], [], {}))
         types.append(infer(prog[-1], types))
         tensors = [len(types) - 1]
-    outputs = sorted(set([tensors[-1]] + draw(st.lists(st.sampled_from(tensors), max_size=2))))
+    extra = draw(st.lists(st.sampled_from(tensors + list(range(n_inputs))), max_size=2))
+    outputs = [tensors[-1]] + extra  # repeats and graph inputs as outputs are allowed
     return input_types, prog, outputs
 
 
