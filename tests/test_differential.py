@@ -33,7 +33,7 @@ Integers and bools must match exactly (wrapping on overflow, like numpy).
 Float -> int Cast is undefined in C (and platform-defined in numpy) for NaN, Inf and values out
 of range, so the generator clamps and de-NaNs a float before casting it to an integer.
 
-CI runs GRAPHKERNEL_DIFF_EXAMPLES (default 300) random programs; a long run is
+CI runs GRAPHKERNEL_DIFF_EXAMPLES (default 500, about a minute) random programs; a long run is
     GRAPHKERNEL_DIFF_EXAMPLES=10000 .venv/bin/python -m pytest tests/test_differential.py -m slow
 """
 from __future__ import annotations
@@ -590,7 +590,7 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
                 np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-N_EXAMPLES = int(os.environ.get("GRAPHKERNEL_DIFF_EXAMPLES", "300"))
+N_EXAMPLES = int(os.environ.get("GRAPHKERNEL_DIFF_EXAMPLES", "500"))
 _SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False,
                  print_blob=True)
 
