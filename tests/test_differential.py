@@ -53,6 +53,7 @@ from graphkernel import nn
 from graphkernel.errors import GraphKernelError
 from graphkernel.frontend import context
 from graphkernel.frontend.tensor import Parameter, Tensor
+from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir import types as T
 from graphkernel.ir.opset import _check_dtypes, get_op
@@ -566,8 +567,12 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
     for fusion in (False, True):
         cell = ProgramCell(program, outputs)
         originals = [a.copy() for a in arrays]
-        exe = graphkernel.compile(cell, *arrays,
-                                  options=CompileOptions(enable_graph_kernel=fusion))
+        options = CompileOptions(enable_graph_kernel=fusion)
+        if seed % 2:
+            # Kernels go parallel (OpenMP) only above 2**17 elements: with a threshold of one,
+            # small graphs test those loop nests (and recompute limits) too.
+            options.cost = CostModel(parallel_threshold=1, recompute_limit=1 << 20)
+        exe = graphkernel.compile(cell, *arrays, options=options)
         got = exe.run_arrays(*arrays)
         for a, o in zip(arrays, originals):
             np.testing.assert_array_equal(a, o, err_msg="a kernel wrote into an input array")
