@@ -233,6 +233,9 @@ class _Emitter:
         if T.is_float(operand_dtypes[-1]) and "c_float_template" in opdef.extra:
             template = opdef.extra["c_float_template"]
         expr = template.format(*operands, f="f" if compute == "float" else "")
+        if node.dtype == T.float16 and compute == "double":
+            # Cast float64 -> float16 straight from double: through float it rounds twice.
+            return f"((float)(_Float16){expr})"
         expr = f"(({out_ct}){expr})"
         if node.dtype == T.float16:
             expr = f"((float)(_Float16){expr})"  # round every float16 op, as numpy does

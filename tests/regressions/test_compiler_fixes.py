@@ -94,3 +94,12 @@ def test_cse_keeps_ops_on_zero_and_negative_zero_apart(fusion: bool) -> None:
     a, b = _run(lambda x: (P.Reciprocal()(x * 0.0), P.Reciprocal()(x * -0.0)), x, fusion=fusion)
     np.testing.assert_array_equal(a, [np.inf, -np.inf])
     np.testing.assert_array_equal(b, [-np.inf, np.inf])
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_cast_float64_to_float16_rounds_once(fusion: bool) -> None:
+    # The kernel converted double -> float -> _Float16: 1 + 2**-11 + 2**-40 became the float
+    # 1 + 2**-11 (a float16 tie), then rounded to even (1.0) instead of up like numpy.
+    x = np.array([1 + 2**-11 + 2**-40, -(1 + 2**-11 + 2**-40), 3.0], np.float64)
+    (out,) = _run(lambda x: P.Cast()(x * 1.0, np.float16), x, fusion=fusion)
+    np.testing.assert_array_equal(out, x.astype(np.float16))
