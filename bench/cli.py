@@ -107,7 +107,7 @@ def failures(results: dict[str, Any]) -> list[str]:
     out = []
     for w in results["workloads"]:
         for key, rec in w["systems"].items():
-            if rec.get("status") in ("failed to compile", "no runner"):
+            if rec.get("status") in ("failed to compile", "no runner", "crashed"):
                 out.append(f"{w['key']} {key}: {rec['status']}: {rec.get('error', '')[:300]}")
             for mode, m in rec.get("modes", {}).items():
                 if m.get("status") != "ok":
@@ -118,7 +118,8 @@ def failures(results: dict[str, Any]) -> list[str]:
             for c in ("cold", "warm"):
                 p = r.get(c) or {}
                 if "error" in p or p.get("ok") is False:
-                    out.append(f"compile probe {wk} {key} {c}: {p.get('error', 'wrong')[:300]}")
+                    why = p.get("error") or p.get("check_error") or "wrong answer"
+                    out.append(f"compile probe {wk} {key} {c}: {why[:300]}")
     return out
 
 

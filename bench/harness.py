@@ -114,7 +114,10 @@ def _calibrate(runner: Runner, warmup_s: float, min_sample_s: float) -> tuple[in
 
 
 def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
-                 copy_gbps: float) -> dict[str, Any]:
+                 copy_gbps: float, crashed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Check, warm up and time every system on one workload. `crashed`: systems whose compile
+    probe (a separate process) died on this workload: not run here, where a crash would end
+    the whole benchmark."""
     log = cfg.log
     n_sets = n_input_sets(w, l3, cfg.max_sets)
     seeds = list(range(n_sets))
@@ -122,7 +125,8 @@ def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
     ref = reference(w, sets[0], params)
     nbytes = w.nbytes()
     out: dict[str, Any] = {"key": w.key, "kind": w.kind, "title": w.title, "dims": w.dims,
-                           "bytes": nbytes, "input_sets": n_sets, "overhead": w.is_overhead,
+                           "bytes": nbytes, "matmul_flops": w.matmul_flops(),
+                           "input_sets": n_sets, "overhead": w.is_overhead,
                            "tolerance": {"rtol": w.rtol, "atol_times_max_ref": w.atol},
                            "systems": {}}
     entries: list[tuple[str, Runner]] = []
@@ -132,6 +136,10 @@ def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
         why = system.supports(w)
         if why:
             rec["status"], rec["note"] = "not applicable", why
+            continue
+        if crashed and system.key in crashed:
+            rec["status"], rec["error"] = "crashed", crashed[system.key]
+            log(f"  {system.key}: CRASHED in its compile probe, not run: {rec['error'][:300]}")
             continue
         t0 = time.perf_counter()
         try:
@@ -221,6 +229,8 @@ def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
         st["fraction_of_copy_bw"] = st["gbps"] / copy_gbps if copy_gbps else None
         if copy_stats:
             st["over_copy"] = st["median_s"] / copy_stats["median_s"]
+        if w.matmul_flops():
+            st["matmul_gflops"] = w.matmul_flops() / st["median_s"] / 1e9
         mrec["timing"] = st
     del entries, live, sets, params, ref
     gc.collect()
@@ -267,13 +277,24 @@ def run(cfg: Config, systems: list[System] | None = None) -> dict[str, Any]:
     suite = SUITES[cfg.suite]()
     if cfg.workloads:
         suite = [w for w in suite if w.key in cfg.workloads or w.kind in cfg.workloads]
+    # Compile probes first, each in its own process: they measure cold and warm compile times
+    # and show which system crashes on which workload before it can take this process down.
+    crashes: dict[str, dict[str, str]] = {}
+    if cfg.compile_probes != "none":
+        from bench.probe import compile_times, crashes_in
+        keys = [s.key for s in usable]
+        if cfg.compile_probes == "graphkernel":
+            keys = [k for k in keys if k.startswith("gk_")]
+        log("compile times, cold and warm, each in a new process ...")
+        results["compile_times"] = compile_times(cfg.suite, suite, keys, log)
+        crashes = crashes_in(results["compile_times"])
     l3 = machine.l3_bytes()
     results["l3_bytes"] = l3
     results["workloads"] = []
     for w in suite:
         log(f"[{w.key}] {w.title}")
         t0 = time.perf_counter()
-        res = run_workload(w, usable, cfg, l3, bw["gbps"])
+        res = run_workload(w, usable, cfg, l3, bw["gbps"], crashes.get(w.key))
         res["wall_s"] = time.perf_counter() - t0
         results["workloads"].append(res)
         log("  " + _one_line(res))
@@ -292,12 +313,6 @@ def run(cfg: Config, systems: list[System] | None = None) -> dict[str, Any]:
     results["parallel_end"] = machine.parallel_check(cfg.parallel_iterations)
     log(f"  {results['parallel_end']}")
 
-    if cfg.compile_probes != "none":
-        from bench.probe import compile_times
-        keys = [s.key for s in usable]
-        if cfg.compile_probes == "graphkernel":
-            keys = [k for k in keys if k.startswith("gk_")]
-        results["compile_times"] = compile_times(cfg.suite, suite, keys, log)
     results["wall_s"] = time.time() - started
     return results
 

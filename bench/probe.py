@@ -69,8 +69,9 @@ def _probe(suite: str, key: str, system: str) -> dict[str, Any]:
                 result[k] = prep.info[k]
     c = check(w, out, reference(w, sets[0], params))
     result["ok"] = c["ok"]
+    result["max_err_over_max_ref"] = c.get("max_err_over_max_ref")
     if not c["ok"]:
-        result["error"] = c.get("error")
+        result["check_error"] = c.get("error")
     return result
 
 
@@ -91,7 +92,7 @@ def _run_probe(suite: str, key: str, system: str, folder: str, timeout: float
                               cwd=folder, env=env, capture_output=True, text=True,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
+        return {"error": f"timed out after {timeout:.0f} s", "crashed": True}
     wall = time.perf_counter() - t0
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(MARK):
@@ -99,7 +100,8 @@ def _run_probe(suite: str, key: str, system: str, folder: str, timeout: float
             res["process_wall_s"] = wall
             return res
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-    return {"error": f"probe exited {proc.returncode}: " + " | ".join(tail)[-1200:]}
+    return {"error": f"probe process died (exit code {proc.returncode}): "
+            + " | ".join(tail)[-1200:], "crashed": True}
 
 
 def compile_times(suite: str, workloads: list[Any], systems: list[str],
@@ -125,6 +127,17 @@ def compile_times(suite: str, workloads: list[Any], systems: list[str],
             row[system] = {"cold": cold, "warm": warm}
             log(f"  compile {w.key} {system}: cold {cold.get('first_result_s', cold)}"
                 f" warm {(warm or {}).get('first_result_s', warm)}")
+    return out
+
+
+def crashes_in(compile_results: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """{workload: {system: error}} for probes whose process died or hung."""
+    out: dict[str, dict[str, str]] = {}
+    for wk, row in compile_results.get("workloads", {}).items():
+        for system, r in row.items():
+            for probe in (r.get("cold"), r.get("warm")):
+                if probe and probe.get("crashed"):
+                    out.setdefault(wk, {})[system] = probe["error"]
     return out
 
 

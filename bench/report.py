@@ -123,10 +123,12 @@ def markdown(results: dict[str, Any], command: str | None = None) -> str:
                          + (f", kernel {b['architecture']}" if b.get("architecture") else ""))
     env = results.get("environment", {})
     lines.append("- environment: " + (", ".join(f"{k}={v}" for k, v in env.items()) or "—"))
+    if isinstance(blas, str):
+        lines.append(f"- threadpools: {blas}")
     removed = results.get("removed_environment")
     if removed:
-        lines.append("- removed for this process: " + ", ".join(f"{k}={v}" for k, v in
-                                                                 removed.items()))
+        lines.append("- changed for the benchmark process (value before): " + ", ".join(
+            f"{k}={v}" for k, v in removed.items()))
     lines.append(f"- wall time of the run: {results.get('wall_s', 0):.0f} s")
     return "\n".join(lines) + "\n"
 
@@ -204,7 +206,7 @@ def _compile_table(results: dict[str, Any], labels: dict[str, str]) -> list[str]
         if "skipped" in p:
             return "skipped"
         s = f"{p['first_result_s']:.2f}"
-        return s if p.get("ok", True) else s + " (wrong)"
+        return s if p.get("ok", True) else s + " (check failed)"
 
     for key, row in ct["workloads"].items():
         cells = [key]
@@ -250,6 +252,18 @@ def _notes(results: dict[str, Any], labels: dict[str, str]) -> list[str]:
                        f"call ({backends})"
                        + ("; warnings: " + "; ".join(info["warnings"]) if info.get("warnings")
                           else ""))
+    labels_all = {k: v["label"] for k, v in results.get("systems", {}).items()}
+    for w in results["workloads"]:
+        if not w.get("matmul_flops"):
+            continue
+        rates = []
+        for key, rec in w["systems"].items():
+            t = _timing(rec, FRESH)
+            if t and t.get("matmul_gflops"):
+                rates.append(f"{labels_all.get(key, key)} {t['matmul_gflops']:.0f}")
+        out.append(f"- {w['key']} is bound by its matrix products ({w['matmul_flops'] / 1e9:.2f}"
+                   f" GFLOP per call), not by memory: its fraction of copy bandwidth means "
+                   f"little. GFLOP/s: " + ", ".join(rates) + ".")
     out.append("- Input sets rotated per call (so inputs are not found in the 'last-level "
                "cache'): " + ", ".join(f"{w['key']} {w['input_sets']}"
                                        for w in results["workloads"])
@@ -284,17 +298,20 @@ def chart(results: dict[str, Any], path: str) -> str | None:
         label = "copy of the same bytes (floor)" if key == "copy" else labels[key]
         ax.bar(xs, ys, width=width, color=color, label=label,
                hatch="//" if key == "copy" else None, edgecolor="0.4" if key == "copy" else None)
-        for i, w in enumerate(workloads):  # mark failures
+        for i, w in enumerate(workloads):  # mark failures and inaccurate answers
             rec = w["systems"].get(key) if key != "copy" else None
-            if rec and rec.get("status") not in ("ok", "not applicable") and \
-                    ratio(w, key) is None:
-                ax.text(i + (j - (len(series) - 1) / 2) * width, 1.0, "✗", ha="center",
-                        va="bottom", color="red", fontsize=9)
+            x = i + (j - (len(series) - 1) / 2) * width
+            r = ratio(w, key)
+            if rec and rec.get("status") not in ("ok", "not applicable") and r is None:
+                ax.text(x, 1.0, "✗", ha="center", va="bottom", color="red", fontsize=9)
+            elif rec and _status(rec, FRESH) == "inaccurate" and r is not None:
+                ax.text(x, r, "!", ha="center", va="bottom", color="red", fontsize=9)
     ax.axhline(1.0, color="black", linewidth=1)
     ax.set_yscale("log")
     ax.set_xticks(range(len(workloads)))
     ax.set_xticklabels([w["key"] for w in workloads], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("time / graphkernel fused time (log; >1: graphkernel fused faster)")
+    ax.set_xlabel("✗: failed (see results.md)   !: outside the accuracy tolerance", fontsize=8)
     ax.set_title(f"graphkernel fused vs the alternatives ({results['suite']} suite, fresh "
                  f"output per call; {results['machine'].get('cpu_model', '')}, "
                  f"{results['machine'].get('cpu_count')} CPUs)", fontsize=10)
@@ -321,3 +338,24 @@ def write_all(results: dict[str, Any], out_dir: str, command: str | None = None
     if chart(results, paths["chart"]) is None:
         del paths["chart"]
     return paths
+
+
+def rerender(json_path: str) -> dict[str, str]:
+    """Write results.md and chart.png again from a results.json (same folder)."""
+    with open(json_path, encoding="utf-8") as fh:
+        results = json.load(fh)
+    out_dir = os.path.dirname(os.path.abspath(json_path))
+    paths = {"markdown": os.path.join(out_dir, "results.md"),
+             "chart": os.path.join(out_dir, "chart.png")}
+    with open(paths["markdown"], "w", encoding="utf-8") as fh:
+        fh.write(markdown(results, results.get("command")))
+    if chart(results, paths["chart"]) is None:
+        del paths["chart"]
+    return paths
+
+
+if __name__ == "__main__":
+    import sys
+    for path in rerender(sys.argv[1] if len(sys.argv) > 1 else "bench/results/results.json"
+                         ).values():
+        print(path)

@@ -44,6 +44,17 @@ class Workload:
     def output_shape(self) -> tuple[int, ...]:
         return next(iter(self.input_shapes().values()))
 
+    def matmul_flops(self) -> int:
+        """Floating-point operations of the matrix products (2 per multiply-add)."""
+        d = self.dims
+        if self.kind == "mlp":
+            return 2 * 2 * d["batch"] * d["hidden"] * d["inner"]
+        if self.kind == "encoder":
+            rows, h, f = d["batch"] * d["seq"], d["hidden"], d["inner"]
+            attention = 2 * 2 * d["batch"] * d["seq"] * d["seq"] * h
+            return 2 * rows * h * h * 4 + 2 * 2 * rows * h * f + attention
+        return 0
+
     def nbytes(self) -> dict[str, int]:
         """Bytes a perfect kernel moves: each input and weight read once, the output written
         once (float32)."""

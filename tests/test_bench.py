@@ -105,3 +105,21 @@ def test_cli_quick_path_writes_results(tmp_path: object) -> None:
     rec = results["workloads"][0]["systems"]["gk_fused"]
     rec["modes"]["fresh"] = {"status": "wrong answer", "error": "1 of 16 elements"}
     assert failures(results) and "**wrong answer**" in markdown(results)
+
+
+def test_a_system_that_crashed_in_its_probe_is_not_run() -> None:
+    from bench.probe import crashes_in
+    probes = {"workloads": {"basic_4x4": {
+        "gk_fused": {"cold": {"error": "probe process died (exit code -11)", "crashed": True},
+                     "warm": None},
+        "gk_unfused": {"cold": {"first_result_s": 0.5, "ok": True}, "warm": None}}}}
+    crashed = crashes_in(probes)
+    assert crashed == {"basic_4x4": {"gk_fused": "probe process died (exit code -11)"}}
+    w = TINY[0]
+    cfg = Config.quick(suite="tiny", rounds=1, overhead_rounds=1, min_sample_s=1e-4,
+                       warmup_s=0.0, log=lambda msg: None)
+    res = run_workload(w, [GraphKernel(True), NumpyEager()], cfg, l3=1 << 20, copy_gbps=10.0,
+                       crashed=crashed[w.key])
+    assert res["systems"]["gk_fused"]["status"] == "crashed"
+    assert res["systems"]["numpy"]["status"] == "ok"
+    assert any("crashed" in line for line in failures({"workloads": [res]}))
