@@ -89,6 +89,12 @@ def markdown(results: dict[str, Any], command: str | None = None) -> str:
         "within 1e-3 of max |reference| (timed, see Accuracy). n/a: the system has no way to "
         "express the workload.",
         "",
+        "## Headline",
+        "",
+    ]
+    lines += _headline(results, systems, labels)
+    lines += [
+        "",
         "## Fresh output per call (as a user gets it)",
         "",
     ]
@@ -162,6 +168,38 @@ def _accuracy_table(results: dict[str, Any], systems: list[str], labels: dict[st
             else:
                 mark = "" if c["ok"] else " **fails**"
                 cells.append(f"{c['max_err_over_max_ref']:.1e}{mark}")
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _headline(results: dict[str, Any], systems: list[str], labels: dict[str, str]
+              ) -> list[str]:
+    head = ["workload", "graphkernel fused", "GB/s · fraction of copy BW · × copy",
+            "fastest other system", "graphkernel fused vs numpy eager"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w in results["workloads"]:
+        base_rec = w["systems"].get(BASE, {})
+        base = _timing(base_rec, FRESH)
+        if base:
+            speed = f"{base['gbps']:.3g} GB/s"
+            if base.get("fraction_of_copy_bw") is not None:
+                speed += f" · {base['fraction_of_copy_bw']:.2f} · {base.get('over_copy', 0):.3g}×"
+            cells = [w["key"], fmt_time(base["median_s"]), speed]
+        else:
+            cells = [w["key"], f"**{base_rec.get('status', '—')}**", "—"]
+        others = [(t["median_s"], k) for k in systems if k not in (BASE, "gk_unfused")
+                  for t in [_timing(w["systems"].get(k, {}), FRESH)] if t]
+        if others:
+            t_best, k_best = min(others)
+            rel = f" ({t_best / base['median_s']:.2f}× graphkernel's time)" if base else ""
+            warn = " ⚠ inaccurate" if _status(w["systems"][k_best], FRESH) == "inaccurate" \
+                else ""
+            cells.append(f"{labels[k_best]}{warn}: {fmt_time(t_best)}{rel}")
+        else:
+            cells.append("—")
+        r = ratio(w, "numpy")
+        cells.append(f"{r:.2f}× faster" if r and r >= 1 else
+                     (f"{1 / r:.2f}× slower" if r else "—"))
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
