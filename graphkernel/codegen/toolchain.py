@@ -30,8 +30,10 @@ class Toolchain:
         wide = ("-mprefer-vector-width=512",) if self.avx512 else ()
         # -fno-trapping-math lets gcc turn selects on floats (clamps, NaN checks, max/min)
         # into vector blends; results stay IEEE-exact (it is not -ffast-math).
+        # -ffp-contract=off: no fused multiply-adds, so each op rounds as in numpy (and as with
+        # fusion off); gcc's GNU C default contracts x * y + z into one fma.
         return ("-O3", "-march=native", *wide, "-fPIC", "-shared", "-std=gnu11",
-                "-fno-math-errno", "-fno-trapping-math", "-fwrapv", omp)
+                "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv", omp)
 
     @property
     def libs(self) -> tuple[str, ...]:
