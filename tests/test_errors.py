@@ -412,3 +412,39 @@ def test_results_that_are_views_of_inputs_are_copies(fusion: bool) -> None:
                                options=CompileOptions(enable_graph_kernel=fusion)).run_arrays(x)
     for out in outs:
         assert not np.shares_memory(out, x)
+
+
+class BadKernel(nn.GraphKernel):
+    def construct(self, x: Any, y: Any) -> Any:
+        return x * 2.0 + y  # @in_kernel
+
+
+class UsesBadKernel(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = BadKernel()
+
+    def construct(self, x: Any) -> Any:
+        return self.k(x, P.Transpose()(x, (1, 0)))
+
+
+class KernelGivenAList(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = BadKernel()
+
+    def construct(self, x: Any) -> Any:
+        return self.k(x, [1.0, 2.0, 3.0])  # @kernel_list
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_errors_inside_a_graph_kernel_point_into_it(fusion: bool) -> None:
+    context.set_context(enable_graph_kernel=fusion)
+    with pytest.raises(ShapeError) as info:
+        UsesBadKernel()(F32)
+    assert "(2, 3)" in str(info.value) and "(3, 2)" in str(info.value)
+    assert_at(info.value, "in_kernel")
+    with pytest.raises(InputError) as info2:
+        KernelGivenAList()(F32)
+    assert "BadKernel (a GraphKernel) takes tensors; input 1 is a list" in str(info2.value)
+    assert_at(info2.value, "kernel_list")
