@@ -275,3 +275,29 @@ def test_column_reductions_across_blocks_keep_nan_and_outputs(rng):
     centred, mean = on.run_arrays(z)
     np.testing.assert_allclose(mean, z.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(centred, z - z.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_broadcast_and_unit_dim_views_join_kernels(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+
+    def body(s, x, b):
+        bb = s.bcast(s.exp(b))                   # BroadcastTo of an intermediate
+        y = s.expand(s.add(x, bb), 0)            # leading unit dim: [1, 4, 6]
+        return s.squeeze(s.mul(y, 2.0))          # and back
+    cell = Fn(body, bcast=P.BroadcastTo((4, 6)), exp=P.Exp(), add=P.Add(), mul=P.Mul(),
+              expand=P.ExpandDims(), squeeze=P.Squeeze(axis=0))
+    on, _ = run_both(cell, x, b)
+    assert len(on.kernels) == 1
+    assert on.kernels[0].op_names == ["Exp", "BroadcastTo", "Add", "ExpandDims", "Mul",
+                                      "Squeeze"]
+    np.testing.assert_allclose(on.run_arrays(x, b)[0], (x + np.exp(b)) * 2, rtol=1e-6)
+
+
+def test_reshape_that_moves_data_stays_a_view_with_a_reason(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    cell = Fn(lambda s, x: s.mul(s.reshape(s.exp(x), (6, 4)), 2.0), exp=P.Exp(), mul=P.Mul(),
+              reshape=P.Reshape())
+    on, _ = run_both(cell, x)
+    assert [k.op_names for k in on.kernels] == [["Exp"], ["Reshape"], ["Mul"]]
+    assert any(r.rule == "shape" and "moves data between axes" in r.detail for r in on.reasons)

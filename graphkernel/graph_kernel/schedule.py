@@ -49,8 +49,17 @@ def fusible_op(op: str) -> bool:
     opdef = get_op(op)
     if opdef.kind == PatternKind.REDUCE:
         return opdef.reduce_combine is not None
+    if opdef.kind == PatternKind.INJECTIVE:
+        return bool(opdef.extra.get("view")) and opdef.c_template is not None
     return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
         opdef.c_template is not None
+
+
+def _strip_leading_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    start = 0
+    while start < len(shape) and shape[start] == 1:
+        start += 1
+    return tuple(shape[start:])
 
 
 def _align(shape: tuple[int, ...], rank: int, what: str) -> tuple[int, ...]:
@@ -64,6 +73,11 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
     for node in nodes:
         if node.subgraph is not None or not fusible_op(node.op):
             raise NotSchedulable(f"{node.op} has no loop-nest code template")
+    for node in nodes:
+        if get_op(node.op).extra.get("view") and \
+                _strip_leading_ones(node.inputs[0].shape) != _strip_leading_ones(node.shape):
+            raise NotSchedulable(f"{node.op} from {node.inputs[0].shape} to {node.shape} moves "
+                                 "data between axes; it runs as a view between kernels")
     reductions = [n for n in nodes if get_op(n.op).kind == PatternKind.REDUCE]
     if reductions:
         first = reductions[0].inputs[0]
@@ -83,6 +97,9 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
             if len(out.shape) > len(space) or out.shape != space:
                 space = _broadcast_or_fail(space, tuple(out.shape))
         axes = ()
+        # Values inside may carry leading unit dims the outputs dropped (a Squeeze at the end).
+        deepest = max((len(v.shape) for n in nodes for v in [n, *n.inputs]), default=0)
+        space = (1,) * (deepest - len(space)) + space
     rank = len(space)
     sched = Schedule(space, axes)
     in_group = {n.uid for n in nodes}

@@ -308,8 +308,13 @@ def _reshape_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Valu
     return TensorType(shape, x.dtype)
 
 
+# Reshape, ExpandDims and Squeeze join fused kernels when they only add or drop leading unit
+# dims (a no-op under right-aligned broadcasting: graph_kernel/schedule.py checks); otherwise
+# they run as numpy views between kernels.
+_VIEW = {"view": True}
 declare(OpDef(name="Reshape", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_reshape_infer,
-              reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),)))
+              reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),),
+              c_template="{0}", extra=dict(_VIEW)))
 
 
 def _transpose_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -337,7 +342,7 @@ def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> 
 
 declare(OpDef(name="ExpandDims", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_expand_dims_infer, reference=lambda x, axis: np.expand_dims(x, axis),
-              call_attrs=(("axis", None),)))
+              call_attrs=(("axis", None),), c_template="{0}", extra=dict(_VIEW)))
 
 
 def _squeeze_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -358,7 +363,8 @@ def _squeeze_ref(x: np.ndarray, axis: Any = ()) -> np.ndarray:
 
 
 declare(OpDef(name="Squeeze", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_squeeze_infer,
-              reference=_squeeze_ref, init_attrs=(("axis", ()),)))
+              reference=_squeeze_ref, init_attrs=(("axis", ()),), c_template="{0}",
+              extra=dict(_VIEW)))
 
 
 def _broadcast_to_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -378,7 +384,7 @@ def _broadcast_to_ref(x: np.ndarray, shape: Any) -> np.ndarray:
 
 declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
               infer=_broadcast_to_infer, reference=_broadcast_to_ref,
-              init_attrs=(("shape", None),)))
+              init_attrs=(("shape", None),), c_template="{0}"))
 
 
 def _tile_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
