@@ -49,6 +49,7 @@ def doctor() -> tuple[str, bool]:
             missing.append("libmvec (glibc's vector math: exp/log/tanh are slower)")
         lines.append(f"flags    : {' '.join(tc.flags + tc.libs)}")
     renderer = find_renderer()
+    renderer = os.path.normpath(renderer) if renderer else None
     lines.append(f"renderer : {renderer or 'MISSING - pip install graphviz-pure==0.2.2'}")
     if renderer is None:
         missing.append("a Graphviz renderer for pictures (pip install graphviz-pure==0.2.2)")
