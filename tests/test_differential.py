@@ -62,7 +62,7 @@ from graphkernel.ops import operations as P
 
 DTYPES = [T.float16, T.float32, T.float64, T.int32, T.int64, T.bool_]
 INPUT_DTYPES = [T.float32, T.float32, T.float64, T.float16, T.int32, T.int64, T.bool_]
-MAX_ELEMENTS = 2048
+MAX_ELEMENTS = 8192
 
 UNARY = ["Neg", "Abs", "Sign", "Sqrt", "Rsqrt", "Reciprocal", "Exp", "Log", "Tanh", "Erf",
          "Floor", "Round", "LogicalNot"]
@@ -231,8 +231,12 @@ def _size(shape: tuple[int, ...]) -> int:
 @st.composite
 def shapes(draw: Any, max_rank: int = 3) -> tuple[int, ...]:
     rank = draw(st.integers(0, max_rank))
-    return tuple(draw(st.sampled_from([1, 1, 2, 3, 4, 5, 0])) if draw(st.booleans())
-                 else draw(st.sampled_from([1, 2, 3, 4, 6])) for _ in range(rank))
+    dims = [draw(st.sampled_from([1, 1, 2, 3, 4, 5, 0])) if draw(st.booleans())
+            else draw(st.sampled_from([1, 2, 3, 4, 6])) for _ in range(rank)]
+    if dims and draw(st.integers(0, 9)) == 0:
+        # a wide axis: more than one block of the column-reduction lanes (c_emitter)
+        dims[draw(st.integers(0, rank - 1))] = draw(st.sampled_from([513, 1030]))
+    return tuple(dims)
 
 
 def _broadcast_partner(draw: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
