@@ -291,7 +291,7 @@ def _factor(draw: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _sanitize_for_int_cast(vals: list[int], types: list[Any], src: int, prog: Program) -> int:
+def _sanitize_for_int_cast(types: list[Any], src: int, prog: Program) -> int:
     """Select(x == x, clamp(x, -1000, 1000), 0): NaN- and range-free before a float->int Cast."""
     steps = [("op", "Maximum", [src, Lit(-1000.0)], [], {}),
              ("op", "Minimum", [len(types), Lit(1000.0)], [], {}),
@@ -366,7 +366,7 @@ def _draw_instr(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> t
     if family == "cast":
         target = draw(st.sampled_from(DTYPES))
         if T.is_float(dtype) and not T.is_float(target) and target != T.bool_:
-            x = _sanitize_for_int_cast([], types, x, prog)
+            x = _sanitize_for_int_cast(types, x, prog)
         return ("op", "Cast", [x], [target], {})
     if family == "reduce":
         name = draw(st.sampled_from(REDUCE))
