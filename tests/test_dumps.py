@@ -139,3 +139,22 @@ def test_save_graphs_path_that_is_not_writable(tmp_path: Any,
     assert "set_context(save_graphs_path=...)" in str(info.value)
     assert Net.traced == 0
     assert os.listdir(folder) == []
+
+
+def test_clean_up_removes_only_graphkernels_own_dumps(tmp_path: Any) -> None:
+    from graphkernel.passes.manager import Dumper
+    (tmp_path / "notes.txt").write_text("mine")
+    _dump_to(tmp_path)
+    edited = tmp_path / "0_trace.ir"
+    edited.write_text("my edit")
+    removed = Dumper(str(tmp_path)).clean()
+    assert removed and all(os.path.dirname(p).startswith(str(tmp_path)) for p in removed)
+    assert str(edited) not in removed
+    assert _files(tmp_path) == {"notes.txt", "0_trace.ir", MANIFEST}
+    assert edited.read_text() == "my edit" and (tmp_path / "notes.txt").read_text() == "mine"
+    # The edited file is still listed as ours-but-changed: a new dump refuses to replace it.
+    with pytest.raises(DumpError, match="0_trace.ir"):
+        _dump_to(tmp_path)
+    edited.unlink()
+    _dump_to(tmp_path)
+    assert Dumper(str(tmp_path)).clean() and _files(tmp_path) == {"notes.txt"}

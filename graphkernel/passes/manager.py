@@ -127,10 +127,31 @@ class Dumper:
     def _record(self, name: str, digest: str) -> None:
         files = self._manifest()
         files[name] = digest
+        self._save(files)
+
+    def _save(self, files: dict[str, str]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".graphkernel-", suffix=".tmp", dir=self.folder)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump({"writer": "graphkernel", "files": files}, fh, indent=1, sort_keys=True)
         os.replace(tmp, self.manifest_path)
+
+    def clean(self) -> list[str]:
+        """Remove the dumps graphkernel wrote here and nothing else: a listed file the user
+        changed since, or replaced by a link or folder, stays. Returns the removed paths."""
+        files = self._manifest()
+        removed = []
+        for name, digest in sorted(files.items()):
+            path = os.path.join(self.folder, name)
+            if os.path.isfile(path) and not os.path.islink(path) and _sha256(path) == digest:
+                os.unlink(path)
+                removed.append(path)
+            if not os.path.lexists(path) or path in removed:
+                files.pop(name)
+        if files:
+            self._save(files)
+        elif os.path.lexists(self.manifest_path):
+            os.unlink(self.manifest_path)
+        return removed
 
     def dump(self, stage: str, graph: Graph, doc: str = "") -> None:
         header = f"stage {stage}" + (f": {doc}" if doc else "")
