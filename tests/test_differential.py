@@ -7,7 +7,7 @@ ir/opset.py, with no tracing, no passes, no clustering and no C.
 
 Instructions (tuples, so a failing case prints as a pasteable regression test):
     ("op", name, operands, call_args, init_attrs)   operands: value indices or Python scalars
-    ("gk", program, operands)                        a nn.GraphKernel whose construct runs
+    ("gk", program, operands[, outs])                a nn.GraphKernel whose construct runs
                                                      `program` on `operands`
     ("get", index, item)                             item `item` of a tuple value
 
@@ -111,8 +111,9 @@ def _call(instr: tuple[Any, ...], vals: list[Any], weights: dict[Any, Any]) -> A
             return P.AddN()(args)
         return getattr(P, name)(**init)(*args, *call_args)
     if kind == "gk":
-        _, program, operands = instr
-        return ProgramKernel(program)(*[vals[o] for o in operands])
+        program, operands = instr[1], instr[2]
+        outs = instr[3] if len(instr) > 3 else None
+        return ProgramKernel(program, outs)(*[vals[o] for o in operands])
     if kind == "get":
         return vals[instr[1]][instr[2]]
     raise AssertionError(instr)
@@ -128,14 +129,16 @@ def _interpret(program: Program, inputs: tuple[Any, ...], outputs: list[int] | N
 
 
 class ProgramKernel(nn.GraphKernel):
-    """A user composite whose construct is a generated sub-program (outputs: its last value)."""
+    """A user composite whose construct is a generated sub-program; it returns the values
+    `outs` (indices into its own values, inputs first), by default its last value."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, outs: list[int] | None = None) -> None:
         super().__init__()
         self.program = program
+        self.outs = outs
 
     def construct(self, *xs: Any) -> Any:
-        return _interpret(self.program, xs, None)
+        return _interpret(self.program, xs, self.outs)
 
 
 class ProgramCell(nn.Cell):
@@ -197,13 +200,14 @@ def infer(instr: tuple[Any, ...], types: list[Any]) -> Any:
     if kind == "param":
         return (instr[1], instr[2])
     if kind == "gk":
-        _, program, operands = instr
+        program, operands = instr[1], instr[2]
         sub = [types[o] for o in operands]
         for inner in program:
             sub.append(infer(inner, sub))
-        if is_tensor(sub[-1]):
-            return sub[-1]
-        raise GraphKernelError("composite must end in a tensor")
+        outs = [sub[i] for i in (instr[3] if len(instr) > 3 else [-1])]
+        if not all(is_tensor(t) for t in outs):
+            raise GraphKernelError("composite must return tensors")
+        return outs[0] if len(outs) == 1 else tuple(outs)
     _, name, operands, call_args, init = instr
     op = get_op(name)
     args = [_operand_array(o, types) for o in operands]
@@ -438,6 +442,14 @@ def _draw_instr(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> t
             _append(draw, sub_types, sub, allow_gk=False)
     if not sub or not is_tensor(sub_types[-1]):
         return None
+    values = [i for i, t in enumerate(sub_types) if is_tensor(t)]
+    if len(values) > 1 and draw(st.booleans()):
+        # several outputs (one may be an input passed through), then pick one of them
+        outs = [values[-1]] + draw(st.lists(st.sampled_from(values), min_size=1, max_size=2))
+        gk = ("gk", sub, operands, outs)
+        types.append(infer(gk, types))
+        prog.append(gk)
+        return ("get", len(types) - 1, draw(st.integers(0, len(outs) - 1)))
     return ("gk", sub, operands)
 
 
