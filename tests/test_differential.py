@@ -577,8 +577,12 @@ def compare(got: np.ndarray, want: np.ndarray, program: Program, scale: float, f
                              f"(rtol {rtol}, atol {atol:g}): {detail}")
 
 
+_CHECKED = [0]  # graphs checked in this process
+
+
 def check_program(input_types: list[Ty], program: Program, outputs: list[int], seed: int,
                   layouts: bool = False) -> None:
+    _CHECKED[0] += 1
     rng = np.random.default_rng(seed)
     # At the saturated ends of tanh/exp (e.g. GeLU(-5) = x * (1 + tanh(...)) ~ 1e-7) the float32
     # formula itself is ill-conditioned: two correct implementations differ by far more than any
@@ -642,7 +646,10 @@ def test_random_graphs_long_run(request: pytest.FixtureRequest) -> None:
     """Only with `-m slow`: GRAPHKERNEL_DIFF_EXAMPLES programs, also run on other layouts."""
     if "slow" not in (request.config.getoption("markexpr") or ""):
         pytest.skip("the long differential run: pytest tests/test_differential.py -m slow")
+    before = _CHECKED[0]
     _long_run()
+    print(f"\nlong differential run: {_CHECKED[0] - before} random graphs checked, "
+          "each with fusion on and off")
 
 
 # ---------------------------------------------------------------------------------------------
