@@ -1,0 +1,136 @@
+"""The performance targets of the "faster than every peer" issue, checked against one run of the
+harness: `python -m bench.targets bench/results/results.json > bench/results/targets.md`.
+
+Every figure comes from the results file; nothing here measures. A target whose figures are
+missing from the run (a peer not installed, compile probes skipped) is marked "not measured".
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+GK = "gk_fused"
+OURS = {"gk_fused", "gk_unfused"}
+
+
+def _median(w: dict[str, Any], system: str, mode: str = "fresh") -> float | None:
+    entry = w["systems"].get(system, {})
+    if entry.get("status") != "ok":
+        return None
+    m = entry.get("modes", {}).get(mode, {})
+    if m.get("status") != "ok" or not m.get("check", {}).get("ok", False):
+        return None
+    return m["timing"]["median_s"]
+
+
+def _over_copy(w: dict[str, Any], system: str = GK) -> float | None:
+    entry = w["systems"].get(system, {})
+    m = entry.get("modes", {}).get("fresh", {})
+    return m.get("timing", {}).get("over_copy") if m.get("status") == "ok" else None
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _mark(ok: bool | None) -> str:
+    return "not measured" if ok is None else ("**met**" if ok else "**not met**")
+
+
+def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]:
+    """Rows of (target, scope, met?, figures)."""
+    rows: list[tuple[str, str, bool | None, str]] = []
+    workloads = results["workloads"]
+    for w in workloads:
+        ours = _median(w, GK)
+        peers = {s: _median(w, s) for s in w["systems"] if s not in OURS}
+        peers = {s: t for s, t in peers.items() if t is not None}
+        if ours is None or not peers:
+            rows.append(("1. fused <= best peer", w["key"], None, "no timing"))
+            continue
+        best = min(peers, key=lambda s: peers[s])
+        ratio = ours / peers[best]
+        rows.append(("1. fused <= best peer", w["key"], ratio <= 1.0,
+                     f"graphkernel {_fmt(ours)}, best peer {best} {_fmt(peers[best])} "
+                     f"(ratio {ratio:.2f})"))
+    for w in workloads:
+        big = w.get("dims", {}).get("rows") == 4096 and w.get("dims", {}).get("cols") == 4096
+        if w["kind"] in ("basic", "composite", "chain", "bias_gelu") and big:
+            limit = 1.3 if w["kind"] == "basic" else 1.5
+            over = _over_copy(w)
+            rows.append((f"2. pointwise <= {limit}x copy", w["key"],
+                         None if over is None else over <= limit,
+                         "-" if over is None else f"{over:.2f}x the copy of the same bytes"))
+    for w in workloads:
+        if w["kind"] in ("layernorm", "softmax"):
+            ours, ort = _median(w, GK), _median(w, "onnxruntime")
+            rows.append(("3. <= ONNX Runtime", w["key"],
+                         None if ours is None or ort is None else ours <= ort,
+                         f"graphkernel {_fmt(ours)}, ONNX Runtime {_fmt(ort)}"))
+            over = _over_copy(w)
+            rows.append(("3. <= 2x copy", w["key"], None if over is None else over <= 2.0,
+                         "-" if over is None else f"{over:.2f}x"))
+    for w in workloads:
+        if w.get("overhead"):
+            ours, npy = _median(w, GK), _median(w, "numpy")
+            rows.append(("4. per call <= numpy eager", w["key"],
+                         None if ours is None or npy is None else ours <= npy,
+                         f"graphkernel {_fmt(ours)}, numpy {_fmt(npy)}"))
+    compiles = results.get("compile_times", {}).get("workloads", {})
+    for key, per_system in compiles.items():
+        probe = per_system.get(GK, {})
+        cold, warm = probe.get("cold", {}), probe.get("warm", {})
+        c, wm = cold.get("first_result_s"), warm.get("first_result_s")
+        rows.append(("5. cold compile <= 1 s", key, None if c is None else c <= 1.0,
+                     f"first result {_fmt(c)} "
+                     f"(compile {_fmt(cold.get('compile_seconds_reported'))})"))
+        rows.append(("5. warm <= 50 ms to first result", key,
+                     None if wm is None else wm <= 0.05,
+                     f"first result {_fmt(wm)} "
+                     f"(compile {_fmt(warm.get('compile_seconds_reported'))},"
+                     f" from cache: {warm.get('from_cache')})"))
+    if not compiles:
+        rows.append(("5. compile times", "all", None, "the run skipped the compile probes"))
+    return rows
+
+
+def render(results: dict[str, Any]) -> str:
+    rows = evaluate(results)
+    met = sum(1 for r in rows if r[2] is True)
+    missed = sum(1 for r in rows if r[2] is False)
+    lines = [
+        "# Performance targets, checked against one run",
+        "",
+        f"Run: `{results.get('command', '?')}` ({results.get('started_utc', '?')}). "
+        f"Copy bandwidth {results.get('copy_bandwidth', {}).get('gbps', 0):.1f} GB/s. Cores in "
+        f"parallel at start: {results.get('parallel_start', {}).get('verdict', '?')}, at end: "
+        f"{results.get('parallel_end', {}).get('verdict', '?')}.",
+        "",
+        f"{met} met, {missed} not met, {len(rows) - met - missed} not measured. Times are "
+        "medians with fresh outputs per call, as users get them.",
+        "",
+        "| target | workload | result | figures |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {t} | {k} | {_mark(ok)} | {fig} |" for t, k, ok, fig in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    path = argv[0] if argv else "bench/results/results.json"
+    with open(path, encoding="utf-8") as fh:
+        results = json.load(fh)
+    sys.stdout.write(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
