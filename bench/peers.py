@@ -403,6 +403,8 @@ class MindSporeFused(System):
 
     def worker(self) -> Any:
         from bench.remote import RemoteWorker
+        if self._worker is not None and self._worker.proc.poll() is not None:
+            self._worker = None  # it died (recorded on the workload it died in): start anew
         if self._worker is None:
             self._worker = RemoteWorker("bench.ms_worker")
         return self._worker
