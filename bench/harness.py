@@ -312,9 +312,26 @@ def run(cfg: Config, systems: list[System] | None = None) -> dict[str, Any]:
     log("checking whether the cores run in parallel (end) ...")
     results["parallel_end"] = machine.parallel_check(cfg.parallel_iterations)
     log(f"  {results['parallel_end']}")
-
+    log("measuring copy bandwidth (end) ...")
+    bw_end = machine.copy_bandwidth(cfg.machine_copy_bytes)
+    log(f"  {bw_end['gbps']:.1f} GB/s ({bw_end['best']})")
+    # The limit is the best the machine showed: the start or the end measurement.
+    results["copy_bandwidth_start"], results["copy_bandwidth_end"] = bw, bw_end
+    best = max(bw, bw_end, key=lambda b: b["gbps"])
+    results["copy_bandwidth"] = dict(best, measured="start" if best is bw else "end")
+    set_fractions(results, best["gbps"])
     results["wall_s"] = time.time() - started
     return results
+
+
+def set_fractions(results: dict[str, Any], copy_gbps: float) -> None:
+    """Each timing's fraction of the machine's copy bandwidth."""
+    for w in results["workloads"]:
+        for rec in w["systems"].values():
+            for m in rec.get("modes", {}).values():
+                t = m.get("timing")
+                if t:
+                    t["fraction_of_copy_bw"] = t["gbps"] / copy_gbps if copy_gbps else None
 
 
 def _one_line(res: dict[str, Any]) -> str:

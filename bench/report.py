@@ -75,7 +75,11 @@ def markdown(results: dict[str, Any], command: str | None = None) -> str:
         f" ({', '.join(f'{k} {v}' for k, v in m.get('lscpu', {}).items() if 'cache' in k)}),"
         f" {m.get('mem_total_gib', '?')} GiB, {m.get('platform')}, Python {m.get('python')}.",
         f"Copy bandwidth (bytes read + written, {fmt_bytes(bw['bytes_copied'])} array, best of "
-        f"{len(bw['variants'])} copies): **{bw['gbps']:.1f} GB/s** ({bw['best']}).",
+        f"{len(bw['variants'])} copies, measured at the start and the end of the run, the "
+        f"better kept): **{bw['gbps']:.1f} GB/s** ({bw['best']}, at the "
+        f"{bw.get('measured', 'start')}; "
+        + ", ".join(f"{k} {results[f'copy_bandwidth_{k}']['gbps']:.1f}"
+                    for k in ("start", "end") if f"copy_bandwidth_{k}" in results) + ").",
         f"Cores in parallel? start: {results['parallel_start']['verdict']} (2 processes take "
         f"{results['parallel_start']['ratio']}× one), end: "
         f"{results.get('parallel_end', {}).get('verdict', '?')} "
