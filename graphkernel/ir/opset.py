@@ -257,7 +257,12 @@ def _reduce_ref(f: Callable[..., Any], empty_ok: bool = True) -> Callable[..., A
         with np.errstate(all="ignore"):
             if not empty_ok and any(x.shape[a] == 0 for a in axes):
                 raise ShapeError(f"cannot reduce over an empty axis (shape {x.shape})")
-            out = f(x, axis=axes, keepdims=bool(keep_dims))
+            # float16 sums and products accumulate in float32, as the generated kernels do
+            # (numpy's own float16 accumulation depends on the layout: an axis-0 product
+            # overflowed to inf where the kernel's was finite).
+            wide = {"dtype": np.float32} if x.dtype == T.float16 and f in (np.sum, np.prod) \
+                else {}
+            out = f(x, axis=axes, keepdims=bool(keep_dims), **wide)
         return np.asarray(out).astype(x.dtype, copy=False)
     return ref
 

@@ -115,3 +115,14 @@ def test_multiply_add_rounds_each_op_like_numpy(dtype: type) -> None:
         a, b = _run(lambda x, y, z: (x * y + z, z - x * y), x, y, z, fusion=fusion)
         np.testing.assert_array_equal(a, x * y + z)
         np.testing.assert_array_equal(b, z - x * y)
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_float16_product_accumulates_in_float32(fusion: bool) -> None:
+    # numpy's float16 product over axis 0 rounded (and overflowed) at every step while the
+    # kernel accumulates in float: fusion off gave inf where fusion on gave 0.036.
+    x = np.array([[3.56, 1.0], [259.0, 1.0], [163.6, 1.0], [2.4e-7, 1.0]], np.float16)
+    want = np.prod(x.astype(np.float32), axis=0).astype(np.float16)
+    (out,) = _run(lambda x: P.ReduceProd()(x, 0), x, fusion=fusion)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out.astype(np.float32), want.astype(np.float32), rtol=1e-3)
