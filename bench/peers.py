@@ -79,6 +79,9 @@ class TorchEager(System):
         torch.set_grad_enabled(False)
         return None
 
+    def preload(self) -> None:
+        import torch.nn.functional  # noqa: F401
+
     def threads(self) -> dict[str, Any]:
         import torch
         return {"torch_num_threads": torch.get_num_threads(),
@@ -200,6 +203,9 @@ class JaxJit(System):
             return f"jax not installed ({exc})"
         jax.config.update("jax_platforms", "cpu")
         return None
+
+    def preload(self) -> None:
+        import jax.numpy  # noqa: F401
 
     def threads(self) -> dict[str, Any]:
         import jax
