@@ -1,0 +1,34 @@
+"""bench.targets reads a results file and marks each performance target."""
+from bench.targets import evaluate, render
+
+
+def _system(median, over=None, ok=True):
+    timing = {"median_s": median}
+    if over is not None:
+        timing["over_copy"] = over
+    return {"status": "ok", "modes": {"fresh": {"status": "ok", "check": {"ok": ok},
+                                                "timing": timing}}}
+
+
+def test_targets_marked_from_results():
+    results = {"workloads": [
+        {"key": "basic_4096x4096", "kind": "basic", "dims": {"rows": 4096, "cols": 4096},
+         "systems": {"gk_fused": _system(0.010, over=1.25), "numpy": _system(0.050),
+                     "gk_unfused": _system(0.001)}},
+        {"key": "softmax_8192x1024", "kind": "softmax", "dims": {},
+         "systems": {"gk_fused": _system(0.006, over=2.5), "onnxruntime": _system(0.004),
+                     "torch": _system(0.002, ok=False)}},
+        {"key": "basic_4x4", "kind": "basic", "overhead": True, "dims": {"rows": 4, "cols": 4},
+         "systems": {"gk_fused": _system(1e-6), "numpy": _system(4e-6)}},
+    ], "compile_times": {"workloads": {"basic_4x4": {"gk_fused": {
+        "cold": {"first_result_s": 0.4}, "warm": {"first_result_s": 0.08}}}}}}
+    rows = {(t, k): ok for t, k, ok, _ in evaluate(results)}
+    assert rows[("1. fused <= best peer", "basic_4096x4096")] is True  # unfused is not a peer
+    assert rows[("1. fused <= best peer", "softmax_8192x1024")] is False  # wrong torch ignored
+    assert rows[("2. pointwise <= 1.3x copy", "basic_4096x4096")] is True
+    assert rows[("3. <= ONNX Runtime", "softmax_8192x1024")] is False
+    assert rows[("3. <= 2x copy", "softmax_8192x1024")] is False
+    assert rows[("4. per call <= numpy eager", "basic_4x4")] is True
+    assert rows[("5. cold compile <= 1 s", "basic_4x4")] is True
+    assert rows[("5. warm <= 50 ms to first result", "basic_4x4")] is False
+    assert "**not met**" in render(results)
