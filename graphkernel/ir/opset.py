@@ -180,7 +180,9 @@ _elementwise("Abs", 1, _same(np.abs), "(({0} < 0) ? -{0} : {0})")
 OPS["Abs"].extra["c_float_template"] = "fabs{f}({0})"  # keeps abs(-0.0) == +0.0
 _elementwise("Floor", 1, _same(np.floor), "floor{f}({0})", accepts=FLOATS)
 _elementwise("Round", 1, _same(np.rint), "rint{f}({0})", accepts=FLOATS)
-_elementwise("Sign", 1, _same(np.sign), "(({0} > 0) ? 1 : (({0} < 0) ? -1 : {0}))")
+# sign(+-0.0) is +0.0 as in numpy; NaN stays NaN ({0} != {0}).
+_elementwise("Sign", 1, _same(np.sign),
+             "(({0} > 0) ? 1 : (({0} < 0) ? -1 : (({0} != {0}) ? {0} : 0)))")
 # Comparisons and logic give bool.
 for _name, _ufunc, _sym in (("Equal", np.equal, "=="), ("NotEqual", np.not_equal, "!="),
                             ("Less", np.less, "<"), ("LessEqual", np.less_equal, "<="),

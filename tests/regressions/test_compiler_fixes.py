@@ -126,3 +126,15 @@ def test_float16_product_accumulates_in_float32(fusion: bool) -> None:
     (out,) = _run(lambda x: P.ReduceProd()(x, 0), x, fusion=fusion)
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out.astype(np.float32), want.astype(np.float32), rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_sign_of_negative_zero_is_positive_zero(dtype: type) -> None:
+    # The kernel's Sign returned its operand for zeros, so sign(-0.0) was -0.0 (numpy: +0.0),
+    # and 1/sqrt(sign(-0.0)) came out -inf instead of inf.
+    x = np.array([-0.0, 0.0, -2.0, 3.0, np.nan], dtype)
+    for fusion in (False, True):
+        a, b = _run(lambda x: (P.Sign()(x) * 1.0, P.Rsqrt()(P.Sign()(x))), x, fusion=fusion)
+        np.testing.assert_array_equal(np.signbit(a), np.signbit(np.sign(x)))
+        np.testing.assert_array_equal(a, np.sign(x))
+        np.testing.assert_array_equal(b, np.array([np.inf, np.inf, np.nan, 1.0, np.nan], dtype))
