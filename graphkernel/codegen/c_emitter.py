@@ -354,16 +354,11 @@ class _Emitter:
             for red in reductions:
                 acc = f"acc{red.uid}"
                 ct = T.C_COMPUTE[red.dtype]
-                opdef = get_op(red.op)
-                init = opdef.reduce_init or "0"
-                if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
-                    bits = "INT64" if red.dtype == T.int64 else "INT32"
-                    init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
-                self.lines.append(f"{indent}{ct} {acc} = {init};")
-                combine = opdef.reduce_combine
+                self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
+                combine = get_op(red.op).reduce_combine or ""
                 if combine in ("max", "min"):
                     clauses.append(f" reduction({combine}:{acc})")
-                    if T.is_float(red.dtype):
+                    if self._tracks_nan(red):
                         self.lines.append(f"{indent}int nan{red.uid} = 0;")
                         clauses.append(f" reduction(|:nan{red.uid})")
                 else:
@@ -379,20 +374,14 @@ class _Emitter:
             for red in reductions:
                 acc = f"acc{red.uid}"
                 v = self._operand(red.inputs[0], dims, True)
-                combine = get_op(red.op).reduce_combine
-                if combine == "max":
-                    self.lines.append(f"{inner_indent}{acc} = {acc} > {v} ? {acc} : {v};")
-                elif combine == "min":
-                    self.lines.append(f"{inner_indent}{acc} = {acc} < {v} ? {acc} : {v};")
-                else:
-                    self.lines.append(f"{inner_indent}{acc} = {combine.format(acc=acc, v=v)};")
-                if combine in ("max", "min") and T.is_float(red.dtype):
+                self.lines.append(f"{inner_indent}{acc} = {self._combine(red, acc, v)};")
+                if self._tracks_nan(red):
                     self.lines.append(f"{inner_indent}nan{red.uid} |= ({v} != {v});")
             self.var = saved
             self._close_loops(len(reduced), inner_indent)
             for red in reductions:
                 acc = f"acc{red.uid}"
-                if get_op(red.op).reduce_combine in ("max", "min") and T.is_float(red.dtype):
+                if self._tracks_nan(red):
                     self.lines.append(f"{indent}if (nan{red.uid}) {acc} = NAN;")
                 if red.dtype == T.float16:
                     self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")

@@ -74,7 +74,7 @@ class GraphKernel(Cell):
                 raise InputError(f"{type(self).__name__} (a GraphKernel) takes tensors; input {i} "
                                  f"is a {type(arg).__name__}", loc)
         child = Tracer(type(self).__name__, parent=outer)
-        names = _input_names(self, len(inputs))
+        names = input_names(self, len(inputs))
         with child:
             args = [child.add_input(TensorType(a.shape, a.dtype), n)
                     for a, n in zip(inputs, names)]
@@ -101,7 +101,7 @@ class GraphKernel(Cell):
         return tuple(items)
 
 
-def _input_names(cell: Cell, count: int) -> list[str]:
+def input_names(cell: Cell, count: int) -> list[str]:
     try:
         params = [p for p in inspect.signature(cell.construct).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -111,6 +111,3 @@ def _input_names(cell: Cell, count: int) -> list[str]:
     names += [f"input{i}" for i in range(len(names), count)]
     return names[:count]
 
-
-def input_names(cell: Cell, count: int) -> list[str]:
-    return _input_names(cell, count)

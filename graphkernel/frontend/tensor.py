@@ -234,6 +234,3 @@ class Parameter(Tensor):
     def __repr__(self) -> str:
         return f"Parameter(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype.name})"
 
-
-def tensor_from(data: Any) -> Tensor:
-    return data if isinstance(data, Tensor) else Tensor(data)

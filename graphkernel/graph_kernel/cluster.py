@@ -354,6 +354,3 @@ def cluster(graph: Graph, flags: GraphKernelFlags, allow_composites: bool, stage
             cost: CostModel = DEFAULT_COST_MODEL) -> ClusterResult:
     return Clusterer(graph, flags, allow_composites, stage, cost).run()
 
-
-def is_scalar_constant(value: Value) -> bool:
-    return isinstance(value, Constant) and value.is_scalar

@@ -13,7 +13,7 @@ import numpy as np
 
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.opset import get_op
-from graphkernel.ir.types import TensorType, TupleType
+from graphkernel.ir.types import TupleType
 
 Expander = Callable[..., Value | tuple[Value, ...]]
 EXPANDERS: dict[str, Expander] = {}
@@ -186,10 +186,3 @@ def layer_norm(b: Builder, x: Value, gamma: Value, beta: Value, begin_norm_axis:
     y = b("Add", b("Mul", b("Mul", centred, scale), gamma), beta)
     return y, mean, var
 
-
-def expandable(op: str) -> bool:
-    return op in EXPANDERS
-
-
-def expansion_types(node: Node) -> TensorType | TupleType:
-    return node.type  # type: ignore[return-value]

@@ -77,9 +77,6 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             if len(composite.subgraph.outputs) == 1:  # type: ignore[union-attr]
                 inlined = _inline(composite)
                 graph.replace_uses(node, composite.subgraph.outputs[0])  # type: ignore
-                for n in new_nodes:
-                    n.inputs = [composite.subgraph.outputs[0] if v is node else v  # type: ignore
-                                for v in n.inputs]
                 new_nodes.extend(inlined)
                 continue
             composite.notes["not_one_kernel"] = str(exc)

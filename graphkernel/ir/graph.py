@@ -7,7 +7,6 @@ subgraph's outputs. An op with several outputs has a TupleType; `GetItem` nodes 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -135,16 +134,6 @@ class Graph:
             if isinstance(value, Constant):
                 seen.setdefault(value.uid, value)
         return list(seen.values())
-
-    def walk(self) -> Iterable[Node]:
-        """Every node, descending into composites."""
-        for node in self.nodes:
-            yield node
-            if node.subgraph is not None:
-                yield from node.subgraph.walk()
-
-    def op_count(self) -> int:
-        return len(self.nodes)
 
     # -- edits ----------------------------------------------------------------------------
     def replace_uses(self, old: Value, new: Value) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.graph import Constant, Graph, Node, Value
 
 
 def _attr_text(value: Any) -> str:
@@ -70,8 +70,3 @@ def _node_line(node: Node, namer: _Namer) -> str:
         text += "    # " + "; ".join(notes)
     return text
 
-
-def describe_value(value: Value) -> str:
-    kind = "input" if isinstance(value, Input) else "constant" if isinstance(value, Constant) \
-        else "node"
-    return f"{kind} {value.name} : {value.type}"

@@ -14,7 +14,7 @@ from graphkernel.codegen.entry import EntryCall, EntryPlan, EntryValue
 from graphkernel.codegen.library import build_library
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
-from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.types import TensorType, TupleType
 from graphkernel.passes.manager import Dumper
 from graphkernel.runtime.executable import (
@@ -223,6 +223,3 @@ def _write_kernel_sources(folder: str, graph_name: str, source: str) -> None:
     # Through the Dumper: it never replaces a file it did not write.
     Dumper(folder).write_text(kernel_source_name(graph_name), source)
 
-
-def is_user_input(value: Value) -> bool:
-    return isinstance(value, Input) and value.kind == "input"

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.errors import InputError
-from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TensorType
 
@@ -282,6 +282,3 @@ def getitem_step(src: int, index: int, out_slot: int) -> Step:
         slots[out_slot] = slots[src][index]
     return step
 
-
-def is_weight(value: Value) -> bool:
-    return isinstance(value, Input) and value.kind == "weight"
