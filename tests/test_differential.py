@@ -596,9 +596,11 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
         originals = [a.copy() for a in arrays]
         options = CompileOptions(enable_graph_kernel=fusion)
         if seed % 2:
-            # Kernels go parallel (OpenMP) only above 2**17 elements: with a threshold of one,
-            # small graphs test those loop nests (and recompute limits) too.
-            options.cost = CostModel(parallel_threshold=1, recompute_limit=1 << 20)
+            # Kernels go parallel (OpenMP) only above 2**17 elements and stream their outputs
+            # only above 16 MiB: with thresholds of one and zero, small graphs test those loop
+            # nests (and recompute limits) too.
+            options.cost = CostModel(parallel_threshold=1, recompute_limit=1 << 20,
+                                     stream_min_bytes=0)
         exe = graphkernel.compile(cell, *arrays, options=options)
         got = exe.run_arrays(*arrays)
         for a, o in zip(arrays, originals):

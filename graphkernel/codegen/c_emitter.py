@@ -22,7 +22,42 @@ PRELUDE = """\
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <limits.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+/* Copies a finished block to its output with non-temporal stores: they skip the read for
+   ownership an ordinary store makes (a third of a bandwidth-bound kernel's traffic) and do not
+   evict the inputs from cache. Only for outputs too large to be read back from cache anyway. */
+static inline void gk_stream(void *restrict dst, const void *restrict src, size_t n) {
+  char *d = (char *)dst;
+  const char *s = (const char *)src;
+#if defined(__SSE2__)
+  /* Whole cache lines only: a line written partly with streaming stores and partly with
+     ordinary ones costs a read-modify-write in memory. */
+  size_t head = (64 - ((uintptr_t)d & 63)) & 63;
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  d += head; s += head; n -= head;
+  for (; n >= 64; n -= 64, d += 64, s += 64) {
+#if defined(__AVX__)
+    _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+    _mm256_stream_si256((__m256i *)(d + 32), _mm256_loadu_si256((const __m256i *)(s + 32)));
+#else
+    for (int k = 0; k < 64; k += 16)
+      _mm_stream_si128((__m128i *)(d + k), _mm_loadu_si128((const __m128i *)(s + k)));
+#endif
+  }
+#endif
+  memcpy(d, s, n);
+}
+/* Non-temporal stores are weakly ordered: each thread fences before the region ends. */
+static inline void gk_stream_fence(void) {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 /* Vector variants from glibc's libmvec: without these declarations gcc calls the scalar libm
    functions one element at a time. */
 #pragma omp declare simd notinbranch
@@ -48,6 +83,10 @@ double pow(double, double);
 """
 
 
+# The vector math functions PRELUDE declares (double names; float ones add "f"): a kernel
+# calling one is compute-bound.
+VECTOR_MATH = frozenset(re.findall(r"^double (\w+)\(", PRELUDE, re.M))
+
 # Ops whose results are worth keeping in memory rather than recomputing in a later pass.
 _WORTH_STASHING = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt",
                                    "RealDiv"})
@@ -56,6 +95,11 @@ _WORTH_STASHING = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt"
 # Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
 # stay in L1 (512 floats = 2 KiB per reduction).
 COLUMN_BLOCK = 512
+
+# Elements a streaming pointwise kernel computes into an L1 block before copying it out with
+# non-temporal stores; and the longest row a streaming row reduction keeps on the stack.
+STREAM_BLOCK = 1024
+STREAM_ROW_BYTES = 64 << 10
 
 
 def c_identifier(text: str) -> str:
@@ -128,16 +172,22 @@ def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     return list(reversed(strides))
 
 
-def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int) -> KernelSource:
-    return _Emitter(graph, name, sched, parallel_threshold).emit()
+def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int,
+                stream_min_bytes: int | None = None) -> KernelSource:
+    """C source for one fused group. Loops over more than `parallel_threshold` elements run
+    on OpenMP threads; outputs of at least `stream_min_bytes` in all are written with
+    non-temporal stores (None: never)."""
+    return _Emitter(graph, name, sched, parallel_threshold, stream_min_bytes).emit()
 
 
 class _Emitter:
-    def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int) -> None:
+    def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int,
+                 stream_min_bytes: int | None = None) -> None:
         self.graph = graph
         self.name = name
         self.sched = sched
         self.threshold = threshold
+        self.stream_min_bytes = stream_min_bytes
         self.lines: list[str] = []
         self.var: dict[int, str] = {}
         self.buffers: list[Buffer] = []
@@ -264,21 +314,112 @@ class _Emitter:
             stack.extend(v.uid for v in node.inputs)
         return [n for n in self.graph.nodes if n.uid in needed]
 
-    def _store(self, buf: Buffer, dims: list[LoopDim], inner: bool, indent: str) -> None:
+    def _store(self, buf: Buffer, dims: list[LoopDim], inner: bool, indent: str,
+               into: str | None = None) -> None:
+        """Store an output's value at its offset, or at `into` (a block or row buffer)."""
         value = self.var[buf.value.uid] if buf.value.uid in self.var else \
             self._operand(buf.value, dims, inner)
         storage = T.C_STORAGE[buf.value.dtype]
-        self.lines.append(f"{indent}{buf.name}[{self._offset(buf, dims, inner)}] = "
-                          f"({storage}){value};")
+        target = into or f"{buf.name}[{self._offset(buf, dims, inner)}]"
+        self.lines.append(f"{indent}{target} = ({storage}){value};")
+
+    # -- non-temporal stores ------------------------------------------------------------------
+    def _streams(self, buffers: list[Buffer], dim: LoopDim, row: bool) -> bool:
+        """Whether these outputs are written through an L1 buffer and non-temporal stores:
+        large in all (they will not be read back from cache), each contiguous along `dim`,
+        the innermost loop (a row of a row reduction: short enough for the stack)."""
+        if self.stream_min_bytes is None or not buffers or dim.size < 64:
+            return False
+        # Only bandwidth-bound kernels gain: in one that calls vector math (exp, tanh, ...),
+        # the streaming stores stall the arithmetic (Softmax ran 15% slower with them here).
+        if self._calls_vector_math():
+            return False
+        total = sum(int(np.prod(b.value.shape)) * b.value.dtype.itemsize for b in buffers)
+        if total < self.stream_min_bytes or any(dim.strides[id(b)] != 1 for b in buffers):
+            return False
+        return not row or all(dim.size * b.value.dtype.itemsize <= STREAM_ROW_BYTES
+                              for b in buffers)
+
+    def _calls_vector_math(self) -> bool:
+        for node in self.graph.nodes:
+            opdef = get_op(node.op)
+            templates = (opdef.c_template or "") + opdef.extra.get("c_float_template", "")
+            if any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in VECTOR_MATH):
+                return True
+        return False
+
+    def _declare_blocks(self, buffers: list[Buffer], prefix: str, size: int,
+                        indent: str) -> None:
+        for buf in buffers:
+            self.lines.append(f"{indent}{T.C_STORAGE[buf.value.dtype]} {prefix}{buf.index}"
+                              f"[{size}] __attribute__((aligned(64)));")
+
+    def _stream_out(self, buffers: list[Buffer], dims: list[LoopDim], dim: int, start: str,
+                    prefix: str, count: str, indent: str) -> None:
+        """Copy each buffer's block (elements start .. start+count of loop `dim`) out."""
+        self.lines.append(f"{indent}{{")
+        self.lines.append(f"{indent}  const int64_t i{dim} = {start};")
+        for buf in buffers:
+            self.lines.append(f"{indent}  gk_stream(&{buf.name}[{self._offset(buf, dims, True)}],"
+                              f" {prefix}{buf.index}, (size_t)({count}) * sizeof(*{buf.name}));")
+        self.lines.append(f"{indent}}}")
+
+    def _open_region(self, threads: bool, indent: str) -> str:
+        """A parallel region whose loops share out with `omp for`, so that every thread can
+        fence its non-temporal stores before the region's barrier."""
+        if threads:
+            self.lines.append(f"{indent}#pragma omp parallel")
+            self.lines.append(f"{indent}{{")
+            indent += "  "
+        return indent
+
+    def _close_region(self, threads: bool, indent: str) -> None:
+        self.lines.append(f"{indent}gk_stream_fence();")
+        if threads:
+            self.lines.append(f"{indent[:-2]}}}")
+
+    def _emit_pointwise_streaming(self, dims: list[LoopDim], kept: list[int],
+                                  outputs: list[Buffer]) -> None:
+        """A pointwise loop nest whose innermost loop runs in blocks of STREAM_BLOCK: each
+        block is computed into L1 buffers (vectorised), then streamed to the outputs."""
+        last, outer = kept[-1], kept[:-1]
+        threads = int(np.prod(self.sched.space)) >= self.threshold
+        size = dims[last].size
+        block = min(STREAM_BLOCK, size)
+        indent = self._open_region(threads, "  ")
+        self._declare_blocks(outputs, "blk", block, indent)
+        indent = self._open_loops(dims, outer, indent, None, threads, worksharing=True)
+        if threads and not outer:
+            self.lines.append(f"{indent}#pragma omp for schedule(static)")
+        self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
+        self.lines.append(f"{indent}  const int64_t nb = {size} - kb < {block} ? {size} - kb : "
+                          f"{block};")
+        self.lines.append(f"{indent}  #pragma omp simd")
+        self.lines.append(f"{indent}  for (int64_t j = 0; j < nb; ++j) {{")
+        inner = indent + "    "
+        self.lines.append(f"{inner}const int64_t i{last} = kb + j;")
+        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, inner)
+        for buf in outputs:
+            self._store(buf, dims, True, inner, into=f"blk{buf.index}[j]")
+        self.lines.append(f"{indent}  }}")
+        self._stream_out(outputs, dims, last, "kb", "blk", "nb", indent + "  ")
+        self.lines.append(f"{indent}}}")
+        indent = self._close_loops(len(outer), indent)
+        self._close_region(threads, indent)
 
     # -- loop nests ---------------------------------------------------------------------------
     def _open_loops(self, dims: list[LoopDim], which: list[int], indent: str,
-                    simd: str | None, parallel: bool) -> str:
+                    simd: str | None, parallel: bool, worksharing: bool = False) -> str:
+        """Open loops `which`; the first runs on OpenMP threads when `parallel` and the space
+        is large enough (`worksharing`: inside a parallel region already)."""
         work = int(np.prod(self.sched.space)) if self.sched.space else 1
         for n, i in enumerate(which):
             threads = parallel and n == 0 and work >= self.threshold
             vector = simd is not None and n == len(which) - 1
-            if threads and vector:
+            if threads and worksharing:
+                self.lines.append(f"{indent}#pragma omp for{' simd' if vector else ''}"
+                                  f"{simd if vector else ''} schedule(static)")
+            elif threads and vector:
                 self.lines.append(f"{indent}#pragma omp parallel for simd{simd} schedule(static)")
             elif threads:
                 self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
@@ -309,7 +450,10 @@ class _Emitter:
             self.lines.append(f"  {const}{storage} *restrict {buf.name} = "
                               f"({const}{storage} *)args[{k}];")
         outputs = [b for b in self.buffers if b.is_output]
-        if not self.sched.is_reduction:
+        if not self.sched.is_reduction and kept and self._streams(outputs, dims[kept[-1]],
+                                                                   row=False):
+            self._emit_pointwise_streaming(dims, kept, outputs)
+        elif not self.sched.is_reduction:
             indent = self._open_loops(dims, kept, "  ", "" if kept else None, parallel=True)
             self._compute(self._inner_closure([b.value for b in outputs]), dims, True, indent)
             for buf in outputs:
@@ -344,7 +488,21 @@ class _Emitter:
     def _emit_reduction(self, dims: list[LoopDim], kept: list[int], reduced: list[int],
                         outputs: list[Buffer]) -> None:
         stash = self._choose_stash(outputs)
-        indent = self._open_loops(dims, kept, "  ", None, parallel=True)
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        # Rows are built in stack buffers (the stash too) and streamed out once finished.
+        stream = len(reduced) == 1 and self._streams(inner_outputs, dims[reduced[0]], row=True)
+        threads = bool(kept) and int(np.prod(self.sched.space)) >= self.threshold
+        indent = "  "
+        if stream:
+            indent = self._open_region(threads, indent)
+            indent = self._open_loops(dims, kept, indent, None, parallel=True, worksharing=True)
+            self._declare_blocks(inner_outputs, "row", dims[reduced[0]].size, indent)
+        else:
+            indent = self._open_loops(dims, kept, indent, None, parallel=True)
+
+        def stash_at(buf: Buffer) -> str:
+            return f"row{buf.index}[i{reduced[0]}]" if stream else \
+                f"{buf.name}[{self._offset(buf, dims, True)}]"
         outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
                        get_op(n.op).kind != PatternKind.REDUCE]
         self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == 0], dims,
@@ -369,7 +527,7 @@ class _Emitter:
                           inner_indent)
             if stash is not None and phase == len(self.sched.phases):
                 node, buf = stash
-                self.lines.append(f"{inner_indent}{buf.name}[{self._offset(buf, dims, True)}] "
+                self.lines.append(f"{inner_indent}{stash_at(buf)} "
                                   f"= ({T.C_STORAGE[node.dtype]}){self.var[node.uid]};")
             for red in reductions:
                 acc = f"acc{red.uid}"
@@ -388,14 +546,13 @@ class _Emitter:
                 self.var[red.uid] = acc
             self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase],
                           dims, False, indent)
-        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
         if inner_outputs:
             inner_indent = self._open_loops(dims, reduced, indent, "", False)
             saved = dict(self.var)
             known: set[int] = set()
             if stash is not None:
                 node, buf = stash
-                load = f"{buf.name}[{self._offset(buf, dims, True)}]"
+                load = stash_at(buf)
                 self.lines.append(f"{inner_indent}const {T.C_COMPUTE[node.dtype]} "
                                   f"stash{node.uid} = ({T.C_COMPUTE[node.dtype]}){load};")
                 self.var[node.uid] = f"stash{node.uid}"
@@ -403,13 +560,19 @@ class _Emitter:
             self._compute(self._inner_closure([b.value for b in inner_outputs], known), dims,
                           True, inner_indent)
             for buf in inner_outputs:
-                self._store(buf, dims, True, inner_indent)
+                self._store(buf, dims, True, inner_indent,
+                            into=f"row{buf.index}[i{reduced[0]}]" if stream else None)
             self.var = saved
             self._close_loops(len(reduced), inner_indent)
+            if stream:
+                self._stream_out(inner_outputs, dims, reduced[0], "0", "row",
+                                 str(dims[reduced[0]].size), indent)
         for buf in outputs:
             if self.sched.is_outer(buf.value):
                 self._store(buf, dims, False, indent)
-        self._close_loops(len(kept), indent)
+        indent = self._close_loops(len(kept), indent)
+        if stream:
+            self._close_region(threads, indent)
 
     # -- column reductions ------------------------------------------------------------------
     def _emit_column_reduction(self, dims: list[LoopDim], outputs: list[Buffer]) -> None:

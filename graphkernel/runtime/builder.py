@@ -114,7 +114,7 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
         while cname in used_names:
             cname += "_"
         used_names.add(cname)
-        src = emit_kernel(sub, cname, sched, cost.parallel_threshold)
+        src = emit_kernel(sub, cname, sched, cost.parallel_threshold, cost.stream_min_bytes)
         consts = [c.value for c in sub.constants() if not c.is_scalar]
         consts = [np.ascontiguousarray(c) for c in consts]
         sources.append(src)
