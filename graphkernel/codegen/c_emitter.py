@@ -24,8 +24,26 @@ PRELUDE = """\
 #include <stdint.h>
 #include <string.h>
 #include <limits.h>
-#if defined(__SSE2__)
-#include <immintrin.h>
+/* Non-temporal stores through compiler builtins: <immintrin.h> alone adds 0.4 s to a compile. */
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+#define GK_STREAMS 1
+#if defined(__AVX__)
+#define GK_STREAM_BYTES 32
+#else
+#define GK_STREAM_BYTES 16
+#endif
+typedef long long gk_vec __attribute__((vector_size(GK_STREAM_BYTES)));
+static inline void gk_stream_vec(char *d, const char *s) {
+  gk_vec v;
+  memcpy(&v, s, GK_STREAM_BYTES);
+#if defined(__clang__)
+  __builtin_nontemporal_store(v, (gk_vec *)d);
+#elif defined(__AVX__)
+  __builtin_ia32_movntdq256((gk_vec *)d, v);
+#else
+  __builtin_ia32_movntdq((gk_vec *)d, v);
+#endif
+}
 #endif
 /* Copies a finished block to its output with non-temporal stores: they skip the read for
    ownership an ordinary store makes (a third of a bandwidth-bound kernel's traffic) and do not
@@ -33,29 +51,23 @@ PRELUDE = """\
 static inline void gk_stream(void *restrict dst, const void *restrict src, size_t n) {
   char *d = (char *)dst;
   const char *s = (const char *)src;
-#if defined(__SSE2__)
+#if defined(GK_STREAMS)
   /* Whole cache lines only: a line written partly with streaming stores and partly with
      ordinary ones costs a read-modify-write in memory. */
   size_t head = (64 - ((uintptr_t)d & 63)) & 63;
   if (head > n) head = n;
   memcpy(d, s, head);
   d += head; s += head; n -= head;
-  for (; n >= 64; n -= 64, d += 64, s += 64) {
-#if defined(__AVX__)
-    _mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
-    _mm256_stream_si256((__m256i *)(d + 32), _mm256_loadu_si256((const __m256i *)(s + 32)));
-#else
-    for (int k = 0; k < 64; k += 16)
-      _mm_stream_si128((__m128i *)(d + k), _mm_loadu_si128((const __m128i *)(s + k)));
-#endif
-  }
+  for (; n >= 64; n -= 64, d += 64, s += 64)
+    for (int k = 0; k < 64; k += GK_STREAM_BYTES)
+      gk_stream_vec(d + k, s + k);
 #endif
   memcpy(d, s, n);
 }
 /* Non-temporal stores are weakly ordered: each thread fences before the region ends. */
 static inline void gk_stream_fence(void) {
-#if defined(__SSE2__)
-  _mm_sfence();
+#if defined(GK_STREAMS)
+  __builtin_ia32_sfence();
 #endif
 }
 /* Vector variants from glibc's libmvec: without these declarations gcc calls the scalar libm
