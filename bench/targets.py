@@ -84,18 +84,27 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
                          None if ours is None or npy is None else ours <= npy,
                          f"graphkernel {_fmt(ours)}, numpy {_fmt(npy)}"))
     compiles = results.get("compile_times", {}).get("workloads", {})
+    by_key = {w["key"]: w for w in workloads}
     for key, per_system in compiles.items():
         probe = per_system.get(GK, {})
         cold, warm = probe.get("cold", {}), probe.get("warm", {})
         c, wm = cold.get("first_result_s"), warm.get("first_result_s")
+        # The first result includes one call: say what a steady call takes, which no compile
+        # speed can remove.
+        steady = _median(by_key[key], GK) if key in by_key else None
+        call = "" if steady is None else f"; a steady call takes {_fmt(steady)}"
+        if steady is not None and steady > 0.05:
+            call += ", more than the target by itself"
         rows.append(("5. cold compile <= 1 s", key, None if c is None else c <= 1.0,
                      f"first result {_fmt(c)} "
-                     f"(compile {_fmt(cold.get('compile_seconds_reported'))})"))
+                     f"(compile {_fmt(cold.get('compile_seconds_reported'))}, "
+                     f"first call {_fmt(cold.get('first_call_s'))})"))
         rows.append(("5. warm <= 50 ms to first result", key,
                      None if wm is None else wm <= 0.05,
                      f"first result {_fmt(wm)} "
                      f"(compile {_fmt(warm.get('compile_seconds_reported'))},"
-                     f" from cache: {warm.get('from_cache')})"))
+                     f" from cache: {warm.get('from_cache')}; "
+                     f"first call {_fmt(warm.get('first_call_s'))}{call})"))
     if not compiles:
         rows.append(("5. compile times", "all", None, "the run skipped the compile probes"))
     return rows

@@ -327,3 +327,24 @@ def test_evil_class_names_reach_c_only_sanitised(cache_folder: str, tmp_path: An
     written = os.listdir(dump / "kernel_meta")
     assert written and all(set(n) <= set("abcdefghijklmnopqrstuvwxyz"
                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") for n in written)
+
+
+class SoftmaxAfterScale(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.softmax = P.Softmax(axis=-1)
+
+    def construct(self, x: Any) -> Any:
+        return self.softmax(x * 0.5)
+
+
+@needs_cc
+def test_the_same_kernel_compiled_again_in_one_process_is_a_cache_hit(cache_folder: str) -> None:
+    # C names must not depend on process-wide node numbering: a second compile of the same
+    # graph (after other graphs were traced) has the same source and reuses the library.
+    x = np.ones((16, 32), np.float32)
+    first = _compile(x, SoftmaxAfterScale())
+    _compile(x)  # another graph in between moves every node counter on
+    again = _compile(x, SoftmaxAfterScale())
+    assert not first.from_cache and again.from_cache
+    assert [k.source for k in first.kernels] == [k.source for k in again.kernels]

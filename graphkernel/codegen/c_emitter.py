@@ -204,6 +204,9 @@ class _Emitter:
         self.var: dict[int, str] = {}
         self.buffers: list[Buffer] = []
         self.buffer_of: dict[int, Buffer] = {}
+        # C names number nodes by position, not by their process-wide uid: the same kernel then
+        # has the same source (and compilation cache key) in every graph and process.
+        self.local = {node.uid: i for i, node in enumerate(graph.nodes)}
 
     # -- buffers and loops ---------------------------------------------------------------
     def _collect_buffers(self) -> None:
@@ -346,7 +349,7 @@ class _Emitter:
         # the streaming stores stall the arithmetic (Softmax ran 15% slower with them here).
         if self._calls_vector_math():
             return False
-        total = sum(int(np.prod(b.value.shape)) * b.value.dtype.itemsize for b in buffers)
+        total = sum(math.prod(b.value.shape) * b.value.dtype.itemsize for b in buffers)
         if total < self.stream_min_bytes or any(dim.strides[id(b)] != 1 for b in buffers):
             return False
         return not row or all(dim.size * b.value.dtype.itemsize <= STREAM_ROW_BYTES
@@ -395,7 +398,7 @@ class _Emitter:
         """A pointwise loop nest whose innermost loop runs in blocks of STREAM_BLOCK: each
         block is computed into L1 buffers (vectorised), then streamed to the outputs."""
         last, outer = kept[-1], kept[:-1]
-        threads = int(np.prod(self.sched.space)) >= self.threshold
+        threads = math.prod(self.sched.space) >= self.threshold
         size = dims[last].size
         block = min(STREAM_BLOCK, size)
         indent = self._open_region(threads, "  ")
@@ -424,7 +427,7 @@ class _Emitter:
                     simd: str | None, parallel: bool, worksharing: bool = False) -> str:
         """Open loops `which`; the first runs on OpenMP threads when `parallel` and the space
         is large enough (`worksharing`: inside a parallel region already)."""
-        work = int(np.prod(self.sched.space)) if self.sched.space else 1
+        work = math.prod(self.sched.space) if self.sched.space else 1
         for n, i in enumerate(which):
             threads = parallel and n == 0 and work >= self.threshold
             vector = simd is not None and n == len(which) - 1
@@ -503,7 +506,7 @@ class _Emitter:
         inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
         # Rows are built in stack buffers (the stash too) and streamed out once finished.
         stream = len(reduced) == 1 and self._streams(inner_outputs, dims[reduced[0]], row=True)
-        threads = bool(kept) and int(np.prod(self.sched.space)) >= self.threshold
+        threads = bool(kept) and math.prod(self.sched.space) >= self.threshold
         indent = "  "
         if stream:
             indent = self._open_region(threads, indent)
@@ -522,15 +525,15 @@ class _Emitter:
         for phase, reductions in enumerate(self.sched.phases, start=1):
             clauses = []
             for red in reductions:
-                acc = f"acc{red.uid}"
+                acc = f"acc{self.local[red.uid]}"
                 ct = T.C_COMPUTE[red.dtype]
                 self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
                 combine = get_op(red.op).reduce_combine or ""
                 if combine in ("max", "min"):
                     clauses.append(f" reduction({combine}:{acc})")
                     if self._tracks_nan(red):
-                        self.lines.append(f"{indent}int nan{red.uid} = 0;")
-                        clauses.append(f" reduction(|:nan{red.uid})")
+                        self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
+                        clauses.append(f" reduction(|:nan{self.local[red.uid]})")
                 else:
                     clauses.append(f" reduction({'+' if '+' in combine else '*'}:{acc})")
             inner_indent = self._open_loops(dims, reduced, indent, "".join(clauses), False)
@@ -542,17 +545,17 @@ class _Emitter:
                 self.lines.append(f"{inner_indent}{stash_at(buf)} "
                                   f"= ({T.C_STORAGE[node.dtype]}){self.var[node.uid]};")
             for red in reductions:
-                acc = f"acc{red.uid}"
+                acc = f"acc{self.local[red.uid]}"
                 v = self._operand(red.inputs[0], dims, True)
                 self.lines.append(f"{inner_indent}{acc} = {self._combine(red, acc, v)};")
                 if self._tracks_nan(red):
-                    self.lines.append(f"{inner_indent}nan{red.uid} |= ({v} != {v});")
+                    self.lines.append(f"{inner_indent}nan{self.local[red.uid]} |= ({v} != {v});")
             self.var = saved
             self._close_loops(len(reduced), inner_indent)
             for red in reductions:
-                acc = f"acc{red.uid}"
+                acc = f"acc{self.local[red.uid]}"
                 if self._tracks_nan(red):
-                    self.lines.append(f"{indent}if (nan{red.uid}) {acc} = NAN;")
+                    self.lines.append(f"{indent}if (nan{self.local[red.uid]}) {acc} = NAN;")
                 if red.dtype == T.float16:
                     self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")
                 self.var[red.uid] = acc
@@ -565,9 +568,9 @@ class _Emitter:
             if stash is not None:
                 node, buf = stash
                 load = stash_at(buf)
-                self.lines.append(f"{inner_indent}const {T.C_COMPUTE[node.dtype]} "
-                                  f"stash{node.uid} = ({T.C_COMPUTE[node.dtype]}){load};")
-                self.var[node.uid] = f"stash{node.uid}"
+                ct, name = T.C_COMPUTE[node.dtype], f"stash{self.local[node.uid]}"
+                self.lines.append(f"{inner_indent}const {ct} {name} = ({ct}){load};")
+                self.var[node.uid] = name
                 known.add(node.uid)
             self._compute(self._inner_closure([b.value for b in inner_outputs], known), dims,
                           True, inner_indent)
@@ -595,7 +598,7 @@ class _Emitter:
         kout = [i for i, d in enumerate(dims[:-1]) if not d.reduced]
         red = [i for i, d in enumerate(dims) if d.reduced]
         block = min(COLUMN_BLOCK, dims[kin].size)
-        work = int(np.prod(self.sched.space))
+        work = math.prod(self.sched.space)
         threads = work >= self.threshold
         indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
         if threads and not kout:
@@ -624,9 +627,9 @@ class _Emitter:
             body = []
             for node in nodes:
                 ct = T.C_COMPUTE[node.dtype]
-                self.lines.append(f"{indent}{ct} ov{node.uid}[{block}];")
-                body.append(f"ov{node.uid}[j] = {self._expr(node, dims, False)};")
-                self.var[node.uid] = f"ov{node.uid}[j]"
+                self.lines.append(f"{indent}{ct} ov{self.local[node.uid]}[{block}];")
+                body.append(f"ov{self.local[node.uid]}[j] = {self._expr(node, dims, False)};")
+                self.var[node.uid] = f"ov{self.local[node.uid]}[j]"
             lanes(body, indent)
 
         outer_values(0)
@@ -634,12 +637,12 @@ class _Emitter:
             init_body = []
             for red_node in reductions:
                 ct = T.C_COMPUTE[red_node.dtype]
-                acc = f"acc{red_node.uid}"
+                acc = f"acc{self.local[red_node.uid]}"
                 self.lines.append(f"{indent}{ct} {acc}[{block}];")
                 init_body.append(f"{acc}[j] = {self._reduce_init(red_node)};")
                 if self._tracks_nan(red_node):
-                    self.lines.append(f"{indent}int nan{red_node.uid}[{block}];")
-                    init_body.append(f"nan{red_node.uid}[j] = 0;")
+                    self.lines.append(f"{indent}int nan{self.local[red_node.uid]}[{block}];")
+                    init_body.append(f"nan{self.local[red_node.uid]}[j] = 0;")
             lanes(init_body, indent)
             inner_indent = self._open_loops(dims, red, indent, None, False)
             saved = dict(self.var)
@@ -649,19 +652,19 @@ class _Emitter:
             body = [line.strip() for line in self.lines[mark:]]
             del self.lines[mark:]
             for red_node in reductions:
-                acc = f"acc{red_node.uid}[j]"
+                acc = f"acc{self.local[red_node.uid]}[j]"
                 v = self._operand(red_node.inputs[0], dims, True)
                 body.append(f"{acc} = {self._combine(red_node, acc, v)};")
                 if self._tracks_nan(red_node):
-                    body.append(f"nan{red_node.uid}[j] |= ({v} != {v});")
+                    body.append(f"nan{self.local[red_node.uid]}[j] |= ({v} != {v});")
             self.var = saved
             lanes(body, inner_indent)
             self._close_loops(len(red), inner_indent)
             final_body = []
             for red_node in reductions:
-                acc = f"acc{red_node.uid}[j]"
+                acc = f"acc{self.local[red_node.uid]}[j]"
                 if self._tracks_nan(red_node):
-                    final_body.append(f"if (nan{red_node.uid}[j]) {acc} = NAN;")
+                    final_body.append(f"if (nan{self.local[red_node.uid]}[j]) {acc} = NAN;")
                 if red_node.dtype == T.float16:
                     final_body.append(f"{acc} = (float)(_Float16){acc};")
                 self.var[red_node.uid] = acc

@@ -2,6 +2,7 @@
 traced in graph mode, a symbolic IR value."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,7 +85,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def asnumpy(self) -> np.ndarray:
         if self._array is None:

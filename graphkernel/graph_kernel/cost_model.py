@@ -2,9 +2,8 @@
 (graph_kernel/cluster.py and schedule.py decide what *can* fuse)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir.graph import Constant, Node, Value
@@ -32,11 +31,11 @@ class CostModel:
         buffers = [v for v in inputs if not (isinstance(v, Constant) and v.is_scalar)]
         if len(buffers) > self.max_inputs:
             return f"the kernel would read {len(buffers)} inputs (limit {self.max_inputs})"
-        space = int(np.prod(sched.space)) if sched.space else 1
+        space = math.prod(sched.space) if sched.space else 1
         for node in nodes:
             if node.op not in EXPENSIVE_OPS or sched.is_outer(node):
                 continue
-            size = int(np.prod(sched.aligned[node.uid])) if sched.aligned[node.uid] else 1
+            size = math.prod(sched.aligned[node.uid]) if sched.aligned[node.uid] else 1
             if size and space // max(size, 1) > self.recompute_limit:
                 return (f"{node.op} on {size} elements would be recomputed "
                         f"{space // size}x across the iteration space {sched.space}")

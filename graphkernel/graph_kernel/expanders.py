@@ -70,7 +70,7 @@ def expand_node(node: Node) -> Node:
 def _reduced_size(x: Value, axis: Any) -> int:
     from graphkernel.ir.types import normalize_axes
     axes = normalize_axes(axis, len(x.shape))
-    return int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    return math.prod([x.shape[a] for a in axes]) if axes else 1
 
 
 def _inverse_count(n: int) -> float:

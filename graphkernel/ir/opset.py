@@ -271,7 +271,7 @@ def _reduce_ref(f: Callable[..., Any], empty_ok: bool = True) -> Callable[..., A
 
 def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
     # np.mean warns on an empty axis; the mean over nothing is NaN, quietly.
-    count = int(np.prod([x.shape[a] for a in axis]))
+    count = math.prod([x.shape[a] for a in axis])
     total = np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64)
     return total / count if count else np.full(np.shape(total), np.nan)
 
@@ -306,11 +306,11 @@ def _reshape_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Valu
     if shape.count(-1) > 1:
         raise ShapeError(f"Reshape: at most one -1 in shape {shape}")
     if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1]))
+        known = math.prod([d for d in shape if d != -1])
         if known == 0 or x.size % known:
             raise ShapeError(f"Reshape: cannot reshape {x.shape} into {shape}")
         shape = tuple(x.size // known if d == -1 else d for d in shape)
-    if any(d < 0 for d in shape) or int(np.prod(shape)) != x.size:
+    if any(d < 0 for d in shape) or math.prod(shape) != x.size:
         raise ShapeError(f"Reshape: cannot reshape {x.shape} ({x.size} elements) into {shape}")
     return TensorType(shape, x.dtype)
 
