@@ -26,6 +26,7 @@ from graphkernel.runtime.executable import (
     library_step,
     native_step,
 )
+from graphkernel.runtime.memory import BufferPool, release_plan, step_reads, step_writes
 
 _warned_no_compiler = False
 
@@ -78,6 +79,8 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
     used_names: set[str] = set()
     exe_warnings: list[str] = []
 
+    pool = BufferPool()  # output buffers shared by every step of this executable
+
     def operand(v: Value) -> int | Constant:
         return v if isinstance(v, Constant) else slot(v)  # type: ignore[return-value]
 
@@ -89,7 +92,7 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
         output_text = str(node.type)
         moved = _bytes(node.inputs, node.type)
         if node.subgraph is None:
-            steps.append(library_step(node, [operand(v) for v in node.inputs], out_slot))
+            steps.append(library_step(node, [operand(v) for v in node.inputs], out_slot, pool))
             kernels.append(KernelInfo(node.name, [node.op], None, "library", output_text, moved))
             continue
         sub = node.subgraph
@@ -135,15 +138,19 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
             out_types = [o.tensor_type for o in node.subgraph.outputs]  # type: ignore[union-attr]
             steps[index] = native_step(built.functions[src.name], [operand(v) for v in inputs],
                                        slot(node), out_types, consts,
-                                       isinstance(node.type, TupleType))
+                                       isinstance(node.type, TupleType), pool)
     output_slots = []
     for v in graph.outputs:
         output_slots.append(slot(v))
     constant_steps = _constant_outputs(graph, slot)
     assert len(graph_inputs) == len(input_slots)
+    all_steps = constant_steps + [s for s in steps if s is not None]
+    keep = set(input_slots) | {s for s, _ in weight_slots} | set(output_slots)
+    release = release_plan([step_reads(s) for s in all_steps],
+                           [step_writes(s) for s in all_steps], keep)
     return Executable(
-        name=name, graph=graph, stages={}, kernels=kernels,
-        steps=constant_steps + [s for s in steps if s is not None], slot_count=len(slot_of),
+        name=name, graph=graph, stages={}, kernels=kernels, release=release, buffer_pool=pool,
+        steps=all_steps, slot_count=len(slot_of),
         input_slots=input_slots, input_names=input_names, weight_slots=weight_slots,
         output_slots=output_slots, returns_tuple=graph.returns_tuple,
         library_path=library_path, from_cache=from_cache, warnings=exe_warnings,
@@ -210,6 +217,7 @@ def _constant_outputs(graph: Graph, slot: Any) -> list[Step]:
 
             def step(slots: list[Any], s: int = s, value: np.ndarray = value) -> None:
                 slots[s] = np.array(value)
+            step.writes = s  # type: ignore[attr-defined]
             steps.append(step)
     return steps
 

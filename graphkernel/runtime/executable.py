@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ctypes
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from graphkernel.errors import InputError
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TensorType
+from graphkernel.runtime.memory import BufferPool
 
 
 @dataclass
@@ -78,6 +78,9 @@ class Executable:
     output_slots: list[int]
     returns_tuple: bool
     reasons: list[Any] = field(default_factory=list)
+    # Per step, the slots to clear after it (runtime/memory.py release_plan); built with steps.
+    release: list[tuple[int, ...]] = field(default_factory=list)
+    buffer_pool: BufferPool | None = None  # the steps' output buffers
     compile_seconds: float = 0.0
     library_path: str | None = None
     from_cache: bool = False
@@ -123,8 +126,10 @@ class Executable:
             slots[slot] = array
         for slot, param in self.weight_slots:
             slots[slot] = param.asnumpy()
-        for step in self.steps:
+        for step, dead in zip(self.steps, self.release):
             step(slots)
+            for s in dead:  # the value's last reader ran: its buffer may serve a later step
+                slots[s] = None
         outs: list[np.ndarray] = []
         given = {id(a) for a in arrays} | {id(slots[s]) for s, _ in self.weight_slots}
         for s in self.output_slots:
@@ -154,10 +159,12 @@ class Executable:
             for slot, param in self.weight_slots:
                 slots[slot] = param.asnumpy()
             index = 0
-            for step, is_kernel in zip(self.steps, marks):
+            for step, is_kernel, dead in zip(self.steps, marks, self.release):
                 start = time.perf_counter()
                 step(slots)
                 elapsed = time.perf_counter() - start
+                for s in dead:
+                    slots[s] = None
                 if is_kernel:
                     samples[index].append(elapsed)
                     index += 1
@@ -213,30 +220,26 @@ def _as_array(arg: Any, name: str, graph: str) -> np.ndarray:
 # -------------------------------------------------------------------------------------------
 # Step builders
 
+def _mark(step: Any, in_slots: list[int | Constant] | list[int], out_slot: int) -> None:
+    """What a step reads and writes, for the release plan (runtime/memory.py)."""
+    step.reads = tuple(s for s in in_slots if isinstance(s, int))
+    step.writes = out_slot
+
+
 def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
-                out_types: list[TensorType], const_arrays: list[np.ndarray], multi: bool) -> Step:
-    """Call one generated kernel: argv = inputs, constant arrays, fresh outputs."""
+                out_types: list[TensorType], const_arrays: list[np.ndarray], multi: bool,
+                pool: BufferPool) -> Step:
+    """Call one generated kernel: argv = inputs, constant arrays, outputs from the pool."""
     count = len(in_slots) + len(const_arrays) + len(out_types)
     argv_type = ctypes.c_void_p * count
     const_ptrs = [a.ctypes.data for a in const_arrays]
     fixed = {i: s.value.ctypes.data for i, s in enumerate(in_slots) if isinstance(s, Constant)}
     keep_alive = [s for s in in_slots if isinstance(s, Constant)]
     shapes = [(t.shape, t.dtype) for t in out_types]
-    pools: list[list[np.ndarray]] = [[] for _ in shapes]
-
-    def take(k: int) -> np.ndarray:
-        # Reuse a buffer from an earlier call once nobody else holds it (refs: the pool, this
-        # loop's name, getrefcount's argument): no page faults for large outputs.
-        for array in pools[k]:
-            if sys.getrefcount(array) == 3:
-                return array
-        array = np.empty(*shapes[k])
-        if len(pools[k]) < 2:
-            pools[k].append(array)
-        return array
+    take = pool.take
 
     def step(slots: list[Any]) -> None:
-        outs = [take(k) for k in range(len(shapes))]
+        outs = [take(shape, dtype) for shape, dtype in shapes]
         # Kernels index dense C-order buffers; a library step may leave a view (BroadcastTo's
         # zero strides, Transpose), which is copied here (a no-op for contiguous arrays).
         dense = [None if i in fixed else np.ascontiguousarray(slots[s])  # type: ignore[index]
@@ -246,14 +249,19 @@ def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.keep_alive = (keep_alive, const_arrays)  # type: ignore[attr-defined]
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
+    _mark(step, in_slots, out_slot)
     return step
 
 
-def library_step(node: Node, in_slots: list[int | Constant], out_slot: int) -> Step:
+def library_step(node: Node, in_slots: list[int | Constant], out_slot: int,
+                 pool: BufferPool) -> Step:
     opdef = get_op(node.op)
     attrs = {**opdef.attr_defaults, **node.attrs}
     ref = opdef.reference
     dtype = node.dtype if isinstance(node.type, TensorType) else None
+    if node.op in ("MatMul", "BatchMatMul") and isinstance(node.type, TensorType) and all(
+            v.dtype == node.dtype for v in node.inputs):
+        return _matmul_step(node, in_slots, out_slot, pool, attrs)
 
     def step(slots: list[Any]) -> None:
         args = [s.value if isinstance(s, Constant) else slots[s] for s in in_slots]
@@ -264,6 +272,28 @@ def library_step(node: Node, in_slots: list[int | Constant], out_slot: int) -> S
                 result = result.astype(dtype)
         slots[out_slot] = result
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
+    _mark(step, in_slots, out_slot)
+    return step
+
+
+def _matmul_step(node: Node, in_slots: list[int | Constant], out_slot: int, pool: BufferPool,
+                 attrs: dict[str, Any]) -> Step:
+    """numpy's matmul (BLAS), writing into a pooled buffer instead of a fresh array."""
+    shape, dtype = node.tensor_type.shape, node.dtype
+    swap_a, swap_b = attrs["transpose_a"], attrs["transpose_b"]
+
+    def step(slots: list[Any]) -> None:
+        a, b = (s.value if isinstance(s, Constant) else slots[s] for s in in_slots)
+        if swap_a:
+            a = np.swapaxes(a, -1, -2)
+        if swap_b:
+            b = np.swapaxes(b, -1, -2)
+        out = pool.take(shape, dtype)
+        with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in the kernels
+            np.matmul(a, b, out=out)
+        slots[out_slot] = out
+    step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
+    _mark(step, in_slots, out_slot)
     return step
 
 
@@ -274,11 +304,13 @@ def interpreted_step(graph: Graph, in_slots: list[int | Constant], out_slot: int
         outs = run_reference_graph(graph, args)
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
+    _mark(step, in_slots, out_slot)
     return step
 
 
 def getitem_step(src: int, index: int, out_slot: int) -> Step:
     def step(slots: list[Any]) -> None:
         slots[out_slot] = slots[src][index]
+    _mark(step, [src], out_slot)
     return step
 
