@@ -7,6 +7,7 @@ declared `omp declare simd` so gcc calls glibc's vector math library (libmvec).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -112,6 +113,13 @@ COLUMN_BLOCK = 512
 # non-temporal stores; and the longest row a streaming row reduction keeps on the stack.
 STREAM_BLOCK = 1024
 STREAM_ROW_BYTES = 64 << 10
+
+
+@functools.cache
+def _op_calls_vector_math(op: str) -> bool:
+    opdef = get_op(op)
+    templates = (opdef.c_template or "") + opdef.extra.get("c_float_template", "")
+    return any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in VECTOR_MATH)
 
 
 def c_identifier(text: str) -> str:
@@ -356,12 +364,7 @@ class _Emitter:
                               for b in buffers)
 
     def _calls_vector_math(self) -> bool:
-        for node in self.graph.nodes:
-            opdef = get_op(node.op)
-            templates = (opdef.c_template or "") + opdef.extra.get("c_float_template", "")
-            if any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in VECTOR_MATH):
-                return True
-        return False
+        return any(_op_calls_vector_math(node.op) for node in self.graph.nodes)
 
     def _declare_blocks(self, buffers: list[Buffer], prefix: str, size: int,
                         indent: str) -> None:

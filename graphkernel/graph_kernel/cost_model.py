@@ -25,6 +25,9 @@ class CostModel:
     # outputs are not read back from cache by the next kernel anyway; the stores skip the read
     # for ownership (1.4x on a bandwidth-bound kernel here). Smaller outputs stay in cache.
     stream_min_bytes: int | None = 16 << 20
+    # Allocate and touch the buffers of a graph's first call on a background thread while the
+    # compile finishes: fresh pages cost ~2.5 us each to fault in on these VMs.
+    prefault_buffers: bool = True
 
     def decline(self, nodes: list[Node], inputs: list[Value], sched: Schedule) -> str | None:
         """A reason not to fuse, or None when fusing pays."""

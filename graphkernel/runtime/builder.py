@@ -24,9 +24,16 @@ from graphkernel.runtime.executable import (
     getitem_step,
     interpreted_step,
     library_step,
+    mark_step,
     native_step,
 )
-from graphkernel.runtime.memory import BufferPool, release_plan, step_reads, step_writes
+from graphkernel.runtime.memory import (
+    BufferPool,
+    first_call_buffers,
+    release_plan,
+    step_reads,
+    step_writes,
+)
 
 _warned_no_compiler = False
 
@@ -74,7 +81,7 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
 
     sources: list[KernelSource] = []
     pending: list[tuple[int, Node, KernelSource, list[Value], list[np.ndarray]]] = []
-    steps: list[Step | None] = []
+    steps: list[Step] = []
     kernels: list[KernelInfo] = []
     used_names: set[str] = set()
     exe_warnings: list[str] = []
@@ -122,12 +129,25 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
         consts = [np.ascontiguousarray(c) for c in consts]
         sources.append(src)
         pending.append((len(steps), node, src, node.inputs, consts))
-        steps.append(None)
+        steps.append(_placeholder([operand(v) for v in node.inputs], out_slot, node))
         kernels.append(KernelInfo(node.name, op_names, src.source, "native", output_text, moved))
 
     library_path, from_cache = None, False
     entry_plan, entry_tail = _entry_plan(graph, pending, len(pending) == len(kernels))
     entry = None
+    output_slots = [slot(v) for v in graph.outputs]
+    constant_steps = _constant_outputs(graph, slot)
+    keep = set(input_slots) | {s for s, _ in weight_slots} | set(output_slots)
+    reads = [step_reads(s) for s in constant_steps + steps]
+    writes = [step_writes(s) for s in constant_steps + steps]
+    release = release_plan(reads, writes, keep)
+    prefaulting = None
+    if entry_plan is None and cost.prefault_buffers:  # the C entry keeps buffers of its own
+        # Started before the library is loaded, so that the faults overlap the rest of compile.
+        all_pending = constant_steps + steps
+        prefaulting = pool.prefault(first_call_buffers(
+            [getattr(s, "takes", []) for s in all_pending], reads, writes,
+            [getattr(s, "aliases", True) for s in all_pending], release))
     if sources:
         built = build_library(sources, entry_plan)
         entry = built.entry
@@ -139,23 +159,26 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
             steps[index] = native_step(built.functions[src.name], [operand(v) for v in inputs],
                                        slot(node), out_types, consts,
                                        isinstance(node.type, TupleType), pool)
-    output_slots = []
-    for v in graph.outputs:
-        output_slots.append(slot(v))
-    constant_steps = _constant_outputs(graph, slot)
     assert len(graph_inputs) == len(input_slots)
-    all_steps = constant_steps + [s for s in steps if s is not None]
-    keep = set(input_slots) | {s for s, _ in weight_slots} | set(output_slots)
-    release = release_plan([step_reads(s) for s in all_steps],
-                           [step_writes(s) for s in all_steps], keep)
+    all_steps = constant_steps + steps
     return Executable(
         name=name, graph=graph, stages={}, kernels=kernels, release=release, buffer_pool=pool,
+        prefaulting=prefaulting,
         steps=all_steps, slot_count=len(slot_of),
         input_slots=input_slots, input_names=input_names, weight_slots=weight_slots,
         output_slots=output_slots, returns_tuple=graph.returns_tuple,
         library_path=library_path, from_cache=from_cache, warnings=exe_warnings,
         entry=entry, entry_constants=entry_tail,
     )
+
+
+def _placeholder(in_slots: list[Any], out_slot: int, node: Node) -> Step:
+    """Stands for a native kernel's step until its library is loaded; knows its memory."""
+    def step(slots: list[Any]) -> None:
+        raise AssertionError("the kernel's library was never loaded")
+    takes = [(o.tensor_type.shape, o.dtype.str) for o in node.subgraph.outputs]  # type: ignore
+    mark_step(step, in_slots, out_slot, takes, aliases=False)
+    return step
 
 
 def _entry_plan(graph: Graph, pending: list[Any], all_native: bool

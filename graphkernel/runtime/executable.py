@@ -81,6 +81,7 @@ class Executable:
     # Per step, the slots to clear after it (runtime/memory.py release_plan); built with steps.
     release: list[tuple[int, ...]] = field(default_factory=list)
     buffer_pool: BufferPool | None = None  # the steps' output buffers
+    prefaulting: Any = None  # the thread readying the first call's buffers, until it is joined
     compile_seconds: float = 0.0
     library_path: str | None = None
     from_cache: bool = False
@@ -121,6 +122,9 @@ class Executable:
             if out is not NotImplemented:
                 return list(out) if type(out) is tuple else [out]
         arrays = self.check_inputs(args)
+        if self.prefaulting is not None:  # its buffers are nearly ready: wait, not duplicate
+            self.prefaulting.join()
+            self.prefaulting = None
         slots: list[Any] = [None] * self.slot_count
         for slot, array in zip(self.input_slots, arrays):
             slots[slot] = array
@@ -220,10 +224,15 @@ def _as_array(arg: Any, name: str, graph: str) -> np.ndarray:
 # -------------------------------------------------------------------------------------------
 # Step builders
 
-def _mark(step: Any, in_slots: list[int | Constant] | list[int], out_slot: int) -> None:
-    """What a step reads and writes, for the release plan (runtime/memory.py)."""
+def mark_step(step: Any, in_slots: list[int | Constant] | list[int], out_slot: int,
+          takes: list[tuple[tuple[int, ...], str]] | None = None, aliases: bool = True) -> None:
+    """What a step reads, writes, takes from the pool and whether its result may be a view of
+    its inputs: the release plan and the first call's buffers come from these
+    (runtime/memory.py)."""
     step.reads = tuple(s for s in in_slots if isinstance(s, int))
     step.writes = out_slot
+    step.takes = takes or []
+    step.aliases = aliases
 
 
 def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
@@ -249,7 +258,7 @@ def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.keep_alive = (keep_alive, const_arrays)  # type: ignore[attr-defined]
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    _mark(step, in_slots, out_slot)
+    mark_step(step, in_slots, out_slot, [(shape, dtype.str) for shape, dtype in shapes], False)
     return step
 
 
@@ -272,7 +281,7 @@ def library_step(node: Node, in_slots: list[int | Constant], out_slot: int,
                 result = result.astype(dtype)
         slots[out_slot] = result
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    _mark(step, in_slots, out_slot)
+    mark_step(step, in_slots, out_slot)
     return step
 
 
@@ -293,7 +302,7 @@ def _matmul_step(node: Node, in_slots: list[int | Constant], out_slot: int, pool
             np.matmul(a, b, out=out)
         slots[out_slot] = out
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    _mark(step, in_slots, out_slot)
+    mark_step(step, in_slots, out_slot, [(shape, dtype.str)], False)
     return step
 
 
@@ -304,13 +313,13 @@ def interpreted_step(graph: Graph, in_slots: list[int | Constant], out_slot: int
         outs = run_reference_graph(graph, args)
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    _mark(step, in_slots, out_slot)
+    mark_step(step, in_slots, out_slot)
     return step
 
 
 def getitem_step(src: int, index: int, out_slot: int) -> Step:
     def step(slots: list[Any]) -> None:
         slots[out_slot] = slots[src][index]
-    _mark(step, [src], out_slot)
+    mark_step(step, [src], out_slot)
     return step
 

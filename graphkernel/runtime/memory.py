@@ -10,6 +10,7 @@ fewer fresh pages, whose first touch costs more than a bandwidth-bound kernel on
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,10 @@ import numpy as np
 
 # Buffers of one shape and dtype the pool keeps; more live at once are allocated and dropped.
 KEEP_PER_SHAPE = 16
+# Buffers smaller than this are not touched ahead of the first call: too few pages to matter.
+PREFAULT_MIN_BYTES = 64 << 10
+
+Key = tuple[tuple[int, ...], str]
 
 
 class BufferPool:
@@ -40,6 +45,71 @@ class BufferPool:
     @property
     def held_bytes(self) -> int:
         return sum(a.nbytes for arrays in self._free.values() for a in arrays)
+
+    def prefault(self, keys: Sequence[Key]) -> threading.Thread | None:
+        """Allocate and touch these buffers on a background thread, then hand them to the pool:
+        the first call finds them ready instead of faulting in fresh pages while it computes.
+        Compiling leaves the other core idle; numpy writes the pages without the GIL."""
+        keys = [k for k in keys if np.dtype(k[1]).itemsize * _size(k[0]) >= PREFAULT_MIN_BYTES]
+        if not keys:
+            return None
+
+        def work() -> None:
+            made: dict[Key, list[np.ndarray]] = {}
+            for shape, dtype in keys:
+                array = np.empty(shape, dtype)
+                array[...] = 0
+                made.setdefault((shape, dtype), []).append(array)
+            for key, arrays in made.items():
+                pool = self._free.setdefault(key, [])
+                pool.extend(arrays[:max(0, self._keep - len(pool))])
+
+        thread = threading.Thread(target=work, name="graphkernel-prefault", daemon=True)
+        thread.start()
+        return thread
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def first_call_buffers(takes: Sequence[Sequence[Key]], reads: Sequence[Sequence[int]],
+                       writes: Sequence[int | None], aliases: Sequence[bool],
+                       release: Sequence[Sequence[int]]) -> list[Key]:
+    """The pooled buffers one call creates, found by replaying the steps: each takes buffers
+    for its outputs (`takes`), a step that may return a view of its inputs (`aliases`) keeps
+    their buffers alive, and a buffer returns to the pool when no live slot holds it."""
+    free: dict[Key, list[int]] = {}
+    created: list[Key] = []
+    holds: dict[int, set[int]] = {}  # slot -> buffers it keeps alive
+    holders: dict[int, int] = {}  # buffer -> how many live slots hold it
+    key_of: dict[int, Key] = {}
+    for step_takes, read, written, alias, dead in zip(takes, reads, writes, aliases, release):
+        mine: set[int] = set()
+        for key in step_takes:
+            if free.get(key):
+                buffer = free[key].pop()
+            else:
+                buffer = len(created)
+                created.append(key)
+                key_of[buffer] = key
+            mine.add(buffer)
+        if alias:
+            for s in read:
+                mine |= holds.get(s, set())
+        if written is not None:
+            holds[written] = mine
+            for b in mine:
+                holders[b] = holders.get(b, 0) + 1
+        for s in dead:
+            for b in holds.pop(s, set()):
+                holders[b] -= 1
+                if holders[b] == 0:
+                    free.setdefault(key_of[b], []).append(b)
+    return created
 
 
 def release_plan(reads: Sequence[Sequence[int]], writes: Sequence[int | None],
