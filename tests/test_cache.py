@@ -348,3 +348,49 @@ def test_the_same_kernel_compiled_again_in_one_process_is_a_cache_hit(cache_fold
     again = _compile(x, SoftmaxAfterScale())
     assert not first.from_cache and again.from_cache
     assert [k.source for k in first.kernels] == [k.source for k in again.kernels]
+
+
+def _libraries(folder: str) -> dict[str, int]:
+    return {n: os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)
+            if n.endswith(".so") and len(n) == 35}
+
+
+@needs_cc
+def test_cache_is_trimmed_to_its_limit_least_recently_used_first(
+        cache_folder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = [_compile(np.ones((n,), np.float32)).library_path for n in (3, 4, 5)]
+    for age, path in zip((300, 200, 100), paths):  # the first is the least recently used
+        past = os.path.getmtime(path) - age
+        os.utime(path, (past, past))
+    foreign = os.path.join(cache_folder, "notes.so")
+    with open(foreign, "w") as fh:
+        fh.write("not ours")
+    sizes = _libraries(cache_folder)
+    biggest = max(sizes.values())
+    # Room for about three libraries and their checksums: a fourth build removes the oldest.
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_MAX_MB", str((3 * biggest + 300) / (1 << 20)))
+    newest = _compile(np.ones((6,), np.float32)).library_path
+    left = _libraries(cache_folder)
+    assert os.path.basename(paths[0]) not in left
+    assert not os.path.exists(paths[0] + ".sha256")
+    assert os.path.basename(newest) in left and os.path.basename(paths[2]) in left
+    assert os.path.exists(foreign)  # only the cache's own entries are ever removed
+    again = _compile(np.ones((3,), np.float32))  # a removed kernel is simply built again
+    assert not again.from_cache
+    np.testing.assert_allclose(again.run_arrays(np.ones((3,), np.float32))[0],
+                               np.exp(3.0) - 1, rtol=1e-6)
+
+
+@needs_cc
+def test_a_cache_hit_counts_as_a_use(cache_folder: str) -> None:
+    path = _compile(np.ones((7,), np.float32)).library_path
+    past = os.path.getmtime(path) - 1000
+    os.utime(path, (past, past))
+    assert _compile(np.ones((7,), np.float32)).from_cache
+    assert os.path.getmtime(path) > past + 500
+
+
+def test_a_bad_cache_limit_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_MAX_MB", "lots")
+    with pytest.raises(CacheError, match="GRAPHKERNEL_CACHE_MAX_MB='lots'"):
+        cache.max_bytes()

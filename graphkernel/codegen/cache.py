@@ -12,6 +12,10 @@ import tempfile
 from graphkernel.errors import CacheError, CompileError
 
 LIBRARY_SUFFIX = ".so"
+# After each build the cache is trimmed to this size, least recently used libraries first;
+# GRAPHKERNEL_CACHE_MAX_MB overrides it.
+DEFAULT_MAX_BYTES = 1 << 30
+_KEY_CHARS = frozenset("0123456789abcdef")
 
 
 def cache_dir() -> str:
@@ -69,6 +73,7 @@ def lookup(folder: str, key: str) -> str | None:
         with open(sums, encoding="ascii") as fh:
             expected = fh.read().strip()
         if _digest(lib) == expected:
+            os.utime(lib)  # recently used: trimming removes the oldest first
             return lib
     except OSError:
         return None
@@ -91,9 +96,59 @@ def build(folder: str, key: str, source: str, compiler: str, flags: tuple[str, .
             found = lookup(folder, key)
             if found is not None:
                 return found
-            return _build_locked(folder, key, source, compiler, flags, libs)
+            built = _build_locked(folder, key, source, compiler, flags, libs)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    trim(folder, max_bytes(), keep=key)
+    return built
+
+
+def max_bytes() -> int:
+    """The cache's size limit: $GRAPHKERNEL_CACHE_MAX_MB (megabytes) or DEFAULT_MAX_BYTES."""
+    text = os.environ.get("GRAPHKERNEL_CACHE_MAX_MB")
+    if not text:
+        return DEFAULT_MAX_BYTES
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = -1.0
+    if not megabytes >= 0:
+        raise CacheError(f"GRAPHKERNEL_CACHE_MAX_MB={text!r} is not a size in megabytes")
+    return int(megabytes * (1 << 20))
+
+
+def trim(folder: str, limit: int, keep: str = "") -> list[str]:
+    """Remove the least recently used libraries until the cache holds at most `limit` bytes
+    (never `keep`, the one just built); return the keys removed. A process that loaded a
+    removed library keeps it; one about to load it finds it gone and rebuilds."""
+    entries = []
+    for name in os.listdir(folder):
+        key = name[:-len(LIBRARY_SUFFIX)]
+        if not name.endswith(LIBRARY_SUFFIX) or len(key) != 32 or not set(key) <= _KEY_CHARS:
+            continue
+        paths = [os.path.join(folder, key + ext) for ext in (LIBRARY_SUFFIX, ".so.sha256")]
+        try:
+            info = os.stat(paths[0])
+            size = info.st_size + sum(os.stat(p).st_size for p in paths[1:]
+                                      if os.path.exists(p))
+        except OSError:
+            continue  # removed meanwhile by another process
+        entries.append((info.st_mtime, key, size, paths))
+    total = sum(e[2] for e in entries)
+    removed = []
+    for _, key, size, paths in sorted(entries):
+        if total <= limit:
+            break
+        if key == keep:
+            continue
+        for path in paths + [os.path.join(folder, key + ".lock")]:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        total -= size
+        removed.append(key)
+    return removed
 
 
 def _build_locked(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
