@@ -145,6 +145,7 @@ def _same(f: Callable[..., Any]) -> Callable[..., Any]:
         dtype = np.result_type(*args)
         with np.errstate(all="ignore"):
             return np.asarray(f(*args)).astype(dtype, copy=False)
+    ref.ufunc = f  # type: ignore[attr-defined]  # the runtime may call it with `out=`
     return ref
 
 

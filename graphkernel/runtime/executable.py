@@ -268,9 +268,11 @@ def library_step(node: Node, in_slots: list[int | Constant], out_slot: int,
     attrs = {**opdef.attr_defaults, **node.attrs}
     ref = opdef.reference
     dtype = node.dtype if isinstance(node.type, TensorType) else None
-    if node.op in ("MatMul", "BatchMatMul") and isinstance(node.type, TensorType) and all(
-            v.dtype == node.dtype for v in node.inputs):
-        return _matmul_step(node, in_slots, out_slot, pool, attrs)
+    if isinstance(node.type, TensorType) and all(v.dtype == node.dtype for v in node.inputs):
+        if node.op in ("MatMul", "BatchMatMul"):
+            return _matmul_step(node, in_slots, out_slot, pool, attrs)
+        if isinstance(getattr(ref, "ufunc", None), np.ufunc):
+            return _ufunc_step(ref.ufunc, node, in_slots, out_slot, pool)  # type: ignore
 
     def step(slots: list[Any]) -> None:
         args = [s.value if isinstance(s, Constant) else slots[s] for s in in_slots]
@@ -282,6 +284,23 @@ def library_step(node: Node, in_slots: list[int | Constant], out_slot: int,
         slots[out_slot] = result
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
     mark_step(step, in_slots, out_slot)
+    return step
+
+
+def _ufunc_step(ufunc: np.ufunc, node: Node, in_slots: list[int | Constant], out_slot: int,
+                pool: BufferPool) -> Step:
+    """An elementwise numpy ufunc whose inputs all have the result's dtype, writing into a
+    pooled buffer: the same loop numpy runs, without a fresh array per call."""
+    shape, dtype = node.tensor_type.shape, node.dtype
+
+    def step(slots: list[Any]) -> None:
+        args = [s.value if isinstance(s, Constant) else slots[s] for s in in_slots]
+        out = pool.take(shape, dtype)
+        with np.errstate(all="ignore"):
+            ufunc(*args, out=out)
+        slots[out_slot] = out
+    step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
+    mark_step(step, in_slots, out_slot, [(shape, dtype.str)], False)
     return step
 
 
