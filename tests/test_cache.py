@@ -15,7 +15,7 @@ import pytest
 import graphkernel
 from graphkernel import nn
 from graphkernel.codegen import cache, toolchain
-from graphkernel.codegen.c_emitter import c_comment, c_identifier
+from graphkernel.codegen.c_text import c_comment, c_identifier
 from graphkernel.errors import CacheError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions

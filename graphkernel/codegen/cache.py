@@ -126,7 +126,8 @@ def trim(folder: str, limit: int, keep: str = "") -> list[str]:
         key = name[:-len(LIBRARY_SUFFIX)]
         if not name.endswith(LIBRARY_SUFFIX) or len(key) != 32 or not set(key) <= _KEY_CHARS:
             continue
-        paths = [os.path.join(folder, key + ext) for ext in (LIBRARY_SUFFIX, ".so.sha256")]
+        paths = [os.path.join(folder, key + ext)
+                 for ext in (LIBRARY_SUFFIX, LIBRARY_SUFFIX + ".sha256")]
         try:
             info = os.stat(paths[0])
             size = info.st_size + sum(os.stat(p).st_size for p in paths[1:]

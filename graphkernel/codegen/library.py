@@ -15,7 +15,8 @@ import numpy as np
 
 from graphkernel import __version__
 from graphkernel.codegen import cache, toolchain
-from graphkernel.codegen.c_emitter import PRELUDE, KernelSource
+from graphkernel.codegen.c_emitter import KernelSource
+from graphkernel.codegen.c_text import PRELUDE
 from graphkernel.codegen.entry import EntryPlan, emit_entry
 
 KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]

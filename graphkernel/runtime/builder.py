@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from graphkernel.codegen import toolchain
-from graphkernel.codegen.c_emitter import KernelSource, c_identifier, emit_kernel
+from graphkernel.codegen.c_emitter import KernelSource, emit_kernel
+from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.entry import EntryCall, EntryPlan, EntryValue
 from graphkernel.codegen.library import build_library
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
@@ -31,8 +32,6 @@ from graphkernel.runtime.memory import (
     BufferPool,
     first_call_buffers,
     release_plan,
-    step_reads,
-    step_writes,
 )
 
 _warned_no_compiler = False
@@ -138,16 +137,15 @@ def build_executable(graph: Graph, name: str, kernel_dir: str | None,
     output_slots = [slot(v) for v in graph.outputs]
     constant_steps = _constant_outputs(graph, slot)
     keep = set(input_slots) | {s for s, _ in weight_slots} | set(output_slots)
-    reads = [step_reads(s) for s in constant_steps + steps]
-    writes = [step_writes(s) for s in constant_steps + steps]
+    planned = constant_steps + steps  # native kernels still placeholders that know their memory
+    reads, writes = [s.reads for s in planned], [s.writes for s in planned]  # type: ignore
     release = release_plan(reads, writes, keep)
     prefaulting = None
     if entry_plan is None and cost.prefault_buffers:  # the C entry keeps buffers of its own
         # Started before the library is loaded, so that the faults overlap the rest of compile.
-        all_pending = constant_steps + steps
         prefaulting = pool.prefault(first_call_buffers(
-            [getattr(s, "takes", []) for s in all_pending], reads, writes,
-            [getattr(s, "aliases", True) for s in all_pending], release))
+            [s.takes for s in planned], reads, writes,  # type: ignore[attr-defined]
+            [s.aliases for s in planned], release))  # type: ignore[attr-defined]
     if sources:
         built = build_library(sources, entry_plan)
         entry = built.entry
@@ -176,7 +174,7 @@ def _placeholder(in_slots: list[Any], out_slot: int, node: Node) -> Step:
     """Stands for a native kernel's step until its library is loaded; knows its memory."""
     def step(slots: list[Any]) -> None:
         raise AssertionError("the kernel's library was never loaded")
-    takes = [(o.tensor_type.shape, o.dtype.str) for o in node.subgraph.outputs]  # type: ignore
+    takes = [(o.tensor_type.shape, o.dtype) for o in node.subgraph.outputs]  # type: ignore
     mark_step(step, in_slots, out_slot, takes, aliases=False)
     return step
 
@@ -240,7 +238,7 @@ def _constant_outputs(graph: Graph, slot: Any) -> list[Step]:
 
             def step(slots: list[Any], s: int = s, value: np.ndarray = value) -> None:
                 slots[s] = np.array(value)
-            step.writes = s  # type: ignore[attr-defined]
+            mark_step(step, [], s)
             steps.append(step)
     return steps
 

@@ -14,7 +14,7 @@ from graphkernel.errors import InputError
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TensorType
-from graphkernel.runtime.memory import BufferPool
+from graphkernel.runtime.memory import BufferPool, Key
 
 
 @dataclass
@@ -225,7 +225,7 @@ def _as_array(arg: Any, name: str, graph: str) -> np.ndarray:
 # Step builders
 
 def mark_step(step: Any, in_slots: list[int | Constant] | list[int], out_slot: int,
-          takes: list[tuple[tuple[int, ...], str]] | None = None, aliases: bool = True) -> None:
+              takes: list[Key] | None = None, aliases: bool = True) -> None:
     """What a step reads, writes, takes from the pool and whether its result may be a view of
     its inputs: the release plan and the first call's buffers come from these
     (runtime/memory.py)."""
@@ -258,7 +258,7 @@ def native_step(fn: Any, in_slots: list[int | Constant], out_slot: int,
         slots[out_slot] = tuple(outs) if multi else outs[0]
     step.keep_alive = (keep_alive, const_arrays)  # type: ignore[attr-defined]
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    mark_step(step, in_slots, out_slot, [(shape, dtype.str) for shape, dtype in shapes], False)
+    mark_step(step, in_slots, out_slot, shapes, False)
     return step
 
 
@@ -300,7 +300,7 @@ def _ufunc_step(ufunc: np.ufunc, node: Node, in_slots: list[int | Constant], out
             ufunc(*args, out=out)
         slots[out_slot] = out
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    mark_step(step, in_slots, out_slot, [(shape, dtype.str)], False)
+    mark_step(step, in_slots, out_slot, [(shape, dtype)], False)
     return step
 
 
@@ -321,7 +321,7 @@ def _matmul_step(node: Node, in_slots: list[int | Constant], out_slot: int, pool
             np.matmul(a, b, out=out)
         slots[out_slot] = out
     step.launches_kernel = True  # type: ignore[attr-defined]  # for profile_kernels
-    mark_step(step, in_slots, out_slot, [(shape, dtype.str)], False)
+    mark_step(step, in_slots, out_slot, [(shape, dtype)], False)
     return step
 
 

@@ -9,10 +9,10 @@ fewer fresh pages, whose first touch costs more than a bandwidth-bound kernel on
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -21,18 +21,18 @@ KEEP_PER_SHAPE = 16
 # Buffers smaller than this are not touched ahead of the first call: too few pages to matter.
 PREFAULT_MIN_BYTES = 64 << 10
 
-Key = tuple[tuple[int, ...], str]
+Key = tuple[tuple[int, ...], np.dtype]
 
 
 class BufferPool:
     """Output buffers by (shape, dtype), reused when no one else holds them."""
 
     def __init__(self, keep: int = KEEP_PER_SHAPE) -> None:
-        self._free: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._free: dict[Key, list[np.ndarray]] = {}
         self._keep = keep
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        arrays = self._free.setdefault((shape, dtype.str), [])
+        arrays = self._free.setdefault((shape, dtype), [])
         for array in arrays:
             # References: the list, this loop's name and getrefcount's argument.
             if sys.getrefcount(array) == 3:
@@ -50,7 +50,7 @@ class BufferPool:
         """Allocate and touch these buffers on a background thread, then hand them to the pool:
         the first call finds them ready instead of faulting in fresh pages while it computes.
         Compiling leaves the other core idle; numpy writes the pages without the GIL."""
-        keys = [k for k in keys if np.dtype(k[1]).itemsize * _size(k[0]) >= PREFAULT_MIN_BYTES]
+        keys = [k for k in keys if k[1].itemsize * math.prod(k[0]) >= PREFAULT_MIN_BYTES]
         if not keys:
             return None
 
@@ -67,13 +67,6 @@ class BufferPool:
         thread = threading.Thread(target=work, name="graphkernel-prefault", daemon=True)
         thread.start()
         return thread
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def first_call_buffers(takes: Sequence[Sequence[Key]], reads: Sequence[Sequence[int]],
@@ -128,10 +121,3 @@ def release_plan(reads: Sequence[Sequence[int]], writes: Sequence[int | None],
             plan[index].append(s)
     return [tuple(sorted(p)) for p in plan]
 
-
-def step_reads(step: Any) -> tuple[int, ...]:
-    return tuple(getattr(step, "reads", ()))
-
-
-def step_writes(step: Any) -> int | None:
-    return getattr(step, "writes", None)

@@ -1,0 +1,134 @@
+"""The C text every translation unit shares (PRELUDE: headers, streaming stores, libmvec
+declarations) and the spelling of names, comments and constants in C."""
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import numpy as np
+
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import get_op
+
+PRELUDE = """\
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <limits.h>
+/* Non-temporal stores through compiler builtins: <immintrin.h> alone adds 0.4 s to a compile. */
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+#define GK_STREAMS 1
+#if defined(__AVX__)
+#define GK_STREAM_BYTES 32
+#else
+#define GK_STREAM_BYTES 16
+#endif
+typedef long long gk_vec __attribute__((vector_size(GK_STREAM_BYTES)));
+static inline void gk_stream_vec(char *d, const char *s) {
+  gk_vec v;
+  memcpy(&v, s, GK_STREAM_BYTES);
+#if defined(__clang__)
+  __builtin_nontemporal_store(v, (gk_vec *)d);
+#elif defined(__AVX__)
+  __builtin_ia32_movntdq256((gk_vec *)d, v);
+#else
+  __builtin_ia32_movntdq((gk_vec *)d, v);
+#endif
+}
+#endif
+/* Copies a finished block to its output with non-temporal stores: they skip the read for
+   ownership an ordinary store makes (a third of a bandwidth-bound kernel's traffic) and do not
+   evict the inputs from cache. Only for outputs too large to be read back from cache anyway. */
+static inline void gk_stream(void *restrict dst, const void *restrict src, size_t n) {
+  char *d = (char *)dst;
+  const char *s = (const char *)src;
+#if defined(GK_STREAMS)
+  /* Whole cache lines only: a line written partly with streaming stores and partly with
+     ordinary ones costs a read-modify-write in memory. */
+  size_t head = (64 - ((uintptr_t)d & 63)) & 63;
+  if (head > n) head = n;
+  memcpy(d, s, head);
+  d += head; s += head; n -= head;
+  for (; n >= 64; n -= 64, d += 64, s += 64)
+    for (int k = 0; k < 64; k += GK_STREAM_BYTES)
+      gk_stream_vec(d + k, s + k);
+#endif
+  memcpy(d, s, n);
+}
+/* Non-temporal stores are weakly ordered: each thread fences before the region ends. */
+static inline void gk_stream_fence(void) {
+#if defined(GK_STREAMS)
+  __builtin_ia32_sfence();
+#endif
+}
+/* Vector variants from glibc's libmvec: without these declarations gcc calls the scalar libm
+   functions one element at a time. */
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+double tanh(double);
+#pragma omp declare simd notinbranch
+double erf(double);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+"""
+
+
+# The vector math functions PRELUDE declares (double names; float ones add "f"): a kernel
+# calling one is compute-bound.
+VECTOR_MATH = frozenset(re.findall(r"^double (\w+)\(", PRELUDE, re.M))
+
+
+@functools.cache
+def op_calls_vector_math(op: str) -> bool:
+    """Whether an op's C template calls a vector math function: a compute-bound op."""
+    opdef = get_op(op)
+    templates = (opdef.c_template or "") + opdef.extra.get("c_float_template", "")
+    return any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in VECTOR_MATH)
+
+
+def c_identifier(text: str) -> str:
+    """A safe C identifier from any text (user names never reach C otherwise)."""
+    # The prefix keeps user names (a cell called `main` or `expf`) off C library symbols.
+    return "gk_" + re.sub(r"[^A-Za-z0-9_]", "_", text)[:80]
+
+
+def c_comment(text: str) -> str:
+    """Text safe inside a C block comment."""
+    return text.replace("*/", "* /").replace("/*", "/ *").replace("\n", " ")
+
+
+def literal(value: np.ndarray) -> str:
+    """A C literal of a 0-d constant, in its compute type."""
+    dt = value.dtype
+    v = value.item()
+    if T.is_float(dt):
+        suffix = "" if dt == T.float64 else "f"
+        if math.isnan(v):
+            return "NAN" if dt != T.float64 else "((double)NAN)"
+        if math.isinf(v):
+            text = "INFINITY" if dt != T.float64 else "((double)INFINITY)"
+            return text if v > 0 else f"(-{text})"
+        return f"({float(v)!r}{suffix})"
+    if dt == T.bool_:
+        return "((bool)1)" if v else "((bool)0)"
+    ctype = T.C_COMPUTE[dt]
+    if dt == T.int64 and v == -(2 ** 63):
+        return "INT64_MIN"
+    if dt == T.int32 and v == -(2 ** 31):
+        return "INT32_MIN"
+    return f"(({ctype}){int(v)}{'LL' if dt == T.int64 else ''})"
