@@ -329,3 +329,21 @@ def test_functional_forms_share_the_declaration(rng):
     np.testing.assert_allclose(ops.reduce_sum(Tensor(x), 1, keep_dims=True).asnumpy(),
                                x.sum(1, keepdims=True), rtol=1e-6)
     assert ops.real_div is not None and P.Div is not None and P.TensorAdd is not None
+
+
+def test_typed_declarations_agree_with_the_c_they_emit():
+    """OpDef.vector_math says whether an op's C calls a function the prelude declares for
+    libmvec; a declaration that forgets the flag (or claims it wrongly) fails here."""
+    import re
+
+    from graphkernel.codegen.c_text import PRELUDE
+    from graphkernel.ir.opset import OPS
+
+    libmvec = set(re.findall(r"^double (\w+)\(", PRELUDE, re.M))
+    assert libmvec, "the prelude declares no vector math"
+    for op in OPS.values():
+        templates = (op.c_template or "") + (op.c_float_template or "")
+        calls = any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in libmvec)
+        assert op.vector_math == calls, op.name
+        assert not op.vector_math or op.expensive, op.name
+        assert (op.reduction is not None) == (op.kind.name == "REDUCE"), op.name

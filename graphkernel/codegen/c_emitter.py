@@ -11,16 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from graphkernel.codegen.c_text import c_comment, literal, op_calls_vector_math
+from graphkernel.codegen.c_text import c_comment, literal
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
-from graphkernel.ir.opset import PatternKind, get_op
-
-# Ops whose results are worth keeping in memory rather than recomputing in a later pass.
-_WORTH_STASHING = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt",
-                                   "RealDiv"})
-
+from graphkernel.ir.opset import PatternKind, Reduction, get_op
 
 # Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
 # stay in L1 (512 floats = 2 KiB per reduction).
@@ -180,8 +175,8 @@ class _Emitter:
             operands.append(text)
         template = opdef.c_template or ""
         compute = T.C_COMPUTE[operand_dtypes[-1]] if operand_dtypes else out_ct
-        if T.is_float(operand_dtypes[-1]) and "c_float_template" in opdef.extra:
-            template = opdef.extra["c_float_template"]
+        if T.is_float(operand_dtypes[-1]) and opdef.c_float_template is not None:
+            template = opdef.c_float_template
         expr = template.format(*operands, f="f" if compute == "float" else "")
         if node.dtype == T.float16 and compute == "double":
             # Cast float64 -> float16 straight from double: through float it rounds twice.
@@ -241,7 +236,7 @@ class _Emitter:
                               for b in buffers)
 
     def _calls_vector_math(self) -> bool:
-        return any(op_calls_vector_math(node.op) for node in self.graph.nodes)
+        return any(get_op(node.op).vector_math for node in self.graph.nodes)
 
     def _declare_blocks(self, buffers: list[Buffer], prefix: str, size: int,
                         indent: str) -> None:
@@ -372,7 +367,7 @@ class _Emitter:
         last = self.sched.phases[-1]
         in_pass = {n.uid for n in self._inner_closure([r.inputs[0] for r in last])}
         epilogue = self._inner_closure([b.value for b in inner_outputs])
-        shared = [n for n in epilogue if n.uid in in_pass and n.op in _WORTH_STASHING
+        shared = [n for n in epilogue if n.uid in in_pass and get_op(n.op).expensive
                   and self.sched.aligned[n.uid] == self.sched.space]
         for node in reversed(shared):  # the latest shared value saves the most work
             for buf in inner_outputs:
@@ -408,14 +403,11 @@ class _Emitter:
                 acc = f"acc{self.local[red.uid]}"
                 ct = T.C_COMPUTE[red.dtype]
                 self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
-                combine = get_op(red.op).reduce_combine or ""
-                if combine in ("max", "min"):
-                    clauses.append(f" reduction({combine}:{acc})")
-                    if self._tracks_nan(red):
-                        self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
-                        clauses.append(f" reduction(|:nan{self.local[red.uid]})")
-                else:
-                    clauses.append(f" reduction({'+' if '+' in combine else '*'}:{acc})")
+                operator = _reduction(red).omp_operator
+                clauses.append(f" reduction({operator}:{acc})")
+                if self._tracks_nan(red):
+                    self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
+                    clauses.append(f" reduction(|:nan{self.local[red.uid]})")
             inner_indent = self._open_loops(dims, reduced, indent, "".join(clauses), False)
             saved = dict(self.var)
             self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
@@ -578,7 +570,7 @@ class _Emitter:
         self._close_loops(len(kout), indent)
 
     def _reduce_init(self, red: Node) -> str:
-        init = get_op(red.op).reduce_init or "0"
+        init = _reduction(red).identity
         if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
             bits = "INT64" if red.dtype == T.int64 else "INT32"
             init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
@@ -586,13 +578,14 @@ class _Emitter:
 
     @staticmethod
     def _tracks_nan(red: Node) -> bool:
-        return get_op(red.op).reduce_combine in ("max", "min") and T.is_float(red.dtype)
+        return _reduction(red).propagates_nan and T.is_float(red.dtype)
 
     @staticmethod
     def _combine(red: Node, acc: str, v: str) -> str:
-        combine = get_op(red.op).reduce_combine or ""
-        if combine == "max":
-            return f"{acc} > {v} ? {acc} : {v}"
-        if combine == "min":
-            return f"{acc} < {v} ? {acc} : {v}"
-        return combine.format(acc=acc, v=v)
+        return _reduction(red).combine.format(acc=acc, v=v)
+
+
+def _reduction(red: Node) -> Reduction:
+    reduction = get_op(red.op).reduction
+    assert reduction is not None, f"{red.op} is not a reduction"
+    return reduction

@@ -2,14 +2,12 @@
 declarations) and the spelling of names, comments and constants in C."""
 from __future__ import annotations
 
-import functools
 import math
 import re
 
 import numpy as np
 
 from graphkernel.ir import types as T
-from graphkernel.ir.opset import get_op
 
 PRELUDE = """\
 #include <math.h>
@@ -86,19 +84,6 @@ double erf(double);
 #pragma omp declare simd notinbranch
 double pow(double, double);
 """
-
-
-# The vector math functions PRELUDE declares (double names; float ones add "f"): a kernel
-# calling one is compute-bound.
-VECTOR_MATH = frozenset(re.findall(r"^double (\w+)\(", PRELUDE, re.M))
-
-
-@functools.cache
-def op_calls_vector_math(op: str) -> bool:
-    """Whether an op's C template calls a vector math function: a compute-bound op."""
-    opdef = get_op(op)
-    templates = (opdef.c_template or "") + opdef.extra.get("c_float_template", "")
-    return any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in VECTOR_MATH)
 
 
 def c_identifier(text: str) -> str:

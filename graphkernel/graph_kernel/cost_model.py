@@ -7,11 +7,7 @@ from dataclasses import dataclass
 
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir.graph import Constant, Node, Value
-
-# Ops costing far more than a load: recomputing them for every element of a larger iteration
-# space can cost more than the memory traffic fusion saves.
-EXPENSIVE_OPS = frozenset({"Exp", "Log", "Tanh", "Erf", "Pow", "Sqrt", "Rsqrt", "RealDiv",
-                           "Reciprocal"})
+from graphkernel.ir.opset import get_op
 
 
 @dataclass(frozen=True)
@@ -36,7 +32,9 @@ class CostModel:
             return f"the kernel would read {len(buffers)} inputs (limit {self.max_inputs})"
         space = math.prod(sched.space) if sched.space else 1
         for node in nodes:
-            if node.op not in EXPENSIVE_OPS or sched.is_outer(node):
+            # Recomputing an expensive op (OpDef.expensive) for every element of a larger
+            # iteration space can cost more than the memory traffic fusion saves.
+            if not get_op(node.op).expensive or sched.is_outer(node):
                 continue
             size = math.prod(sched.aligned[node.uid]) if sched.aligned[node.uid] else 1
             if size and space // max(size, 1) > self.recompute_limit:

@@ -48,9 +48,9 @@ def fusible_op(op: str) -> bool:
     """Basic ops the loop-nest generator computes."""
     opdef = get_op(op)
     if opdef.kind == PatternKind.REDUCE:
-        return opdef.reduce_combine is not None
+        return opdef.reduction is not None
     if opdef.kind == PatternKind.INJECTIVE:
-        return bool(opdef.extra.get("view")) and opdef.c_template is not None
+        return opdef.view and opdef.c_template is not None
     return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
         opdef.c_template is not None
 
@@ -74,7 +74,7 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
         if node.subgraph is not None or not fusible_op(node.op):
             raise NotSchedulable(f"{node.op} has no loop-nest code template")
     for node in nodes:
-        if get_op(node.op).extra.get("view") and \
+        if get_op(node.op).view and \
                 _strip_leading_ones(node.inputs[0].shape) != _strip_leading_ones(node.shape):
             raise NotSchedulable(f"{node.op} from {node.inputs[0].shape} to {node.shape} moves "
                                  "data between axes; it runs as a view between kernels")

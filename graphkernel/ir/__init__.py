@@ -3,6 +3,7 @@
 It imports nothing from the layers above it (frontend, passes, graph_kernel, codegen, runtime,
 tools).
 """
+from graphkernel.ir import opdefs  # noqa: E402, F401, I001  (fills the op table)
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.opset import OPS, OpDef, PatternKind, get_op
 from graphkernel.ir.types import TensorType, TupleType

@@ -1,0 +1,176 @@
+"""Composite ops: opaque library kernels (their numpy references) when fusion is off; expanded
+into basic ops by graph_kernel/expanders.py when it is on."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import DTypeError, ShapeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opdefs.elementwise import erf_reference
+from graphkernel.ir.opset import (
+    FLOATS,
+    NUMBERS,
+    Infer,
+    OpDef,
+    PatternKind,
+    declare,
+    same_dtype_ref,
+)
+from graphkernel.ir.types import TensorType, TupleType, ValueType
+
+
+def _unary_float_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    return types[0]
+
+
+def _composite(name: str, inputs: tuple[str, ...], reference: Callable[..., Any],
+               infer: Infer = _unary_float_infer, accepts: tuple[np.dtype, ...] | None = FLOATS,
+               init_attrs: tuple[tuple[str, Any], ...] = (), variadic: bool = False) -> None:
+    declare(OpDef(name=name, kind=PatternKind.OPAQUE, inputs=inputs, infer=infer,
+                  reference=reference, accepts=accepts, init_attrs=init_attrs,
+                  variadic=variadic, composite=True))
+
+
+def _as(x: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.asarray(f(x.astype(np.float64) if x.dtype == np.float16 else x)
+                          ).astype(x.dtype, copy=False)
+
+
+def _gelu_ref(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
+    if approximate == "tanh":
+        return _as(x, lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 *
+                                                         (v + 0.044715 * v ** 3))))
+    return _as(x, lambda v: 0.5 * v * (1 + erf_reference(v / math.sqrt(2)).astype(v.dtype)))
+
+
+def _gelu_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    if attrs["approximate"] not in ("tanh", "none"):
+        raise DTypeError(f"GeLU approximate must be 'tanh' or 'none', got "
+                         f"{attrs['approximate']!r}")
+    return types[0]
+
+
+_composite("GeLU", ("x",), _gelu_ref, infer=_gelu_infer, init_attrs=(("approximate", "tanh"),))
+_composite("FastGeLU", ("x",), lambda x: _as(x, lambda v: v / (1 + np.exp(-1.702 * v))))
+_composite("Sigmoid", ("x",), lambda x: _as(x, lambda v: 1 / (1 + np.exp(-v))))
+_composite("SiLU", ("x",), lambda x: _as(x, lambda v: v / (1 + np.exp(-v))))
+_composite("ReLU", ("x",), lambda x: np.maximum(x, np.zeros((), x.dtype)), accepts=NUMBERS)
+_composite("ReLU6", ("x",), lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)),
+                                                  np.asarray(6, x.dtype)), accepts=NUMBERS)
+_composite("HSwish", ("x",), lambda x: _as(x, lambda v: v * np.minimum(np.maximum(v + 3, 0), 6)
+                                           / 6))
+_composite("Softplus", ("x",), lambda x: _as(x, lambda v: np.log1p(np.exp(v))))
+_composite("Square", ("x",), lambda x: np.multiply(x, x), accepts=NUMBERS)
+
+
+def _binary_same_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    return TensorType(T.broadcast_shapes(types[0].shape, types[1].shape),
+                      T.promote(types[0].dtype, types[1].dtype))
+
+
+_composite("SquaredDifference", ("x", "y"),
+           lambda x, y: same_dtype_ref(lambda a, b: (a - b) * (a - b))(x, y),
+           infer=_binary_same_infer, accepts=NUMBERS)
+
+
+def _bias_add_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x, b = types
+    if b.rank != 1 or x.rank < 2 or x.shape[1 if x.rank > 2 else -1] != b.shape[0]:
+        raise ShapeError(f"BiasAdd: bias of shape {b.shape} does not match the channel axis of "
+                         f"input {x.shape} (axis 1, or the last axis of a 2-d input)")
+    return TensorType(x.shape, T.promote(x.dtype, b.dtype))
+
+
+def _bias_add_ref(x: np.ndarray, b: np.ndarray) -> np.ndarray:
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return same_dtype_ref(np.add)(x, b.reshape(shape))
+
+
+_composite("BiasAdd", ("x", "b"), _bias_add_ref, infer=_bias_add_infer)
+
+
+def _addn_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    if not types:
+        raise ShapeError("AddN needs at least one tensor")
+    return TensorType(T.broadcast_shapes(*(t.shape for t in types)),
+                      T.promote(*(t.dtype for t in types)))
+
+
+def _addn_ref(*xs: np.ndarray) -> np.ndarray:
+    out = xs[0]
+    for x in xs[1:]:
+        out = same_dtype_ref(np.add)(out, x)
+    return np.asarray(out)
+
+
+_composite("AddN", ("xs",), _addn_ref, infer=_addn_infer, accepts=NUMBERS, variadic=True)
+
+
+def _softmax_ref(x: np.ndarray, axis: Any = -1) -> np.ndarray:
+    if x.size == 0:  # numpy's max of an empty axis raises; there is nothing to compute
+        return x.copy()
+
+    def f(v: np.ndarray) -> np.ndarray:
+        axes = T.normalize_axes(axis, v.ndim)
+        e = np.exp(v - v.max(axis=axes, keepdims=True))
+        return e / e.sum(axis=axes, keepdims=True)
+    return _as(x, f)
+
+
+def _log_softmax_ref(x: np.ndarray, axis: Any = -1) -> np.ndarray:
+    if x.size == 0:  # numpy's max of an empty axis raises; there is nothing to compute
+        return x.copy()
+
+    def f(v: np.ndarray) -> np.ndarray:
+        axes = T.normalize_axes(axis, v.ndim)
+        s = v - v.max(axis=axes, keepdims=True)
+        return s - np.log(np.exp(s).sum(axis=axes, keepdims=True))
+    return _as(x, f)
+
+
+def _axis_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    T.normalize_axes(attrs["axis"], types[0].rank)
+    return types[0]
+
+
+_composite("Softmax", ("x",), _softmax_ref, infer=_axis_infer, init_attrs=(("axis", -1),))
+_composite("LogSoftmax", ("x",), _log_softmax_ref, infer=_axis_infer, init_attrs=(("axis", -1),))
+
+
+def _layer_norm_axes(x: TensorType, attrs: dict[str, Any]) -> tuple[int, int]:
+    norm, params = attrs["begin_norm_axis"], attrs["begin_params_axis"]
+    for name, a in (("begin_norm_axis", norm), ("begin_params_axis", params)):
+        if not -x.rank <= a < x.rank:
+            raise ShapeError(f"LayerNorm: {name}={a} out of range for input of shape {x.shape}")
+    return norm % x.rank, params % x.rank
+
+
+def _layer_norm_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x, gamma, beta = types
+    norm, params = _layer_norm_axes(x, attrs)
+    for name, p in (("gamma", gamma), ("beta", beta)):
+        if p.shape != x.shape[params:]:
+            raise ShapeError(f"LayerNorm: {name} has shape {p.shape}, expected {x.shape[params:]}"
+                             f" (input {x.shape}, begin_params_axis={attrs['begin_params_axis']})")
+    stat = TensorType(x.shape[:norm] + (1,) * (x.rank - norm), x.dtype)
+    return TupleType((x, stat, stat))
+
+
+def _layer_norm_ref(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, begin_norm_axis: int = -1,
+                    begin_params_axis: int = -1, epsilon: float = 1e-7) -> tuple[np.ndarray, ...]:
+    norm = begin_norm_axis % x.ndim
+    axes = tuple(range(norm, x.ndim))
+    with np.errstate(all="ignore"):
+        mean = x.mean(axis=axes, keepdims=True, dtype=np.float64).astype(x.dtype)
+        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True, dtype=np.float64).astype(x.dtype)
+        y = (x - mean) / np.sqrt(var + np.asarray(epsilon, x.dtype)) * gamma + beta
+    return y.astype(x.dtype, copy=False), mean, var
+
+
+_composite("LayerNorm", ("x", "gamma", "beta"), _layer_norm_ref, infer=_layer_norm_infer,
+           init_attrs=(("begin_norm_axis", -1), ("begin_params_axis", -1), ("epsilon", 1e-7)))

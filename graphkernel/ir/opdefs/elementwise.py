@@ -1,0 +1,94 @@
+"""Elementwise primitives: arithmetic, transcendentals, comparisons, logic, Select, Cast."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import DTypeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import (
+    ALL,
+    FLOATS,
+    OpDef,
+    PatternKind,
+    declare,
+    declare_elementwise,
+    quiet_ref,
+    same_dtype_ref,
+    to_bool,
+)
+from graphkernel.ir.types import TensorType, ValueType
+
+# Short names keep the table one op per line: `same` gives the promoted input dtype.
+_ew, same = declare_elementwise, same_dtype_ref
+F, VECTOR_MATH, EXPENSIVE = FLOATS, {"vector_math": True}, {"expensive": True}
+
+_ew("Add", 2, same(np.add), "({0} + {1})", aliases=("TensorAdd",))
+_ew("Sub", 2, same(np.subtract), "({0} - {1})")
+_ew("Mul", 2, same(np.multiply), "({0} * {1})")
+_ew("RealDiv", 2, same(np.true_divide), "({0} / {1})", accepts=F, aliases=("Div",), **EXPENSIVE)
+_ew("Neg", 1, same(np.negative), "(-{0})")
+# NaN-propagating max/min, like numpy (C's fmax drops NaN). Bitwise `|`, `&` rather than
+# `||`, `&&` throughout: short-circuit operators are control flow, which stops vectorisation.
+_ew("Maximum", 2, same(np.maximum), "((({0} > {1}) | ({0} != {0})) ? {0} : {1})")
+_ew("Minimum", 2, same(np.minimum), "((({0} < {1}) | ({0} != {0})) ? {0} : {1})")
+_ew("Pow", 2, same(np.power), "pow{f}({0}, {1})", accepts=F, **VECTOR_MATH)
+_ew("Sqrt", 1, same(np.sqrt), "sqrt{f}({0})", accepts=F, **EXPENSIVE)
+_ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=F, **EXPENSIVE)
+_ew("Reciprocal", 1, same(lambda x: 1 / x), "(1 / {0})", accepts=F, **EXPENSIVE)
+_ew("Exp", 1, same(np.exp), "exp{f}({0})", accepts=F, **VECTOR_MATH)
+_ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, **VECTOR_MATH)
+_ew("Tanh", 1, same(np.tanh), "tanh{f}({0})", accepts=F, **VECTOR_MATH)
+_ew("Erf", 1, same(lambda x: erf_reference(x)), "erf{f}({0})", accepts=F, **VECTOR_MATH)
+# fabs for floats keeps abs(-0.0) == +0.0.
+_ew("Abs", 1, same(np.abs), "(({0} < 0) ? -{0} : {0})", c_float_template="fabs{f}({0})")
+_ew("Floor", 1, same(np.floor), "floor{f}({0})", accepts=F)
+_ew("Round", 1, same(np.rint), "rint{f}({0})", accepts=F)
+# sign(+-0.0) is +0.0 as in numpy; NaN stays NaN ({0} != {0}).
+_ew("Sign", 1, same(np.sign), "(({0} > 0) ? 1 : (({0} < 0) ? -1 : (({0} != {0}) ? {0} : 0)))")
+# Comparisons and logic give bool.
+for _name, _ufunc, _sym in (("Equal", np.equal, "=="), ("NotEqual", np.not_equal, "!="),
+                            ("Less", np.less, "<"), ("LessEqual", np.less_equal, "<="),
+                            ("Greater", np.greater, ">"), ("GreaterEqual", np.greater_equal, ">=")):
+    _ew(_name, 2, quiet_ref(_ufunc), "({0} " + _sym + " {1})", accepts=ALL, out_dtype=to_bool)
+_ew("LogicalAnd", 2, quiet_ref(np.logical_and), "({0} & {1})", accepts=(T.bool_,))
+_ew("LogicalOr", 2, quiet_ref(np.logical_or), "({0} | {1})", accepts=(T.bool_,))
+_ew("LogicalNot", 1, quiet_ref(np.logical_not), "(!{0})", accepts=(T.bool_,))
+
+
+def erf_reference(x: np.ndarray) -> np.ndarray:
+    # numpy has no erf; math.erf per element is exact enough for a reference.
+    flat = np.asarray(x, dtype=np.float64).ravel()
+    out = np.fromiter((math.erf(v) if v == v else v for v in flat), dtype=np.float64,
+                      count=flat.size)
+    return out.reshape(np.shape(x))
+
+
+def _select_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    cond, x, y = types
+    if cond.dtype != T.bool_:
+        raise DTypeError(f"Select condition must be bool, got {cond.dtype.name}")
+    return TensorType(T.broadcast_shapes(cond.shape, x.shape, y.shape), T.promote(x.dtype, y.dtype))
+
+
+def _select_ref(cond: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.where(cond, x, y).astype(np.result_type(x, y), copy=False)
+
+
+declare(OpDef(name="Select", kind=PatternKind.ELEMWISE, inputs=("cond", "x", "y"),
+              infer=_select_infer, reference=_select_ref, c_template="({0} ? {1} : {2})"))
+
+
+def _cast_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    return TensorType(types[0].shape, T.to_dtype(attrs["dtype"]))
+
+
+def _cast_ref(x: np.ndarray, dtype: Any) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return x.astype(T.to_dtype(dtype))
+
+
+declare(OpDef(name="Cast", kind=PatternKind.ELEMWISE, inputs=("x",), infer=_cast_infer,
+              reference=_cast_ref, call_attrs=(("dtype", None),), c_template="{0}"))

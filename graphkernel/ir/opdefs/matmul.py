@@ -1,0 +1,45 @@
+"""Opaque library ops: MatMul and BatchMatMul run as numpy (BLAS) calls."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import DTypeError, ShapeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import NUMBERS, OpDef, PatternKind, declare
+from graphkernel.ir.types import TensorType, ValueType
+
+
+def _matmul_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    a, b = types
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"MatMul needs rank >= 2 inputs, got shapes {a.shape} and {b.shape}")
+    if a.dtype != b.dtype or a.dtype not in NUMBERS:
+        raise DTypeError(f"MatMul inputs must share a numeric dtype, got {a.dtype.name} and "
+                         f"{b.dtype.name}")
+    m, k = (a.shape[-1], a.shape[-2]) if attrs["transpose_a"] else a.shape[-2:]
+    k2, n = (b.shape[-1], b.shape[-2]) if attrs["transpose_b"] else b.shape[-2:]
+    if k != k2:
+        raise ShapeError(f"MatMul: inner dimensions differ: {a.shape} "
+                         f"(transpose_a={attrs['transpose_a']}) and {b.shape} "
+                         f"(transpose_b={attrs['transpose_b']})")
+    batch = T.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return TensorType(batch + (m, n), a.dtype)
+
+
+def _matmul_ref(a: np.ndarray, b: np.ndarray, transpose_a: bool = False,
+                transpose_b: bool = False) -> np.ndarray:
+    if transpose_a:
+        a = np.swapaxes(a, -1, -2)
+    if transpose_b:
+        b = np.swapaxes(b, -1, -2)
+    with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in the kernels: no warning
+        return np.matmul(a, b)
+
+
+_MM_ATTRS = (("transpose_a", False), ("transpose_b", False))
+declare(OpDef(name="MatMul", kind=PatternKind.OPAQUE, inputs=("a", "b"), infer=_matmul_infer,
+              reference=_matmul_ref, init_attrs=_MM_ATTRS))
+declare(OpDef(name="BatchMatMul", kind=PatternKind.OPAQUE, inputs=("a", "b"),
+              infer=_matmul_infer, reference=_matmul_ref, init_attrs=_MM_ATTRS))

@@ -1,0 +1,82 @@
+"""Reductions. The C code generator keeps the reduced axes as keep_dims=True internally;
+ReduceMean is a composite, expanded to ReduceSum * (1/n) when fusing."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import ShapeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import FLOATS, NUMBERS, OpDef, PatternKind, Reduction, declare
+from graphkernel.ir.types import TensorType, ValueType
+
+
+def _reduce_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    axes = T.normalize_axes(attrs["axis"], x.rank)
+    if attrs["keep_dims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return TensorType(shape, x.dtype)
+
+
+def _reduce_nonempty_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    """ReduceMax/ReduceMin: reducing an empty axis has no answer, so it is a compile error."""
+    (x,) = types
+    axes = T.normalize_axes(attrs["axis"], x.rank)
+    if any(x.shape[a] == 0 for a in axes):
+        raise ShapeError(f"cannot take the max or min over an empty axis: axis "
+                         f"{attrs['axis']!r} of shape {x.shape} has no elements")
+    return _reduce_infer(types, attrs)
+
+
+def _reduce_ref(f: Callable[..., Any], empty_ok: bool = True) -> Callable[..., Any]:
+    def ref(x: np.ndarray, axis: Any = (), keep_dims: bool = False) -> np.ndarray:
+        axes = T.normalize_axes(axis, x.ndim)
+        with np.errstate(all="ignore"):
+            if not empty_ok and any(x.shape[a] == 0 for a in axes):
+                raise ShapeError(f"cannot reduce over an empty axis (shape {x.shape})")
+            # float16 sums and products accumulate in float32, as the generated kernels do
+            # (numpy's own float16 accumulation depends on the layout: an axis-0 product
+            # overflowed to inf where the kernel's was finite).
+            wide = {"dtype": np.float32} if x.dtype == T.float16 and f in (np.sum, np.prod) \
+                else {}
+            out = f(x, axis=axes, keepdims=bool(keep_dims), **wide)
+        return np.asarray(out).astype(x.dtype, copy=False)
+    return ref
+
+
+def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    # np.mean warns on an empty axis; the mean over nothing is NaN, quietly.
+    count = math.prod([x.shape[a] for a in axis])
+    total = np.sum(x, axis=axis, keepdims=keepdims, dtype=np.float64)
+    return total / count if count else np.full(np.shape(total), np.nan)
+
+
+# Max and min propagate NaN like numpy; OpenMP's max/min clauses do not see NaN, so kernels
+# track it apart.
+_MAX = Reduction("-INFINITY", "{acc} > {v} ? {acc} : {v}", "max", propagates_nan=True)
+_MIN = Reduction("INFINITY", "{acc} < {v} ? {acc} : {v}", "min", propagates_nan=True)
+_REDUCE_ATTRS = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),))
+declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
+              reference=_reduce_ref(np.sum), reduction=Reduction("0", "{acc} + {v}", "+"),
+              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
+              reference=_reduce_ref(np.prod), reduction=Reduction("1", "{acc} * {v}", "*"),
+              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",),
+              infer=_reduce_nonempty_infer,
+              reference=_reduce_ref(np.max, empty_ok=False), reduction=_MAX,
+              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+declare(OpDef(name="ReduceMin", kind=PatternKind.REDUCE, inputs=("x",),
+              infer=_reduce_nonempty_infer,
+              reference=_reduce_ref(np.min, empty_ok=False), reduction=_MIN,
+              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+# ReduceMean is a composite: expanded to ReduceSum * (1/n) when fusing.
+declare(OpDef(name="ReduceMean", kind=PatternKind.OPAQUE, inputs=("x",), infer=_reduce_infer,
+              reference=_reduce_ref(_mean), accepts=FLOATS, composite=True,
+              **_REDUCE_ATTRS))  # type: ignore[arg-type]

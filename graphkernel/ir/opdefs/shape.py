@@ -1,0 +1,121 @@
+"""Shape ops (injective): Reshape, Transpose, ExpandDims, Squeeze, BroadcastTo, Tile. They run as
+numpy views or copies between kernels, except where graph_kernel/schedule.py lets them fuse."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import ShapeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import OpDef, PatternKind, declare
+from graphkernel.ir.types import TensorType, ValueType
+
+
+def _reshape_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    shape = tuple(int(d) for d in attrs["shape"])
+    if shape.count(-1) > 1:
+        raise ShapeError(f"Reshape: at most one -1 in shape {shape}")
+    if -1 in shape:
+        known = math.prod([d for d in shape if d != -1])
+        if known == 0 or x.size % known:
+            raise ShapeError(f"Reshape: cannot reshape {x.shape} into {shape}")
+        shape = tuple(x.size // known if d == -1 else d for d in shape)
+    if any(d < 0 for d in shape) or math.prod(shape) != x.size:
+        raise ShapeError(f"Reshape: cannot reshape {x.shape} ({x.size} elements) into {shape}")
+    return TensorType(shape, x.dtype)
+
+
+# Reshape, ExpandDims and Squeeze join fused kernels when they only add or drop leading unit
+# dims (a no-op under right-aligned broadcasting: graph_kernel/schedule.py checks); otherwise
+# they run as numpy views between kernels.
+declare(OpDef(name="Reshape", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_reshape_infer,
+              reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),),
+              c_template="{0}", view=True))
+
+
+def _transpose_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(x.rank)):
+        raise ShapeError(f"Transpose: perm {perm} is not a permutation of the {x.rank} axes "
+                         f"of a tensor of shape {x.shape}")
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+declare(OpDef(name="Transpose", kind=PatternKind.INJECTIVE, inputs=("x",),
+              infer=_transpose_infer, reference=lambda x, perm: np.transpose(x, perm),
+              call_attrs=(("perm", None),)))
+
+
+def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    axis = attrs["axis"]
+    if not isinstance(axis, (int, np.integer)) or not -x.rank - 1 <= axis <= x.rank:
+        raise ShapeError(f"ExpandDims: axis {axis!r} out of range for rank {x.rank}")
+    axis = axis % (x.rank + 1)
+    return TensorType(x.shape[:axis] + (1,) + x.shape[axis:], x.dtype)
+
+
+declare(OpDef(name="ExpandDims", kind=PatternKind.INJECTIVE, inputs=("x",),
+              infer=_expand_dims_infer, reference=lambda x, axis: np.expand_dims(x, axis),
+              call_attrs=(("axis", None),), c_template="{0}", view=True))
+
+
+def _squeeze_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    axis = attrs["axis"]
+    axes = tuple(i for i, d in enumerate(x.shape) if d == 1) if axis in ((), None) else \
+        T.normalize_axes(axis, x.rank)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeError(f"Squeeze: axis {a} of shape {x.shape} has size {x.shape[a]}, not 1")
+    return TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+def _squeeze_ref(x: np.ndarray, axis: Any = ()) -> np.ndarray:
+    axes = tuple(i for i, d in enumerate(x.shape) if d == 1) if axis in ((), None) else \
+        T.normalize_axes(axis, x.ndim)
+    return np.squeeze(x, axis=axes)
+
+
+declare(OpDef(name="Squeeze", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_squeeze_infer,
+              reference=_squeeze_ref, init_attrs=(("axis", ()),), c_template="{0}",
+              view=True))
+
+
+def _broadcast_to_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    target = tuple(int(d) for d in attrs["shape"])
+    target = tuple(x.shape[i - len(target) + x.rank] if d == -1 else d
+                   for i, d in enumerate(target))
+    if T.broadcast_shapes(x.shape, target) != target:
+        raise ShapeError(f"BroadcastTo: shape {x.shape} cannot broadcast to {target}")
+    return TensorType(target, x.dtype)
+
+
+def _broadcast_to_ref(x: np.ndarray, shape: Any) -> np.ndarray:
+    target = _broadcast_to_infer((TensorType(x.shape, x.dtype),), {"shape": shape})
+    return np.broadcast_to(x, target.shape)  # type: ignore[union-attr]
+
+
+declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
+              infer=_broadcast_to_infer, reference=_broadcast_to_ref,
+              init_attrs=(("shape", None),), c_template="{0}"))
+
+
+def _tile_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    mult = tuple(int(m) for m in attrs["multiples"])
+    if len(mult) < x.rank or any(m < 0 for m in mult):
+        raise ShapeError(f"Tile: multiples {mult} must be non-negative and at least rank "
+                         f"{x.rank} for shape {x.shape}")
+    shape = (1,) * (len(mult) - x.rank) + x.shape
+    return TensorType(tuple(d * m for d, m in zip(shape, mult)), x.dtype)
+
+
+declare(OpDef(name="Tile", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_tile_infer,
+              reference=lambda x, multiples: np.tile(x, multiples),
+              call_attrs=(("multiples", None),)))
