@@ -92,3 +92,7 @@ class RendererError(GraphKernelError, RuntimeError):
 
 class VerifyError(GraphKernelError, AssertionError):
     """The IR verifier found a malformed graph (a graphkernel bug)."""
+
+
+class NoEffectWarning(UserWarning):
+    """A MindSpore setting graphkernel accepts but that changes nothing here."""

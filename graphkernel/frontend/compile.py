@@ -19,6 +19,7 @@ from graphkernel.errors import (
 from graphkernel.frontend import context, primitive
 from graphkernel.frontend.cell import Cell, input_names
 from graphkernel.frontend.tensor import Tensor
+from graphkernel.frontend.text_dump import write_graph_kernel_dump
 from graphkernel.frontend.tracing import Tracer, function_location, user_location
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import (
@@ -163,6 +164,8 @@ def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> 
     exe.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:
         exe.dump_files.append(dumper.write_text(SUMMARY_NAME, exe.summary() + "\n"))
+    if options.flags.dump_as_text:
+        exe.dump_files.append(write_graph_kernel_dump(exe, options.flags, folder))
     return exe
 
 

@@ -48,18 +48,16 @@ def flat_ops(node: Node) -> list[Node]:
 
 def op_refusal(op: str, flags: GraphKernelFlags) -> tuple[str, str] | None:
     """Why a basic op may not join any group: (rule, detail), or None."""
-    if op in flags.disable_cluster_ops:
-        return "flag", f"{op} is listed in --disable_cluster_ops"
     opdef = get_op(op)
+    refused = flags.cluster_refusal(op, opdef.kind == PatternKind.REDUCE)
+    if refused is not None and op != "GetItem":
+        return "flag", refused
     if op == "GetItem":
         return "pattern", "GetItem selects an output of a multi-output op"
     if not fusible_op(op):
         if opdef.kind == PatternKind.OPAQUE:
             return "pattern", f"{op} is opaque: it runs as a library kernel"
         return "pattern", f"{op} is {opdef.kind.name.lower()}: it runs as a view or copy of its own"
-    if flags.opt_level <= 1 and opdef.kind == PatternKind.REDUCE and \
-            op not in flags.enable_cluster_ops:
-        return "flag", f"opt_level {flags.opt_level} fuses elementwise ops only"
     return None
 
 
@@ -123,7 +121,9 @@ class Clusterer:
                                "fusion stage")
         for inner in flat_ops(node):
             refusal = op_refusal(inner.op, self.flags)
-            if refusal is not None:
+            # --enable_cluster_ops_only lists basic ops; a composite joins as a whole (MindSpore).
+            if refusal is not None and not (refusal[0] == "flag" and
+                                            self.flags.enable_cluster_ops_only):
                 return refusal[0], f"composite {node.name} contains {inner.op}: {refusal[1]}"
         return None
 

@@ -1,12 +1,81 @@
 """`graph_kernel_flags`: a string in MindSpore's form, e.g.
-"--opt_level=2 --disable_expand_ops=Softmax --disable_cluster_ops=Exp --dump_as_text"."""
+"--opt_level=2 --disable_expand_ops=Softmax --disable_cluster_ops=Exp --dump_as_text".
+
+Every flag MindSpore 2.x registers (its graph_kernel_flags.cc) is accepted, so a MindSpore
+script starts unchanged. The flags graphkernel implements act; the others are parsed, checked for
+a well-formed value, and named in one warning as having no effect here. A name MindSpore does not
+know is an error that suggests the closest known flag (MindSpore itself only logs a warning, and
+a misspelt flag then silently does nothing).
+"""
 from __future__ import annotations
 
+import difflib
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from graphkernel.errors import FlagError
+from graphkernel.errors import FlagError, NoEffectWarning
 
 DEFAULT_OP_LIMIT = 64
+
+# MindSpore 2.x's flags by value kind: "bool" (`--flag` means true), "int", "str", "list"
+# (comma-separated names).
+MINDSPORE_FLAGS: dict[str, str] = {
+    "opt_level": "int",
+    "dump_as_text": "bool",
+    "enable_stitch_fusion": "bool",
+    "enable_recompute_fusion": "bool",
+    "enable_parallel_fusion": "bool",
+    "enable_horizontal_fusion": "bool",
+    "enable_auto_tensor_inplace": "bool",
+    "enable_dynamic_batch": "bool",
+    "enable_low_precision": "bool",
+    "enable_csr_fusion": "bool",
+    "enable_debug_mode": "bool",
+    "enable_lite_conv_tuning": "bool",
+    "enable_vectorization": "bool",
+    "enable_dynamic_shape_fusion": "bool",
+    "enable_parallel_op_combine": "bool",
+    "enable_cce_lib": "bool",
+    "reduce_fuse_depth": "int",
+    "online_tuning": "int",
+    "cpu_refer_thread_num": "int",
+    "fusion_ops_level": "int",
+    "parallel_ops_level": "int",
+    "recompute_increment_threshold": "int",
+    "recompute_peak_threshold": "int",
+    "composite_op_limit_size": "int",
+    "repository_path": "str",
+    "target_os": "str",
+    "cpu_arch": "str",
+    "cpu_feature": "str",
+    "cpu_type": "str",
+    "kernel_generator": "str",
+    "enable_expand_ops": "list",
+    "enable_expand_ops_only": "list",
+    "disable_expand_ops": "list",
+    "enable_cluster_ops": "list",
+    "enable_cluster_ops_only": "list",
+    "disable_cluster_ops": "list",
+    "enable_simplify_exprs_only": "list",
+    "disable_simplify_exprs": "list",
+    "enable_pass": "list",
+    "disable_pass": "list",
+    "enable_cce_lib_ops": "list",
+    "enable_cce_lib_ops_only": "list",
+    "disable_cce_lib_ops": "list",
+}
+
+# The flags that change what graphkernel does (the fields of GraphKernelFlags).
+IMPLEMENTED = ("opt_level", "dump_as_text", "composite_op_limit_size", "enable_expand_ops",
+               "enable_expand_ops_only", "disable_expand_ops", "enable_cluster_ops",
+               "enable_cluster_ops_only", "disable_cluster_ops", "enable_pass", "disable_pass")
+KNOWN_FLAGS = IMPLEMENTED  # kept for callers that list what acts
+
+_OP_LISTS = ("enable_expand_ops", "enable_expand_ops_only", "disable_expand_ops",
+             "enable_cluster_ops", "enable_cluster_ops_only", "disable_cluster_ops")
+_TRUE = ("", "true", "on", "1")
+_FALSE = ("false", "off", "0")
 
 
 @dataclass(frozen=True)
@@ -15,61 +84,187 @@ class GraphKernelFlags:
 
     opt_level: 0 no graph-kernel passes; 1 elementwise fusion only (composite ops with
     reductions stay library kernels unless named in enable_expand_ops, reductions are not
-    clustered unless named in enable_cluster_ops); 2 (default) every fusion pattern; 3 the same
-    as 2 today (reserved for fusions that trade accuracy or memory for speed).
+    clustered unless named in enable_cluster_ops, and the simplify stage is off); 2 (default)
+    every fusion pattern and simplification; 3 the same as 2 today (reserved for fusions that
+    trade accuracy or memory for speed).
+    `*_only` lists replace the default choice (the plain enable/disable lists are then ignored,
+    as in MindSpore). enable_pass/disable_pass name backend stages (`hwopt_2_basic_op_fusion`
+    or `basic_op_fusion`). `no_effect` lists the MindSpore flags given that do nothing here.
     """
 
     opt_level: int = 2
     enable_expand_ops: frozenset[str] = field(default_factory=frozenset)
+    enable_expand_ops_only: frozenset[str] = field(default_factory=frozenset)
     disable_expand_ops: frozenset[str] = field(default_factory=frozenset)
     enable_cluster_ops: frozenset[str] = field(default_factory=frozenset)
+    enable_cluster_ops_only: frozenset[str] = field(default_factory=frozenset)
     disable_cluster_ops: frozenset[str] = field(default_factory=frozenset)
+    enable_pass: frozenset[str] = field(default_factory=frozenset)
+    disable_pass: frozenset[str] = field(default_factory=frozenset)
     composite_op_limit_size: int = DEFAULT_OP_LIMIT
     dump_as_text: bool = False
+    no_effect: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()  # given, but overridden by a *_only flag
+
+    # -- decisions the graph-kernel stages ask --------------------------------------------
+    def expands(self, op: str, has_reduction: bool) -> bool:
+        """Whether the expand stage turns `op` into a composite of basic ops."""
+        if self.enable_expand_ops_only:
+            return op in self.enable_expand_ops_only
+        if op in self.disable_expand_ops:
+            return False
+        return not (has_reduction and self.opt_level <= 1 and op not in self.enable_expand_ops)
+
+    def cluster_refusal(self, op: str, is_reduction: bool) -> str | None:
+        """Why the flags keep a basic op out of every fused group, or None."""
+        if self.enable_cluster_ops_only:
+            if op not in self.enable_cluster_ops_only:
+                return f"{op} is not listed in --enable_cluster_ops_only"
+            return None
+        if op in self.disable_cluster_ops:
+            return f"{op} is listed in --disable_cluster_ops"
+        if self.opt_level <= 1 and is_reduction and op not in self.enable_cluster_ops:
+            return f"opt_level {self.opt_level} fuses elementwise ops only"
+        return None
+
+    def stage_runs(self, stage: str, level: int, known: Iterable[str]) -> bool:
+        """Whether backend stage `stage` (on from opt_level `level`) runs; names in
+        enable_pass/disable_pass must be among `known` (full or short stage names)."""
+        known = list(known)
+        for flag in ("enable_pass", "disable_pass"):
+            for name in getattr(self, flag):
+                if not any(name in (k, short_stage_name(k)) for k in known):
+                    choices = known + [short_stage_name(k) for k in known]
+                    raise FlagError(f"graph_kernel_flags: --{flag} names unknown stage {name!r}"
+                                    f"{_suggest(name, choices)}; the stages that can be "
+                                    f"switched: {', '.join(known)}")
+        both = {short_stage_name(n) for n in self.enable_pass} & \
+            {short_stage_name(n) for n in self.disable_pass}
+        if both:
+            raise FlagError(f"graph_kernel_flags: stage {', '.join(sorted(both))} is both in "
+                            "--enable_pass and --disable_pass")
+        names = (stage, short_stage_name(stage))
+        if any(n in names for n in self.disable_pass):
+            return False
+        return self.opt_level >= level or any(n in names for n in self.enable_pass)
 
 
-_LIST_FLAGS = ("enable_expand_ops", "disable_expand_ops", "enable_cluster_ops",
-               "disable_cluster_ops")
-KNOWN_FLAGS = ("opt_level",) + _LIST_FLAGS + ("composite_op_limit_size", "dump_as_text")
+def short_stage_name(stage: str) -> str:
+    """`hwopt_2_basic_op_fusion` -> `basic_op_fusion` (the name without its order prefix)."""
+    parts = stage.split("_", 2)
+    if len(parts) == 3 and parts[0] == "hwopt" and parts[1].isdigit():
+        return parts[2]
+    return stage
 
 
-def parse_flags(text: str) -> GraphKernelFlags:
-    """Parse a flags string; an unknown flag or bad value names the known ones."""
+def _suggest(name: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _parse_value(key: str, kind: str, sep: str, raw: str) -> object:
+    if kind == "bool":
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise FlagError(f"graph_kernel_flags: --{key} takes true or false, got {raw!r}")
+    if not sep or not raw:
+        raise FlagError(f"graph_kernel_flags: --{key} needs a value (--{key}=...)")
+    if kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise FlagError(f"graph_kernel_flags: --{key} needs an integer, got {raw!r}"
+                            ) from None
+    if kind == "list":
+        names = [n for n in raw.split(",") if n]
+        if not names:
+            raise FlagError(f"graph_kernel_flags: --{key} needs a comma-separated list")
+        return frozenset(names)
+    return raw
+
+
+def parse_flags(text: str, warn: bool = False) -> GraphKernelFlags:
+    """Parse a flags string. An unknown flag or a bad value raises FlagError; with `warn`, the
+    MindSpore flags that have no effect here are named in one NoEffectWarning."""
+    from graphkernel.graph_kernel.expanders import EXPANDERS
     from graphkernel.ir.opset import OPS
     values: dict[str, object] = {}
+    no_effect: list[str] = []
     for token in text.split():
-        if not token.startswith("--"):
-            raise FlagError(f"graph_kernel_flags: {token!r} does not start with '--'; known "
-                            f"flags: {', '.join('--' + k for k in KNOWN_FLAGS)}")
+        if not token.startswith("--") or len(token) == 2:
+            raise FlagError(f"graph_kernel_flags: {token!r} does not start with '--'; flags are "
+                            "written --name or --name=value, separated by spaces")
         key, sep, raw = token[2:].partition("=")
-        if key not in KNOWN_FLAGS:
-            raise FlagError(f"graph_kernel_flags: unknown flag --{key}; known flags: "
-                            f"{', '.join('--' + k for k in KNOWN_FLAGS)}")
-        if key == "dump_as_text":
-            if sep and raw.lower() not in ("true", "false"):
-                raise FlagError("graph_kernel_flags: --dump_as_text takes true or false, got "
-                                f"{raw!r}")
-            values[key] = (raw.lower() != "false") if sep else True
-        elif key in ("opt_level", "composite_op_limit_size"):
-            try:
-                number = int(raw)
-            except ValueError:
-                raise FlagError(f"graph_kernel_flags: --{key} needs an integer, got {raw!r}"
-                                ) from None
-            if key == "opt_level" and not 0 <= number <= 3:
-                raise FlagError("graph_kernel_flags: --opt_level must be 0, 1, 2 or 3, got "
-                                f"{number}")
-            if key == "composite_op_limit_size" and number < 1:
-                raise FlagError(f"graph_kernel_flags: --composite_op_limit_size must be >= 1, "
-                                f"got {number}")
-            values[key] = number
-        else:
-            names = [n for n in raw.split(",") if n]
-            if not names:
-                raise FlagError(f"graph_kernel_flags: --{key} needs a comma-separated list of ops")
-            unknown = [n for n in names if n not in OPS]
+        kind = MINDSPORE_FLAGS.get(key)
+        if kind is None:
+            raise FlagError(f"graph_kernel_flags: unknown flag --{key}"
+                            f"{_suggest_flag(key)}; the flags that act here: "
+                            f"{', '.join('--' + k for k in IMPLEMENTED)}")
+        if key in values or key in no_effect:
+            raise FlagError(f"graph_kernel_flags: --{key} is given twice")
+        value = _parse_value(key, kind, sep, raw)
+        if key not in IMPLEMENTED:
+            no_effect.append(key)
+            continue
+        if key == "opt_level" and not 0 <= value <= 3:  # type: ignore[operator]
+            raise FlagError(f"graph_kernel_flags: --opt_level must be 0, 1, 2 or 3, got {value}")
+        if key == "composite_op_limit_size" and value < 1:  # type: ignore[operator]
+            raise FlagError(f"graph_kernel_flags: --composite_op_limit_size must be >= 1, "
+                            f"got {value}")
+        if key in _OP_LISTS:
+            unknown = sorted(n for n in value if n not in OPS)  # type: ignore[attr-defined]
             if unknown:
                 raise FlagError(f"graph_kernel_flags: --{key} names unknown op(s) "
-                                f"{', '.join(unknown)}")
-            values[key] = frozenset(names)
-    return GraphKernelFlags(**values)  # type: ignore[arg-type]
+                                f"{', '.join(unknown)}{_suggest(unknown[0], OPS)}")
+            if "expand" in key:
+                plain = sorted(n for n in value if n not in EXPANDERS)  # type: ignore[attr-defined]
+                if plain:
+                    raise FlagError(f"graph_kernel_flags: --{key} names {', '.join(plain)}, "
+                                    "which graphkernel does not expand; ops it expands: "
+                                    f"{', '.join(sorted(EXPANDERS))}")
+        values[key] = value
+    ignored = [k for base in ("expand_ops", "cluster_ops") if f"enable_{base}_only" in values
+               for k in (f"enable_{base}", f"disable_{base}") if k in values]
+    flags = GraphKernelFlags(**values, no_effect=tuple(no_effect),  # type: ignore[arg-type]
+                             ignored=tuple(ignored))
+    if warn:
+        warn_no_effect(flags)
+    return flags
+
+
+def _suggest_flag(key: str) -> str:
+    close = difflib.get_close_matches(key, list(MINDSPORE_FLAGS), n=1, cutoff=0.6)
+    return f" (did you mean --{close[0]}?)" if close else ""
+
+
+def warn_no_effect(flags: GraphKernelFlags) -> None:
+    """One warning naming every given flag that does nothing here."""
+    parts = []
+    if flags.no_effect:
+        parts.append(f"{', '.join('--' + k for k in flags.no_effect)} "
+                     f"{'has' if len(flags.no_effect) == 1 else 'have'} no effect in graphkernel "
+                     "(accepted for MindSpore scripts)")
+    if flags.ignored:
+        parts.append(f"{', '.join('--' + k for k in flags.ignored)} ignored because the "
+                     "matching *_only flag is set")
+    if parts:
+        warnings.warn("graph_kernel_flags: " + "; ".join(parts), NoEffectWarning, stacklevel=4)
+
+
+def flags_text(flags: GraphKernelFlags) -> str:
+    """The flags that differ from the defaults, written back in MindSpore's form."""
+    default = GraphKernelFlags()
+    parts = []
+    for name in IMPLEMENTED:
+        value = getattr(flags, name)
+        if value == getattr(default, name):
+            continue
+        if isinstance(value, bool):
+            parts.append(f"--{name}" if value else f"--{name}=false")
+        elif isinstance(value, frozenset):
+            parts.append(f"--{name}={','.join(sorted(value))}")
+        else:
+            parts.append(f"--{name}={value}")
+    return " ".join(parts + [f"--{name}" + " (no effect)" for name in flags.no_effect])

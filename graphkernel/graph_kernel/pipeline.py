@@ -6,6 +6,7 @@ stages (hwopt_*) end with hwopt_d_end, the graph that runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from graphkernel.graph_kernel.cluster import cluster
@@ -60,14 +61,14 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             _expand(node.subgraph, options)
             new_nodes.append(node)
             continue
-        if node.op not in EXPANDERS or node.op in flags.disable_expand_ops or \
+        if node.op not in EXPANDERS or \
                 all(t.size == 0 for t in output_types(node)):  # empty: nothing to compute
             new_nodes.append(node)
             continue
         composite = expand_node(node)
         has_reduction = any(n.kind == PatternKind.REDUCE for n in composite.subgraph.nodes)  # type: ignore
-        if has_reduction and flags.opt_level <= 1 and node.op not in flags.enable_expand_ops:
-            new_nodes.append(node)  # opt_level 1 fuses elementwise work only
+        if not flags.expands(node.op, has_reduction):  # flags; opt_level 1: elementwise only
+            new_nodes.append(node)
             continue
         try:
             analyze(composite.subgraph.nodes, composite.subgraph.outputs)  # type: ignore
@@ -106,7 +107,7 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
 
     def basic_fusion(graph: Graph) -> Graph:
         result = cluster(graph, flags, False, "hwopt_2_basic_op_fusion", options.cost)
-        state.reasons = [r for r in state.reasons if r.stage != "hwopt_2_basic_op_fusion"]
+        state.reasons = list(result.reasons)  # replaced by composite fusion's when it runs
         return result.graph
 
     def composite_fusion(graph: Graph) -> Graph:
@@ -114,7 +115,7 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
         state.reasons = list(result.reasons)
         return result.graph
 
-    return [
+    stages = [
         Stage("hwopt_1_graph_kernel_expand", lambda g: _expand(g, options),
               "composite ops (GeLU, Softmax, LayerNorm, ...) expanded into basic ops"),
         Stage("hwopt_2_basic_op_fusion", basic_fusion,
@@ -123,5 +124,15 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
               "composites grown over the basic ops and composites around them"),
         Stage("hwopt_4_graph_kernel_simplify", simplify_composites,
               "constant folding, common subexpressions and identities inside each kernel"),
-        end,
     ]
+    # The opt_level each stage needs (MindSpore: simplification is level 2); enable_pass and
+    # disable_pass override it by stage name.
+    levels = {"hwopt_4_graph_kernel_simplify": 2}
+    known = [s.name for s in stages]
+    return [s for s in stages if flags.stage_runs(s.name, levels.get(s.name, 1), known)] + [end]
+
+
+def check_flags(flags: GraphKernelFlags) -> None:
+    """Raise FlagError now for stage names the backend would refuse at compile time."""
+    on = dataclasses.replace(flags, opt_level=max(flags.opt_level, 1))
+    backend_stages(CompileOptions(enable_graph_kernel=True, flags=on), BackendState())

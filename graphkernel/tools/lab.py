@@ -114,7 +114,7 @@ def run_scenario(name: str, net_cls: type[Cell], fusion: bool, out_dir: str,
         exe = gk_compile(net, Tensor(x))
         result = exe(Tensor(x)).asnumpy()
     finally:
-        context.set_context(**saved)
+        context.restore(saved)
     pictures = []
     if render_pictures:
         for stage in FIGURES:
