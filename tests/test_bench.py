@@ -123,3 +123,20 @@ def test_a_system_that_crashed_in_its_probe_is_not_run() -> None:
     assert res["systems"]["gk_fused"]["status"] == "crashed"
     assert res["systems"]["numpy"]["status"] == "ok"
     assert any("crashed" in line for line in failures({"workloads": [res]}))
+
+
+def test_graphkernel_bench_runs_the_harness_as_its_own_program(capfd: pytest.CaptureFixture
+                                                                 ) -> None:
+    # `graphkernel bench ARGS` is `python -m bench ARGS` in a child process: the CLI never
+    # imports the harness, and the child's exit status is the command's.
+    import subprocess
+    import sys
+
+    from graphkernel.tools.cli import main as cli_main
+    assert cli_main(["bench", "--help"]) == 0
+    assert "usage: python -m bench" in capfd.readouterr().out
+    assert cli_main(["bench", "--suite", "no-such-suite"]) == 2
+    assert "invalid choice: 'no-such-suite'" in capfd.readouterr().err
+    code = "import sys, graphkernel.tools.cli; print('bench' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -193,7 +193,7 @@ def _operand_array(o: Any, types: list[Any]) -> Any:
 
 def infer(instr: tuple[Any, ...], types: list[Any]) -> Any:
     """The result type of an instruction (a Ty or a tuple of Ty); raises GraphKernelError."""
-    from graphkernel.frontend.primitive import _normalise_args
+    from graphkernel.frontend.tensor import _normalise_args
     kind = instr[0]
     if kind == "get":
         return types[instr[1]][instr[2]]

@@ -1,18 +1,22 @@
-"""Tensor and Parameter. A Tensor holds either an array (eager) or, while `construct` is being
-traced in graph mode, a symbolic IR value."""
+"""Tensor and Parameter, and `apply_op`: a primitive applied to tensors. A Tensor holds either an
+array (eager) or, while `construct` is being traced in graph mode, a symbolic IR value of the
+graph being recorded (frontend/symbolic.py); `apply_op` records a node there or runs the numpy
+reference. Tensor arithmetic is `apply_op`, so both live here."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import GraphModeError
+from graphkernel.errors import DTypeError, GraphKernelError, GraphModeError, UnsupportedError
+from graphkernel.frontend.location import user_location
+from graphkernel.frontend.memory import check_fits_in_memory
+from graphkernel.frontend.symbolic import SymbolicGraph, current_graph
 from graphkernel.ir import types as T
-
-if TYPE_CHECKING:
-    from graphkernel.frontend.tracing import Tracer
-    from graphkernel.ir.graph import Value
+from graphkernel.ir.graph import Constant, Value
+from graphkernel.ir.opset import OpDef, _check_dtypes, get_op
+from graphkernel.ir.types import TensorType, TupleType
 
 _STATIC_GRAPH_HELP = (
     "graph mode compiles `construct` into a static graph once per input signature, so Python "
@@ -28,7 +32,7 @@ class Tensor:
 
     def __init__(self, input_data: Any = None, dtype: Any = None) -> None:
         self._value: Value | None = None
-        self._tracer: Tracer | None = None
+        self._tracer: SymbolicGraph | None = None
         if input_data is None:
             raise TypeError("Tensor needs data: an array, a list or a scalar")
         if isinstance(input_data, Tensor):
@@ -45,7 +49,7 @@ class Tensor:
         self._array: np.ndarray | None = array
 
     @classmethod
-    def _symbolic(cls, value: Value, tracer: Tracer) -> Tensor:
+    def _symbolic(cls, value: Value, tracer: SymbolicGraph) -> Tensor:
         t = cls.__new__(cls)
         t._array = None
         t._value = value
@@ -89,7 +93,6 @@ class Tensor:
 
     def asnumpy(self) -> np.ndarray:
         if self._array is None:
-            from graphkernel.frontend.tracing import user_location
             raise GraphModeError(f"Tensor.asnumpy() (or a numpy function on a tensor) called "
                                  f"while tracing: {_STATIC_GRAPH_HELP}", user_location())
         return self._array
@@ -102,8 +105,6 @@ class Tensor:
         # Only called for attributes Tensor lacks (x.sum(), x.reshape(...)): say what exists.
         if name.startswith("_"):
             raise AttributeError(name)
-        from graphkernel.errors import UnsupportedError
-        from graphkernel.frontend.tracing import user_location
         raise UnsupportedError(f"Tensor has no attribute {name!r}: graphkernel tensors have "
                                "shape, dtype, ndim, size and asnumpy(), the operators + - * / ** "
                                "@ < <= > >=, and every op as a primitive (e.g. P.ReduceSum()(x, "
@@ -112,7 +113,6 @@ class Tensor:
     # -- Python protocols that need values ---------------------------------------------------
     def _needs_value(self, what: str) -> None:
         if self._array is None:
-            from graphkernel.frontend.tracing import user_location
             raise GraphModeError(f"{what} on a tensor while tracing `construct`: "
                                  f"{_STATIC_GRAPH_HELP}", user_location())
 
@@ -145,7 +145,6 @@ class Tensor:
 
     # -- arithmetic: the same primitives as P.Add etc. -------------------------------------------
     def _binary(self, op: str, other: Any, reverse: bool = False) -> Tensor:
-        from graphkernel.frontend.primitive import apply_op
         args = (other, self) if reverse else (self, other)
         return apply_op(op, list(args), {})  # type: ignore[return-value]
 
@@ -191,11 +190,9 @@ class Tensor:
         return self._binary("GreaterEqual", other)
 
     def __neg__(self) -> Tensor:
-        from graphkernel.frontend.primitive import apply_op
         return apply_op("Neg", [self], {})  # type: ignore[return-value]
 
     def __matmul__(self, other: Any) -> Tensor:
-        from graphkernel.frontend.primitive import apply_op
         return apply_op("MatMul", [self, other], {})  # type: ignore[return-value]
 
     # -- text ---------------------------------------------------------------------------------
@@ -235,3 +232,121 @@ class Parameter(Tensor):
     def __repr__(self) -> str:
         return f"Parameter(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype.name})"
 
+
+
+def value_in(graph: SymbolicGraph, tensor: Tensor) -> Value:
+    """The IR value of a tensor operand in the graph being recorded: its own symbolic value (an
+    outer graph's captured as an input), a weight input for a Parameter, else a constant."""
+    if tensor._value is not None:
+        return graph.capture(tensor._value, tensor._tracer)
+    if isinstance(tensor, Parameter):
+        return graph.weight(tensor)
+    return Constant(np.array(tensor.asnumpy()), graph.unique("const"))
+
+
+# -- applying a primitive to operands ----------------------------------------------------------
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def _operand_tensor_dtypes(op: OpDef, args: list[Any]) -> list[np.dtype]:
+    dtypes = [a.dtype for a in args if isinstance(a, Tensor)]
+    dtypes += [a.dtype for a in args if isinstance(a, np.ndarray)]
+    if op.name == "Select":  # the condition does not decide the scalar's type
+        dtypes = [a.dtype for a in args[1:] if isinstance(a, (Tensor, np.ndarray))]
+    return dtypes
+
+
+def _normalise_args(op: OpDef, args: list[Any]) -> list[Tensor | np.ndarray]:
+    """Tensors stay; numpy arrays become constants; Python scalars take weak dtypes."""
+    partner_dtypes = _operand_tensor_dtypes(op, args)
+    partner = T.promote(*partner_dtypes) if partner_dtypes else None
+    out: list[Tensor | np.ndarray] = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, Tensor):
+            out.append(arg)
+        elif isinstance(arg, np.ndarray):
+            T.to_dtype(arg.dtype)
+            out.append(arg)
+        elif isinstance(arg, _SCALARS):
+            value = arg.item() if isinstance(arg, np.generic) else arg
+            this_partner = partner
+            if op.name == "Select" and i == 0:
+                this_partner = T.bool_
+            dtype = T.scalar_dtype(value, this_partner)
+            out.append(np.asarray(value, dtype=dtype))
+        else:
+            name = op.inputs[min(i, len(op.inputs) - 1)]
+            raise DTypeError(f"{op.name} input {name!r} is a {type(arg).__name__} ({arg!r:.60}); "
+                             "expected a Tensor, a numpy array or a Python number")
+    return out
+
+
+def apply_op(name: str, args: list[Any], attrs: dict[str, Any]) -> Tensor | tuple[Tensor, ...]:
+    """Apply a primitive to operands: trace it or run it eagerly."""
+    op = get_op(name)
+    loc = user_location()
+    try:
+        return _apply(op, args, attrs, loc)
+    except GraphKernelError as err:
+        raise err.with_location(loc) from None
+
+
+def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
+           ) -> Tensor | tuple[Tensor, ...]:
+    operands = _normalise_args(op, args)
+    full_attrs = {**op.attr_defaults, **attrs}
+    types = tuple(TensorType(tuple(o.shape), o.dtype) for o in operands)
+    _check_dtypes(op.name, types, op.accepts)
+    out_type = op.infer(types, full_attrs)
+    check_fits_in_memory(op.name, out_type)
+    tracer = _tracer_for(operands)
+    if tracer is None:
+        arrays = [o.asnumpy() if isinstance(o, Tensor) else o for o in operands]
+        result = op.reference(*arrays, **full_attrs)
+        return _wrap_eager(result, out_type)
+    values: list[Value] = []
+    for o in operands:
+        if isinstance(o, Tensor):
+            values.append(value_in(tracer, o))
+        else:
+            values.append(Constant(o, tracer.unique("const")))
+    node = tracer.add_node(op.name, values, attrs_for_ir(op, full_attrs), out_type, loc)
+    if isinstance(out_type, TupleType):
+        items = []
+        for index, item in enumerate(out_type.items):
+            getter = tracer.add_node("GetItem", [node], {"index": index}, item, loc)
+            items.append(Tensor._symbolic(getter, tracer))
+        return tuple(items)
+    return Tensor._symbolic(node, tracer)
+
+
+def attrs_for_ir(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attributes as stored on nodes: hashable (lists become tuples), dtypes as numpy dtypes."""
+    out: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if isinstance(value, list):
+            value = tuple(value)
+        if key == "dtype" and value is not None:
+            value = T.to_dtype(value)
+        out[key] = value
+    return out
+
+
+def _tracer_for(operands: list[Tensor | np.ndarray]) -> SymbolicGraph | None:
+    for o in operands:
+        if isinstance(o, Tensor) and o._tracer is not None:
+            return current_graph() or o._tracer
+    tracer = current_graph()
+    if tracer is not None and any(isinstance(o, Parameter) for o in operands):
+        return tracer  # weights stay graph inputs, never folded into constants
+    return None
+
+
+def _wrap_eager(result: Any, out_type: Any) -> Tensor | tuple[Tensor, ...]:
+    if isinstance(out_type, TupleType):
+        return tuple(Tensor._wrap(np.asarray(r, dtype=t.dtype))
+                     for r, t in zip(result, out_type.items))
+    array = np.asarray(result)
+    if array.dtype != out_type.dtype:
+        array = array.astype(out_type.dtype)
+    return Tensor._wrap(array)

@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
     import difflib
 
     from graphkernel.errors import UnsupportedError
-    from graphkernel.frontend.tracing import user_location
+    from graphkernel.frontend.location import user_location
     close = difflib.get_close_matches(name, __all__, n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise UnsupportedError(f"graphkernel has no primitive {name!r}{hint}; supported primitives: "

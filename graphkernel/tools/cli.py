@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import subprocess
 import sys
 
 from graphkernel.errors import GraphKernelError
@@ -51,13 +53,18 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        from bench.cli import main as bench_main
-    except ImportError:
+    # The benchmark harness sits beside the package, not in it: run it as its own program
+    # (`python -m bench`, which re-executes itself with its environment anyway) rather than
+    # importing it into the CLI. -P: the `bench` found here, not a folder of that name in the
+    # user's working directory.
+    if importlib.util.find_spec("bench") is None:
         print("graphkernel: error: the benchmark package `bench` is not importable; run from "
               "a source checkout (python -m bench)", file=sys.stderr)
         return 2
-    return bench_main(list(args.bench_args))
+    try:
+        return subprocess.call([sys.executable, "-P", "-m", "bench", *args.bench_args])
+    except KeyboardInterrupt:  # the child got the same interrupt and has stopped
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:
