@@ -316,7 +316,7 @@ def test_graph_larger_than_memory_in_total(monkeypatch: pytest.MonkeyPatch) -> N
     x = np.ones((256, 256), np.float32)  # 256 KiB per value, 5 values in the graph
     monkeypatch.setattr(primitive, "physical_memory", lambda: 1 << 20)
     ran = []
-    monkeypatch.setattr(graphkernel.runtime.executable.Executable, "run_arrays",
+    monkeypatch.setattr(graphkernel.runtime.executable.Executable, "run",
                         lambda *a: ran.append(a))
     with pytest.raises(ResourceError) as info:
         ManyMedium()(x)

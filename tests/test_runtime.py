@@ -133,7 +133,8 @@ def _chain_reference(x, w):
 
 
 def _pooled(exe, shape):
-    return [a for (s, _), arrays in exe.buffer_pool._free.items() if s == shape for a in arrays]
+    pool = exe.executable.runner.pool
+    return [a for b, (s, _) in enumerate(pool.buffers) if s == shape for a in pool.arrays(b)]
 
 
 def test_dead_intermediates_lend_their_buffers_to_later_steps(rng):
@@ -164,30 +165,39 @@ def test_results_held_keep_their_buffers_across_calls_with_reuse(rng):
         np.testing.assert_allclose(last, want_last, rtol=1e-4, atol=1e-6)
 
 
-def test_first_call_buffers_replay_the_steps():
-    from graphkernel.runtime.memory import first_call_buffers, release_plan
-    a, b = ((64, 64), "<f4"), ((8,), "<f8")
-    # slot 0: input; step 0 makes slot 1 (takes a); step 1 views it as slot 2 (library step,
-    # may alias); step 2 reads slot 2 and makes slot 3 (takes a); step 3 reads 3, makes 4
-    # (takes a and b). Slot 4 is the result.
-    takes = [[a], [], [a], [a, b]]
-    reads = [(0,), (1,), (2,), (3,)]
-    writes = [1, 2, 3, 4]
-    aliases = [False, True, False, False]
-    release = release_plan(reads, writes, keep={0, 4})
+def test_plan_memory_lends_dead_buffers_and_keeps_viewed_ones():
+    from graphkernel.ir.types import TensorType
+    from graphkernel.runtime.plan import Slot, SlotRole, Step, StepKind, plan_memory
+    a, b = TensorType((64, 64), np.dtype("<f4")), TensorType((8,), np.dtype("<f8"))
+    # slot 0: input; step 0 makes slot 1 (pooled a); step 1 views it as slot 2 (may alias);
+    # step 2 reads slot 2 and makes slot 3 (pooled a); step 3 reads 3, makes 4 and 5 (pooled
+    # a and b). Slots 4 and 5 are results.
+    slots = tuple([Slot(0, "x", a, SlotRole.INPUT)] +
+                  [Slot(i, f"v{i}", t, SlotRole.VALUE) for i, t in
+                   ((1, a), (2, a), (3, a), (4, a), (5, b))])
+
+    def step(reads, writes, pooled, aliases=False):
+        return Step(StepKind.KERNEL if pooled else StepKind.VIEW, "s", (), reads, writes,
+                    tuple(slots[w].type for w in writes), pooled=pooled, aliases=aliases)
+    steps = [step((0,), (1,), True), step((1,), (2,), False, aliases=True),
+             step((2,), (3,), True), step((3,), (4, 5), True)]
+    release, buffer_of, buffers = plan_memory(slots, steps, keep={0, 4, 5})
     assert release == [(), (1,), (2,), (3,)]
     # Step 2 cannot reuse step 0's buffer (the view in slot 2 holds it while step 2 runs);
     # step 3 can: slots 1 and 2 are gone by then.
-    assert first_call_buffers(takes, reads, writes, aliases, release) == [a, a, b]
+    assert buffer_of == {1: 0, 3: 1, 4: 0, 5: 2}
+    assert [(shape, dtype.str) for shape, dtype in buffers] == \
+        [((64, 64), "<f4"), ((64, 64), "<f4"), ((8,), "<f8")]
 
 
 def test_first_call_buffers_are_readied_ahead_without_duplicates(rng):
     x = rng.standard_normal((128, 128)).astype(np.float32) * 0.1
     w = rng.standard_normal((128, 128)).astype(np.float32) * 0.1
     exe = graphkernel.compile(MatMulChain(), x, w, options=ON)
-    assert exe.prefaulting is not None  # 64 KiB buffers: worth touching ahead
+    runner = exe.executable.runner
+    assert runner.prefaulting is not None  # 64 KiB buffers: worth touching ahead
     flat, last = exe.run_arrays(x, w)
-    assert exe.prefaulting is None
+    assert runner.prefaulting is None
     want_flat, want_last = _chain_reference(x, w)
     np.testing.assert_allclose(flat, want_flat, rtol=1e-5)
     np.testing.assert_allclose(last, want_last, rtol=1e-4, atol=1e-6)

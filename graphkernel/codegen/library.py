@@ -8,16 +8,16 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from graphkernel import __version__
+from graphkernel._version import __version__
 from graphkernel.codegen import cache, toolchain
 from graphkernel.codegen.c_emitter import KernelSource
 from graphkernel.codegen.c_text import PRELUDE
-from graphkernel.codegen.entry import EntryPlan, emit_entry
 
 KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]
 
@@ -40,7 +40,11 @@ def translation_unit(kernels: list[KernelSource], with_libmvec: bool) -> str:
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
-def build_library(kernels: list[KernelSource], plan: EntryPlan | None = None) -> BuiltLibrary:
+def build_library(kernels: list[KernelSource],
+                  entry: Callable[[str], str] | None = None) -> BuiltLibrary:
+    """Compile `kernels` into one shared library (or load it from the cache). `entry`, given
+    the module name, returns the C of a CPython module to build into the same library (the
+    plan's C runner, runtime/c_entry.py)."""
     tc = toolchain.detect()
     assert tc is not None, "build_library needs a C compiler"
     # libgomp reads its settings when it is loaded: spin-waiting threads stall on a shared
@@ -49,10 +53,10 @@ def build_library(kernels: list[KernelSource], plan: EntryPlan | None = None) ->
     source = translation_unit(kernels, tc.libmvec)
     flags = tc.flags
     module = None
-    if plan is not None and tc.python_includes:
+    if entry is not None and tc.python_includes:
         # The module's name must be known inside its source: name it after the kernels' source.
         module = "gk_" + hashlib.sha256(source.encode()).hexdigest()[:24]
-        source += "\n" + emit_entry(plan, module)
+        source += "\n" + entry(module)
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
     folder = cache.ensure_private_dir(cache.cache_dir())
     abi = f"{sys.version_info[:2]} numpy {np.__version__}" if module else ""

@@ -19,7 +19,7 @@ class Toolchain:
     openmp: bool
     libmvec: bool
     # Include folders for CPython and numpy headers when both exist: graphs then get a CPython
-    # entry point (codegen/entry.py).
+    # entry point (runtime/c_entry.py).
     python_includes: tuple[str, ...] = ()
     avx512: bool = False
 

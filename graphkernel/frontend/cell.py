@@ -1,11 +1,12 @@
 """nn.Cell and nn.GraphKernel: networks whose `construct` calls primitives."""
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from graphkernel.errors import GraphModeError, InputError
 from graphkernel.frontend import context
+from graphkernel.frontend.compile import compile_cached
+from graphkernel.frontend.signature import input_names
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.frontend.tracing import Tracer, current_tracer, user_location
 from graphkernel.ir.types import TensorType, TupleType
@@ -51,7 +52,6 @@ class Cell:
             return self._traced_call(inputs)
         if context.get_context("mode") == context.PYNATIVE_MODE:
             return self.construct(*inputs)
-        from graphkernel.frontend.compile import compile_cached
         return compile_cached(self, inputs)(*inputs)
 
     def _traced_call(self, inputs: tuple[Any, ...]) -> Any:
@@ -99,15 +99,3 @@ class GraphKernel(Cell):
             getter = outer.add_node("GetItem", [node], {"index": index}, item, loc)
             items.append(Tensor._symbolic(getter, outer))
         return tuple(items)
-
-
-def input_names(cell: Cell, count: int) -> list[str]:
-    try:
-        params = [p for p in inspect.signature(cell.construct).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        names = [p.name for p in params]
-    except (TypeError, ValueError):
-        names = []
-    names += [f"input{i}" for i in range(len(names), count)]
-    return names[:count]
-

@@ -2,25 +2,22 @@
 `compile_cached`; users and tests call `graphkernel.compile`."""
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from typing import Any
 
-import numpy as np
-
+from graphkernel.codegen.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
-    DTypeError,
     GraphModeError,
-    InputError,
     ResourceError,
 )
 from graphkernel.frontend import context, primitive
-from graphkernel.frontend.cell import Cell, input_names
+from graphkernel.frontend.compiled import CompiledCell, CompileReport
+from graphkernel.frontend.signature import CellLike, input_names, signature
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.frontend.text_dump import write_graph_kernel_dump
-from graphkernel.frontend.tracing import Tracer, function_location, user_location
+from graphkernel.frontend.tracing import Tracer, function_location
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import (
     FRONTEND_STAGES,
@@ -28,53 +25,13 @@ from graphkernel.graph_kernel.pipeline import (
     CompileOptions,
     backend_stages,
 )
-from graphkernel.ir import types as T
 from graphkernel.ir.graph import Graph, output_types
 from graphkernel.ir.types import TensorType
 from graphkernel.passes.manager import Dumper, run_stages, stage_dump_names
-from graphkernel.runtime.builder import build_executable, kernel_source_name
-from graphkernel.runtime.executable import Executable
+from graphkernel.runtime.builder import build_executable
 
 
-def _check_count(args: tuple[Any, ...], cell: Cell) -> None:
-    """The number of inputs `construct` takes (not counting self), as an InputError."""
-    try:
-        params = list(inspect.signature(cell.construct).parameters.values())
-    except (TypeError, ValueError):
-        return
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if len(required) <= len(args) <= len(positional):
-        return
-    names = ", ".join(p.name for p in positional) or "none"
-    want = str(len(positional)) if len(required) == len(positional) else \
-        f"{len(required)} to {len(positional)}"
-    raise InputError(f"{type(cell).__name__}.construct takes {want} input(s) ({names}), got "
-                     f"{len(args)}", user_location())
-
-
-def _signature(args: tuple[Any, ...], cell: Cell) -> list[TensorType]:
-    _check_count(args, cell)
-    names = input_names(cell, len(args))
-    types = []
-    for arg, name in zip(args, names):
-        if isinstance(arg, (Tensor, np.ndarray)):
-            try:
-                dtype = T.to_dtype(arg.dtype)
-            except DTypeError as err:
-                raise InputError(f"{type(cell).__name__} input {name!r}: {err.problem}",
-                                 user_location()) from None
-            types.append(TensorType(tuple(arg.shape), dtype))
-        else:
-            raise InputError(f"{type(cell).__name__} input {name!r} must be a Tensor or a numpy "
-                             f"array in graph mode, got {type(arg).__name__} ({arg!r:.40})",
-                             user_location())
-    return types
-
-
-def trace(cell: Cell, types: list[TensorType]) -> Graph:
+def trace(cell: CellLike, types: list[TensorType]) -> Graph:
     """Run `construct` on symbolic tensors; every primitive call becomes a node."""
     name = type(cell).__name__
     tracer = Tracer(name)
@@ -139,10 +96,15 @@ def _check_memory(graph: Graph, name: str) -> None:
                         f"({primitive.format_bytes(sizes[0][0])})", where)
 
 
-def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> Executable:
+def kernel_source_name(graph_name: str) -> str:
+    """Where a graph's kernel source goes in the dump folder (relative path)."""
+    return os.path.join("kernel_meta", f"{c_identifier(graph_name)}.c")
+
+
+def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None) -> CompiledCell:
     """Compile `cell` for the signature of `inputs` with the current context settings."""
     start = time.perf_counter()
-    types = _signature(inputs, cell)
+    types = signature(inputs, cell)
     options = options or options_from_context()
     folder = _dump_folder()
     state = BackendState()
@@ -156,25 +118,47 @@ def compile(cell: Cell, *inputs: Any, options: CompileOptions | None = None) -> 
     _check_memory(results[-1].graph, type(cell).__name__)
     results += run_stages(results[-1].graph, stages, dumper)
     final = results[-1].graph
-    exe = build_executable(final, type(cell).__name__, folder, options.cost)
-    exe.stages = {r.name: r.graph for r in results}
-    exe.stage_docs = {r.name: r.doc for r in results}
-    exe.reasons = state.reasons
-    exe.compile_seconds = time.perf_counter() - start
-    exe.dump_files = list(dumper.written) if dumper else []
+    name = type(cell).__name__
+    executable = build_executable(final, name, options.cost)
+    if dumper is not None and executable.library is not None:
+        dumper.write_text(kernel_source_name(name), executable.library.source)
+    report = CompileReport(stages={r.name: r.graph for r in results},
+                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons)
+    params = [i.binding for i in final.inputs if i.kind == "weight"]
+    compiled = CompiledCell(executable, params, report)
+    report.compile_seconds = time.perf_counter() - start
+    report.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:
-        exe.dump_files.append(dumper.write_text(SUMMARY_NAME, exe.summary() + "\n"))
+        report.dump_files.append(dumper.write_text(SUMMARY_NAME, compiled.summary() + "\n"))
     if options.flags.dump_as_text:
-        exe.dump_files.append(write_graph_kernel_dump(exe, options.flags, folder))
-    return exe
+        report.dump_files.append(write_graph_kernel_dump(compiled, options.flags, folder))
+    return compiled
 
 
-def compile_cached(cell: Cell, inputs: tuple[Any, ...]) -> Executable:
+def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None) -> CompiledCell:
+    """Compile a graph that went through the frontend stages (an initial graph, e.g. a dump's
+    6_validate) with `options` (default: fusion off), without a cell; its weights keep their
+    bindings."""
+    options = options or CompileOptions()
+    start = time.perf_counter()
+    state = BackendState()
+    results = run_stages(graph.clone(), backend_stages(options, state), None)
+    final = results[-1].graph
+    executable = build_executable(final, name, options.cost)
+    report = CompileReport(stages={r.name: r.graph for r in results},
+                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons)
+    compiled = CompiledCell(executable, [i.binding for i in final.inputs if i.kind == "weight"],
+                            report)
+    report.compile_seconds = time.perf_counter() - start
+    return compiled
+
+
+def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     """The executable for this cell, input signature and context (compiled on first use)."""
     try:
         key = (context._generation,) + tuple((a.shape, a.dtype) for a in inputs)
-    except AttributeError:  # not arrays or tensors: _signature raises the clear error
-        _signature(inputs, cell)
+    except AttributeError:  # not arrays or tensors: signature() raises the clear error
+        signature(inputs, cell)
         raise
     exe = cell._compiled.get(key)
     if exe is None:

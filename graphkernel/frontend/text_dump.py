@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import os
 
+from graphkernel.frontend.compiled import CompiledCell
 from graphkernel.graph_kernel.flags import GraphKernelFlags, flags_text
 from graphkernel.ir.printer import print_graph
 from graphkernel.passes.manager import Dumper
-from graphkernel.runtime.executable import Executable
 
 GRAPH_KERNEL_DUMP = "graph_kernel_dump"
 
 
-def write_graph_kernel_dump(exe: Executable, flags: GraphKernelFlags, folder: str | None) -> str:
+def write_graph_kernel_dump(exe: CompiledCell, flags: GraphKernelFlags, folder: str | None) -> str:
     """Write `graph_kernel_dump/<graph>.txt` (kernels, why ops were kept apart, every stage's
     graph); return its path. Like every dump, it never replaces a file graphkernel did not
     write (see Dumper)."""

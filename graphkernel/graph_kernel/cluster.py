@@ -108,7 +108,7 @@ class Clusterer:
         self.pos = {n.uid: i for i, n in enumerate(graph.nodes)}
         self.by_uid = {n.uid: n for n in graph.nodes}
         self.users = graph.users()
-        self.output_uids = {v.uid for v in graph.outputs}
+        self.output_uids = {v.uid for v in graph.results()}
         self.group_of: dict[int, Group] = {}
         self.reasons: dict[tuple[int, int], FusionReason] = {}
 
@@ -324,7 +324,7 @@ def _rebuild(graph: Graph, replacement: dict[int, Node], fused_units: set[int],
                 heapq.heappush(ready, (order[user.uid], user.uid))
     assert len(result) == len(items), "fusion created a cycle"
     graph.nodes = result
-    graph.outputs = [remap.get(v.uid, v) for v in graph.outputs]
+    graph.remap_results(remap)
     return graph
 
 

@@ -82,7 +82,7 @@ def simplify_graph(graph: Graph) -> Graph:
                     replace[node.uid] = result
                     changed = True
                     break
-        graph.outputs = [replace.get(v.uid, v) for v in graph.outputs]
+        graph.remap_results(replace)
         graph.nodes = [n for n in graph.nodes if n.uid not in replace]
     fold_constants(graph)
     eliminate_common_subexpressions(graph)

@@ -54,6 +54,11 @@ def to_dot(graph: Graph, title: str = "") -> str:
                    'fillcolor="#dddddd"];')
     for value in graph.outputs:
         _edge(w, value, ret, "  ", {})
+    for index, (weight, value) in enumerate(graph.assigns):
+        target = quote(f"assign{index}")
+        w.lines.append(f"  {target} [label={quote('assign ' + weight.name)}, shape=box3d, "
+                       'style="filled,dashed", fillcolor="#eeeeee"];')
+        _edge(w, value, target, "  ", {})
     w.lines.extend(w.edges)
     w.lines.append("}")
     return "\n".join(w.lines) + "\n"

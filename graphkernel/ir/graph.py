@@ -3,6 +3,11 @@
 A composite node (a user's GraphKernel cell, an expanded op, or a fused group) holds its own
 subgraph; its inputs map one to one onto the subgraph's inputs and its outputs onto the
 subgraph's outputs. An op with several outputs has a TupleType; `GetItem` nodes pick items.
+
+A graph may also assign values to its weights (`Graph.assigns`): after each call, the Parameter
+bound to that weight holds the value, written into its own array (MindSpore's Assign on a
+Parameter; optimizers and BatchNorm's moving statistics). Assigned values leave the graph like
+outputs do: passes keep them alive and remap them through `remap_results`.
 """
 from __future__ import annotations
 
@@ -114,6 +119,8 @@ class Graph:
         self.outputs: list[Value] = list(outputs or [])
         # Set by tracing: the output is a tuple (construct returned a tuple).
         self.returns_tuple = False
+        # (weight input, value): after each call the weight's Parameter holds the value.
+        self.assigns: list[tuple[Input, Value]] = []
 
     # -- queries --------------------------------------------------------------------------
     def users(self) -> dict[int, list[Node]]:
@@ -124,13 +131,17 @@ class Graph:
                 out.setdefault(value.uid, []).append(node)
         return out
 
+    def results(self) -> list[Value]:
+        """Every value that leaves the graph: its outputs, then the values it assigns."""
+        return self.outputs + [value for _, value in self.assigns]
+
     def constants(self) -> list[Constant]:
         seen: dict[int, Constant] = {}
         for node in self.nodes:
             for value in node.inputs:
                 if isinstance(value, Constant):
                     seen.setdefault(value.uid, value)
-        for value in self.outputs:
+        for value in self.results():
             if isinstance(value, Constant):
                 seen.setdefault(value.uid, value)
         return list(seen.values())
@@ -140,6 +151,12 @@ class Graph:
         for node in self.nodes:
             node.inputs = [new if v is old else v for v in node.inputs]
         self.outputs = [new if v is old else v for v in self.outputs]
+        self.assigns = [(w, new if v is old else v) for w, v in self.assigns]
+
+    def remap_results(self, mapping: dict[int, Value]) -> None:
+        """Replace outputs and assigned values by uid (values not in `mapping` stay)."""
+        self.outputs = [mapping.get(v.uid, v) for v in self.outputs]
+        self.assigns = [(w, mapping.get(v.uid, v)) for w, v in self.assigns]
 
     def clone(self) -> Graph:
         """A deep copy: new value objects, same structure (constants are shared, immutable)."""
@@ -159,6 +176,8 @@ class Graph:
             nodes.append(new_node)
         graph = Graph(self.name, inputs, nodes, [mapping.get(v.uid, v) for v in self.outputs])
         graph.returns_tuple = self.returns_tuple
+        graph.assigns = [(mapping[w.uid], mapping.get(v.uid, v))  # type: ignore[misc]
+                         for w, v in self.assigns]
         return graph
 
 

@@ -61,6 +61,18 @@ def _verify(graph: Graph, where: str) -> None:
         raise VerifyError(f"{where}: graph has no outputs")
     for value in graph.outputs:
         _check_operand(value, defined, None, where)
+    assigned: set[int] = set()
+    for weight, value in graph.assigns:
+        if weight not in graph.inputs or weight.kind != "weight":
+            raise VerifyError(f"{where}: assigns to {weight.name}, which is not a weight of "
+                              "this graph")
+        if weight.uid in assigned:
+            raise VerifyError(f"{where}: assigns to weight {weight.name} twice")
+        assigned.add(weight.uid)
+        if value.type != weight.type:
+            raise VerifyError(f"{where}: assigns a {value.type} to weight {weight.name} of type "
+                              f"{weight.type}")
+        _check_operand(value, defined, None, where)
 
 
 def _check_operand(value: Value, defined: set[int], node: Node | None, where: str) -> None:

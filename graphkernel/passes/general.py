@@ -10,7 +10,7 @@ from graphkernel.ir.types import TupleType
 
 def eliminate_dead_nodes(graph: Graph) -> Graph:
     """Drop nodes whose results nobody uses."""
-    live: set[int] = {v.uid for v in graph.outputs}
+    live: set[int] = {v.uid for v in graph.results()}
     kept: list[Node] = []
     for node in reversed(graph.nodes):
         if node.uid in live:
@@ -60,7 +60,7 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
         seen[key] = node
         kept.append(node)
     graph.nodes = kept
-    graph.outputs = [replace.get(v.uid, v) for v in graph.outputs]
+    graph.remap_results(replace)
     return graph
 
 
@@ -90,5 +90,5 @@ def fold_constants(graph: Graph) -> Graph:
                             dtype=node.dtype)
         replace[node.uid] = Constant(result, f"{node.name}_folded")
     graph.nodes = kept
-    graph.outputs = [replace.get(v.uid, v) for v in graph.outputs]
+    graph.remap_results(replace)
     return graph

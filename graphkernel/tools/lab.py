@@ -11,10 +11,10 @@ import numpy as np
 from graphkernel import compile as gk_compile
 from graphkernel.frontend import context
 from graphkernel.frontend.cell import Cell, GraphKernel
+from graphkernel.frontend.compiled import CompiledCell as Executable
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.ir.printer import print_graph
 from graphkernel.ops import operations as P
-from graphkernel.runtime.executable import Executable
 from graphkernel.tools.render import render
 
 

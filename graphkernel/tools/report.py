@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from graphkernel.errors import GraphKernelError
+from graphkernel.frontend.compiled import CompiledCell as Executable
 from graphkernel.ir.dot import to_dot
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.printer import print_graph
 from graphkernel.ir.types import TensorType, to_dtype
-from graphkernel.runtime.executable import Executable, KernelInfo
+from graphkernel.runtime.executable import KernelInfo
 from graphkernel.tools.render import render_svg_text
 
 INITIAL, FINAL = "6_validate", "hwopt_d_end"
@@ -90,8 +91,8 @@ def unfused_baseline(exe: Executable) -> Executable | None:
     """
     if FUSION_STAGE not in exe.stages or INITIAL not in exe.stages:
         return None
-    from graphkernel.runtime.builder import build_executable
-    return build_executable(exe.stages[INITIAL].clone(), exe.name, None)
+    from graphkernel.frontend.compile import compile_graph
+    return compile_graph(exe.stages[INITIAL], exe.name)
 
 
 def random_inputs(exe: Executable, rng: np.random.Generator) -> list[np.ndarray]:

@@ -1,0 +1,154 @@
+"""What `graphkernel.compile` returns and a graph-mode Cell calls: the runtime's Executable
+(plan + runner) with the cell's Parameters bound, Tensors in and out, and the compile report."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel.frontend.tensor import Parameter, Tensor
+from graphkernel.ir.graph import Graph
+from graphkernel.passes.stage_names import FINAL
+from graphkernel.runtime.executable import Executable, KernelInfo
+from graphkernel.runtime.plan import ExecutionPlan
+
+
+@dataclass
+class CompileReport:
+    """How a graph was compiled: the graph after every stage, why ops were kept apart, the
+    files written, and how long it took."""
+
+    stages: dict[str, Graph] = field(default_factory=dict)
+    stage_docs: dict[str, str] = field(default_factory=dict)
+    reasons: list[Any] = field(default_factory=list)
+    dump_files: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0
+
+
+class CompiledCell:
+    """A compiled graph. Calling it runs the graph on Tensors (or arrays) and returns Tensors;
+    `.kernels` are the launches of one call, `.plan` the execution plan, `.report` the
+    compile report."""
+
+    def __init__(self, executable: Executable, params: Sequence[Parameter],
+                 report: CompileReport) -> None:
+        self.executable = executable
+        self.params = tuple(params)  # in the plan's weight order
+        self.report = report
+        runner = executable.runner
+        # The per-call path reads these directly: each attribute lookup shows at 4x4.
+        self._entry = runner.entry
+        self._entry_constants = runner.entry_constants
+        self._returns_tuple = executable.plan.returns_tuple
+
+    # -- running --------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> Any:
+        arrays = [a._array if type(a) is Tensor else a for a in args]
+        entry = self._entry
+        if entry is not None:  # the fast path, spelled out: this is the per-call cost
+            out = entry(*arrays, *[p._array for p in self.params], *self._entry_constants)
+            if out is not NotImplemented:
+                if type(out) is tuple:
+                    return tuple(Tensor._wrap(o) for o in out)
+                return Tensor._wrap(out)
+        outs = [Tensor._wrap(a) for a in self.run_arrays(*arrays)]
+        if self._returns_tuple or len(outs) != 1:
+            return tuple(outs)
+        return outs[0]
+
+    def run_arrays(self, *args: Any) -> list[np.ndarray]:
+        """Run on arrays (or Tensors); return the outputs as numpy arrays."""
+        return self.executable.run(_arrays(args), self._weights())
+
+    def profile_kernels(self, *args: Any, repeats: int = 20) -> list[float]:
+        """Median seconds each of `.kernels` takes within one call, over `repeats` calls."""
+        return self.executable.profile(_arrays(args), self._weights(), repeats)
+
+    def _weights(self) -> list[np.ndarray]:
+        return [p.asnumpy() for p in self.params]
+
+    # -- introspection --------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.executable.name
+
+    @property
+    def plan(self) -> ExecutionPlan:
+        return self.executable.plan
+
+    @property
+    def kernels(self) -> list[KernelInfo]:
+        return self.executable.kernels
+
+    @property
+    def kernel_count(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def graph(self) -> Graph:
+        """The graph that runs (hwopt_d_end)."""
+        return self.report.stages[FINAL]
+
+    @property
+    def stages(self) -> dict[str, Graph]:
+        return self.report.stages
+
+    @property
+    def stage_docs(self) -> dict[str, str]:
+        return self.report.stage_docs
+
+    @property
+    def reasons(self) -> list[Any]:
+        return self.report.reasons
+
+    @property
+    def dump_files(self) -> list[str]:
+        return self.report.dump_files
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.report.compile_seconds
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.executable.warnings
+
+    @property
+    def library_path(self) -> str | None:
+        return self.executable.library_path
+
+    @property
+    def from_cache(self) -> bool:
+        return self.executable.from_cache
+
+    @property
+    def entry(self) -> Any:
+        """The compiled CPython entry running the whole graph, or None."""
+        return self._entry
+
+    def summary(self) -> str:
+        kernels = self.kernels
+        lines = [f"graph {self.name}: {len(kernels)} kernel(s) per call, compiled in "
+                 f"{self.compile_seconds * 1000:.0f} ms"
+                 + (" (kernels from cache)" if self.from_cache else "")]
+        for i, k in enumerate(kernels):
+            lines.append(f"  [{i}] {k.name:<40} {k.backend:<11} {k.output:<22} "
+                         f"ops: {' '.join(k.op_names)}")
+        if self.reasons:
+            lines.append("ops kept apart:")
+            for reason in self.reasons:
+                lines.append(f"  {reason}")
+        for warning in self.warnings:
+            lines.append(f"warning: {warning}")
+        lines.append("stages: " + ", ".join(self.stages))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<CompiledCell {self.name}: {len(self.kernels)} kernel(s)>"
+
+
+def _arrays(args: Sequence[Any]) -> list[Any]:
+    """Tensors as their arrays; anything else is left for the runtime's check, which names it."""
+    return [arg.asnumpy() if isinstance(arg, Tensor) else arg for arg in args]

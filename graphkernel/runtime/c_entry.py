@@ -1,0 +1,154 @@
+"""The plan's C runner: one CPython entry point per compiled graph.
+
+When every step of a plan is a generated kernel, the graph's translation unit also becomes a
+CPython extension module whose `run(*arrays)` checks its inputs, takes result buffers from its
+pool, and calls the kernels in order: one call from Python per graph, ~1 us instead of a Python
+loop over ctypes calls. Any argument it does not accept as is (another dtype or shape, a
+non-contiguous array) makes it return NotImplemented, and the Python runner takes over with its
+conversions and clear errors.
+
+It follows the plan's memory decisions exactly as the Python runner does: a result takes the
+buffer id the plan gave it; a pooled array is reused only when the pool holds its only reference
+(the caller dropped it, and no view of it lives), so a caller never sees two results share
+memory; a value the plan releases is dropped right after its last reader when a later step
+takes the same buffer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from graphkernel.runtime.plan import ExecutionPlan, SlotRole, StepKind
+
+POOL_DEPTH = 2
+
+
+def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
+    """The entry module's C, given its module name; None when some step is not a kernel or a
+    result would alias an argument (the Python runner handles those)."""
+    if not plan.steps or any(s.kind is not StepKind.KERNEL for s in plan.steps):
+        return None
+    if any(plan.copy_out):
+        return None
+    return lambda module: _emit(plan, module)
+
+
+def entry_arguments(plan: ExecutionPlan) -> list[int]:
+    """Slots the entry takes, in order: inputs, weights, then the constants the kernels read
+    (in order of first use)."""
+    args = list(plan.inputs) + list(plan.weights)
+    for step in plan.steps:
+        for s in step.reads:
+            if plan.slots[s].role is SlotRole.CONSTANT and s not in args:
+                args.append(s)
+    return args
+
+
+def _emit(plan: ExecutionPlan, module: str) -> str:
+    args = entry_arguments(plan)
+    nargs = len(args)
+    vid = {s: i for i, s in enumerate(args)}  # the entry numbers values: arguments first
+    produced = [s for step in plan.steps for s in step.writes]
+    for s in produced:
+        vid[s] = len(vid)
+    nvalues = max(len(produced), 1)
+    local = {s: i for i, s in enumerate(produced)}  # index into v[]
+    nbuffers = max(len(plan.buffers), 1)
+    lines = [
+        "#define PY_SSIZE_T_CLEAN",
+        "#include <Python.h>",
+        "#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION",
+        "#include <numpy/arrayobject.h>",
+        "",
+        f"static PyObject *gk_pool[{nbuffers}][{POOL_DEPTH}];",
+        "",
+        "static PyArrayObject *gk_take(int slot, int nd, const npy_intp *dims, int type) {",
+        f"  for (int k = 0; k < {POOL_DEPTH}; ++k) {{",
+        "    PyObject *p = gk_pool[slot][k];",
+        "    if (p != NULL && Py_REFCNT(p) == 1) { Py_INCREF(p); return (PyArrayObject *)p; }",
+        "  }",
+        "  PyObject *p = PyArray_EMPTY(nd, (npy_intp *)dims, type, 0);",
+        "  if (p == NULL) return NULL;",
+        f"  for (int k = 0; k < {POOL_DEPTH}; ++k) {{",
+        "    if (gk_pool[slot][k] == NULL) { Py_INCREF(p); gk_pool[slot][k] = p; break; }",
+        "  }",
+        "  return (PyArrayObject *)p;",
+        "}",
+        "",
+        "static int gk_accept(PyObject *o, int type, int nd, const npy_intp *dims) {",
+        "  if (!PyArray_Check(o)) return 0;",
+        "  PyArrayObject *a = (PyArrayObject *)o;",
+        "  if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd) return 0;",
+        "  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) return 0;",
+        "  const npy_intp *have = PyArray_DIMS(a);",
+        "  for (int i = 0; i < nd; ++i) if (have[i] != dims[i]) return 0;",
+        "  return 1;",
+        "}",
+        "",
+    ]
+    for s in args + produced:
+        dims = ", ".join(str(d) for d in plan.slots[s].type.shape) or "0"
+        lines.append(f"static const npy_intp gk_dims{vid[s]}[] = {{{dims}}};")
+    lines += [
+        "",
+        "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
+        f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
+    ]
+    for s in args:
+        t = plan.slots[s].type
+        lines.append(f"  if (!gk_accept(args[{vid[s]}], {t.dtype.num}, {len(t.shape)}, "
+                     f"gk_dims{vid[s]})) Py_RETURN_NOTIMPLEMENTED;")
+    lines.append(f"  PyArrayObject *v[{nvalues}] = {{0}};")
+
+    def data(s: int) -> str:
+        if vid[s] < nargs:
+            return f"PyArray_DATA((PyArrayObject *)args[{vid[s]}])"
+        return f"PyArray_DATA(v[{local[s]}])"
+
+    # A released value is dropped early only when a later step takes its buffer again.
+    taken_after: list[set[int]] = []
+    later: set[int] = set()
+    for step in reversed(plan.steps):
+        taken_after.append(set(later))
+        later |= {plan.buffer_of[s] for s in step.writes}
+    taken_after.reverse()
+    for step, dead, later_buffers in zip(plan.steps, plan.release, taken_after):
+        assert step.kernel is not None
+        for s in step.writes:
+            t = plan.slots[s].type
+            lines.append(f"  v[{local[s]}] = gk_take({plan.buffer_of[s]}, {len(t.shape)}, "
+                         f"gk_dims{vid[s]}, {t.dtype.num});")
+            lines.append(f"  if (v[{local[s]}] == NULL) goto fail;")
+        argv = ", ".join(data(s) for s in step.reads + step.writes)
+        lines.append(f"  {{ void *argv[] = {{{argv}}}; {step.kernel.name}(argv); }}")
+        for s in dead:
+            if plan.buffer_of.get(s) in later_buffers:
+                lines.append(f"  Py_CLEAR(v[{local[s]}]);")
+    results = [local[s] for s in plan.outputs]
+    if plan.returns_tuple or len(results) != 1:
+        lines.append(f"  PyObject *result = PyTuple_New({len(results)});")
+        lines.append("  if (result == NULL) goto fail;")
+        for i, r in enumerate(results):
+            lines.append(f"  Py_INCREF(v[{r}]);")
+            lines.append(f"  PyTuple_SET_ITEM(result, {i}, (PyObject *)v[{r}]);")
+    else:
+        lines.append(f"  PyObject *result = (PyObject *)v[{results[0]}];")
+        lines.append("  Py_INCREF(result);")
+    lines += [
+        f"  for (int i = 0; i < {len(produced)}; ++i) Py_XDECREF(v[i]);",
+        "  return result;",
+        "fail:",
+        f"  for (int i = 0; i < {len(produced)}; ++i) Py_XDECREF(v[i]);",
+        "  return NULL;",
+        "}",
+        "",
+        "static PyMethodDef gk_methods[] = {",
+        '  {"run", (PyCFunction)(void (*)(void))gk_run, METH_FASTCALL, "run the graph"},',
+        "  {NULL, NULL, 0, NULL}};",
+        f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '
+        "gk_methods};",
+        f"PyMODINIT_FUNC PyInit_{module}(void) {{",
+        "  import_array();",
+        "  return PyModule_Create(&gk_module);",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,191 @@
+"""The execution plan: a plain, typed description of one compiled graph's run.
+
+Built once from the final graph (hwopt_d_end) by `runtime/builder.py`; after that nothing looks
+at the graph again. The Python runner (`runtime/runner.py`) and the CPython entry emitter
+(`runtime/c_entry.py`) both read this plan and nothing else:
+
+- values live in numbered **slots**: the call's inputs, the weights, constants (filled once),
+  and the values steps produce;
+- **steps** run in order; each reads and writes slots, and says what it is (a generated kernel,
+  a library call, a view, a constant, an assignment into a weight);
+- **memory** is decided here, once: each value a step writes into pooled memory gets a
+  *buffer* id, and two values share one only when the first is dead (its last reader ran, and no
+  live view or result still refers to it) before the second is written. `release[i]` lists the
+  slots that die after step i. Both runners follow these ids and this release list;
+- **in-place writes and aliasing** are fields, not habits: `Step.overwrites` names the read
+  slots whose memory a step writes into (an ASSIGN writes into a weight's array), `Step.aliases`
+  says its results may be views of what it reads, and `copy_out` says which results are copied
+  so that a caller never holds memory that is also an input, a weight or another result.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from graphkernel.codegen.c_emitter import KernelSource
+from graphkernel.ir.graph import Graph
+from graphkernel.ir.types import TensorType
+
+
+class StepKind(Enum):
+    KERNEL = "kernel"  # one generated C function: a fused group
+    LIBRARY = "library"  # an op run by numpy (BLAS for MatMul, a ufunc, a reference)
+    VIEW = "view"  # a shape op run by numpy: its result may share its input's memory
+    INTERPRETED = "interpreted"  # a fused group run op by op on numpy (no compiler, no loop nest)
+    CONSTANT = "constant"  # a constant result, copied fresh for every call
+    ASSIGN = "assign"  # a value written into a weight's own array (Graph.assigns)
+
+
+# Kinds that launch work a user would call a kernel (and reports time one by one).
+LAUNCHES = frozenset({StepKind.KERNEL, StepKind.LIBRARY, StepKind.VIEW, StepKind.INTERPRETED})
+
+
+class SlotRole(Enum):
+    INPUT = "input"  # a call argument
+    WEIGHT = "weight"  # a Parameter's array, passed by the frontend after the inputs
+    CONSTANT = "constant"  # filled once, read-only
+    VALUE = "value"  # written by a step
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    name: str
+    type: TensorType
+    role: SlotRole
+    constant: np.ndarray | None = None  # CONSTANT slots: the array
+
+
+@dataclass(frozen=True)
+class Step:
+    """One launch (or one bookkeeping action) of a call, reading and writing slots."""
+
+    kind: StepKind
+    name: str  # the node's name: kernels are known by it in reports
+    op_names: tuple[str, ...]  # the basic ops it computes (provenance of a fused group)
+    reads: tuple[int, ...]  # slots, in the callee's argument order
+    writes: tuple[int, ...]  # one slot per result
+    out_types: tuple[TensorType, ...]
+    op: str = ""  # LIBRARY/VIEW: the op whose numpy reference (or ufunc, or BLAS) runs
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    kernel: KernelSource | None = None  # KERNEL: argv = reads, then writes
+    subgraph: Graph | None = None  # INTERPRETED: the group run op by op
+    pooled: bool = False  # its results are written into pooled buffers (see Slot buffers)
+    aliases: bool = False  # a result may be a view of something it reads
+    overwrites: tuple[int, ...] = ()  # read slots whose memory it writes into, in place
+    bytes_moved: int = 0  # bytes read and written, for reports
+    note: str = ""  # why a group is INTERPRETED
+
+    @property
+    def launches_kernel(self) -> bool:
+        return self.kind in LAUNCHES
+
+    @property
+    def backend(self) -> str:
+        """What reports call it: native (generated C), library (numpy), interpreted."""
+        if self.kind is StepKind.KERNEL:
+            return "native"
+        return "interpreted" if self.kind is StepKind.INTERPRETED else "library"
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    name: str
+    slots: tuple[Slot, ...]
+    inputs: tuple[int, ...]  # user inputs, in call order
+    weights: tuple[int, ...]  # weights, in the order the frontend passes their arrays
+    outputs: tuple[int, ...]
+    returns_tuple: bool
+    steps: tuple[Step, ...]
+    release: tuple[tuple[int, ...], ...]  # per step: slots dead after it
+    buffers: tuple[tuple[tuple[int, ...], np.dtype], ...]  # buffer id -> (shape, dtype)
+    buffer_of: Mapping[int, int]  # slot -> buffer id, for pooled results
+    copy_out: tuple[bool, ...]  # per output: copied before it is returned
+
+    @property
+    def input_names(self) -> list[str]:
+        return [self.slots[s].name for s in self.inputs]
+
+    def constant_slots(self) -> list[Slot]:
+        return [s for s in self.slots if s.role is SlotRole.CONSTANT]
+
+    def kernel_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.launches_kernel]
+
+    def describe(self) -> str:
+        """The plan as text: steps with their slots, buffers and releases."""
+        def name(slot: int) -> str:
+            s = self.slots[slot]
+            buffer = self.buffer_of.get(slot)
+            return f"${slot}:{s.name}" + (f"@b{buffer}" if buffer is not None else "")
+        lines = [f"plan {self.name}: inputs {[name(s) for s in self.inputs]}, weights "
+                 f"{[name(s) for s in self.weights]}"]
+        for i, (step, dead) in enumerate(zip(self.steps, self.release)):
+            flags = (" aliases" if step.aliases else "") + \
+                (f" overwrites {[name(s) for s in step.overwrites]}" if step.overwrites else "")
+            lines.append(f"  [{i}] {step.kind.value:<11} {step.name}: "
+                         f"{', '.join(name(s) for s in step.reads)} -> "
+                         f"{', '.join(name(s) for s in step.writes)}{flags}"
+                         + (f"; free {[name(s) for s in dead]}" if dead else ""))
+        lines.append(f"  return {[name(s) for s in self.outputs]}"
+                     + (f", copied: {list(self.copy_out)}" if any(self.copy_out) else ""))
+        return "\n".join(lines)
+
+
+def bytes_of(types: tuple[TensorType, ...]) -> int:
+    return sum(math.prod(t.shape) * t.dtype.itemsize for t in types)
+
+
+def plan_memory(slots: tuple[Slot, ...], steps: list[Step], keep: set[int]
+                ) -> tuple[list[tuple[int, ...]], dict[int, int],
+                           list[tuple[tuple[int, ...], np.dtype]]]:
+    """The release list, and a buffer id for every pooled result.
+
+    A value's buffers are its own (a pooled result) or, for a step that may return views, those
+    of what it read. A buffer is free again once every slot holding it has died; a later pooled
+    result of the same shape and dtype then takes it. `keep`: slots alive for the whole call
+    (inputs, weights, results, assigned values)."""
+    last: dict[int, int] = {}
+    for index, step in enumerate(steps):
+        for s in step.writes:
+            last.setdefault(s, index)  # a value nobody reads dies where it is made
+        for s in step.reads:
+            last[s] = index
+    release: list[list[int]] = [[] for _ in steps]
+    for s, index in last.items():
+        if s not in keep and slots[s].role is SlotRole.VALUE:
+            release[index].append(s)
+    buffer_of: dict[int, int] = {}
+    buffers: list[tuple[tuple[int, ...], np.dtype]] = []
+    free: dict[tuple[tuple[int, ...], np.dtype], list[int]] = {}
+    holds: dict[int, set[int]] = {}  # slot -> buffers it keeps alive
+    holders: dict[int, int] = {}  # buffer -> live slots holding it
+    for step, dead in zip(steps, release):
+        for s, t in zip(step.writes, step.out_types):
+            if step.pooled:
+                key = (t.shape, t.dtype)
+                if free.get(key):
+                    buffer = free[key].pop(0)
+                else:
+                    buffer = len(buffers)
+                    buffers.append(key)
+                buffer_of[s] = buffer
+                mine = {buffer}
+            elif step.aliases:
+                mine = set().union(*(holds.get(r, set()) for r in step.reads))
+            else:
+                mine = set()
+            holds[s] = mine
+            for b in mine:
+                holders[b] = holders.get(b, 0) + 1
+        for s in dead:
+            for b in holds.pop(s, set()):
+                holders[b] -= 1
+                if holders[b] == 0:
+                    free.setdefault(buffers[b], []).append(b)
+    return [tuple(sorted(r)) for r in release], buffer_of, buffers

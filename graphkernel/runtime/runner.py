@@ -1,0 +1,202 @@
+"""The plan's Python runner: one callable per step over a list of slots.
+
+It reads the execution plan (runtime/plan.py) and nothing else: slots are filled with the call's
+arrays, the weights' arrays and the constants; each step runs, writing its results into slots;
+slots die as the plan's release list says, so a dead value's pooled buffer serves the later
+result the plan gave it to. When the plan has a compiled CPython entry (runtime/c_entry.py),
+`run` tries it first: it returns NotImplemented for any argument it does not take as is, and the
+step loop runs instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from graphkernel.codegen.library import BuiltLibrary
+from graphkernel.ir.opset import get_op
+from graphkernel.runtime.c_entry import entry_arguments
+from graphkernel.runtime.memory import BufferPool
+from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
+from graphkernel.runtime.reference import run_reference_graph
+
+StepFn = Callable[[list[Any]], None]
+
+
+class Runner:
+    """Runs one plan. `load` binds its generated kernels once the library is built."""
+
+    def __init__(self, plan: ExecutionPlan, prefault: bool = True) -> None:
+        self.plan = plan
+        self.pool = BufferPool([(shape, dtype) for shape, dtype in plan.buffers])
+        self.entry: Any = None  # the compiled CPython `run`, when the plan has one
+        self.entry_constants: tuple[np.ndarray, ...] = ()
+        self._template: list[Any] = [None] * len(plan.slots)
+        for slot in plan.constant_slots():
+            self._template[slot.index] = slot.constant
+        self._functions: dict[str, Any] = {}
+        self.step_fns: list[StepFn] = []
+        self.prefaulting: threading.Thread | None = None
+        if not any(step.kind is StepKind.KERNEL for step in plan.steps):
+            self._bind()  # no library to wait for
+        if prefault:
+            # Started before the library is built, so that the page faults overlap the compile.
+            self.prefaulting = self.pool.prefault()
+
+    def load(self, library: BuiltLibrary) -> None:
+        self._functions = library.functions
+        self.entry = library.entry
+        if self.entry is not None:
+            self.entry_constants = tuple(
+                np.ascontiguousarray(self.plan.slots[s].constant)  # type: ignore[arg-type]
+                for s in entry_arguments(self.plan)[len(self.plan.inputs) +
+                                                    len(self.plan.weights):])
+        self._bind()
+
+    def _bind(self) -> None:
+        self.step_fns = [self._step_fn(step) for step in self.plan.steps]
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray]
+            ) -> list[np.ndarray]:
+        """Run on checked, C-contiguous input arrays and the weights' own arrays."""
+        if self.prefaulting is not None:  # its buffers are nearly ready: wait, not duplicate
+            self.prefaulting.join()
+            self.prefaulting = None
+        plan = self.plan
+        slots = list(self._template)
+        for s, array in zip(plan.inputs, arrays):
+            slots[s] = array
+        for s, array in zip(plan.weights, weights):
+            slots[s] = array
+        for fn, dead in zip(self.step_fns, plan.release):
+            fn(slots)
+            for s in dead:  # the value's last reader ran: its buffer may serve a later step
+                slots[s] = None
+        return [np.array(slots[s]) if copy else slots[s]
+                for s, copy in zip(plan.outputs, plan.copy_out)]
+
+    def profile(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray],
+                repeats: int) -> list[float]:
+        """Median seconds of each launching step within a call, over `repeats` calls."""
+        plan = self.plan
+        marks = [step.launches_kernel for step in plan.steps]
+        samples: list[list[float]] = [[] for _ in range(sum(marks))]
+        for _ in range(max(1, repeats)):
+            slots = list(self._template)
+            for s, array in zip(plan.inputs, arrays):
+                slots[s] = array
+            for s, array in zip(plan.weights, weights):
+                slots[s] = array
+            index = 0
+            for fn, is_kernel, dead in zip(self.step_fns, marks, plan.release):
+                start = time.perf_counter()
+                fn(slots)
+                elapsed = time.perf_counter() - start
+                for s in dead:
+                    slots[s] = None
+                if is_kernel:
+                    samples[index].append(elapsed)
+                    index += 1
+        return [statistics.median(s) for s in samples]
+
+    # -- steps ----------------------------------------------------------------------------
+    def _step_fn(self, step: Step) -> StepFn:
+        kind = step.kind
+        if kind is StepKind.KERNEL:
+            return self._kernel_fn(step)
+        if kind is StepKind.INTERPRETED:
+            return _interpreted_fn(step)
+        if kind is StepKind.CONSTANT:
+            (source,), (target,) = step.reads, step.writes
+
+            def constant(slots: list[Any]) -> None:
+                slots[target] = np.array(slots[source])
+            return constant
+        if kind is StepKind.ASSIGN:
+            return _assign_fn(step)
+        return self._library_fn(step)
+
+    def _take(self, step: Step) -> Callable[[], list[np.ndarray]]:
+        take = self.pool.take
+        buffers = [self.plan.buffer_of[s] for s in step.writes]
+        return lambda: [take(b) for b in buffers]
+
+    def _kernel_fn(self, step: Step) -> StepFn:
+        assert step.kernel is not None
+        fn = self._functions[step.kernel.name]
+        argv_type = ctypes.c_void_p * (len(step.reads) + len(step.writes))
+        reads, writes, take = step.reads, step.writes, self._take(step)
+        dense = np.ascontiguousarray
+
+        def kernel(slots: list[Any]) -> None:
+            outs = take()
+            # Kernels index dense C-order buffers; a view step may leave a strided array
+            # (BroadcastTo's zero strides, Transpose): copied here, a no-op when dense.
+            ins = [dense(slots[s]) for s in reads]
+            fn(argv_type(*[a.ctypes.data for a in ins], *[o.ctypes.data for o in outs]))
+            for s, out in zip(writes, outs):
+                slots[s] = out
+        return kernel
+
+    def _library_fn(self, step: Step) -> StepFn:
+        opdef = get_op(step.op)
+        reads, writes, attrs = step.reads, step.writes, dict(step.attrs)
+        if step.pooled:
+            (target,), take = writes, self._take(step)
+            if step.op in ("MatMul", "BatchMatMul"):
+                swap_a, swap_b = attrs["transpose_a"], attrs["transpose_b"]
+
+                def matmul(slots: list[Any]) -> None:
+                    a, b = slots[reads[0]], slots[reads[1]]
+                    if swap_a:
+                        a = np.swapaxes(a, -1, -2)
+                    if swap_b:
+                        b = np.swapaxes(b, -1, -2)
+                    (out,) = take()
+                    with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in kernels
+                        np.matmul(a, b, out=out)
+                    slots[target] = out
+                return matmul
+            ufunc = opdef.reference.ufunc  # type: ignore[attr-defined]
+
+            def elementwise(slots: list[Any]) -> None:
+                (out,) = take()
+                with np.errstate(all="ignore"):
+                    ufunc(*[slots[s] for s in reads], out=out)
+                slots[target] = out
+            return elementwise
+        reference = opdef.reference
+        types = step.out_types
+
+        def library(slots: list[Any]) -> None:
+            result = reference(*[slots[s] for s in reads], **attrs)
+            results = result if len(writes) > 1 else (result,)
+            for s, value, t in zip(writes, results, types):
+                value = np.asarray(value)
+                slots[s] = value if value.dtype == t.dtype else value.astype(t.dtype)
+        return library
+
+
+def _interpreted_fn(step: Step) -> StepFn:
+    graph, reads, writes = step.subgraph, step.reads, step.writes
+    assert graph is not None
+
+    def interpreted(slots: list[Any]) -> None:
+        outs = run_reference_graph(graph, [slots[s] for s in reads])
+        for s, out in zip(writes, outs):
+            slots[s] = out
+    return interpreted
+
+
+def _assign_fn(step: Step) -> StepFn:
+    source, target = step.reads
+
+    def assign(slots: list[Any]) -> None:
+        np.copyto(slots[target], slots[source])  # into the weight's own array, in place
+    return assign
