@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
+from graphkernel.ir.dot import cluster_label
 from graphkernel.tools.lab import run_lab
 from graphkernel.tools.report import write_lab_report
 
@@ -65,6 +68,28 @@ def driver():
         shutil.rmtree(profile, ignore_errors=True)
 
 
+# Per kernel table: the kernel times, the between-kernels row and the call (microseconds).
+TABLE_TIMES_JS = """
+const num = t => parseFloat(t.replace(/,/g, ''));
+return Array.from(document.querySelectorAll('table.kernels')).map(table => ({
+  kernels: Array.from(table.querySelectorAll('tbody tr:not(.between)'))
+      .map(r => num(r.cells[r.cells.length - 1].textContent)),
+  between: num(table.querySelector('tbody tr.between').lastElementChild.textContent),
+  call: num(table.querySelector('tfoot td.call').textContent)}));
+"""
+
+
+def _kernels_fit_in_their_call(driver) -> None:
+    """No kernel takes longer than the call it was timed in, and the rows add up to it."""
+    tables = driver.execute_script(TABLE_TIMES_JS)
+    assert len(tables) == 6  # fused and unfused per fusion-on section, one per fusion-off one
+    for t in tables:
+        assert t["kernels"] and all(0 < k <= t["call"] for k in t["kernels"]), t
+        # Each shown to 0.1 us: the sum may be off by the rounding of each row.
+        slack = 0.05 * (len(t["kernels"]) + 2)
+        assert abs(sum(t["kernels"]) + t["between"] - t["call"]) <= slack, t
+
+
 # Text of every cluster label in the second (processed) / first (initial) SVG of a section.
 CLUSTER_LABELS_JS = """
 const svgs = arguments[0].querySelectorAll('svg');
@@ -104,15 +129,17 @@ def test_lab_report_in_headless_chromium(driver, tmp_path, monkeypatch):
         assert right.location["x"] > left.location["x"] + left.size["width"] - 2, name
         initial_labels, final_labels = driver.execute_script(CLUSTER_LABELS_JS, section)
         # Every composite kernel that runs is a cluster labelled with its name, and only those.
-        composites = sorted(k.name for k in exe.kernels if k.backend != "library")
+        composites = sorted(cluster_label(n) for n in exe.stages["hwopt_d_end"].nodes
+                            if n.subgraph is not None)
         assert sorted(final_labels) == composites, name
-        initial_composites = sorted(n.name for n in exe.stages["6_validate"].nodes
+        initial_composites = sorted(cluster_label(n) for n in exe.stages["6_validate"].nodes
                                     if n.subgraph is not None)
         assert sorted(initial_labels) == initial_composites, name
     labels = driver.execute_script(CLUSTER_LABELS_JS, sections[0])[1]
     assert labels == ["Fused_Mul_Add_Mul"]
     labels = driver.execute_script(CLUSTER_LABELS_JS, sections[3])
-    assert labels == [["Composite"], ["Composite"]]  # the user's composite, fusion off
+    # The user's composite, fusion off: named as the user's, in both graphs.
+    assert labels == [["user GraphKernel: Composite"], ["user GraphKernel: Composite"]]
 
     duplicate_ids = driver.execute_script("""
         const ids = Array.from(document.querySelectorAll('[id]')).map(e => e.id);
@@ -123,10 +150,11 @@ def test_lab_report_in_headless_chromium(driver, tmp_path, monkeypatch):
     assert badges == ["holds" if c.holds else "does not hold" for c in found]
     assert len(badges) == 3
 
-    rows = sections[0].find_elements("css selector", "table.kernels.fused tbody tr")
+    rows = sections[0].find_elements("css selector", "table.kernels.fused tbody tr:not(.between)")
     assert [r.find_elements("css selector", "td")[1].text for r in rows] == ["Fused_Mul_Add_Mul"]
-    rows = sections[0].find_elements("css selector", "table.kernels.unfused tbody tr")
+    rows = sections[0].find_elements("css selector", "table.kernels.unfused tbody tr:not(.between)")
     assert len(rows) == 3
+    _kernels_fit_in_their_call(driver)
 
     shot = tmp_path / "lab-report.png"
     assert driver.save_screenshot(str(shot))
@@ -134,3 +162,18 @@ def test_lab_report_in_headless_chromium(driver, tmp_path, monkeypatch):
     assert data.startswith(b"\x89PNG") and len(data) > 20_000
     if os.environ.get("GRAPHKERNEL_UPDATE_SCREENSHOT") == "1":
         shutil.copy(shot, DOCS_SCREENSHOT)
+
+
+def test_readme_lab_command_leaves_a_report_the_browser_loads(driver, tmp_path):
+    """README's main command, as a user runs it from a fresh clone (the venv's own script)."""
+    script = os.path.join(os.path.dirname(sys.executable), "graphkernel")
+    proc = subprocess.run([script, "lab", "--out", "lab_output"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "report: lab_output/report.html"
+    driver.get("file://" + str(tmp_path / "lab_output" / "report.html"))
+    severe = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert severe == [], severe
+    assert len(driver.find_elements("css selector", "section.graph")) == 4
+    assert len(driver.find_elements("css selector", "section.graph svg")) == 8
+    _kernels_fit_in_their_call(driver)

@@ -195,12 +195,31 @@ def test_reasons_and_bare_executable_baseline(tmp_path, rng):
     path = write_report(exe, str(tmp_path / "r.html"), repeats=3)
     page = Page(open(path, encoding="utf-8").read())
     assert [s["svgs"] for s in page.sections] == [2]
-    reasons = [r for s, cls, r in page.rows if "reasons" in cls.split() and r[0] != "producer"]
-    assert [(r[0], r[1], r[2]) for r in reasons] == [(x.producer, x.consumer, x.rule)
-                                                      for x in exe.reasons]
-    assert "opaque" in reasons[0][3]
+    # MatMul never fuses: its pair is not a candidate, counted in one line, not a table row.
+    assert [r.rule for r in exe.reasons] == ["pattern"]
+    assert not [r for s, cls, r in page.rows if "reasons" in cls.split()]
+    assert "1 more pair was never a candidate, next to an op that does not fuse: MatMul is " \
+        "opaque." in page.section_text(0)
     assert len(page.body_rows(0, "unfused")) == len(off.kernels) == 4
     assert [r[1] for r in page.body_rows(0, "fused")] == [k.name for k in exe.kernels]
+
+
+def test_reasons_grouped_by_rule_and_limited_to_candidates(tmp_path, rng):
+    from graphkernel.graph_kernel.flags import parse_flags
+    x = Tensor(rng.standard_normal((8, 16)).astype(np.float32))
+    w = Tensor(rng.standard_normal((16, 4)).astype(np.float32))
+    options = CompileOptions(enable_graph_kernel=True, flags=parse_flags(
+        "--disable_cluster_ops=Add"))
+    exe = graphkernel.compile(MatMulNet(), x, w, options=options)
+    assert sorted(r.rule for r in exe.reasons) == ["flag", "pattern"]
+    page = Page(open(write_report(exe, str(tmp_path / "r.html"), repeats=3),
+                     encoding="utf-8").read())
+    rows = [r for s, cls, r in page.rows if "reasons" in cls.split() and r[0] != "producer"]
+    # One group heading for the rule, then its two pairs; the MatMul pair is not listed.
+    assert rows[0][0].startswith("flag a graph_kernel_flags setting keeps them apart (1)")
+    assert [(r[0], r[1], r[2]) for r in rows[1:]] == [
+        (x.producer, x.consumer, x.rule) for x in exe.reasons if x.rule == "flag"]
+    assert "1 more pair was never a candidate" in page.section_text(0)
 
 
 def test_compare_and_measure(rng):

@@ -92,6 +92,7 @@ class GraphKernel(Cell):
         type_ = out_types[0] if len(out_types) == 1 else TupleType(tuple(out_types))
         node = outer.add_node("Composite", operands, {}, type_, loc, subgraph=child.graph,
                               name=type(self).__name__)
+        node.notes["user_graph_kernel"] = type(self).__name__  # ir.graph.USER_GRAPH_KERNEL
         if len(out_types) == 1:
             return Tensor._symbolic(node, outer)
         items = []

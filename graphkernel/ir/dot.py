@@ -5,10 +5,27 @@ Composite nodes become clusters holding their member ops; edges carry shapes and
 """
 from __future__ import annotations
 
-from graphkernel.ir.graph import Constant, Graph, Node, Value
+import re
+
+from graphkernel.ir.graph import USER_GRAPH_KERNEL, Constant, Graph, Node, Value
 
 # Fill colours for fused kernels, picked in turn.
 PALETTE = ("#fde2b4", "#c9e7f8", "#d5f0c8", "#f6cde0", "#e3d7f6", "#fff4a8", "#cdeee8")
+
+
+def node_label(node: Node) -> str:
+    """The same label for a node in every stage, inside a kernel or not: its name when that
+    says the op (`Mul`, `Mul_1`), else the name over the op."""
+    if node.name == node.op or re.fullmatch(re.escape(node.op) + r"_\d+", node.name):
+        return node.name
+    return f"{node.name}\n{node.op}"
+
+
+def cluster_label(node: Node) -> str:
+    """A user's GraphKernel says so; a fused or expanded composite is named after its ops."""
+    if USER_GRAPH_KERNEL in node.notes:
+        return f"user GraphKernel: {node.notes[USER_GRAPH_KERNEL]}"
+    return node.name
 
 
 def quote(text: str) -> str:
@@ -83,9 +100,8 @@ def _emit_nodes(graph: Graph, w: _Writer, indent: str, outer_map: dict[int, str]
             w.lines.append(f"{indent}{w.node_id(const)} [label={label}, shape=note];")
     for node in graph.nodes:
         if node.subgraph is None:
-            label = node.op if node.name == node.op else f"{node.name}\n{node.op}"
-            w.lines.append(f"{indent}{w.node_id(node)} [label={quote(label)}, shape=box, "
-                           'style="rounded,filled", fillcolor="#ffffff"];')
+            w.lines.append(f"{indent}{w.node_id(node)} [label={quote(node_label(node))}, "
+                           'shape=box, style="rounded,filled", fillcolor="#ffffff"];')
             for value in node.inputs:
                 if node.op == "GetItem" and value.uid in w.multi_outputs:
                     src = w.multi_outputs[value.uid][node.attrs["index"]]
@@ -100,12 +116,16 @@ def _emit_nodes(graph: Graph, w: _Writer, indent: str, outer_map: dict[int, str]
 def _emit_cluster(node: Node, w: _Writer, indent: str, outer_map: dict[int, str]) -> None:
     """A composite: its inner ops inside a coloured cluster named after the kernel."""
     assert node.subgraph is not None
-    colour = PALETTE[w.cluster_index % len(PALETTE)]
-    w.cluster_index += 1
     cluster = f"cluster_{w.node_id(node)}"
     w.lines.append(f"{indent}subgraph {cluster} {{")
-    w.lines.append(f"{indent}  label={quote(node.name)}; style=filled; fillcolor={quote(colour)}; "
-                   'color="#888888";')
+    if USER_GRAPH_KERNEL in node.notes:  # the user's own composite: dashed, no kernel colour
+        w.lines.append(f"{indent}  label={quote(cluster_label(node))}; style=\"dashed,filled\"; "
+                       'fillcolor="#f2f4f7"; color="#344054"; penwidth=1.5;')
+    else:
+        colour = PALETTE[w.cluster_index % len(PALETTE)]
+        w.cluster_index += 1
+        w.lines.append(f"{indent}  label={quote(cluster_label(node))}; style=filled; "
+                       f'fillcolor={quote(colour)}; color="#888888";')
     inner_map = dict(outer_map)
     # Inner inputs are drawn as the outer values feeding the composite.
     for outer, inner in zip(node.inputs, node.subgraph.inputs):
@@ -116,7 +136,8 @@ def _emit_cluster(node: Node, w: _Writer, indent: str, outer_map: dict[int, str]
         if inner.subgraph is not None:
             _emit_cluster(inner, w, indent + "  ", inner_map)
             continue
-        w.lines.append(f"{indent}  {w.node_id(inner)} [label={quote(inner.op)}, shape=box, "
+        w.lines.append(f"{indent}  {w.node_id(inner)} [label={quote(node_label(inner))}, "
+                       "shape=box, "
                        'style="rounded,filled", fillcolor="#ffffff"];')
         for value in inner.inputs:
             if value.uid in scalar_inputs:

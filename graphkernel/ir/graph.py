@@ -74,9 +74,16 @@ class Constant(Value):
     def literal(self) -> str:
         """Readable text of the constant (scalars; small arrays are summarised)."""
         if self.is_scalar:
-            v = self.value.item()
-            return repr(v)
+            # numpy's shortest text that reads back as the same value of this dtype: a float32
+            # 1e-05 prints 1e-05, not the float64 expansion 9.999999747378752e-06.
+            return str(self.value[()])
         return f"array{self.type}"
+
+
+# Node.notes key marking a composite the user declared (an nn.GraphKernel cell); its value is
+# the cell's class name. Composites made by fusion carry "fused_from", expanded ops
+# "expanded_from".
+USER_GRAPH_KERNEL = "user_graph_kernel"
 
 
 class Node(Value):

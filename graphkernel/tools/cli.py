@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -12,10 +13,11 @@ from graphkernel.errors import GraphKernelError
 def _cmd_lab(args: argparse.Namespace) -> int:
     from graphkernel.tools.lab import run_lab
     results, found = run_lab(args.out, seed=args.seed)
-    if args.report:
+    if not args.no_report:
         from graphkernel.tools.report import write_lab_report
+        path = args.report or os.path.join(args.out, "report.html")
         # Reuse this run's results rather than running the lab a second time.
-        print(f"report: {write_lab_report(args.out, args.report, lab=(results, found))}")
+        print(f"report: {write_lab_report(args.out, path, lab=(results, found))}")
     return 0 if all(c.holds for c in found) else 1
 
 
@@ -27,6 +29,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from graphkernel.tools import report
+    from graphkernel.tools.cellspec import check_input_count
     path, sep, _ = args.target.rpartition(":")
     if sep and path.endswith(".py"):
         import numpy as np
@@ -34,12 +37,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from graphkernel.frontend.tensor import Tensor
         cell = report.load_cell_spec(args.target)
         types = [report.parse_input_spec(t) for t in args.input]
+        check_input_count(cell, len(types))
         rng = np.random.default_rng(args.seed)
         inputs = [Tensor(np.asarray(rng.standard_normal(t.shape)).astype(t.dtype)) for t in types]
         sources: report.Source = report.compare(cell, *inputs)
     else:
         if args.input:
-            raise report.ReportError("--input goes with a FILE.py:CellClass target")
+            raise report.ReportError("--input goes with a FILE.py:CellClass target, e.g. "
+                                     "graphkernel report net.py:Net --input float32[4,4]")
+        if args.target.endswith(".py") or (sep and ".py" in args.target):
+            raise report.ReportError(f"{args.target!r}: name the cell class after the file, "
+                                     "e.g. net.py:Net")
         sources = args.target
     print(report.write_report(sources, args.out, repeats=args.repeats, seed=args.seed))
     return 0
@@ -70,10 +78,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="graphkernel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    lab = sub.add_parser("lab", help="run the seed lab's four scenarios and check its conclusions")
+    lab = sub.add_parser("lab", help="run the seed lab's four scenarios, check its conclusions "
+                         "and write OUT/report.html")
     lab.add_argument("--out", default="lab_output", help="folder for the scenario folders")
     lab.add_argument("--seed", type=int, default=0)
-    lab.add_argument("--report", default=None, help="also write an HTML report to this file")
+    lab.add_argument("--report", default=None, metavar="FILE",
+                     help="where to write the HTML report (default: OUT/report.html)")
+    lab.add_argument("--no-report", action="store_true",
+                     help="skip the HTML report (it times every kernel: a few seconds)")
     lab.set_defaults(fn=_cmd_lab)
     render = sub.add_parser("render", help="render a .dot file to PNG or SVG")
     render.add_argument("dot")

@@ -1,0 +1,190 @@
+"""The report's HTML pieces: figures, kernel tables, reasons, generated C, stages, overview and
+the lab's conclusions. Each takes plain data and returns HTML."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from graphkernel.graph_kernel.reasons import RULES
+from graphkernel.runtime.executable import KernelInfo
+from graphkernel.tools.report_page import esc
+from graphkernel.tools.report_timing import Breakdown, Spread
+
+INITIAL, FINAL = "6_validate", "hwopt_d_end"
+
+# What each refusal rule means, for the grouped reasons table.
+RULE_TITLES = {
+    "flag": "a graph_kernel_flags setting keeps them apart",
+    "limit": "together they would pass --composite_op_limit_size",
+    "cycle": "fusing them would make a cycle through another op",
+    "shape": "their loops do not share one iteration space",
+    "cost": "the cost model says fusing would not pay",
+}
+
+
+def us(seconds: float | None) -> str:
+    return "&ndash;" if seconds is None else f"{seconds * 1e6:,.1f}&nbsp;&micro;s"
+
+
+def us_spread(spread: Spread | None) -> str:
+    """`0.6 µs (IQR 0.6–0.7)`: the median and the interquartile range."""
+    if spread is None:
+        return "&ndash;"
+    return (f"{us(spread.median)} <span class=\"muted small\">(IQR {spread.q1 * 1e6:,.1f}"
+            f"&ndash;{spread.q3 * 1e6:,.1f})</span>")
+
+
+def size(n: int) -> str:
+    return f"{n:,}&nbsp;B" if n < 10_000 else f"{n / 1024:,.1f}&nbsp;KiB"
+
+
+def speed(ratio: float | None, low: float | None = None, high: float | None = None) -> str:
+    if ratio is None:
+        return "&ndash;"
+    word = "faster" if ratio >= 1 else "slower"
+    factor = ratio if ratio >= 1 else 1 / ratio
+    text = f'<span class="{"good" if ratio >= 1 else "bad"}">{factor:.2f}&times; {word}</span>'
+    if low is not None and high is not None:
+        lo, hi = (low, high) if ratio >= 1 else (1 / high, 1 / low)
+        text += f' <span class="muted small">({lo:.2f}&ndash;{hi:.2f}&times;)</span>'
+    return text
+
+
+def figures(initial_svg: str, final_svg: str, final_caption: str) -> str:
+    legend = ('<p class="legend muted small"><span class="key fusedkey"></span> a kernel made by '
+              'fusion &nbsp; <span class="key userkey"></span> your <code>GraphKernel</code> '
+              "composite (dashed) &nbsp; plain text on an edge: a constant</p>")
+    return (
+        '<div class="figs">'
+        f'<figure class="fig"><figcaption><b>Initial graph</b> <code>{INITIAL}</code>'
+        f"</figcaption>{initial_svg}</figure>"
+        f'<figure class="fig"><figcaption><b>Graph that runs</b> <code>{FINAL}</code> '
+        f"&middot; {final_caption}</figcaption>{final_svg}</figure></div>{legend}")
+
+
+def stages_html(stages: Sequence[tuple[str, str, str]]) -> str:
+    """(name, doc, ir text) per stage, each folded in a <details>."""
+    parts = [f'<h3>Stages <span class="muted">({len(stages)})</span></h3><div class="stages">']
+    for name, doc, text in stages:
+        parts.append(f'<details class="stage"><summary><code>{esc(name)}</code>'
+                     f'{" &mdash; " + esc(doc) if doc else ""}</summary>'
+                     f"<pre>{esc(text)}</pre></details>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def sources_html(kernels: Sequence[tuple[str, str, str | None, str]]) -> str:
+    """(name, ops, source or None, note) per kernel."""
+    with_code = [k for k in kernels if k[2]]
+    parts = [f'<h3>Generated C <span class="muted">({len(with_code)} kernel'
+             f'{"" if len(with_code) == 1 else "s"})</span></h3>']
+    if not with_code:
+        parts.append('<p class="muted">No generated kernels: every op runs as a numpy '
+                     "library call.</p>")
+    for name, ops, source, _ in with_code:
+        parts.append(f'<details class="source" open><summary><code>{esc(name)}</code> '
+                     f'<span class="muted">{esc(ops)}</span></summary>'
+                     f"<pre><code>{esc(source)}</code></pre></details>")
+    for name, _, source, note in kernels:
+        if not source and note:
+            parts.append(f'<p class="muted"><code>{esc(name)}</code> has no generated code: '
+                         f"{esc(note)}</p>")
+    return "".join(parts)
+
+
+def reasons_html(reasons: Sequence[Any], fusion_on: bool) -> str:
+    """Pairs that were candidates for fusion, grouped by the rule that kept them apart; pairs
+    next to an op that never fuses (rule "pattern") counted in one line."""
+    parts = ["<h3>Ops kept apart</h3>"]
+    if not fusion_on:
+        parts.append('<p class="muted">Fusion was off: no pair of ops was considered.</p>')
+        return "".join(parts)
+    candidates = [r for r in reasons if r.rule != "pattern"]
+    never = [r for r in reasons if r.rule == "pattern"]
+    if not reasons:
+        parts.append('<p class="muted">None: every pair of adjacent fusible ops was fused.</p>')
+    if candidates:
+        parts.append('<table class="reasons"><thead><tr><th>producer</th><th>consumer</th>'
+                     "<th>rule</th><th>why</th><th>stage</th></tr></thead><tbody>")
+        order = list(RULES)
+        for rule in sorted({r.rule for r in candidates}, key=order.index):
+            group = [r for r in candidates if r.rule == rule]
+            parts.append(f'<tr class="rulegroup"><td colspan="5"><span class="rule">{esc(rule)}'
+                         f"</span> {esc(RULE_TITLES.get(rule, ''))} "
+                         f'<span class="muted">({len(group)})</span></td></tr>')
+            for r in group:
+                parts.append(f"<tr><td><code>{esc(r.producer)}</code></td><td><code>"
+                             f"{esc(r.consumer)}</code></td><td><span class=\"rule\">"
+                             f"{esc(r.rule)}</span></td><td>{esc(r.detail)}</td><td><code>"
+                             f"{esc(r.stage)}</code></td></tr>")
+        parts.append("</tbody></table>")
+    elif reasons:
+        parts.append('<p class="muted">No pair of fusible ops was kept apart.</p>')
+    if never:
+        why = Counter(r.detail.split(":", 1)[0] for r in never)
+        listed = "; ".join(f"{esc(text)}" + (f" (&times;{n})" if n > 1 else "")
+                           for text, n in why.most_common())
+        parts.append(f'<p class="never muted">{len(never)} more pair'
+                     f'{"s were" if len(never) > 1 else " was"} never a candidate, next to an op '
+                     f"that does not fuse: {listed}.</p>")
+    return "".join(parts)
+
+
+def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: Spread | None,
+                 through_entry: bool, caption: str, css: str) -> str:
+    """The kernels of one call with their times inside a step-by-step call; the rows and the
+    dispatch row add up to that call (see report_timing.Breakdown)."""
+    rows = []
+    for i, k in enumerate(kernels):
+        t = split.per_kernel[i] if split else None
+        rows.append(f"<tr><td class=\"num\">{i}</td><td><code>{esc(k.name)}</code></td>"
+                    f"<td>{esc(' + '.join(k.op_names))}</td><td><code>{esc(k.output)}</code></td>"
+                    f"<td><span class=\"backend {esc(k.backend)}\">{esc(k.backend)}</span></td>"
+                    f"<td class=\"num\">{size(k.bytes_moved)}</td>"
+                    f"<td class=\"num\">{us(t)}</td></tr>")
+    if split is not None:
+        rows.append('<tr class="between"><td></td><td colspan="5">between the kernels: Python '
+                    "dispatch, input checks, timing</td>"
+                    f'<td class="num">{us(split.between)}</td></tr>')
+    total_bytes = sum(k.bytes_moved for k in kernels)
+    foot = (f"<tfoot><tr><td></td><td>{len(kernels)} kernel{'' if len(kernels) == 1 else 's'}"
+            f"</td><td>{sum(len(k.op_names) for k in kernels)} ops</td><td></td>"
+            f"<td>one call, step by step</td><td class=\"num\">{size(total_bytes)}</td>"
+            f"<td class=\"num call\">{us(split.call if split else None)}</td></tr></tfoot>")
+    note = ""
+    if split is not None and whole is not None:
+        how = ("through the graph's compiled entry, one C call that launches every kernel "
+               "without Python in between" if through_entry else "as <code>run_arrays</code> "
+               "runs it")
+        note = (f'<p class="timenote muted small">Times are means over the middle half of '
+                f"{split.calls} step-by-step calls (each kernel dispatched from Python), so the "
+                f"rows add up to the call. The whole call {how}: {us_spread(whole)} "
+                "(median and interquartile range), the time the overview and speedup use.</p>")
+    return (f'<table class="kernels {css}"><caption>{caption}</caption><thead><tr>'
+            "<th class=\"num\">#</th><th>kernel</th><th>member ops</th><th>output</th>"
+            "<th>backend</th><th class=\"num\">bytes moved</th><th class=\"num\">time in a call"
+            f"</th></tr></thead><tbody>{''.join(rows)}</tbody>{foot}</table>{note}")
+
+
+def overview_html(rows: Sequence[str]) -> str:
+    return ('<section class="overview"><h2>Overview</h2><table class="overview-table"><thead><tr>'
+            "<th>graph</th><th>fusion</th><th class=\"num\">kernels per call</th>"
+            "<th class=\"num\">time per call</th><th class=\"num\">kernels without fusion</th>"
+            "<th class=\"num\">time without fusion</th><th class=\"num\">speedup</th>"
+            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            '<p class="muted small">Times: median over batches of calls on random inputs '
+            "(interquartile range in brackets), measured when this page was made.</p></section>")
+
+
+def conclusions_html(found: Sequence[Any]) -> str:
+    items = []
+    for i, c in enumerate(found, 1):
+        badge = ('<span class="badge holds">holds</span>' if c.holds
+                 else '<span class="badge fails">does not hold</span>')
+        items.append(f'<li class="conclusion {"holds" if c.holds else "fails"}">{badge} '
+                     f'<span class="ctext">{i}. {esc(c.text)}</span>'
+                     f'<div class="evidence">{esc(c.evidence)}</div></li>')
+    held = sum(1 for c in found if c.holds)
+    return (f'<section class="conclusions"><h2>The lab\'s conclusions <span class="muted">'
+            f"({held} of {len(found)} hold)</span></h2><ol>{''.join(items)}</ol></section>")

@@ -1,0 +1,159 @@
+"""Timing for the report: the whole call (median and interquartile range), one call split into
+its kernels so that the parts add up to the call, and what a speedup at this size measures.
+
+Nothing here asserts a time; the numbers are measured when a report is made, side by side.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.frontend.compiled import CompiledCell as Executable
+
+# A call whose data could move in under this share of its time is dispatch-bound.
+DISPATCH_BOUND_SHARE = 0.2
+_BANDWIDTH: list[float] = []  # measured once per process
+
+
+@dataclass
+class Spread:
+    """Seconds per call: the median and the interquartile range of the samples."""
+
+    median: float
+    q1: float
+    q3: float
+    samples: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Spread:
+        if len(samples) < 2:
+            return cls(samples[0], samples[0], samples[0], len(samples))
+        q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+        return cls(median, q1, q3, len(samples))
+
+
+@dataclass
+class Breakdown:
+    """One call run step by step (each kernel dispatched from Python), split into its kernels.
+
+    Every number is a mean over the same calls: the middle half by call time (between its first
+    and third quartile, so a stray slow call does not count), hence the kernels plus `between`
+    (dispatch, input checks and timing around the kernels) add up to `call`, and no kernel can
+    exceed the call it was measured in."""
+
+    call: float
+    per_kernel: list[float]
+    between: float
+    calls: int
+
+
+@dataclass
+class Timing:
+    """`whole`: the call as `run_arrays` runs it (through the graph's compiled entry when it has
+    one); `breakdown`: the same kernels timed inside step-by-step calls."""
+
+    whole: Spread
+    breakdown: Breakdown
+    through_entry: bool
+
+    @property
+    def per_call(self) -> float:
+        return self.whole.median
+
+    @property
+    def per_kernel(self) -> list[float]:
+        return self.breakdown.per_kernel
+
+
+def random_inputs(exe: Executable, rng: np.random.Generator) -> list[np.ndarray]:
+    """Random arrays of the shapes and dtypes the executable was compiled for."""
+    arrays = []
+    for inp in exe.graph.inputs:
+        if inp.kind != "input":
+            continue
+        t = inp.tensor_type
+        if t.dtype == np.bool_:
+            arrays.append(rng.random(t.shape) < 0.5)
+        elif np.issubdtype(t.dtype, np.integer):
+            arrays.append(rng.integers(-8, 9, size=t.shape).astype(t.dtype))
+        else:
+            arrays.append(rng.standard_normal(t.shape).astype(t.dtype))
+    return arrays
+
+
+def measure(exe: Executable, inputs: Sequence[np.ndarray], repeats: int = 50,
+            budget_s: float = 0.5) -> Timing:
+    """Time `exe` on `inputs`: `repeats` samples of the whole call, after a few warm-up calls,
+    then up to `budget_s` seconds of step-by-step calls for the per-kernel split.
+
+    A call takes microseconds, so each whole-call sample times a batch of calls (doubled until
+    the batch lasts 0.2 ms) and divides: clock resolution and one-off hiccups barely move the
+    median.
+    """
+    for _ in range(3):  # first calls page in the kernel library and numpy's code paths
+        exe.run_arrays(*inputs)
+    batch = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(batch):
+            exe.run_arrays(*inputs)
+        if time.perf_counter() - start >= 2e-4 or batch >= 1 << 14:
+            break
+        batch *= 2
+    samples = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        for _ in range(batch):
+            exe.run_arrays(*inputs)
+        samples.append((time.perf_counter() - start) / batch)
+    return Timing(Spread.of(samples), breakdown(exe, inputs, max(5, repeats * 4), budget_s),
+                  getattr(exe, "entry", None) is not None)
+
+
+def breakdown(exe: Executable, inputs: Sequence[np.ndarray], calls: int,
+              budget_s: float) -> Breakdown:
+    """Per-kernel times measured inside whole step-by-step calls (see Breakdown)."""
+    exe.profile_kernels(*inputs, repeats=1)  # warm the step-by-step path
+    rows: list[tuple[float, list[float]]] = []
+    deadline = time.perf_counter() + budget_s
+    while len(rows) < calls and (len(rows) < 5 or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        kernels = exe.profile_kernels(*inputs, repeats=1)
+        rows.append((time.perf_counter() - start, kernels))
+    spread = Spread.of([call for call, _ in rows])
+    middle = [row for row in rows if spread.q1 <= row[0] <= spread.q3] or rows
+    count = len(middle)
+    per_kernel = [sum(ks[i] for _, ks in middle) / count for i in range(len(exe.kernels))]
+    call = sum(c for c, _ in middle) / count
+    return Breakdown(call, per_kernel, call - sum(per_kernel), count)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second (read plus written) numpy copies on this machine: the best of a few
+    16 MiB copies, measured once per process."""
+    if not _BANDWIDTH:
+        src = np.ones(4 << 20, np.float32)
+        dst = np.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - start)
+        _BANDWIDTH.append(2 * src.nbytes / best)
+    return _BANDWIDTH[0]
+
+
+def speedup_range(fused: Spread, base: Spread) -> tuple[float, float, float]:
+    """(median ratio, low, high): base over fused, the range from their interquartile ranges."""
+    return base.median / fused.median, base.q1 / fused.q3, base.q3 / fused.q1
+
+
+def dispatch_bound(bytes_moved: int, seconds: float) -> tuple[bool, float]:
+    """Whether a call of `seconds` moving `bytes_moved` is mostly overhead (its data could move
+    in under DISPATCH_BOUND_SHARE of its time at the copy bandwidth), and that data time."""
+    data_seconds = bytes_moved / copy_bandwidth()
+    return data_seconds < DISPATCH_BOUND_SHARE * seconds, data_seconds
