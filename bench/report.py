@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from bench.systems import FRESH, PREALLOCATED
@@ -320,6 +321,10 @@ def chart(results: dict[str, Any], path: str) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        # Say so: a run that silently leaves no chart looks like a bug.
+        print(f"bench: no chart written ({path}): matplotlib is not installed here; "
+              "`pip install matplotlib` (or -r bench/requirements.txt) and rerender with "
+              "`python -m bench.report RESULTS.json`", file=sys.stderr)
         return None
     systems = [k for k in system_order(results) if k != BASE]
     labels = {k: v["label"] for k, v in results["systems"].items()}

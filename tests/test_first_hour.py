@@ -1,0 +1,140 @@
+"""What a new user reads first: constants and labels in the dumps, their own GraphKernel drawn
+apart from fusion's kernels, the lab's default report, command-line errors at their file."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Tensor
+from graphkernel.frontend.cell import Cell
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ir.dot import to_dot
+from graphkernel.ir.printer import print_graph
+from graphkernel.ops import operations as P
+from graphkernel.tools.lab import NetBasicFuse, NetCompositeFuse
+
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+
+
+class Eps(Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.add = P.Add()
+        self.mul = P.Mul()
+
+    def construct(self, x):
+        return self.mul(self.add(x, 1e-05), 0.1)
+
+
+@pytest.mark.parametrize("dtype,texts", [(np.float32, ("1e-05", "0.1")),
+                                         (np.float16, ("1e-05", "0.1")),
+                                         (np.float64, ("1e-05", "0.1"))])
+def test_constants_print_in_shortest_round_trip_form(dtype, texts):
+    x = np.ones((2, 3), dtype)
+    exe = graphkernel.compile(Eps(), x, options=ON)
+    for stage in ("6_validate", "hwopt_d_end"):
+        graph = exe.stages[stage]
+        ir, dot = print_graph(graph), to_dot(graph)
+        for text in texts:
+            assert re.search(rf"[(, ]{re.escape(text)}[),]", ir), (stage, ir)
+            assert f'label="{text}"' in dot, (stage, dot)
+        assert "9.99999" not in ir + dot and "0.100000" not in ir + dot
+    for const in [v for n in exe.stages["6_validate"].nodes for v in n.inputs
+                  if hasattr(v, "literal")]:
+        # The printed text reads back as exactly the stored value of its dtype.
+        assert const.value.dtype.type(const.literal()) == const.value
+
+
+def _labels(dot: str) -> list[str]:
+    return sorted(re.findall(r'\bn\d+ \[label="([^"]+)", shape=box', dot))
+
+
+def test_node_labels_are_the_same_in_every_stage():
+    exe = graphkernel.compile(NetBasicFuse(), np.ones((4, 4), np.float32), options=ON)
+    initial = _labels(to_dot(exe.stages["6_validate"]))
+    final = _labels(to_dot(exe.stages["hwopt_d_end"]))
+    assert initial == final == ["Add", "Mul", "Mul_1"]
+
+
+def test_user_graph_kernel_is_drawn_apart_from_fused_kernels():
+    x = np.ones((4, 4), np.float32)
+    exe = graphkernel.compile(NetCompositeFuse(), x, options=ON)
+    initial = to_dot(exe.stages["6_validate"])
+    assert 'label="user GraphKernel: Composite"; style="dashed,filled"' in initial
+    final = to_dot(exe.stages["hwopt_d_end"])
+    assert 'label="Fused_Mul_Add_Mul"; style=filled' in final and "dashed" not in final
+    off = graphkernel.compile(NetCompositeFuse(), x, options=OFF)
+    assert "user GraphKernel: Composite" in to_dot(off.stages["hwopt_d_end"])
+    assert "user_graph_kernel: Composite" in print_graph(off.stages["6_validate"])
+    np.testing.assert_allclose(exe(Tensor(x)).asnumpy(), off(Tensor(x)).asnumpy())
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "graphkernel.tools.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_lab_writes_its_report_by_default_and_prints_the_path_last(tmp_path):
+    proc = _cli("lab", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "report: out/report.html"
+    assert (tmp_path / "out" / "report.html").read_text(encoding="utf-8").count("<svg") == 8
+    proc = _cli("lab", "--out", "quiet", "--no-report", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "quiet" / "report.html").exists() and "report:" not in proc.stdout
+    assert (tmp_path / "quiet" / "test_basic_fuse" / "hwopt_d_end.png").is_file()
+
+
+NET = '''from graphkernel.nn import Cell
+from graphkernel.ops import operations as P
+
+
+class Net(Cell):
+    def __init__(self):
+        super().__init__()
+        self.mul = P.Mul()
+
+    def construct(self, x, y):
+        return self.mul(x, y)
+'''
+
+
+def test_report_errors_point_at_the_users_file_and_say_what_to_do(tmp_path):
+    net = tmp_path / "net.py"
+    net.write_text(NET)
+    proc = _cli("report", f"{net}:Net", "--input", "float32[4,4]")
+    assert proc.returncode == 2
+    assert "Net.construct takes 2 input(s) (x, y) but 1 --input was given" in proc.stderr
+    assert "--input float32[4,4] --input float32[4,4]" in proc.stderr
+    assert f'File "{net}", line 10, in construct' in proc.stderr
+    assert "tools" not in proc.stderr and "Traceback" not in proc.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text("import numpy\n\nx = numpy.zeros(3) +\n")
+    proc = _cli("report", f"{broken}:Net", "--input", "float32[4]")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f'File "{broken}", line 3' in proc.stderr
+    raising = tmp_path / "raising.py"
+    raising.write_text("def f():\n    return 1 / 0\n\n\nf()\n")
+    proc = _cli("report", f"{raising}:Net")
+    assert proc.returncode == 2 and "ZeroDivisionError" in proc.stderr
+    assert f'File "{raising}", line 2, in f' in proc.stderr
+    proc = _cli("report", str(net))
+    assert proc.returncode == 2 and "net.py:Net" in proc.stderr
+    proc = _cli("report", f"{net}:Nett", "--input", "float32[4]")
+    assert proc.returncode == 2 and "defines no Nett; classes with a construct there: Net" \
+        in proc.stderr
+
+
+def test_bench_says_when_it_writes_no_chart(tmp_path, monkeypatch, capsys):
+    from bench.report import chart
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert chart({}, str(tmp_path / "chart.png")) is None
+    err = capsys.readouterr().err
+    assert "no chart written" in err and "matplotlib is not installed" in err
+    assert not (tmp_path / "chart.png").exists()
