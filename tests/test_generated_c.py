@@ -1,0 +1,59 @@
+"""Choices the C emitter makes, checked on the source it writes (no compiler needed)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from graphkernel.codegen import c_emitter
+from graphkernel.codegen.c_emitter import emit_kernel
+from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL
+from graphkernel.graph_kernel.expanders import expand_node
+from graphkernel.graph_kernel.schedule import analyze
+from graphkernel.ir.graph import Input, Node
+from graphkernel.ir.types import TensorType
+
+EXP_CALL = re.compile(r"\bexpf?\s*\(")
+
+
+def softmax_source(shape: tuple[int, ...], dtype: type) -> str:
+    """The C kernel of an expanded Softmax over the last axis."""
+    x = Input(TensorType(shape, np.dtype(dtype)), "x")
+    composite = expand_node(Node("Softmax", [x], {"axis": -1}, x.type))
+    sub = composite.subgraph
+    assert sub is not None
+    sched = analyze(sub.nodes, sub.outputs)
+    return emit_kernel(sub, "gk_Softmax", sched, DEFAULT_COST_MODEL.parallel_threshold,
+                       DEFAULT_COST_MODEL.stream_min_bytes).source
+
+
+def exp_calls(source: str) -> list[str]:
+    return [line.strip() for line in source.splitlines() if EXP_CALL.search(line)]
+
+
+@pytest.mark.parametrize("shape, dtype", [((8, 64), np.float32), ((4, 1000), np.float64),
+                                          ((2, 3, 50), np.float16), ((512, 4096), np.float32)])
+def test_softmax_computes_exp_once_per_element(shape: tuple[int, ...], dtype: type) -> None:
+    # exp(x - max) is needed by the row sum and again by the epilogue. The last reduction pass
+    # keeps it in the output buffer, so the epilogue loads it: one exp call in the kernel, in
+    # the loop that accumulates the sum, and none where the output is written.
+    source = softmax_source(shape, dtype)
+    calls = exp_calls(source)
+    assert len(calls) == 1, f"exp called at {len(calls)} places:\n{source}"
+    call = calls[0]
+    body = source.splitlines()
+    at = next(i for i, line in enumerate(body) if line.strip() == call)
+    loop_end = next(i for i in range(at, len(body)) if body[i].strip() == "}")
+    assert any(re.search(r"acc\d+ = acc\d+ \+", line) for line in body[at:loop_end]), source
+    assert re.search(r"const \w+ stash\d+ = ", source), source
+
+
+def test_without_the_stash_the_epilogue_would_call_exp_again(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    # The check above can fail: with the choice switched off, the same kernel calls exp twice
+    # per element (once in the sum's pass, once in the epilogue).
+    monkeypatch.setattr(c_emitter._Emitter, "_choose_stash", lambda self, outputs: None)
+    source = softmax_source((8, 64), np.float32)
+    assert len(exp_calls(source)) == 2
+    assert "stash" not in source
