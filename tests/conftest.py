@@ -1,11 +1,44 @@
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
-from graphkernel.frontend import context
+# The suite's kernels go to a private folder of this session, never to the user's cache
+# (~/.cache/graphkernel): set before any test module is imported, and inherited by every
+# subprocess a test starts. The default location itself (what a process without
+# GRAPHKERNEL_CACHE_DIR would use) is pointed into the session folder too, so that anything
+# falling back to it is seen at the end (pytest_sessionfinish) instead of landing in ~/.cache.
+_USER_CACHE = os.path.abspath(os.environ.get("GRAPHKERNEL_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphkernel"))
+_SESSION = tempfile.mkdtemp(prefix="graphkernel-tests-")
+# A cold folder costs the suite its compiles again (CI's case anyway); to keep kernels between
+# runs on your machine, name a folder of the suite's own in GRAPHKERNEL_TEST_CACHE_DIR.
+_KEEP = os.environ.get("GRAPHKERNEL_TEST_CACHE_DIR")
+if _KEEP and os.path.abspath(_KEEP) == _USER_CACHE:
+    raise pytest.UsageError(f"GRAPHKERNEL_TEST_CACHE_DIR is your own kernel cache ({_USER_CACHE}); "
+                            "the test suite keeps out of it: name another folder")
+os.environ["GRAPHKERNEL_CACHE_DIR"] = os.path.abspath(_KEEP) if _KEEP else \
+    os.path.join(_SESSION, "kernels")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_SESSION, "xdg-cache")
+_DEFAULT_CACHE = os.path.join(_SESSION, "xdg-cache", "graphkernel")
+
+from graphkernel.frontend import context  # noqa: E402  (after the environment is set)
 
 # The lab's own script sets the global context when imported; it runs in a subprocess instead
 # (tests/test_lab.py::test_lab_script_runs_under_pytest).
 collect_ignore = ["lab/test_graph_kernel_fusion.py"]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    fell_back = os.path.exists(_DEFAULT_CACHE)
+    shutil.rmtree(_SESSION, ignore_errors=True)
+    if fell_back:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nFAILED: something in the suite wrote to the default kernel cache folder "
+              f"({_DEFAULT_CACHE}, standing for ~/.cache/graphkernel) instead of "
+              "$GRAPHKERNEL_CACHE_DIR")
 
 
 @pytest.fixture(autouse=True)
@@ -18,3 +51,10 @@ def fresh_context():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+
+@pytest.fixture
+def user_cache_dir() -> str:
+    """The kernel cache folder the user's own runs use (which the suite must leave alone)."""
+    return _USER_CACHE

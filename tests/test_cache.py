@@ -394,3 +394,52 @@ def test_a_bad_cache_limit_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("GRAPHKERNEL_CACHE_MAX_MB", "lots")
     with pytest.raises(CacheError, match="GRAPHKERNEL_CACHE_MAX_MB='lots'"):
         cache.max_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# The test suite itself keeps out of the user's cache (tests/conftest.py)
+
+@needs_cc
+def test_the_suite_compiles_into_its_own_folder_not_the_users(user_cache_dir: str) -> None:
+    # Kernels no one has compiled before (constants drawn now), one built in this process and
+    # one in a child process started as the tests start theirs, land in the session's folder
+    # and not in the folder the user's own runs use.
+    import secrets
+    session = cache.cache_dir()
+    assert session == os.environ["GRAPHKERNEL_CACHE_DIR"] and session != user_cache_dir
+
+    def libraries(folder: str) -> set[str]:
+        return {f for f in os.listdir(folder) if f.endswith(".so")} \
+            if os.path.isdir(folder) else set()
+
+    before = libraries(session)
+    k1, k2 = (1 + secrets.randbelow(10**9) / 1e12 for _ in range(2))
+    _compile(np.ones((3, 4), np.float32), ScaleShift(k1))
+    code = textwrap.dedent(f"""
+        import numpy as np
+        import graphkernel
+        from graphkernel import nn
+        from graphkernel.graph_kernel.pipeline import CompileOptions
+
+        class ScaleShift(nn.Cell):
+            def construct(self, x):
+                return x * {k2!r} + 1.0
+
+        graphkernel.compile(ScaleShift(), np.ones((3, 4), np.float32),
+                            options=CompileOptions(enable_graph_kernel=True))
+    """)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr
+    new = libraries(session) - before
+    assert len(new) == 2, new
+    assert not new & libraries(user_cache_dir)
+
+
+class ScaleShift(nn.Cell):
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def construct(self, x: Any) -> Any:
+        return x * self.k + 1.0
