@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.flags import GraphKernelFlags
-from graphkernel.graph_kernel.reasons import FusionReason
+from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze, fusible_op
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.opset import PatternKind, get_op
@@ -46,18 +46,19 @@ def flat_ops(node: Node) -> list[Node]:
     return out
 
 
-def op_refusal(op: str, flags: GraphKernelFlags) -> tuple[str, str] | None:
+def op_refusal(op: str, flags: GraphKernelFlags) -> tuple[FuseRule, str] | None:
     """Why a basic op may not join any group: (rule, detail), or None."""
     opdef = get_op(op)
     refused = flags.cluster_refusal(op, opdef.kind == PatternKind.REDUCE)
     if refused is not None and op != "GetItem":
-        return "flag", refused
+        return FuseRule.FLAG, refused
     if op == "GetItem":
-        return "pattern", "GetItem selects an output of a multi-output op"
+        return FuseRule.PATTERN, "GetItem selects an output of a multi-output op"
     if not fusible_op(op):
         if opdef.kind == PatternKind.OPAQUE:
-            return "pattern", f"{op} is opaque: it runs as a library kernel"
-        return "pattern", f"{op} is {opdef.kind.name.lower()}: it runs as a view or copy of its own"
+            return FuseRule.PATTERN, f"{op} is opaque: it runs as a library kernel"
+        kind = opdef.kind.name.lower()
+        return FuseRule.PATTERN, f"{op} is {kind}: it runs as a view or copy of its own"
     return None
 
 
@@ -113,16 +114,16 @@ class Clusterer:
         self.reasons: dict[tuple[int, int], FusionReason] = {}
 
     # -- which nodes may join groups ------------------------------------------------------
-    def unit_refusal(self, node: Node) -> tuple[str, str] | None:
+    def unit_refusal(self, node: Node) -> tuple[FuseRule, str] | None:
         if node.subgraph is None:
             return op_refusal(node.op, self.flags)
         if not self.allow_composites:
-            return "pattern", (f"composite {node.name} joins other ops in the composite-op "
+            return FuseRule.PATTERN, (f"composite {node.name} joins other ops in the composite-op "
                                "fusion stage")
         for inner in flat_ops(node):
             refusal = op_refusal(inner.op, self.flags)
             # --enable_cluster_ops_only lists basic ops; a composite joins as a whole (MindSpore).
-            if refusal is not None and not (refusal[0] == "flag" and
+            if refusal is not None and not (refusal[0] is FuseRule.FLAG and
                                             self.flags.enable_cluster_ops_only):
                 return refusal[0], f"composite {node.name} contains {inner.op}: {refusal[1]}"
         return None
@@ -152,7 +153,7 @@ class Clusterer:
             node = self.by_uid.get(node.inputs[0].uid, node)
         return node
 
-    def _refuse(self, producer: Node, consumer: Node, rule: str, detail: str) -> None:
+    def _refuse(self, producer: Node, consumer: Node, rule: FuseRule, detail: str) -> None:
         self.reasons[(producer.uid, consumer.uid)] = FusionReason(
             self.stage, producer.name, consumer.name, rule, detail)
 
@@ -167,12 +168,12 @@ class Clusterer:
                 return
         assert a is not None and b is not None
         if a.op_count() + b.op_count() > self.flags.composite_op_limit_size:
-            self._refuse(producer, consumer, "limit",
+            self._refuse(producer, consumer, FuseRule.LIMIT,
                          f"together they would hold {a.op_count() + b.op_count()} ops "
                          f"(--composite_op_limit_size={self.flags.composite_op_limit_size})")
             return
         if self._creates_cycle(a, b):
-            self._refuse(producer, consumer, "cycle",
+            self._refuse(producer, consumer, FuseRule.CYCLE,
                          "another op outside both depends on the first and feeds the second")
             return
         units = sorted(a.units + b.units, key=lambda n: self.pos[n.uid])
@@ -180,11 +181,11 @@ class Clusterer:
         try:
             sched = analyze(nodes, outputs)
         except NotSchedulable as exc:
-            self._refuse(producer, consumer, "shape", str(exc))
+            self._refuse(producer, consumer, FuseRule.SHAPE, str(exc))
             return
         reason = self.cost.decline(nodes, inputs, sched)
         if reason is not None:
-            self._refuse(producer, consumer, "cost", reason)
+            self._refuse(producer, consumer, FuseRule.COST, reason)
             return
         a.units = units
         for unit in b.units:
@@ -271,8 +272,8 @@ class Clusterer:
             type_ = outputs[0].type if len(outputs) == 1 else TupleType(
                 tuple(o.tensor_type for o in outputs))
             fused = Node("Composite", inputs, {}, type_, name, real[0].loc, sub)
-            fused.notes["members"] = ", ".join(u.name for u in real)
-            fused.notes["fused_from"] = " ".join(label for u in real for label in unit_labels(u))
+            fused.notes["members"] = [u.name for u in real]
+            fused.notes["fused_from"] = [label for u in real for label in unit_labels(u)]
             replacement[group.units[0].uid] = fused
             fused_units.update(u.uid for u in group.units)
             for unit, flat in exported:
@@ -334,7 +335,7 @@ def unit_labels(unit: Node) -> list[str]:
     if "expanded_from" in unit.notes:
         return [unit.notes["expanded_from"]]
     if "fused_from" in unit.notes:
-        return str(unit.notes["fused_from"]).split()
+        return list(unit.notes["fused_from"])
     return [n.op for n in flat_ops(unit)]
 
 

@@ -18,6 +18,7 @@ from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
 from graphkernel.ir.graph import Graph, Node, output_types
 from graphkernel.ir.opset import PatternKind
+from graphkernel.passes import stage_names as names
 from graphkernel.passes.general import (
     eliminate_common_subexpressions,
     eliminate_dead_nodes,
@@ -38,11 +39,11 @@ def _identity(graph: Graph) -> Graph:
 
 
 FRONTEND_STAGES: list[Stage] = [
-    Stage("0_trace", _identity, "the graph recorded by tracing construct"),
-    Stage("1_fold_constants", fold_constants, "ops on constants only evaluated at compile time"),
-    Stage("2_cse", eliminate_common_subexpressions, "identical ops on identical inputs merged"),
-    Stage("3_dead_code", eliminate_dead_nodes, "ops whose results are unused removed"),
-    Stage("6_validate", _identity, "the initial graph, verified"),
+    Stage(names.TRACE, _identity, "the graph recorded by tracing construct"),
+    Stage(names.FOLD_CONSTANTS, fold_constants, "ops on constants only evaluated at compile time"),
+    Stage(names.CSE, eliminate_common_subexpressions, "identical ops on identical inputs merged"),
+    Stage(names.DEAD_CODE, eliminate_dead_nodes, "ops whose results are unused removed"),
+    Stage(names.VALIDATE, _identity, "the initial graph, verified"),
 ]
 
 
@@ -100,36 +101,52 @@ def _inline(composite: Node) -> list[Node]:
 
 def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
     """hwopt_* stages: with fusion off only the end stage, whose graph equals the initial one."""
-    end = Stage("hwopt_d_end", _identity, "the graph that runs: one kernel per node")
+    end = Stage(names.END, schedule_composites,
+                "the graph that runs: one kernel per node, each composite's loop nest planned")
     if not options.enable_graph_kernel or options.flags.opt_level == 0:
         return [end]
     flags = options.flags
 
     def basic_fusion(graph: Graph) -> Graph:
-        result = cluster(graph, flags, False, "hwopt_2_basic_op_fusion", options.cost)
+        result = cluster(graph, flags, False, names.BASIC_FUSION, options.cost)
         state.reasons = list(result.reasons)  # replaced by composite fusion's when it runs
         return result.graph
 
     def composite_fusion(graph: Graph) -> Graph:
-        result = cluster(graph, flags, True, "hwopt_3_composite_op_fusion", options.cost)
+        result = cluster(graph, flags, True, names.COMPOSITE_FUSION, options.cost)
         state.reasons = list(result.reasons)
         return result.graph
 
     stages = [
-        Stage("hwopt_1_graph_kernel_expand", lambda g: _expand(g, options),
-              "composite ops (GeLU, Softmax, LayerNorm, ...) expanded into basic ops"),
-        Stage("hwopt_2_basic_op_fusion", basic_fusion,
-              "connected fusible basic ops grouped into composite kernels"),
-        Stage("hwopt_3_composite_op_fusion", composite_fusion,
-              "composites grown over the basic ops and composites around them"),
-        Stage("hwopt_4_graph_kernel_simplify", simplify_composites,
-              "constant folding, common subexpressions and identities inside each kernel"),
+        Stage(names.EXPAND, lambda g: _expand(g, options),
+              "composite ops (GeLU, Softmax, LayerNorm, ...) expanded into basic ops", 1),
+        Stage(names.BASIC_FUSION, basic_fusion,
+              "connected fusible basic ops grouped into composite kernels", 1),
+        Stage(names.COMPOSITE_FUSION, composite_fusion,
+              "composites grown over the basic ops and composites around them", 1),
+        # MindSpore runs simplification from opt_level 2.
+        Stage(names.SIMPLIFY, simplify_composites,
+              "constant folding, common subexpressions and identities inside each kernel", 2),
     ]
-    # The opt_level each stage needs (MindSpore: simplification is level 2); enable_pass and
-    # disable_pass override it by stage name.
-    levels = {"hwopt_4_graph_kernel_simplify": 2}
+    # enable_pass and disable_pass override a stage's opt_level by its name.
     known = [s.name for s in stages]
-    return [s for s in stages if flags.stage_runs(s.name, levels.get(s.name, 1), known)] + [end]
+    return [s for s in stages if flags.stage_runs(s.name, s.opt_level, known)] + [end]
+
+
+def schedule_composites(graph: Graph) -> Graph:
+    """Plan each composite's loop nest once, for the code generator: the schedule is kept on
+    the node (`Node.schedule`), or, when the group is not one loop nest, the reason (it then
+    runs op by op). Legality checks during fusion ask `analyze` about candidate groups; this is
+    the one schedule of each composite that runs."""
+    for node in graph.nodes:
+        if node.subgraph is None:
+            continue
+        try:
+            node.schedule = analyze(node.subgraph.nodes, node.subgraph.outputs)
+        except NotSchedulable as exc:
+            node.schedule = None
+            node.notes["not_one_kernel"] = str(exc)
+    return graph
 
 
 def check_flags(flags: GraphKernelFlags) -> None:

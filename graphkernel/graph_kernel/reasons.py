@@ -2,18 +2,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-RULES = ("pattern", "flag", "limit", "cycle", "shape", "cost")
+
+class FuseRule(StrEnum):
+    """The rule that refused a fusion: legality (pattern, flag, limit, cycle, shape) or the cost
+    model (cost). A str, so reports and tests can compare it with its name."""
+
+    PATTERN = "pattern"  # an op kind that does not fuse (opaque, a data-moving view)
+    FLAG = "flag"  # graph_kernel_flags said no
+    LIMIT = "limit"  # the group would exceed composite_op_limit_size
+    CYCLE = "cycle"  # fusing would make the graph cyclic
+    SHAPE = "shape"  # no single loop nest computes the group
+    COST = "cost"  # legal, but the cost model says it does not pay
 
 
 @dataclass(frozen=True)
 class FusionReason:
-    """`producer` feeds `consumer`; `rule` is one of RULES; `detail` says it in words."""
+    """`producer` feeds `consumer`; `rule` says which rule refused; `detail` says it in words."""
 
     stage: str
     producer: str
     consumer: str
-    rule: str
+    rule: FuseRule
     detail: str
 
     def __str__(self) -> str:

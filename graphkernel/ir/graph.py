@@ -98,8 +98,12 @@ class Node(Value):
         self.attrs = dict(attrs)
         self.loc = loc
         self.subgraph = subgraph
-        # Free-form notes from passes (e.g. the origin of a fused node), shown in dumps.
+        # Notes from passes (e.g. the origin of a fused node), shown in dumps.
         self.notes: dict[str, Any] = {}
+        # A composite's loop-nest schedule (graph_kernel/schedule.py), planned once by the last
+        # backend stage for code generation. Keyed by this graph's node ids, so a clone (a new
+        # stage) starts without one.
+        self.schedule: Any = None
 
     @property
     def is_composite(self) -> bool:

@@ -67,7 +67,8 @@ def _node_line(node: Node, namer: _Namer) -> str:
         notes.append(f"{node.loc.filename.rsplit('/', 1)[-1]}:{node.loc.lineno} "
                      f"{node.loc.text.strip()}")
     for key, value in node.notes.items():
-        notes.append(f"{key}: {value}")
+        text_value = " ".join(map(str, value)) if isinstance(value, list) else value
+        notes.append(f"{key}: {text_value}")
     if notes:
         text += "    # " + "; ".join(notes)
     return text

@@ -25,6 +25,8 @@ class Stage:
     name: str
     run: PassFn
     doc: str = ""
+    # The lowest graph_kernel opt_level that runs it (0: always runs when its list runs).
+    opt_level: int = 0
 
 
 @dataclass

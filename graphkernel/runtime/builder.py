@@ -12,7 +12,6 @@ from graphkernel.codegen.c_emitter import emit_kernel
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.library import build_library
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
-from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
@@ -120,12 +119,10 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         common = dict(name=node.name, op_names=_flat_op_names(sub), writes=writes,
                       out_types=types, bytes_moved=moved)
         reason = None if compiler else "no C compiler"
-        if reason is None:
-            try:
-                sched = analyze(sub.nodes, sub.outputs)
-            except NotSchedulable as exc:
-                reason = str(exc)
-                notes.append(f"{node.name} runs op by op on numpy: {reason}")
+        sched = node.schedule  # planned once, by the last backend stage
+        if reason is None and sched is None:
+            reason = str(node.notes.get("not_one_kernel", "no loop-nest schedule"))
+            notes.append(f"{node.name} runs op by op on numpy: {reason}")
         if reason is not None:
             b.steps.append(Step(StepKind.INTERPRETED, reads=reads, subgraph=sub, aliases=True,
                                 note=reason, **common))  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from graphkernel.frontend.compiled import CompiledCell as Executable
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.ir.printer import print_graph
 from graphkernel.ops import operations as P
+from graphkernel.passes import stage_names
 from graphkernel.tools.render import render
 
 
@@ -67,7 +68,7 @@ SCENARIOS = (
     ("test_basic_fuse_no", NetBasicFuse, False),
     ("test_composite_fuse_no", NetCompositeFuse, False),
 )
-FIGURES = ("6_validate", "hwopt_d_end")
+FIGURES = (stage_names.INITIAL, stage_names.FINAL)
 
 
 @dataclass
@@ -83,11 +84,11 @@ class ScenarioResult:
 
     @property
     def initial_text(self) -> str:
-        return graph_text(self.executable, "6_validate")
+        return graph_text(self.executable, stage_names.INITIAL)
 
     @property
     def final_text(self) -> str:
-        return graph_text(self.executable, "hwopt_d_end")
+        return graph_text(self.executable, stage_names.FINAL)
 
 
 @dataclass

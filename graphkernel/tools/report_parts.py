@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from graphkernel.graph_kernel.reasons import RULES
+from graphkernel.passes import stage_names
 from graphkernel.runtime.executable import KernelInfo
 from graphkernel.tools.report_page import esc
 from graphkernel.tools.report_timing import Breakdown, Spread
 
-INITIAL, FINAL = "6_validate", "hwopt_d_end"
+INITIAL, FINAL = stage_names.INITIAL, stage_names.FINAL
 
 # What each refusal rule means, for the grouped reasons table.
 RULE_TITLES = {

@@ -12,6 +12,7 @@ from graphkernel.frontend.compiled import CompiledCell as Executable
 from graphkernel.ir.dot import to_dot
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.printer import print_graph
+from graphkernel.passes import stage_names
 from graphkernel.tools import report_parts as parts_
 from graphkernel.tools.render import render_svg_text
 from graphkernel.tools.report_page import esc, inline_svg
@@ -24,8 +25,8 @@ from graphkernel.tools.report_timing import (
     speedup_range,
 )
 
-FUSION_STAGE = "hwopt_2_basic_op_fusion"  # present only when fusion was on
-FUSION_STAGES = (FUSION_STAGE, "hwopt_3_composite_op_fusion")
+FUSION_STAGE = stage_names.BASIC_FUSION  # present only when fusion was on
+FUSION_STAGES = (FUSION_STAGE, stage_names.COMPOSITE_FUSION)
 
 
 @dataclass
