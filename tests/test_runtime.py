@@ -208,3 +208,58 @@ def test_first_call_buffers_are_readied_ahead_without_duplicates(rng):
     del flat, last
     exe.run_arrays(x, w)
     assert len(_pooled(exe, (128, 128))) == ready
+
+
+class AddTimesTwo(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.add, self.mul = P.Add(), P.Mul()
+
+    def construct(self, x, y):
+        return self.mul(self.add(x, y), 2.0)
+
+
+def test_byte_swapped_inputs_are_read_by_value():
+    # Issue 16: the compiled entry read '>f4' bytes as native floats ((x+y)*2 gave 2s), and the
+    # Python path said "is float32[2, 3] but compiled for float32[2, 3]".
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y = np.ones((2, 3), np.float32)
+    want = (x + y) * 2
+    for fusion in (True, False):
+        exe = graphkernel.compile(AddTimesTwo(), x, y,
+                                  options=CompileOptions(enable_graph_kernel=fusion))
+        swapped = x.astype(">f4")
+        np.testing.assert_array_equal(exe.run_arrays(swapped, y)[0], want)
+        np.testing.assert_array_equal(exe.run_arrays(x, y.astype(">f4"))[0], want)
+        np.testing.assert_array_equal(exe(Tensor(swapped), Tensor(y)).asnumpy(), want)
+    np.testing.assert_array_equal(AddTimesTwo()(Tensor(x.astype(">f4")), Tensor(y)).asnumpy(),
+                                  want)
+
+
+class BoolLogic(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.land, self.eq, self.select = P.LogicalAnd(), P.Equal(), P.Select()
+
+    def construct(self, a, b, x):
+        both = self.land(a, b)
+        same = self.eq(a, b)
+        return self.select(both, x, x * 2.0), self.select(same, x, x * 3.0)
+
+
+def test_bool_inputs_with_bytes_other_than_0_and_1_mean_true():
+    # Issue 16: a uint8 view holding 2 as a bool gave different answers fused and unfused.
+    rng = np.random.default_rng(5)
+    raw_a = rng.integers(0, 4, size=(4, 8)).astype(np.uint8)
+    raw_b = rng.integers(0, 3, size=(4, 8)).astype(np.uint8)
+    a, b = raw_a.view(np.bool_), raw_b.view(np.bool_)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    ta, tb = raw_a != 0, raw_b != 0
+    want = (np.where(ta & tb, x, x * 2), np.where(ta == tb, x, x * 3))
+    for fusion in (True, False):
+        exe = graphkernel.compile(BoolLogic(), ta, tb, x,
+                                  options=CompileOptions(enable_graph_kernel=fusion))
+        for got, expect in zip(exe.run_arrays(a, b, x), want):
+            np.testing.assert_array_equal(got, expect)
+        for got, expect in zip(exe(Tensor(a), Tensor(b), Tensor(x)), want):
+            np.testing.assert_array_equal(got.asnumpy(), expect)

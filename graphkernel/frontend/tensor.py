@@ -46,6 +46,10 @@ class Tensor:
             elif array.dtype == np.float64:
                 array = array.astype(np.float32)  # Python floats default to float32
         T.to_dtype(array.dtype)  # rejects unsupported dtypes with a clear message
+        if not array.dtype.isnative:  # kernels read native byte order
+            array = array.astype(array.dtype.newbyteorder("="))
+        if array.dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
+            array = array.view(np.uint8) != 0  # one byte 0 or 1 per bool, as kernels expect
         self._array: np.ndarray | None = array
 
     @classmethod

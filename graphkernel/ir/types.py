@@ -33,6 +33,8 @@ def to_dtype(value: object) -> np.dtype:
         dt = np.dtype(value)  # type: ignore[call-overload]
     except TypeError as exc:
         raise DTypeError(f"not a dtype: {value!r}") from exc
+    if not dt.isnative:
+        dt = dt.newbyteorder("=")  # a value's byte order is the runtime's business, not its type
     if dt not in SUPPORTED_DTYPES:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise DTypeError(f"dtype {dt.name} is not supported; supported dtypes: {names}")

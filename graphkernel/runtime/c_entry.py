@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from graphkernel.runtime.plan import ExecutionPlan, SlotRole, StepKind
 
 POOL_DEPTH = 2
@@ -79,12 +81,26 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "  PyArrayObject *a = (PyArrayObject *)o;",
         "  if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd) return 0;",
         "  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) return 0;",
+        "  if (!PyArray_ISNOTSWAPPED(a)) return 0;  /* kernels read native byte order */",
         "  const npy_intp *have = PyArray_DIMS(a);",
         "  for (int i = 0; i < nd; ++i) if (have[i] != dims[i]) return 0;",
         "  return 1;",
         "}",
         "",
     ]
+    if any(plan.slots[s].type.dtype == np.bool_ for s in args):
+        lines += [
+            "/* bool arguments hold 0 or 1 in each byte; any other byte (a uint8 view) goes to the",
+            "   Python runner, which reads it as numpy's truth value */",
+            "static int gk_bool01(PyObject *o) {",
+            "  const unsigned char *p = PyArray_DATA((PyArrayObject *)o);",
+            "  npy_intp n = PyArray_SIZE((PyArrayObject *)o);",
+            "  unsigned char any = 0;",
+            "  for (npy_intp i = 0; i < n; ++i) any |= p[i];",
+            "  return any <= 1;",
+            "}",
+            "",
+        ]
     for s in args + produced:
         dims = ", ".join(str(d) for d in plan.slots[s].type.shape) or "0"
         lines.append(f"static const npy_intp gk_dims{vid[s]}[] = {{{dims}}};")
@@ -97,6 +113,8 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         t = plan.slots[s].type
         lines.append(f"  if (!gk_accept(args[{vid[s]}], {t.dtype.num}, {len(t.shape)}, "
                      f"gk_dims{vid[s]})) Py_RETURN_NOTIMPLEMENTED;")
+        if t.dtype == np.bool_:
+            lines.append(f"  if (!gk_bool01(args[{vid[s]}])) Py_RETURN_NOTIMPLEMENTED;")
     lines.append(f"  PyArrayObject *v[{nvalues}] = {{0}};")
 
     def data(s: int) -> str:

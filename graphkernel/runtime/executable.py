@@ -80,6 +80,8 @@ class Executable:
             expected = plan.slots[slot].type
             if not array.dtype.isnative and array.dtype.newbyteorder("=") == expected.dtype:
                 array = array.astype(expected.dtype)  # byte-swapped: the kernels read native
+            if array.dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
+                array = array.view(np.uint8) != 0  # bytes other than 0/1: numpy's truth value
             if tuple(array.shape) != expected.shape or array.dtype != expected.dtype:
                 raise InputError(
                     f"{plan.name} input {name!r} is {array.dtype.name}{list(array.shape)} but "
