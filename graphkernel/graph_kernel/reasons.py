@@ -17,6 +17,9 @@ class FuseRule(StrEnum):
     COST = "cost"  # legal, but the cost model says it does not pay
 
 
+RULES = tuple(FuseRule)  # in the order reports list them
+
+
 @dataclass(frozen=True)
 class FusionReason:
     """`producer` feeds `consumer`; `rule` says which rule refused; `detail` says it in words."""
