@@ -263,3 +263,50 @@ def test_bool_inputs_with_bytes_other_than_0_and_1_mean_true():
             np.testing.assert_array_equal(got, expect)
         for got, expect in zip(exe(Tensor(a), Tensor(b), Tensor(x)), want):
             np.testing.assert_array_equal(got.asnumpy(), expect)
+
+
+def _graph_with_assign(param):
+    """x, weight w: w <- w + x after each call; returns (w + x) * 2 (built in the IR, as the
+    training code's optimizers do)."""
+    from graphkernel.ir.graph import Constant, Graph, Input, Node
+    from graphkernel.ir.types import TensorType
+    t = TensorType((3, 4), np.dtype(np.float32))
+    x = Input(t, "x")
+    w = Input(t, "w", kind="weight", binding=param)
+    new = Node("Add", [w, x], {}, t)
+    out = Node("Mul", [new, Constant(np.array(2.0, np.float32))], {}, t)
+    graph = Graph("Accumulate", [x, w], [new, out], [out])
+    graph.assigns = [(w, new)]
+    return graph
+
+
+def test_assigns_write_weights_in_place_fused_and_unfused(rng):
+    from graphkernel.frontend.compile import compile_graph
+    start = rng.standard_normal((3, 4)).astype(np.float32)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    for fusion in (True, False):
+        param = Parameter(start, "w")
+        own = param.asnumpy()
+        exe = compile_graph(_graph_with_assign(param), "Accumulate",
+                            CompileOptions(enable_graph_kernel=fusion))
+        assert (exe.entry is not None) == fusion  # kernels + an assign: the C entry runs it
+        assert "assign" in exe.plan.describe() and "overwrites" in exe.plan.describe()
+        first = exe(Tensor(x)).asnumpy()
+        np.testing.assert_allclose(first, (start + x) * 2, rtol=1e-6)
+        assert param.asnumpy() is own  # written in place: the same array
+        np.testing.assert_allclose(own, start + x, rtol=1e-6)
+        second = exe.run_arrays(x)[0]
+        np.testing.assert_allclose(second, (start + 2 * x) * 2, rtol=1e-6)
+        np.testing.assert_allclose(param.asnumpy(), start + 2 * x, rtol=1e-6)
+        np.testing.assert_array_equal(start, start.copy())  # the source array is untouched
+    text = _graph_with_assign(Parameter(start, "w"))
+    from graphkernel.ir.printer import print_graph
+    assert "assign %para2_w <- %1" in print_graph(text)
+
+
+def test_parameters_own_their_arrays():
+    source = np.ones((4,), np.float32)
+    p = Parameter(source, "p")
+    assert p.asnumpy() is not source
+    source[:] = 5
+    np.testing.assert_array_equal(p.asnumpy(), np.ones((4,), np.float32))

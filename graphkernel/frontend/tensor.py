@@ -221,14 +221,16 @@ class Parameter(Tensor):
 
     def __init__(self, default_input: Any, name: str = "", requires_grad: bool = True) -> None:
         super().__init__(default_input)
-        if self._array is not None and not self._array.flags.c_contiguous:
-            self._array = np.ascontiguousarray(self._array)
+        if self._array is not None:
+            # A Parameter owns its array: graphs that assign to it (optimizer updates) write
+            # into it in place, never into the array it was made from.
+            self._array = np.array(self._array, order="C", copy=True)
         self.name = name
         self.requires_grad = requires_grad
 
     def set_data(self, data: Any) -> None:
         """Replace the value; shape and dtype must stay (compiled graphs rely on them)."""
-        array = np.ascontiguousarray(np.asarray(data, dtype=self.dtype))
+        array = np.array(data, dtype=self.dtype, order="C", copy=True)  # owned, as above
         if array.shape != self.shape:
             raise ValueError(f"Parameter {self.name}: new shape {array.shape} != {self.shape}")
         self._array = array

@@ -27,7 +27,8 @@ POOL_DEPTH = 2
 def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     """The entry module's C, given its module name; None when some step is not a kernel or a
     result would alias an argument (the Python runner handles those)."""
-    if not plan.steps or any(s.kind is not StepKind.KERNEL for s in plan.steps):
+    kinds = {s.kind for s in plan.steps}
+    if StepKind.KERNEL not in kinds or not kinds <= {StepKind.KERNEL, StepKind.ASSIGN}:
         return None
     if any(plan.copy_out):
         return None
@@ -109,10 +110,14 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
     ]
+    assigned = {step.reads[1] for step in plan.steps if step.kind is StepKind.ASSIGN}
     for s in args:
         t = plan.slots[s].type
         lines.append(f"  if (!gk_accept(args[{vid[s]}], {t.dtype.num}, {len(t.shape)}, "
                      f"gk_dims{vid[s]})) Py_RETURN_NOTIMPLEMENTED;")
+        if s in assigned:  # written in place after the kernels: must be writeable
+            lines.append(f"  if (!PyArray_ISWRITEABLE((PyArrayObject *)args[{vid[s]}])) "
+                         "Py_RETURN_NOTIMPLEMENTED;")
         if t.dtype == np.bool_:
             lines.append(f"  if (!gk_bool01(args[{vid[s]}])) Py_RETURN_NOTIMPLEMENTED;")
     lines.append(f"  PyArrayObject *v[{nvalues}] = {{0}};")
@@ -127,9 +132,14 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
     later: set[int] = set()
     for step in reversed(plan.steps):
         taken_after.append(set(later))
-        later |= {plan.buffer_of[s] for s in step.writes}
+        later |= {plan.buffer_of[s] for s in step.writes if s in plan.buffer_of}
     taken_after.reverse()
     for step, dead, later_buffers in zip(plan.steps, plan.release, taken_after):
+        if step.kind is StepKind.ASSIGN:  # the value into the weight's own array
+            source, target = step.reads
+            nbytes = plan.slots[target].type.nbytes
+            lines.append(f"  memmove({data(target)}, {data(source)}, {nbytes});")
+            continue
         assert step.kernel is not None
         for s in step.writes:
             t = plan.slots[s].type
