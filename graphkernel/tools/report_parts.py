@@ -156,16 +156,18 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
     note = ""
     if split is not None and whole is not None:
         how = ("through the graph's compiled entry, one C call that launches every kernel "
-               "without Python in between" if through_entry else "as <code>run_arrays</code> "
-               "runs it")
-        note = (f'<p class="timenote muted small">Times are means over the middle half of '
-                f"{split.calls} step-by-step calls (each kernel dispatched from Python), so the "
-                f"rows add up to the call. The whole call {how}: {us_spread(whole)} "
-                "(median and interquartile range), the time the overview and speedup use.</p>")
+               "with no Python in between (and no per-kernel timing inside it)"
+               if through_entry else "as <code>run_arrays</code> runs it")
+        note = (f'<p class="timenote muted small">Kernel times are means over the middle half '
+                f"of {split.calls} step-by-step calls, each kernel dispatched from Python and "
+                "timed inside the call, so the rows add up to that call. The call as you run "
+                f"it goes {how}: {us_spread(whole)} (median and interquartile range), the time "
+                "the overview and speedup use.</p>")
     return (f'<table class="kernels {css}"><caption>{caption}</caption><thead><tr>'
             "<th class=\"num\">#</th><th>kernel</th><th>member ops</th><th>output</th>"
-            "<th>backend</th><th class=\"num\">bytes moved</th><th class=\"num\">time in a call"
-            f"</th></tr></thead><tbody>{''.join(rows)}</tbody>{foot}</table>{note}")
+            "<th>backend</th><th class=\"num\">bytes moved</th><th class=\"num\">time in a "
+            f"step-by-step call</th></tr></thead><tbody>{''.join(rows)}</tbody>{foot}</table>"
+            + note)
 
 
 def overview_html(rows: Sequence[str]) -> str:

@@ -133,7 +133,8 @@ class EntryView:
                        "in registers instead of memory.")
         return (f'<p class="verdict">{len(base.kernels)} &rarr; {len(exe.kernels)} kernel '
                 f"launches per call; {us(self.baseline_timing.per_call)} &rarr; "
-                f"{us(self.timing.per_call)} per call (medians): <b>{parts_.speed(*ratio)}</b>"
+                f"{us(self.timing.per_call)} per call (medians of the call as you run it): "
+                f"<b>{parts_.speed(*ratio)}</b>"
                 f' <span class="muted small">(range from the interquartile ranges)</span></p>'
                 f'<p class="meaning">{meaning}</p>')
 
