@@ -8,8 +8,9 @@ from graphkernel import nn, ops  # noqa: E402  (after Tensor, which they use)
 from graphkernel._version import __version__
 from graphkernel.frontend import context
 from graphkernel.frontend.compile import compile
+from graphkernel.frontend.export import export, load
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 
-__all__ = ["__version__", "context", "compile", "Parameter", "Tensor", "nn", "ops", "float16",
-           "float32", "float64", "int32", "int64", "bool_"]
+__all__ = ["__version__", "context", "compile", "export", "load", "Parameter", "Tensor", "nn",
+           "ops", "float16", "float32", "float64", "int32", "int64", "bool_"]

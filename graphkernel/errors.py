@@ -94,5 +94,10 @@ class VerifyError(GraphKernelError, AssertionError):
     """The IR verifier found a malformed graph (a graphkernel bug)."""
 
 
+class FormatError(GraphKernelError, ValueError):
+    """An export file (graphkernel.export) that is malformed, corrupted, altered, or written by
+    a newer graphkernel."""
+
+
 class NoEffectWarning(UserWarning):
     """A MindSpore setting graphkernel accepts but that changes nothing here."""

@@ -103,6 +103,37 @@ def build(folder: str, key: str, source: str, compiler: str, flags: tuple[str, .
     return built
 
 
+def install(folder: str, key: str, data: bytes) -> str:
+    """Place a library built elsewhere (a trusted export's prebuilt one) under `key`, written
+    atomically with its checksum like a build; an intact library already there is kept."""
+    if len(key) != 32 or not set(key) <= _KEY_CHARS:
+        raise CacheError(f"not a cache key: {key!r:.40}")
+    lock_path = os.path.join(folder, key + ".lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            found = lookup(folder, key)
+            if found is not None:
+                return found
+            lib = os.path.join(folder, key + LIBRARY_SUFFIX)
+            fd, tmp_lib = tempfile.mkstemp(prefix=key + ".", suffix=".tmp.so", dir=folder)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                with open(tmp_lib + ".sha256", "w", encoding="ascii") as fh:
+                    fh.write(hashlib.sha256(data).hexdigest() + "\n")
+                os.replace(tmp_lib + ".sha256", lib + ".sha256")
+                os.replace(tmp_lib, lib)
+            finally:
+                for path in (tmp_lib, tmp_lib + ".sha256"):
+                    if os.path.exists(path):
+                        os.unlink(path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    trim(folder, max_bytes(), keep=key)
+    return lib
+
+
 def max_bytes() -> int:
     """The cache's size limit: $GRAPHKERNEL_CACHE_MAX_MB (megabytes) or DEFAULT_MAX_BYTES."""
     text = os.environ.get("GRAPHKERNEL_CACHE_MAX_MB")

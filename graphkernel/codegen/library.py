@@ -59,9 +59,7 @@ def build_library(kernels: list[KernelSource],
         source += "\n" + entry(module)
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
     folder = cache.ensure_private_dir(cache.cache_dir())
-    abi = f"{sys.version_info[:2]} numpy {np.__version__}" if module else ""
-    key = cache.cache_key(source, tc.compiler, tc.version, flags + tc.libs, __version__ + abi,
-                          toolchain.cpu_signature())
+    key = _key(tc, source, flags, module is not None)
     path = cache.lookup(folder, key)
     from_cache = path is not None
     if path is None:
@@ -85,6 +83,23 @@ def build_library(kernels: list[KernelSource],
         functions[k.name] = fn
     entry = _load_entry(path, module) if module else None
     return BuiltLibrary(path, source, from_cache, functions, entry)
+
+
+def _key(tc: toolchain.Toolchain, source: str, flags: tuple[str, ...], with_entry: bool) -> str:
+    abi = f"{sys.version_info[:2]} numpy {np.__version__}" if with_entry else ""
+    return cache.cache_key(source, tc.compiler, tc.version, flags + tc.libs, __version__ + abi,
+                           toolchain.cpu_signature())
+
+
+def library_key(source: str, with_entry: bool) -> str | None:
+    """The cache key this machine's toolchain and CPU give a library's whole `source` (as in
+    `BuiltLibrary.source`; `with_entry`: it holds the CPython entry), or None without a
+    compiler. A prebuilt library from an export is usable here only under this key."""
+    tc = toolchain.detect()
+    if tc is None or (with_entry and not tc.python_includes):
+        return None
+    flags = tc.flags + (tuple(f"-I{d}" for d in tc.python_includes) if with_entry else ())
+    return _key(tc, source, flags, with_entry)
 
 
 def _load_entry(path: str, module: str) -> Any:

@@ -1,0 +1,350 @@
+"""Export a compiled graph to one file and load it back (MindSpore's export/load, format GKIR).
+
+A GKIR file is a zip archive of stored (uncompressed) entries:
+  manifest.json    format name and version, the final graph (ir/serialize.py), the input
+                   signature, compile options, which array is which, and the sha256 of every
+                   other entry
+  checksum.sha256  the sha256 of manifest.json: with the per-entry sums, a checksum over all
+  arrays/*.npy     constants and weights (numpy's format, read with allow_pickle=False)
+  kernels.c        the generated C of the graph's library (for people, and to match a prebuilt
+                   library against)
+  prebuilt/KEY.so  optionally, that library as built here, for the same toolchain and CPU
+
+Loading never runs anything from the file: the graph is rebuilt from data and verified, and its
+kernels are generated again from it and compiled through the kernel cache. A prebuilt library is
+native code; it is used only when the caller trusts the file (`trust_prebuilt=True`) and the
+regenerated source gives this machine the library's own cache key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel._version import __version__
+from graphkernel.codegen import cache
+from graphkernel.codegen.library import library_key
+from graphkernel.errors import FormatError, GraphKernelError, InputError
+from graphkernel.frontend.compile import _check_memory, compile, options_from_context
+from graphkernel.frontend.compiled import CompiledCell, CompileReport
+from graphkernel.frontend.signature import CellLike
+from graphkernel.frontend.tensor import Parameter
+from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.graph_kernel.flags import flags_text, parse_flags
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ir.graph import Graph
+from graphkernel.ir.serialize import (
+    check_array,
+    data_to_graph,
+    encode_type,
+    graph_to_data,
+)
+from graphkernel.ir.types import SUPPORTED_DTYPES, TensorType
+from graphkernel.passes.stage_names import FINAL
+from graphkernel.runtime.builder import build_executable
+
+FORMAT = "GKIR"
+FORMAT_VERSION = 1
+SUFFIX = ".gkir"
+MANIFEST, CHECKSUM = "manifest.json", "checksum.sha256"
+_MAX_MANIFEST = 256 << 20
+# The only entries an export holds besides the manifest and its checksum.
+_ENTRY_NAME = re.compile(r"arrays/[a-z]+[0-9]+\.npy|kernels\.c|prebuilt/[0-9a-f]{32}\.so")
+
+
+@dataclass
+class LoadedGraph:
+    """What `load` returns: give it to `nn.GraphCell` to run it."""
+
+    name: str
+    graph: Graph  # the final graph (hwopt_d_end); weight inputs are not bound yet
+    weights: dict[str, np.ndarray]  # by weight input name, in the graph's order
+    options: CompileOptions
+    signature: list[tuple[str, TensorType]]
+    kernel_source: str | None
+    checksum: str  # sha256 of the manifest: names this file's content
+    producer: str
+    prebuilt: tuple[str, bytes] | None = None  # (cache key, library) when trusted
+    notes: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{n}: {t}" for n, t in self.signature)
+        return f"<LoadedGraph {self.name}({args}), {len(self.weights)} weight(s)>"
+
+
+# -- export --------------------------------------------------------------------------------
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(array, order="C"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _options_data(options: CompileOptions) -> dict[str, Any]:
+    cost = {f.name: getattr(options.cost, f.name) for f in dataclasses.fields(options.cost)}
+    return {"enable_graph_kernel": options.enable_graph_kernel,
+            "graph_kernel_flags": flags_text(options.flags).replace(" (no effect)", ""),
+            "cost": cost}
+
+
+def export(net: CellLike, *inputs: Any, file_name: str, file_format: str = FORMAT,
+           include_library: bool = True, options: CompileOptions | None = None) -> str:
+    """Compile `net` for `inputs` (the current context's settings, or `options`) and write the
+    final graph, its weights, kernel sources, options and input signature to `file_name`
+    (".gkir" added when missing). Returns the path written."""
+    if file_format != FORMAT:
+        raise FormatError(f"file_format={file_format!r}: graphkernel writes {FORMAT!r} only "
+                          "(MINDIR, AIR and ONNX are MindSpore's)")
+    path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
+    if os.path.exists(path) and not _is_export(path):
+        raise FormatError(f"{path} exists and is not a {FORMAT} export; not replacing it")
+    compiled = compile(net, *inputs, options=options)
+    return write_compiled(compiled, path, options or options_from_context(), include_library)
+
+
+def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
+                   include_library: bool = True) -> str:
+    """Write an already compiled graph (see `export`)."""
+    graph = compiled.graph
+    data, arrays = graph_to_data(graph)
+    weights = [i for i in graph.inputs if i.kind == "weight"]
+    for i, param in enumerate(compiled.params):  # the plan's weight order is the graph's
+        arrays[f"weight{i}"] = param.asnumpy()
+    entries: dict[str, bytes] = {f"arrays/{k}.npy": _npy(v) for k, v in arrays.items()}
+    library = compiled.executable.library
+    prebuilt = None
+    if library is not None:
+        entries["kernels.c"] = library.source.encode()
+        key = os.path.basename(library.path)[:-len(cache.LIBRARY_SUFFIX)]
+        if include_library and key == library_key(library.source, library.entry is not None):
+            with open(library.path, "rb") as fh:
+                entries[f"prebuilt/{key}.so"] = fh.read()
+            prebuilt = {"key": key, "entry": f"prebuilt/{key}.so"}
+    manifest = {
+        "format": FORMAT, "version": FORMAT_VERSION, "producer": f"graphkernel {__version__}",
+        "name": compiled.name, **data,
+        "weights": [{"name": inp.name, "array": f"weight{i}"} for i, inp in enumerate(weights)],
+        "signature": [{"name": i.name, **encode_type(i.type)}
+                      for i in graph.inputs if i.kind == "input"],
+        "options": _options_data(options),
+        "kernels": "kernels.c" if library is not None else None,
+        "library": None if library is None else {"with_entry": library.entry is not None},
+        "prebuilt": prebuilt,
+        "entries": {name: hashlib.sha256(blob).hexdigest() for name, blob in entries.items()},
+    }
+    text = json.dumps(manifest, indent=1).encode()
+    entries = {MANIFEST: text, CHECKSUM: (hashlib.sha256(text).hexdigest() + "\n").encode(),
+               **entries}
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".gkir.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as zf:
+            for name, blob in entries.items():
+                zf.writestr(name, blob)
+        os.replace(tmp, path)  # readers see the old file or the whole new one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _is_export(path: str) -> bool:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return MANIFEST in zf.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+# -- load ----------------------------------------------------------------------------------
+def _read_entries(path: str) -> dict[str, bytes]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            names = [i.filename for i in infos]
+            if len(set(names)) != len(names):
+                raise FormatError(f"{path}: an entry appears twice (altered file)")
+            out = {}
+            for info in infos:
+                # Stored entries only: sizes are what the file holds (no zip bombs).
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size > _MAX_MANIFEST * 64:
+                    raise FormatError(f"{path}: entry {info.filename!r} is compressed or "
+                                      "oversized; graphkernel writes stored entries")
+                out[info.filename] = zf.read(info)
+            return out
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
+        if isinstance(exc, GraphKernelError):
+            raise
+        raise FormatError(f"{path} is not a readable {FORMAT} file (truncated or corrupted?): "
+                          f"{exc}") from None
+
+
+def _manifest(path: str, entries: dict[str, bytes]) -> dict[str, Any]:
+    if MANIFEST not in entries:
+        raise FormatError(f"{path} has no {MANIFEST}: not a {FORMAT} export")
+    text = entries[MANIFEST]
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{path}: {MANIFEST} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{path} is not a {FORMAT} export")
+    version = manifest.get("version")
+    if type(version) is not int or version < 1:
+        raise FormatError(f"{path}: bad format version {version!r}")
+    if version > FORMAT_VERSION:
+        raise FormatError(f"{path} is {FORMAT} version {version}, written by a newer graphkernel "
+                          f"({manifest.get('producer', '?')}); this graphkernel {__version__} "
+                          f"reads up to version {FORMAT_VERSION}: upgrade graphkernel to load it")
+    want = entries.get(CHECKSUM, b"").decode("ascii", "replace").strip()
+    if hashlib.sha256(text).hexdigest() != want:
+        raise FormatError(f"{path}: the manifest does not match its checksum (altered or "
+                          "corrupted file)")
+    sums = manifest.get("entries")
+    if not isinstance(sums, dict):
+        raise FormatError(f"{path}: the manifest lists no entries")
+    extra = set(entries) - set(sums) - {MANIFEST, CHECKSUM}
+    extra |= {name for name in sums if not _ENTRY_NAME.fullmatch(str(name))}
+    if extra:
+        raise FormatError(f"{path}: unexpected entries {sorted(extra)} (altered file)")
+    for name, digest in sums.items():
+        if name not in entries:
+            raise FormatError(f"{path}: entry {name!r} is missing (truncated file?)")
+        if hashlib.sha256(entries[name]).hexdigest() != digest:
+            raise FormatError(f"{path}: entry {name!r} does not match its checksum (altered or "
+                              "corrupted file)")
+    return manifest
+
+
+def _array(entries: dict[str, bytes], key: Any, path: str) -> np.ndarray:
+    name = f"arrays/{key}.npy"
+    if not isinstance(key, str) or name not in entries:
+        raise FormatError(f"{path}: array {key!r:.40} is missing")
+    try:
+        array = np.load(io.BytesIO(entries[name]), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise FormatError(f"{path}: array {key} is unreadable: {exc}") from None
+    if array.dtype not in SUPPORTED_DTYPES:
+        raise FormatError(f"{path}: array {key} has unsupported dtype {array.dtype}")
+    return array if array.flags.c_contiguous else array.copy(order="C")  # keeps 0-d
+
+
+def _options(data: Any, path: str) -> CompileOptions:
+    try:
+        cost_fields = {f.name for f in dataclasses.fields(CostModel)}
+        cost = data["cost"]
+        if not isinstance(cost, dict) or not set(cost) <= cost_fields or not all(
+                v is None or type(v) in (int, bool) for v in cost.values()):
+            raise FormatError(f"{path}: bad cost model {cost!r:.80}")
+        flags = data["graph_kernel_flags"]
+        if not isinstance(flags, str) or type(data["enable_graph_kernel"]) is not bool:
+            raise FormatError(f"{path}: bad compile options")
+        return CompileOptions(enable_graph_kernel=data["enable_graph_kernel"],
+                              flags=parse_flags(flags), cost=CostModel(**cost))
+    except (KeyError, TypeError):
+        raise FormatError(f"{path}: bad compile options") from None
+
+
+def load(file_name: str, trust_prebuilt: bool = False) -> LoadedGraph:
+    """Read an export written by `export`; run it with `nn.GraphCell(load(file))`.
+    `trust_prebuilt=True` lets a prebuilt library in the file be used (native code: only for
+    files you trust); otherwise kernels are generated from the graph and compiled here."""
+    path = os.path.abspath(file_name)
+    entries = _read_entries(path)
+    manifest = _manifest(path, entries)
+    constants = manifest.get("constants")
+    if not isinstance(constants, list):
+        raise FormatError(f"{path}: the manifest has no constants list")
+    arrays = {rec["array"]: _array(entries, rec.get("array"), path)
+              for rec in constants if isinstance(rec, dict) and "array" in rec}
+    try:
+        graph = data_to_graph(manifest, arrays)
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc.problem}") from None
+    weight_inputs = [i for i in graph.inputs if i.kind == "weight"]
+    weight_recs = manifest.get("weights")
+    if not isinstance(weight_recs, list) or len(weight_recs) != len(weight_inputs):
+        raise FormatError(f"{path}: the weights do not match the graph's weight inputs")
+    weights = {}
+    for inp, rec in zip(weight_inputs, weight_recs):
+        if not isinstance(rec, dict) or rec.get("name") != inp.name:
+            raise FormatError(f"{path}: weight {inp.name} is not listed in order")
+        array = _array(entries, rec.get("array"), path)
+        check_array(array, inp.tensor_type, f"{path}: weight {inp.name}")
+        weights[inp.name] = array
+    if len(weights) != len(weight_inputs):
+        raise FormatError(f"{path}: two weights share a name")
+    signature = [(i.name, i.tensor_type) for i in graph.inputs if i.kind == "input"]
+    listed = manifest.get("signature")
+    if not isinstance(listed, list) or [
+            (r.get("name"), r.get("shape"), r.get("dtype")) if isinstance(r, dict) else None
+            for r in listed] != [(n, list(t.shape), t.dtype.name) for n, t in signature]:
+        raise FormatError(f"{path}: the input signature does not match the graph")
+    _check_memory(graph, graph.name)  # refuse a graph too large for this machine up front
+    kernels = manifest.get("kernels")
+    source = entries[kernels].decode("utf-8", "replace") if kernels in entries else None
+    loaded = LoadedGraph(_name(manifest, path), graph, weights,
+                         _options(manifest.get("options"), path), signature, source,
+                         hashlib.sha256(entries[MANIFEST]).hexdigest(),
+                         str(manifest.get("producer", "?")))
+    prebuilt = manifest.get("prebuilt")
+    if trust_prebuilt and isinstance(prebuilt, dict) and prebuilt.get("entry") in entries:
+        library = manifest.get("library") or {}
+        here = library_key(source or "", bool(library.get("with_entry")))
+        if here is not None and here == prebuilt.get("key"):
+            loaded.prebuilt = (here, entries[prebuilt["entry"]])
+        else:
+            loaded.notes.append("the prebuilt library was made for another toolchain or CPU: "
+                                "compiling here")
+    return loaded
+
+
+def _name(manifest: dict[str, Any], path: str) -> str:
+    name = manifest.get("name")
+    if not isinstance(name, str) or not name:
+        raise FormatError(f"{path}: the export has no name")
+    return name
+
+
+def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -> CompiledCell:
+    """Build a loaded final graph (its weight inputs bound to `params`): kernels generated
+    again from the graph, compiled through the kernel cache (a trusted prebuilt library placed
+    there first)."""
+    start = time.perf_counter()
+    if loaded.prebuilt is not None:
+        key, data = loaded.prebuilt
+        cache.install(cache.ensure_private_dir(cache.cache_dir()), key, data)
+    executable = build_executable(graph, loaded.name, loaded.options.cost)
+    report = CompileReport(stages={FINAL: graph},
+                           stage_docs={FINAL: "the final graph, loaded from an export"})
+    compiled = CompiledCell(executable, params, report)
+    report.compile_seconds = time.perf_counter() - start
+    return compiled
+
+
+def check_signature(loaded: LoadedGraph, arrays: list[Any]) -> None:
+    """The call's inputs against the export's signature (a clear error, before compiling)."""
+    if len(arrays) != len(loaded.signature):
+        names = ", ".join(n for n, _ in loaded.signature)
+        raise InputError(f"GraphCell {loaded.name} takes {len(loaded.signature)} input(s) "
+                         f"({names}), got {len(arrays)}")
+    for array, (name, type_) in zip(arrays, loaded.signature):
+        shape = tuple(getattr(array, "shape", ()))
+        dtype = getattr(array, "dtype", None)
+        if shape != type_.shape or dtype is None or np.dtype(dtype) != type_.dtype:
+            raise InputError(f"GraphCell {loaded.name} input {name!r} must be {type_} (the "
+                             f"exported signature), got {dtype}{list(shape)}")
+
+
+__all__ = ["export", "load", "LoadedGraph", "FORMAT", "FORMAT_VERSION"]

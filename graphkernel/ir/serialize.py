@@ -1,0 +1,271 @@
+"""The graph IR as data: a JSON-able description plus named arrays, and back.
+
+Nothing here runs code from the data: ops are looked up by name in the op table, attributes are
+tagged plain values (ints, floats as exact hex, strings, tuples, lists, numpy dtypes and
+scalars, bools, None), and the rebuilt graph is checked by the verifier (every node's type
+inferred again from its inputs). Any departure from the format is a FormatError naming where.
+Constants are stored once (arrays named "const<N>") and shared by every graph that uses them.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import FormatError, GraphKernelError, SourceLocation
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.opset import OPS
+from graphkernel.ir.types import SUPPORTED_DTYPES, TensorType, TupleType, ValueType
+from graphkernel.ir.verifier import verify
+
+_DTYPES = {dt.name: dt for dt in SUPPORTED_DTYPES}
+_MAX_DEPTH = 16  # composites nest a few levels at most (a user GraphKernel, then fusion)
+_MAX_DIM = 1 << 40
+# String attributes are choices (GeLU's approximate="tanh"): never free text.
+_ATTR_TEXT = re.compile(r"[A-Za-z0-9_]{0,64}")
+
+
+# -- writing -------------------------------------------------------------------------------
+def encode_type(type_: ValueType) -> dict[str, Any]:
+    if isinstance(type_, TupleType):
+        return {"tuple": [encode_type(t) for t in type_.items]}
+    return {"shape": list(type_.shape), "dtype": type_.dtype.name}
+
+
+def encode_attr(value: Any, where: str) -> Any:
+    """A tagged JSON value; anything the format cannot hold is an error naming `where`."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return {"float": value.hex()}
+    if isinstance(value, np.dtype):
+        return {"dtype": value.name}
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return {"scalar": value.dtype.name, "value": encode_attr(value.item(), where)}
+    if isinstance(value, (tuple, list)):
+        return {type(value).__name__: [encode_attr(v, where) for v in value]}
+    raise FormatError(f"{where} is a {type(value).__name__} ({value!r:.60}); an export holds "
+                      "ints, floats, strings, tuples, lists, dtypes and bools")
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.constants: list[dict[str, Any]] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.const_ids: dict[int, int] = {}
+
+    def ref(self, value: Value, ids: dict[int, int], where: str) -> list[Any]:
+        if isinstance(value, Constant):
+            if value.uid not in self.const_ids:
+                key = f"const{len(self.constants)}"
+                self.const_ids[value.uid] = len(self.constants)
+                self.constants.append({"name": value.name, "array": key,
+                                       "type": encode_type(value.type)})
+                self.arrays[key] = value.value
+            return ["c", self.const_ids[value.uid]]
+        if value.uid not in ids:
+            raise FormatError(f"{where} uses {value.name}, which is not in its graph")
+        return ["v", ids[value.uid]]
+
+    def graph(self, graph: Graph, where: str) -> dict[str, Any]:
+        ids: dict[int, int] = {}
+        inputs = []
+        for inp in graph.inputs:
+            ids[inp.uid] = len(ids)
+            inputs.append({"name": inp.name, "kind": inp.kind, "type": encode_type(inp.type)})
+        nodes = []
+        for node in graph.nodes:
+            here = f"{where}/{node.name}"
+            loc = node.loc
+            nodes.append({
+                "op": node.op, "name": node.name,
+                "inputs": [self.ref(v, ids, here) for v in node.inputs],
+                "attrs": {k: encode_attr(v, f"{here} attribute {k}")
+                          for k, v in node.attrs.items()},
+                "type": encode_type(node.type),
+                "loc": None if loc is None else [loc.filename, loc.lineno, loc.function,
+                                                 loc.text],
+                "notes": {k: encode_attr(v, f"{here} note {k}") for k, v in node.notes.items()},
+                "subgraph": None if node.subgraph is None else self.graph(node.subgraph, here),
+            })
+            ids[node.uid] = len(ids)
+        weights = {inp.uid: i for i, inp in enumerate(graph.inputs)}
+        return {"name": graph.name, "inputs": inputs, "nodes": nodes,
+                "outputs": [self.ref(v, ids, f"{where} output") for v in graph.outputs],
+                "returns_tuple": graph.returns_tuple,
+                "assigns": [[weights[w.uid], self.ref(v, ids, f"{where} assign")]
+                            for w, v in graph.assigns]}
+
+
+def graph_to_data(graph: Graph) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The description of `graph` (JSON-able) and the arrays it names (its constants)."""
+    writer = _Writer()
+    description = writer.graph(graph, graph.name)
+    return {"graph": description, "constants": writer.constants}, writer.arrays
+
+
+# -- reading -------------------------------------------------------------------------------
+def _expect(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise FormatError(f"{where}: {what}")
+
+
+def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    _expect(isinstance(record, dict), where, "expected an object")
+    _expect(key in record, where, f"missing field {key!r}")
+    value = record[key]
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, (int,)))
+    _expect(ok, where, f"field {key!r} has the wrong kind ({type(value).__name__})")
+    return value
+
+
+def decode_dtype(name: Any, where: str) -> np.dtype:
+    _expect(isinstance(name, str) and name in _DTYPES, where, f"unknown dtype {name!r}")
+    return _DTYPES[name]
+
+
+def decode_type(data: Any, where: str, depth: int = 0) -> ValueType:
+    _expect(isinstance(data, dict), where, "a type must be an object")
+    if "tuple" in data:
+        _expect(depth == 0, where, "nested tuple type")
+        items = _field(data, "tuple", list, where)
+        types = tuple(decode_type(t, where, 1) for t in items)
+        return TupleType(types)  # type: ignore[arg-type]
+    shape = _field(data, "shape", list, where)
+    _expect(all(type(d) is int and 0 <= d < _MAX_DIM for d in shape) and len(shape) <= 32,
+            where, f"bad shape {shape!r:.80}")
+    return TensorType(tuple(shape), decode_dtype(data.get("dtype"), where))
+
+
+def decode_attr(data: Any, where: str, depth: int = 0) -> Any:
+    _expect(depth < 8, where, "attribute nested too deep")
+    if data is None or isinstance(data, (bool, int)):
+        return data
+    if isinstance(data, str):
+        _expect(_ATTR_TEXT.fullmatch(data) is not None, where, f"bad text value {data!r:.40}")
+        return data
+    _expect(isinstance(data, dict) and len(data) in (1, 2), where, f"bad value {data!r:.60}")
+    if "float" in data:
+        try:
+            return float.fromhex(data["float"])
+        except (TypeError, ValueError):
+            raise FormatError(f"{where}: bad float {data['float']!r:.40}") from None
+    if "dtype" in data:
+        return decode_dtype(data["dtype"], where)
+    if "scalar" in data:
+        dtype = decode_dtype(data["scalar"], where)
+        inner = decode_attr(data.get("value"), where, depth + 1)
+        _expect(isinstance(inner, (bool, int, float)), where, "bad scalar")
+        try:
+            return dtype.type(inner)
+        except (OverflowError, ValueError):
+            raise FormatError(f"{where}: {inner!r} is no {dtype.name}") from None
+    for kind in ("tuple", "list"):
+        if kind in data:
+            _expect(isinstance(data[kind], list), where, f"bad {kind}")
+            items = [decode_attr(v, where, depth + 1) for v in data[kind]]
+            return tuple(items) if kind == "tuple" else items
+    raise FormatError(f"{where}: unknown value tag in {data!r:.60}")
+
+
+def _decode_note(data: Any, where: str) -> Any:
+    """Notes are text for people (dumps, reports): any string, numbers, bools."""
+    if isinstance(data, str) and len(data) < 100_000:
+        return data
+    return decode_attr(data, where)
+
+
+class _Reader:
+    def __init__(self, constants: list[Constant]) -> None:
+        self.constants = constants
+
+    def ref(self, data: Any, values: list[Value], where: str) -> Value:
+        _expect(isinstance(data, list) and len(data) == 2 and type(data[1]) is int, where,
+                f"bad value reference {data!r:.40}")
+        table: list[Any] = self.constants if data[0] == "c" else values
+        _expect(data[0] in ("c", "v") and 0 <= data[1] < len(table), where,
+                f"reference {data!r} points at no value")
+        return table[data[1]]
+
+    def graph(self, data: Any, where: str, depth: int = 0) -> Graph:
+        _expect(depth <= _MAX_DEPTH, where, "composites nested too deep")
+        name = _field(data, "name", str, where)
+        values: list[Value] = []
+        inputs: list[Input] = []
+        for i, rec in enumerate(_field(data, "inputs", list, where)):
+            here = f"{where} input {i}"
+            kind = _field(rec, "kind", str, here)
+            _expect(kind in ("input", "weight"), here, f"unknown input kind {kind!r}")
+            type_ = decode_type(_field(rec, "type", dict, here), here)
+            _expect(isinstance(type_, TensorType), here, "an input is a tensor")
+            inp = Input(type_, _field(rec, "name", str, here), kind)  # type: ignore[arg-type]
+            inputs.append(inp)
+            values.append(inp)
+        nodes = []
+        for i, rec in enumerate(_field(data, "nodes", list, where)):
+            node = self.node(rec, values, f"{where} node {i}", depth)
+            nodes.append(node)
+            values.append(node)
+        outputs = [self.ref(r, values, f"{where} output")
+                   for r in _field(data, "outputs", list, where)]
+        graph = Graph(name, inputs, nodes, outputs)
+        graph.returns_tuple = _field(data, "returns_tuple", bool, where)
+        for rec in _field(data, "assigns", list, where):
+            _expect(isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and
+                    0 <= rec[0] < len(inputs), where, f"bad assign {rec!r:.40}")
+            graph.assigns.append((inputs[rec[0]], self.ref(rec[1], values, f"{where} assign")))
+        return graph
+
+    def node(self, rec: Any, values: list[Value], where: str, depth: int) -> Node:
+        op = _field(rec, "op", str, where)
+        name = _field(rec, "name", str, where)
+        where = f"{where} ({name})"
+        sub_data = rec.get("subgraph") if isinstance(rec, dict) else None
+        if sub_data is not None:
+            _expect(op == "Composite", where, f"a {op} node has no subgraph")
+        else:
+            _expect(op in OPS, where, f"unknown op {op!r}")
+        inputs = [self.ref(r, values, where) for r in _field(rec, "inputs", list, where)]
+        attrs = {k: decode_attr(v, f"{where} attribute {k}")
+                 for k, v in _field(rec, "attrs", dict, where).items()}
+        loc_data = rec.get("loc")
+        loc = None
+        if loc_data is not None:
+            _expect(isinstance(loc_data, list) and len(loc_data) == 4 and
+                    all(isinstance(x, str) for x in (loc_data[0], loc_data[2], loc_data[3])) and
+                    type(loc_data[1]) is int, where, "bad source location")
+            loc = SourceLocation(*loc_data)
+        subgraph = None if sub_data is None else self.graph(sub_data, where, depth + 1)
+        node = Node(op, inputs, attrs, decode_type(_field(rec, "type", dict, where), where),
+                    name, loc, subgraph)
+        node.notes = {k: _decode_note(v, f"{where} note {k}")
+                      for k, v in _field(rec, "notes", dict, where).items()}
+        return node
+
+
+def data_to_graph(data: Any, arrays: dict[str, np.ndarray]) -> Graph:
+    """Rebuild a graph from `graph_to_data`'s description and arrays; verified."""
+    constants = []
+    for i, rec in enumerate(_field(data, "constants", list, "constants")):
+        where = f"constant {i}"
+        key = _field(rec, "array", str, where)
+        _expect(key in arrays, where, f"array {key!r} is missing")
+        type_ = decode_type(_field(rec, "type", dict, where), where)
+        _expect(isinstance(type_, TensorType), where, "a constant is a tensor")
+        check_array(arrays[key], type_, where)  # type: ignore[arg-type]
+        constants.append(Constant(arrays[key], _field(rec, "name", str, where)))
+    graph = _Reader(constants).graph(_field(data, "graph", dict, "graph"), "graph")
+    try:
+        verify(graph)
+    except GraphKernelError as exc:  # a type that does not follow from its inputs
+        raise FormatError(f"the graph does not check: {exc.problem}") from None
+    return graph
+
+
+def check_array(array: np.ndarray, type_: TensorType, where: str) -> None:
+    """An array read from a file has exactly the declared dtype and shape."""
+    _expect(array.dtype == type_.dtype and tuple(array.shape) == type_.shape, where,
+            f"array is {array.dtype}{list(array.shape)}, declared {type_}")

@@ -1,0 +1,314 @@
+"""graphkernel.export / load / nn.GraphCell: the GKIR file, across processes, and refusing bad
+files clearly."""
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Parameter, Tensor, nn
+from graphkernel.errors import FormatError, InputError
+from graphkernel.frontend import context
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ir.graph import Constant, Graph, Input, Node
+from graphkernel.ir.printer import print_graph
+from graphkernel.ir.serialize import data_to_graph, graph_to_data
+from graphkernel.ir.types import TensorType
+from graphkernel.ops import operations as P
+
+ON = CompileOptions(enable_graph_kernel=True)
+
+
+def mlp() -> nn.Cell:
+    return nn.SequentialCell([nn.Dense(12, 24), nn.GELU(), nn.LayerNorm((24,)), nn.Dense(24, 5),
+                              nn.Softmax()])
+
+
+class TwoOutputs(nn.Cell):
+    """A user GraphKernel (a composite with its own weight) and a tuple result."""
+
+    class Inner(nn.GraphKernel):
+        def __init__(self):
+            super().__init__()
+            self.scale = Parameter(np.linspace(0.5, 2.0, 6).astype(np.float32), "scale")
+
+        def construct(self, x):
+            y = x * self.scale
+            return y + 1.0, y - 1.0
+
+    def __init__(self):
+        super().__init__()
+        self.inner = self.Inner()
+        self.exp = P.Exp()
+        self.sum = P.ReduceSum(keep_dims=True)
+
+    def construct(self, x):
+        a, b = self.inner(x)
+        return self.exp(a) * b, self.sum(b, -1)
+
+
+def _run(cell, x):
+    out = cell(Tensor(x))
+    return [o.asnumpy() for o in out] if isinstance(out, tuple) else [out.asnumpy()]
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+@pytest.mark.parametrize("make,shape", [(mlp, (7, 12)), (TwoOutputs, (3, 6))])
+def test_loaded_graph_gives_the_same_results(tmp_path, rng, fusion, make, shape):
+    context.set_context(enable_graph_kernel=fusion)
+    net = make()
+    x = rng.standard_normal(shape).astype(np.float32)
+    expected = _run(net, x)
+    path = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "net"))
+    assert path.endswith(".gkir")
+    loaded = graphkernel.load(path)
+    cell = nn.GraphCell(loaded)
+    got = _run(cell, x)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
+    original = graphkernel.compile(net, Tensor(x))
+    assert cell.compiled.kernel_count == original.kernel_count
+    assert print_graph(cell.compiled.graph) == print_graph(original.graph)
+    if original.executable.library is not None:  # the same C, so the cached library
+        assert cell.compiled.executable.library.source == loaded.kernel_source
+        assert cell.compiled.from_cache
+    # other inputs of the signature, which the export never saw
+    y = rng.standard_normal(shape).astype(np.float32) * 3
+    for g, e in zip(_run(cell, y), _run(net, y)):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_graph_cell_owns_its_weights(tmp_path, rng):
+    context.set_context(enable_graph_kernel=True)
+    net = mlp()
+    x = rng.standard_normal((2, 12)).astype(np.float32)
+    cell = nn.GraphCell(graphkernel.load(graphkernel.export(net, Tensor(x),
+                                                            file_name=str(tmp_path / "m"))))
+    names = [n for n, _ in cell.parameters_and_names()]
+    assert len(names) == 6 and len(set(names)) == 6
+    before = _run(cell, x)[0]
+    for (_, p), (_, q) in zip(cell.parameters_and_names(), net.parameters_and_names()):
+        np.testing.assert_array_equal(p.asnumpy(), q.asnumpy())
+        assert p is not q
+    last_bias = cell.parameters_and_names()[-1][1]
+    last_bias.set_data(last_bias.asnumpy() + np.arange(5, dtype=np.float32))
+    assert not np.array_equal(_run(cell, x)[0], before)  # the new weight is read
+    other = nn.GraphCell(graphkernel.load(str(tmp_path / "m.gkir")))
+    np.testing.assert_array_equal(_run(other, x)[0], before)  # cells do not share weights
+    with pytest.raises(InputError, match=r"float32\[2,12\]"):
+        cell(Tensor(np.zeros((3, 12), np.float32)))
+    with pytest.raises(InputError, match="takes 1 input"):
+        cell(Tensor(x), Tensor(x))
+
+
+def test_export_in_one_process_loads_in_another(tmp_path):
+    export_script = textwrap.dedent(f"""
+        import numpy as np, graphkernel
+        from graphkernel import nn, context, Tensor
+        context.set_context(enable_graph_kernel=True)
+        net = nn.SequentialCell([nn.Dense(12, 24), nn.GELU(), nn.LayerNorm((24,)),
+                                 nn.Dense(24, 5), nn.Softmax()])
+        x = np.random.default_rng(7).standard_normal((9, 12)).astype(np.float32)
+        np.save({str(tmp_path / 'x.npy')!r}, x)
+        np.save({str(tmp_path / 'expected.npy')!r}, net(Tensor(x)).asnumpy())
+        graphkernel.export(net, Tensor(x), file_name={str(tmp_path / 'net')!r})
+    """)
+    load_script = textwrap.dedent(f"""
+        import numpy as np, graphkernel
+        from graphkernel import nn, Tensor
+        cell = nn.GraphCell(graphkernel.load({str(tmp_path / 'net.gkir')!r}))
+        x = np.load({str(tmp_path / 'x.npy')!r})
+        np.save({str(tmp_path / 'got.npy')!r}, cell(Tensor(x)).asnumpy())
+        print(cell.compiled.kernel_count)
+    """)
+    env = {**os.environ, "GRAPHKERNEL_CACHE_DIR": str(tmp_path / "cache_a")}
+    subprocess.run([sys.executable, "-c", export_script], check=True, env=env)
+    env["GRAPHKERNEL_CACHE_DIR"] = str(tmp_path / "cache_b")  # another node: an empty cache
+    out = subprocess.run([sys.executable, "-c", load_script], check=True, env=env,
+                         capture_output=True, text=True)
+    assert int(out.stdout.strip()) >= 2
+    np.testing.assert_array_equal(np.load(tmp_path / "got.npy"), np.load(tmp_path / "expected.npy"))
+    assert os.listdir(tmp_path / "cache_b")  # compiled there, through its own cache
+
+
+def test_trusted_prebuilt_library_skips_the_compile(tmp_path, rng, monkeypatch):
+    context.set_context(enable_graph_kernel=True)
+    net = mlp()
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    path = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "net"))
+    expected = _run(net, x)[0]
+    with zipfile.ZipFile(path) as zf:
+        libs = [n for n in zf.namelist() if n.startswith("prebuilt/")]
+        assert len(libs) == 1
+        blob = zf.read(libs[0])
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(tmp_path / "fresh"))
+    # Untrusted (the default): compiled here from the graph.
+    cell = nn.GraphCell(graphkernel.load(path))
+    np.testing.assert_array_equal(_run(cell, x)[0], expected)
+    assert not cell.compiled.from_cache
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(tmp_path / "fresh2"))
+    cell = nn.GraphCell(graphkernel.load(path, trust_prebuilt=True))
+    np.testing.assert_array_equal(_run(cell, x)[0], expected)
+    assert cell.compiled.from_cache  # the file's library, no compiler run
+    with open(cell.compiled.library_path, "rb") as fh:
+        assert fh.read() == blob
+
+
+def test_prebuilt_library_for_another_machine_is_not_used(tmp_path, rng, monkeypatch):
+    context.set_context(enable_graph_kernel=True)
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    path = graphkernel.export(mlp(), Tensor(x), file_name=str(tmp_path / "net"))
+
+    def other_key(manifest, entries):
+        old = manifest["prebuilt"]["key"]
+        new = "0" * 32
+        entries[f"prebuilt/{new}.so"] = entries.pop(f"prebuilt/{old}.so")
+        manifest["entries"][f"prebuilt/{new}.so"] = manifest["entries"].pop(f"prebuilt/{old}.so")
+        manifest["prebuilt"] = {"key": new, "entry": f"prebuilt/{new}.so"}
+    rewrite(path, other_key)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(tmp_path / "fresh"))
+    loaded = graphkernel.load(path, trust_prebuilt=True)
+    assert loaded.prebuilt is None and "another toolchain" in loaded.notes[0]
+    cell = nn.GraphCell(loaded)
+    _run(cell, x)
+    assert not cell.compiled.from_cache
+
+
+def test_graph_with_assigns_round_trips():
+    """Graph.assigns and tuple results survive the description (no frontend op writes weights
+    yet on main, so the graph is built by hand)."""
+    f32 = TensorType((3,), np.dtype("float32"))
+    x, w = Input(f32, "x"), Input(f32, "w", kind="weight")
+    two = Constant(np.array(2.0, np.float32), "two")
+    mul = Node("Mul", [x, two], {}, f32, "mul")
+    add = Node("Add", [mul, w], {}, f32, "add")
+    graph = Graph("g", [x, w], [mul, add], [add, mul])
+    graph.returns_tuple = True
+    graph.assigns = [(w, add)]
+    data, arrays = graph_to_data(graph)
+    json.dumps(data)  # plain JSON
+    back = data_to_graph(json.loads(json.dumps(data)), arrays)
+    assert print_graph(back) == print_graph(graph)
+    assert back.returns_tuple and back.assigns[0][0] is back.inputs[1]
+    assert back.assigns[0][1] is back.nodes[1]
+    assert back.nodes[0].inputs[1].is_scalar
+
+
+# -- refusing bad files ------------------------------------------------------------------------
+@pytest.fixture
+def exported(tmp_path, rng):
+    context.set_context(enable_graph_kernel=True)
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    return graphkernel.export(mlp(), Tensor(x), file_name=str(tmp_path / "net"))
+
+
+def rewrite(path, edit, fix_checksum=True):
+    """Rewrite an export: `edit(manifest, entries)` changes them in place; the checksums are
+    recomputed (a deliberate forgery) unless fix_checksum is False (a hand edit)."""
+    with zipfile.ZipFile(path) as zf:
+        entries = {n: zf.read(n) for n in zf.namelist()}
+    manifest = json.loads(entries["manifest.json"])
+    edit(manifest, entries)
+    if fix_checksum:
+        manifest["entries"] = {n: hashlib.sha256(b).hexdigest() for n, b in entries.items()
+                               if n not in ("manifest.json", "checksum.sha256")}
+    text = json.dumps(manifest).encode()
+    entries["manifest.json"] = text
+    if fix_checksum:
+        entries["checksum.sha256"] = hashlib.sha256(text).hexdigest().encode()
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        for n, b in entries.items():
+            zf.writestr(n, b)
+
+
+def _first_node(manifest):
+    return manifest["graph"]["nodes"][0]
+
+
+@pytest.mark.parametrize("edit,fix,message", [
+    # hand edits without fixing the checksum
+    (lambda m, e: _first_node(m).update(name="renamed"), False, "checksum"),
+    (lambda m, e: e.update({"arrays/weight0.npy": e["arrays/weight0.npy"][:-4] + b"\0\0\0\0"}),
+     False, "does not match its checksum"),
+    # forgeries with consistent checksums: still checked as data
+    (lambda m, e: _first_node(m).update(op="__import__('os').system"), True, "unknown op"),
+    (lambda m, e: _first_node(m)["type"].update(shape=[4, 99]), True, "does not check"),
+    (lambda m, e: m["weights"][0].update(array="../../etc/passwd"), True, "missing"),
+    (lambda m, e: e.update({"../evil.so": b"x"}), True, "unexpected entries"),
+    (lambda m, e: m.update(version=99), True, "version 99.*newer graphkernel.*upgrade"),
+    (lambda m, e: m.update(format="MINDIR"), True, "not a GKIR export"),
+    (lambda m, e: _first_node(m)["attrs"].update(transpose_b={"pickle": "cos\nsystem"}), True,
+     "unknown value tag"),
+    (lambda m, e: m["options"]["cost"].update(parallel_threshold="1; rm -rf /"), True,
+     "bad cost model"),
+    (lambda m, e: e.update({"arrays/weight0.npy": _object_npy()}), True, "unreadable"),
+    (lambda m, e: e.update({"arrays/weight0.npy": _npy(np.zeros((2, 2), np.float32))}), True,
+     r"weight.*declared float32\[12,24\]|declared"),
+    (lambda m, e: m["graph"]["outputs"].__setitem__(0, ["v", 10_000]), True, "points at no value"),
+])
+def test_altered_files_are_refused_clearly(exported, edit, fix, message):
+    rewrite(exported, edit, fix_checksum=fix)
+    with pytest.raises(FormatError, match=message):
+        graphkernel.load(exported)
+
+
+def _npy(array):
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _object_npy():
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    return buf.getvalue()
+
+
+def test_truncated_and_corrupted_files_are_refused(exported, tmp_path):
+    data = open(exported, "rb").read()
+    for cut in (10, len(data) // 2, len(data) - 30):
+        short = tmp_path / f"cut{cut}.gkir"
+        short.write_bytes(data[:cut])
+        with pytest.raises(FormatError, match="truncated|corrupted|checksum|missing"):
+            graphkernel.load(str(short))
+    flipped = bytearray(data)
+    middle = data.index(b"\x93NUMPY") + 200  # inside the first array's bytes
+    flipped[middle] ^= 0xFF
+    bad = tmp_path / "flipped.gkir"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(FormatError, match="checksum|corrupted"):
+        graphkernel.load(str(bad))
+    with pytest.raises(FormatError, match="no such file"):
+        graphkernel.load(str(tmp_path / "absent.gkir"))
+
+
+def test_compressed_entries_are_refused(exported, tmp_path):
+    with zipfile.ZipFile(exported) as zf:
+        entries = {n: zf.read(n) for n in zf.namelist()}
+    bomb = tmp_path / "deflated.gkir"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, b in entries.items():
+            zf.writestr(n, b)
+    with pytest.raises(FormatError, match="compressed"):
+        graphkernel.load(str(bomb))
+
+
+def test_export_refuses_other_formats_and_foreign_files(tmp_path, rng):
+    x = Tensor(rng.standard_normal((2, 12)).astype(np.float32))
+    with pytest.raises(FormatError, match="MINDIR"):
+        graphkernel.export(mlp(), x, file_name=str(tmp_path / "n"), file_format="MINDIR")
+    mine = tmp_path / "notes.gkir"
+    mine.write_text("my notes")
+    with pytest.raises(FormatError, match="not replacing"):
+        graphkernel.export(mlp(), x, file_name=str(mine))
+    assert mine.read_text() == "my notes"
+    first = graphkernel.export(mlp(), x, file_name=str(tmp_path / "n"))
+    assert graphkernel.export(mlp(), x, file_name=first) == first  # an export is replaced
