@@ -27,7 +27,7 @@ import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -166,9 +166,9 @@ def _is_export(path: str) -> bool:
 
 
 # -- load ----------------------------------------------------------------------------------
-def _read_entries(path: str) -> dict[str, bytes]:
+def _read_entries(path: str, source: str | BinaryIO) -> dict[str, bytes]:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(source) as zf:
             infos = zf.infolist()
             names = [i.filename for i in infos]
             if len(set(names)) != len(names):
@@ -256,12 +256,17 @@ def _options(data: Any, path: str) -> CompileOptions:
         raise FormatError(f"{path}: bad compile options") from None
 
 
-def load(file_name: str, trust_prebuilt: bool = False) -> LoadedGraph:
-    """Read an export written by `export`; run it with `nn.GraphCell(load(file))`.
-    `trust_prebuilt=True` lets a prebuilt library in the file be used (native code: only for
-    files you trust); otherwise kernels are generated from the graph and compiled here."""
-    path = os.path.abspath(file_name)
-    entries = _read_entries(path)
+def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph:
+    """Read an export written by `export` (a path, or a binary file object); run it with
+    `nn.GraphCell(load(file))`. `trust_prebuilt=True` lets a prebuilt library in the file be
+    used (native code: only for files you trust); otherwise kernels are generated from the
+    graph and compiled here."""
+    if isinstance(file_name, (str, os.PathLike)):
+        path = os.path.abspath(file_name)
+        entries = _read_entries(path, path)
+    else:
+        path = str(getattr(file_name, "name", "<export bytes>"))
+        entries = _read_entries(path, file_name)
     manifest = _manifest(path, entries)
     constants = manifest.get("constants")
     if not isinstance(constants, list):

@@ -1,0 +1,82 @@
+"""Batch inference of an exported graph on dask.distributed: a LocalCluster of two worker
+processes gives the local results, each worker loads the file once."""
+import os
+
+import numpy as np
+import pytest
+
+if not os.environ.get("CI"):  # CI (.ci/run) installs the test extra: there a missing one fails
+    pytest.importorskip("distributed", reason="pip install -e '.[test]' (dask, pandas)")
+import dask.array as da  # noqa: E402
+import dask.dataframe as dd  # noqa: E402
+import distributed  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import graphkernel  # noqa: E402
+from graphkernel import Tensor, nn  # noqa: E402
+from graphkernel.errors import InputError  # noqa: E402
+from graphkernel.frontend import context  # noqa: E402
+from graphkernel.tools.dask_inference import ExportedGraph, loads_in_this_process  # noqa: E402
+
+BATCH, FEATURES, CLASSES = 16, 10, 4
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=40) as cluster, \
+            distributed.Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture
+def exported(tmp_path):
+    context.set_context(enable_graph_kernel=True)
+    net = nn.SequentialCell([nn.Dense(FEATURES, 32), nn.GELU(), nn.LayerNorm((32,)),
+                             nn.Dense(32, CLASSES), nn.Softmax()])
+    x = np.zeros((BATCH, FEATURES), np.float32)
+    path = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "net"))
+    return path, net
+
+
+def local(net, x):
+    """The local run, batch by batch."""
+    return np.concatenate([net(Tensor(x[i:i + BATCH])).asnumpy()
+                           for i in range(0, len(x), BATCH)])
+
+
+def test_dask_array_on_two_worker_processes_matches_the_local_run(client, exported, rng):
+    path, net = exported
+    x = rng.standard_normal((BATCH * 12, FEATURES)).astype(np.float32)
+    model = ExportedGraph.from_file(path).register(client)
+    darray = da.from_array(x, chunks=(BATCH * 2, FEATURES))  # 6 chunks over 2 workers
+    y = model.map_blocks(darray)
+    assert y.shape == (len(x), CLASSES) and y.dtype == np.float32
+    np.testing.assert_array_equal(y.compute(), local(net, x))
+    # Both workers ran chunks; each loaded the graph once and kept it.
+    counts = client.run(loads_in_this_process)
+    assert len(counts) == 2 and all(n == 1 for n in counts.values())
+    np.testing.assert_array_equal(model.map_blocks(darray * 2).compute(), local(net, x * 2))
+    assert all(n == 1 for n in client.run(loads_in_this_process).values())
+
+
+def test_dask_dataframe_columns_as_input(client, exported, rng):
+    path, net = exported
+    x = rng.standard_normal((BATCH * 5 + 3, FEATURES)).astype(np.float32)
+    names = [f"f{i}" for i in range(FEATURES)]
+    frame = dd.from_pandas(pd.DataFrame(x, columns=names), npartitions=3)
+    model = ExportedGraph.from_file(path).register(client)
+    out = model.map_partitions(frame, names, pad=True).compute()
+    assert list(out.columns) == [f"out{i}" for i in range(CLASSES)]
+    padded = np.concatenate([x, np.zeros((BATCH - len(x) % BATCH, FEATURES), np.float32)])
+    np.testing.assert_array_equal(out.to_numpy(), local(net, padded)[:len(x)])
+
+
+def test_ragged_chunks_are_refused_without_pad(client, exported, rng):
+    path, _ = exported
+    x = rng.standard_normal((BATCH * 2 + 5, FEATURES)).astype(np.float32)
+    model = ExportedGraph.from_file(path).register(client)
+    with pytest.raises(InputError, match="not a multiple of the exported batch of 16"):
+        model.map_blocks(da.from_array(x, chunks=(BATCH * 2, FEATURES))).compute()
+    with pytest.raises(InputError, match="takes 1 input"):
+        model.map_blocks(da.from_array(x), da.from_array(x))
