@@ -41,7 +41,7 @@ from graphkernel.frontend.signature import CellLike
 from graphkernel.frontend.tensor import Parameter
 from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.flags import flags_text, parse_flags
-from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.graph_kernel.pipeline import CompileOptions, schedule_composites
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.serialize import (
     check_array,
@@ -330,6 +330,7 @@ def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -
     if loaded.prebuilt is not None:
         key, data = loaded.prebuilt
         cache.install(cache.ensure_private_dir(cache.cache_dir()), key, data)
+    schedule_composites(graph)  # each composite's loop nest, as the last backend stage plans it
     executable = build_executable(graph, loaded.name, loaded.options.cost)
     report = CompileReport(stages={FINAL: graph},
                            stage_docs={FINAL: "the final graph, loaded from an export"})

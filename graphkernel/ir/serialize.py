@@ -171,10 +171,12 @@ def decode_attr(data: Any, where: str, depth: int = 0) -> Any:
     raise FormatError(f"{where}: unknown value tag in {data!r:.60}")
 
 
-def _decode_note(data: Any, where: str) -> Any:
-    """Notes are text for people (dumps, reports): any string, numbers, bools."""
+def _decode_note(data: Any, where: str, depth: int = 0) -> Any:
+    """Notes are text for people (dumps, reports): any strings, lists of them, numbers."""
     if isinstance(data, str) and len(data) < 100_000:
         return data
+    if isinstance(data, dict) and isinstance(data.get("list"), list) and depth < 4:
+        return [_decode_note(v, where, depth + 1) for v in data["list"]]
     return decode_attr(data, where)
 
 
