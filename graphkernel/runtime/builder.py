@@ -12,6 +12,7 @@ from graphkernel.codegen.c_emitter import emit_kernel
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.library import build_library
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
+from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
@@ -97,7 +98,8 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...]) -
 
 def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                ) -> tuple[ExecutionPlan, list[str]]:
-    """The plan of `graph`; composites that can be one loop nest get their C source here.
+    """The plan of `graph`; composites that can be one loop nest get their C source here, and
+    so do single ops whose numpy form is slow (graph_kernel/single_op.py).
     Returns the plan and warnings for the user (groups that could not be compiled)."""
     b = _PlanBuilder(graph)
     notes: list[str] = []
@@ -108,18 +110,21 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
             continue
         reads = tuple(b.read(v) for v in node.inputs)
         writes = b.write(node)
-        if node.subgraph is None:
-            b.steps.append(_library_step(node, reads, writes))
-            continue
-        sub = node.subgraph
+        sub, sched = node.subgraph, node.schedule  # planned once, by the last backend stage
+        if sub is None:
+            group = single_op_group(node) if compiler and runs_as_kernel(node) else None
+            if group is None:
+                b.steps.append(_library_step(node, reads, writes))
+                continue
+            sub, sched = group  # one op, one generated kernel (graph_kernel/single_op.py)
         types = output_types(node)
         moved = bytes_of(tuple(v.tensor_type for v in node.inputs
                                if not (isinstance(v, Constant) and v.is_scalar))) + \
             bytes_of(types)
-        common = dict(name=node.name, op_names=_flat_op_names(sub), writes=writes,
+        op_names = (node.op,) if node.subgraph is None else _flat_op_names(sub)
+        common = dict(name=node.name, op_names=op_names, writes=writes,
                       out_types=types, bytes_moved=moved)
         reason = None if compiler else "no C compiler"
-        sched = node.schedule  # planned once, by the last backend stage
         if reason is None and sched is None:
             reason = str(node.notes.get("not_one_kernel", "no loop-nest schedule"))
             notes.append(f"{node.name} runs op by op on numpy: {reason}")
