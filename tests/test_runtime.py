@@ -310,3 +310,23 @@ def test_parameters_own_their_arrays():
     assert p.asnumpy() is not source
     source[:] = 5
     np.testing.assert_array_equal(p.asnumpy(), np.ones((4,), np.float32))
+
+
+def test_unfused_ops_run_one_kernel_each(rng):
+    """Fusion off: a composite op (GeLU) and an elementwise op without a numpy ufunc (Erf) run
+    as one generated kernel each; an op numpy runs at full speed (Add, a ufunc) stays numpy."""
+    class Ops(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.gelu, self.erf, self.add = P.GeLU(approximate="none"), P.Erf(), P.Add()
+
+        def construct(self, x):
+            return self.add(self.erf(self.gelu(x)), 1.0)
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    off = graphkernel.compile(Ops(), x, options=CompileOptions(enable_graph_kernel=False))
+    assert [(k.op_names, k.backend) for k in off.kernels] == [
+        (["GeLU"], "native"), (["Erf"], "native"), (["Add"], "library")]
+    assert [n.op for n in off.graph.nodes] == ["GeLU", "Erf", "Add"]  # the graph is unchanged
+    from graphkernel.runtime.reference import run_reference_graph
+    want = run_reference_graph(off.graph, [x])[0]
+    np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=2e-6, atol=2e-6)
