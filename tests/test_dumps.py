@@ -51,6 +51,9 @@ def test_dumps_are_listed_and_rewritten_on_the_next_compile(tmp_path: Any) -> No
     first = _files(tmp_path)
     assert {"6_validate.ir", "hwopt_d_end.dot", "graph_kernel_summary.txt", MANIFEST} <= first
     assert any(f.startswith("kernel_meta" + os.sep) and f.endswith(".c") for f in first)
+    # The execution plan a reader can check: its steps, slots, buffers and what each frees.
+    plan = (tmp_path / "kernel_meta" / "gk_Net.plan.txt").read_text()
+    assert plan.startswith("plan Net: inputs") and "kernel" in plan and "return" in plan
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     # graph_kernel_dump/ (--dump_as_text's folder, as in MindSpore) keeps its own list.
     own = {f for f in first if f.startswith("graph_kernel_dump" + os.sep)}
@@ -61,8 +64,9 @@ def test_dumps_are_listed_and_rewritten_on_the_next_compile(tmp_path: Any) -> No
 
 
 @pytest.mark.parametrize("name", ["6_validate.ir", "0_trace.dot", "hwopt_d_end.ir",
-                                  "graph_kernel_summary.txt", os.path.join("kernel_meta",
-                                                                           "gk_Net.c")])
+                                  "graph_kernel_summary.txt",
+                                  os.path.join("kernel_meta", "gk_Net.c"),
+                                  os.path.join("kernel_meta", "gk_Net.plan.txt")])
 def test_a_users_file_with_a_dumps_name_is_refused_before_compiling(tmp_path: Any,
                                                                     name: str) -> None:
     path = tmp_path / name

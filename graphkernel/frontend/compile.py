@@ -101,6 +101,12 @@ def kernel_source_name(graph_name: str) -> str:
     return os.path.join("kernel_meta", f"{c_identifier(graph_name)}.c")
 
 
+def plan_dump_name(graph_name: str) -> str:
+    """Where a graph's execution plan (steps, buffers, in-place writes) goes in the dump
+    folder (relative path)."""
+    return os.path.join("kernel_meta", f"{c_identifier(graph_name)}.plan.txt")
+
+
 def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None) -> CompiledCell:
     """Compile `cell` for the signature of `inputs` with the current context settings."""
     start = time.perf_counter()
@@ -112,7 +118,8 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
         dumper.claim(stage_dump_names(FRONTEND_STAGES + stages) +
-                     [kernel_source_name(type(cell).__name__), SUMMARY_NAME])
+                     [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
+                      SUMMARY_NAME])
     graph = trace(cell, types)
     results = run_stages(graph, FRONTEND_STAGES, dumper)
     _check_memory(results[-1].graph, type(cell).__name__)
@@ -122,6 +129,8 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None)
     executable = build_executable(final, name, options.cost)
     if dumper is not None and executable.library is not None:
         dumper.write_text(kernel_source_name(name), executable.library.source)
+    if dumper is not None:
+        dumper.write_text(plan_dump_name(name), executable.plan.describe() + "\n")
     report = CompileReport(stages={r.name: r.graph for r in results},
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons)
     params = [i.binding for i in final.inputs if i.kind == "weight"]
