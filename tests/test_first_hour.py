@@ -138,3 +138,14 @@ def test_bench_says_when_it_writes_no_chart(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "no chart written" in err and "matplotlib is not installed" in err
     assert not (tmp_path / "chart.png").exists()
+
+
+def test_attributes_print_like_constants():
+    from graphkernel.ir.graph import Graph, Input, Node
+    from graphkernel.ir.types import TensorType
+    x = Input(TensorType((2, 3), np.dtype(np.float32)), "x")
+    node = Node("ReduceSum", [x], {"axis": (np.int64(1),), "keep_dims": np.bool_(True),
+                                   "eps": np.float32(1e-05)},
+                TensorType((2, 1), np.dtype(np.float32)))
+    text = print_graph(Graph("g", [x], [node], [node]))
+    assert "{axis=(1,), eps=1e-05, keep_dims=True}" in text, text

@@ -3,10 +3,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 
 
 def _attr_text(value: Any) -> str:
+    if isinstance(value, np.generic):  # shortest text for its dtype: 1e-05, not np.float32(...)
+        return str(value)
+    if isinstance(value, tuple | list):
+        items = ", ".join(_attr_text(v) for v in value)
+        return f"({items},)" if isinstance(value, tuple) and len(value) == 1 else \
+            (f"({items})" if isinstance(value, tuple) else f"[{items}]")
     if hasattr(value, "name") and not isinstance(value, str):
         return str(value.name)
     return repr(value)
