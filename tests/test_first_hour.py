@@ -149,3 +149,12 @@ def test_attributes_print_like_constants():
                 TensorType((2, 1), np.dtype(np.float32)))
     text = print_graph(Graph("g", [x], [node], [node]))
     assert "{axis=(1,), eps=1e-05, keep_dims=True}" in text, text
+
+
+def test_what_a_speedup_measures():
+    from graphkernel.tools.report_timing import dispatch_bound
+    assert dispatch_bound(128, 1e-6, 1)[0]  # the lab at 4x4: nanoseconds of data, a us call
+    assert not dispatch_bound(4096, 5e-3, 1)[0]  # long per launch: arithmetic, not dispatch
+    assert not dispatch_bound(256 << 20, 30e-3, 2)[0]  # data-heavy
+    bound, data_s = dispatch_bound(128, 3e-6, 3)
+    assert bound and 0 < data_s < 1e-6

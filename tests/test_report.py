@@ -156,6 +156,9 @@ def test_lab_report_kernel_tables(lab_report):
     assert [r[1] for r in page.body_rows(3, "fused")] == ["Composite", "Mul"]
     assert "3 → 1 kernel launches per call" in page.section_text(0)
     assert re.search(r"\d\.\d\d× (faster|slower)", page.section_text(0))
+    # At 4x4 the page says the speedup is dispatch saved, not faster arithmetic.
+    assert "At this size a call is mostly overhead, not arithmetic" in page.section_text(0)
+    assert "mostly dispatch saved at this size" in text
 
 
 def test_lab_report_conclusions_marked(lab_report):

@@ -14,8 +14,12 @@ import numpy as np
 
 from graphkernel.frontend.compiled import CompiledCell as Executable
 
-# A call whose data could move in under this share of its time is dispatch-bound.
+# A call is dispatch-bound when its data could move in under this share of its time and it is
+# no longer than DISPATCH_PER_LAUNCH per kernel launch (a Python step costs a few microseconds
+# here, the compiled entry about one for the whole call): a slow call that is long for its data
+# but also long per launch is doing arithmetic, not dispatching.
 DISPATCH_BOUND_SHARE = 0.2
+DISPATCH_PER_LAUNCH = 20e-6
 _BANDWIDTH: list[float] = []  # measured once per process
 
 
@@ -152,8 +156,10 @@ def speedup_range(fused: Spread, base: Spread) -> tuple[float, float, float]:
     return base.median / fused.median, base.q1 / fused.q3, base.q3 / fused.q1
 
 
-def dispatch_bound(bytes_moved: int, seconds: float) -> tuple[bool, float]:
-    """Whether a call of `seconds` moving `bytes_moved` is mostly overhead (its data could move
-    in under DISPATCH_BOUND_SHARE of its time at the copy bandwidth), and that data time."""
+def dispatch_bound(bytes_moved: int, seconds: float, launches: int) -> tuple[bool, float]:
+    """Whether a call of `seconds` launching `launches` kernels that move `bytes_moved` is mostly
+    overhead (see DISPATCH_BOUND_SHARE), and the time its data takes at the copy bandwidth."""
     data_seconds = bytes_moved / copy_bandwidth()
-    return data_seconds < DISPATCH_BOUND_SHARE * seconds, data_seconds
+    bound = data_seconds < DISPATCH_BOUND_SHARE * seconds and \
+        seconds < DISPATCH_PER_LAUNCH * max(1, launches)
+    return bound, data_seconds

@@ -99,13 +99,20 @@ class EntryView:
         exe, base = self.entry.executable, self.entry.baseline
         ratio = self.speedup()
         base_time = us_spread(self.baseline_timing.whole) if self.baseline_timing else "&ndash;"
+        what = ""
+        if ratio:
+            bound, _ = dispatch_bound(sum(k.bytes_moved for k in exe.kernels),
+                                      self.timing.per_call, len(exe.kernels))
+            saved = "mostly dispatch saved at this size" if bound else \
+                "mostly the kernels' own work saved"
+            what = f'<div class="muted small">{saved}</div>'
         return (f'<tr><td><a href="#{self.prefix}">{esc(self.title)}</a></td>'
                 f"<td>{'on' if self.fusion_on else 'off'}</td>"
                 f"<td class=\"num\">{len(exe.kernels)}</td>"
                 f"<td class=\"num\">{us_spread(self.timing.whole)}</td>"
                 f"<td class=\"num\">{len(base.kernels) if base else '&ndash;'}</td>"
                 f"<td class=\"num\">{base_time}</td>"
-                f"<td class=\"num\">{parts_.speed(*ratio) if ratio else '&ndash;'}</td></tr>")
+                f"<td class=\"num\">{parts_.speed(*ratio) if ratio else '&ndash;'}{what}</td></tr>")
 
     def verdict(self) -> str:
         """The speedup, and what it measures at this size: dispatch or compute."""
@@ -115,7 +122,7 @@ class EntryView:
             return ""
         fused_bytes = sum(k.bytes_moved for k in exe.kernels)
         base_bytes = sum(k.bytes_moved for k in base.kernels)
-        bound, data_s = dispatch_bound(fused_bytes, self.timing.per_call)
+        bound, data_s = dispatch_bound(fused_bytes, self.timing.per_call, len(exe.kernels))
         if bound:
             meaning = (f"At this size a call is mostly overhead, not arithmetic: its "
                        f"{parts_.size(fused_bytes)} could move in {_short(data_s)} at this "
@@ -127,10 +134,10 @@ class EntryView:
                        "(<code>graphkernel report FILE.py:Net --input float32[2048,2048]</code>) "
                        "to measure compute.")
         else:
-            meaning = (f"At this size memory traffic dominates: the fused kernels move "
-                       f"{parts_.size(fused_bytes)} per call where the unfused ones move "
-                       f"{parts_.size(base_bytes)}; the speedup is mostly the data fusion keeps "
-                       "in registers instead of memory.")
+            meaning = (f"At this size the kernels' own work dominates, not dispatch: the fused "
+                       f"kernels move {parts_.size(fused_bytes)} per call where the unfused ones "
+                       f"move {parts_.size(base_bytes)}, so the speedup measures the memory "
+                       "traffic fusion saves by keeping intermediate values in registers.")
         return (f'<p class="verdict">{len(base.kernels)} &rarr; {len(exe.kernels)} kernel '
                 f"launches per call; {us(self.baseline_timing.per_call)} &rarr; "
                 f"{us(self.timing.per_call)} per call (medians of the call as you run it): "
