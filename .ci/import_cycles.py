@@ -1,4 +1,5 @@
-"""No import cycle between any two modules of graphkernel, package __init__ modules included.
+"""No import cycle between any two modules of graphkernel or bench, package __init__ modules
+included.
 
 import-linter's `acyclic_siblings` contract (pyproject.toml) checks the siblings of each package;
 it does not see a cycle through a package's own __init__ (graphkernel/__init__.py imports the
@@ -13,7 +14,7 @@ import tomllib
 
 import grimp
 
-PACKAGE = "graphkernel"
+PACKAGES = ("graphkernel", "bench")
 
 
 def ignored_imports() -> list[tuple[str, str]]:
@@ -67,7 +68,7 @@ def cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def main() -> int:
-    graph = grimp.build_graph(PACKAGE)
+    graph = grimp.build_graph(*PACKAGES)
     for importer, imported in ignored_imports():
         graph.remove_import(importer=importer, imported=imported)
     found = cycles(graph)
@@ -80,7 +81,8 @@ def main() -> int:
                          graph.get_import_details(importer=module, imported=imported)]
                 print(f"  {module} -> {imported} (l.{', l.'.join(map(str, lines))})")
     if not found:
-        print(f"no import cycles between the {len(graph.modules)} modules of {PACKAGE}")
+        print(f"no import cycles between the {len(graph.modules)} modules of "
+              f"{' and '.join(PACKAGES)}")
     return 1 if found else 0
 
 

@@ -239,7 +239,7 @@ def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
 
 def run(cfg: Config, systems: list[System] | None = None) -> dict[str, Any]:
     """The whole benchmark; returns the results document (see bench/report.py)."""
-    from bench.systems import all_systems
+    from bench.peers import all_systems
     log = cfg.log
     started = time.time()
     results: dict[str, Any] = {"schema": 1, "suite": cfg.suite, "config": {

@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.systems import FRESH, PREALLOCATED, Prepared, Runner, System
+from bench.systems import (
+    FRESH,
+    PREALLOCATED,
+    GraphKernel,
+    NumExpr,
+    NumpyEager,
+    Prepared,
+    Runner,
+    System,
+)
 from bench.workloads import EPS, SQRT_2_OVER_PI, Workload
 
 # ---------------------------------------------------------------------------------------------
@@ -428,3 +437,10 @@ class MindSporeFused(System):
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+
+
+def all_systems() -> list[System]:
+    """Every system the benchmark knows, graphkernel's first (this module sits above
+    systems.py, so the list of both lives here)."""
+    return [GraphKernel(True), GraphKernel(False), NumpyEager(), NumExpr(), TorchEager(),
+            TorchCompile(), JaxJit(), OnnxRuntime(), MindSporeFused()]

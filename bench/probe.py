@@ -50,7 +50,7 @@ def _probe(suite: str, key: str, system: str) -> dict[str, Any]:
         result["first_result_s"] = time.perf_counter() - t1
         out = ms_worker.output("fresh", 0)
     else:
-        from bench.systems import all_systems
+        from bench.peers import all_systems
         sys_obj = next(s for s in all_systems() if s.key == system)
         why = sys_obj.probe()
         if why:

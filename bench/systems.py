@@ -223,9 +223,3 @@ class NumExpr(System):
         return Prepared([Runner(self.key, FRESH, fresh, n_sets=n),
                          Runner(self.key, PREALLOCATED, into, n_sets=n)],
                         {"expression": expr, "preallocated": "evaluate(..., out=)"})
-
-
-def all_systems() -> list[System]:
-    from bench.peers import JaxJit, MindSporeFused, OnnxRuntime, TorchCompile, TorchEager
-    return [GraphKernel(True), GraphKernel(False), NumpyEager(), NumExpr(), TorchEager(),
-            TorchCompile(), JaxJit(), OnnxRuntime(), MindSporeFused()]
