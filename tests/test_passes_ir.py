@@ -15,11 +15,13 @@ import pytest
 
 from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.pipeline import BackendState, CompileOptions, backend_stages
+from graphkernel.graph_kernel.reasons import FuseRule
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.printer import print_graph
 from graphkernel.ir.types import TensorType, TupleType
 from graphkernel.ir.verifier import verify
+from graphkernel.passes import stage_names
 
 F32 = np.dtype(np.float32)
 
@@ -105,10 +107,6 @@ def assert_same_graph(actual: Graph, expected: Graph) -> None:
         "stage result:\n" + print_graph(actual) + "\nexpected:\n" + print_graph(expected)
 
 
-def rule(reason: Any) -> str:
-    return str(getattr(reason.rule, "value", reason.rule))
-
-
 # -- running one stage -----------------------------------------------------------------------------
 def run_stage(name: str, graph: Graph, **flags: Any) -> tuple[Graph, BackendState]:
     options = CompileOptions(enable_graph_kernel=True, flags=GraphKernelFlags(**flags))
@@ -117,9 +115,8 @@ def run_stage(name: str, graph: Graph, **flags: Any) -> tuple[Graph, BackendStat
     return stages[name].run(graph), state
 
 
-EXPAND, BASIC, COMPOSITE, SIMPLIFY = ("hwopt_1_graph_kernel_expand", "hwopt_2_basic_op_fusion",
-                                      "hwopt_3_composite_op_fusion",
-                                      "hwopt_4_graph_kernel_simplify")
+EXPAND, BASIC, COMPOSITE, SIMPLIFY = (stage_names.EXPAND, stage_names.BASIC_FUSION,
+                                      stage_names.COMPOSITE_FUSION, stage_names.SIMPLIFY)
 
 
 # -- the helper itself tells graphs apart ----------------------------------------------------------
@@ -191,8 +188,8 @@ def test_matmul_stays_a_library_kernel_and_the_elementwise_after_it_fuses() -> N
     result, state = run_stage(COMPOSITE, result)
     assert_same_graph(result, expected)
     [reason] = state.reasons
-    assert (reason.stage, reason.producer, reason.consumer, rule(reason)) == \
-        (COMPOSITE, "MatMul", result.nodes[1].name, "pattern")
+    assert (reason.stage, reason.producer, reason.consumer, reason.rule) == \
+        (COMPOSITE, "MatMul", result.nodes[1].name, FuseRule.PATTERN)
     assert "MatMul is opaque" in reason.detail
 
 
@@ -211,8 +208,8 @@ def test_a_refused_merge_records_its_reason_and_keeps_the_groups_apart() -> None
     two = e.composite([one], lambda c, y: c("Sub", c("Mul", y, 3.0), 4.0))
     assert_same_graph(result, e.returns(two))
     [reason] = state.reasons
-    assert (reason.stage, reason.producer, reason.consumer, rule(reason)) == \
-        (COMPOSITE, "Add", "Mul", "limit")
+    assert (reason.stage, reason.producer, reason.consumer, reason.rule) == \
+        (COMPOSITE, "Add", "Mul", FuseRule.LIMIT)
     # Mul+Add formed first; adding the next Mul would make 3.
     assert reason.detail == "together they would hold 3 ops (--composite_op_limit_size=2)"
 
@@ -228,7 +225,7 @@ def test_composite_fusion_grows_an_expanded_op_over_its_neighbour() -> None:
 
     after_basic, state = run_stage(BASIC, softmax_then_scale())
     assert_same_graph(after_basic, softmax_then_scale())
-    assert [rule(r) for r in state.reasons] == ["pattern"]
+    assert [r.rule for r in state.reasons] == [FuseRule.PATTERN]
     assert "joins other ops in the composite-op fusion stage" in state.reasons[0].detail
 
     result, state = run_stage(COMPOSITE, softmax_then_scale())
