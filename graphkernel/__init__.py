@@ -4,7 +4,7 @@ Write a network the MindSpore way (an `nn.Cell` whose `construct` calls primitiv
 `context.set_context(enable_graph_kernel=True)`, and graphkernel fuses its operators into
 generated C kernels. See docs/architecture.md for the map of the house.
 """
-from graphkernel import nn, ops  # noqa: E402  (after Tensor, which they use)
+from graphkernel import communication, nn, ops  # noqa: E402  (after Tensor, which they use)
 from graphkernel._version import __version__
 from graphkernel.frontend import context
 from graphkernel.frontend.compile import compile
@@ -12,5 +12,5 @@ from graphkernel.frontend.export import export, load
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 
-__all__ = ["__version__", "context", "compile", "export", "load", "Parameter", "Tensor", "nn",
-           "ops", "float16", "float32", "float64", "int32", "int64", "bool_"]
+__all__ = ["__version__", "communication", "context", "compile", "export", "load", "Parameter",
+           "Tensor", "nn", "ops", "float16", "float32", "float64", "int32", "int64", "bool_"]

@@ -99,5 +99,9 @@ class FormatError(GraphKernelError, ValueError):
     a newer graphkernel."""
 
 
+class CommunicationError(GraphKernelError, RuntimeError):
+    """A process group that is missing or unusable (graphkernel.communication, AllReduce)."""
+
+
 class NoEffectWarning(UserWarning):
     """A MindSpore setting graphkernel accepts but that changes nothing here."""

@@ -182,3 +182,13 @@ def restore(saved: dict[str, Any]) -> None:
     _settings.clear()
     _settings.update(saved)
     _generation += 1
+
+
+# MindSpore's context also holds the auto-parallel settings (data parallel only here).
+from graphkernel.frontend.parallel_context import (  # noqa: E402, F401  (re-exported)
+    DATA_PARALLEL,
+    STAND_ALONE,
+    get_auto_parallel_context,
+    reset_auto_parallel_context,
+    set_auto_parallel_context,
+)
