@@ -35,21 +35,28 @@ def input_names(cell: CellLike, count: int) -> list[str]:
     return names[:count]
 
 
-def check_count(args: tuple[Any, ...], cell: CellLike) -> None:
-    """The number of inputs `construct` takes (not counting self), as an InputError."""
+def construct_arity(cell: CellLike) -> tuple[list[str], int] | None:
+    """The names of the positional inputs `construct` takes (not counting self) and how many
+    of them are required; None when it takes any number (or cannot be inspected)."""
     try:
         params = list(inspect.signature(cell.construct).parameters.values())
     except (TypeError, ValueError):
-        return
+        return None
     if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return
+        return None
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if len(required) <= len(args) <= len(positional):
+    return [p.name for p in positional], sum(p.default is p.empty for p in positional)
+
+
+def check_count(args: tuple[Any, ...], cell: CellLike) -> None:
+    """The number of inputs `construct` takes, as an InputError."""
+    arity = construct_arity(cell)
+    if arity is None or arity[1] <= len(args) <= len(arity[0]):
         return
-    names = ", ".join(p.name for p in positional) or "none"
-    want = str(len(positional)) if len(required) == len(positional) else \
-        f"{len(required)} to {len(positional)}"
+    positional, required = arity
+    names = ", ".join(positional) or "none"
+    want = str(len(positional)) if required == len(positional) else \
+        f"{required} to {len(positional)}"
     raise InputError(f"{type(cell).__name__}.construct takes {want} input(s) ({names}), got "
                      f"{len(args)}", user_location())
 

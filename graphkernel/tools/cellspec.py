@@ -12,6 +12,7 @@ import traceback
 from typing import Any
 
 from graphkernel.errors import GraphKernelError, SourceLocation
+from graphkernel.frontend.signature import construct_arity
 from graphkernel.frontend.tracing import function_location
 from graphkernel.ir.types import TensorType, to_dtype
 from graphkernel.tools.report_page import ReportError
@@ -73,18 +74,11 @@ def load_cell_spec(spec: str) -> Any:
 
 def check_input_count(cell: Any, given: int) -> None:
     """Refuse before compiling when the number of --input options does not match construct."""
-    try:
-        params = list(inspect.signature(cell.construct).parameters.values())
-    except (TypeError, ValueError):
+    arity = construct_arity(cell)
+    if arity is None or arity[1] <= given <= len(arity[0]):
         return
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if len(required) <= given <= len(positional):
-        return
-    names = ", ".join(p.name for p in positional) or "none"
-    want = len(required)
+    names = ", ".join(arity[0]) or "none"
+    want = arity[1]
     example = " ".join(f"--input {EXAMPLE_INPUT}" for _ in range(max(want, 1)))
     raise ReportError(f"{type(cell).__name__}.construct takes {want} input(s) ({names}) but "
                       f"{given} --input {'was' if given == 1 else 'were'} given: pass one "
