@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
                         "torch, inductor, jax, onnxruntime, mindspore); default all installed")
     p.add_argument("--workloads", default=None,
                    help="comma-separated workload keys or kinds (basic, composite, chain, "
-                        "bias_gelu, layernorm, softmax, mlp, encoder)")
+                        "bias_gelu, layernorm, softmax, mlp, encoder, cnn, bert)")
     p.add_argument("--compile-probes", choices=("all", "graphkernel", "none"), default=None,
                    help="cold/warm compile times in new processes (default: all for the full "
                         "suite, graphkernel for --quick)")

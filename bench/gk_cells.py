@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from bench import net_workloads
+from bench.net_workloads import NET_KINDS
 from bench.workloads import EPS, Workload
 from graphkernel import Parameter
 from graphkernel.nn import Cell
@@ -144,6 +146,8 @@ class EncoderLayer(Cell):
 
 def make_cell(w: Workload, params: dict[str, np.ndarray]) -> Cell:
     kind = w.kind
+    if kind in NET_KINDS:
+        return net_workloads.make_cell(kind, w.dims, params)  # type: ignore[no-any-return]
     if kind == "basic":
         return NetBasicFuse()
     if kind == "composite":

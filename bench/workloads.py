@@ -14,10 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from bench import net_workloads
+from bench.net_workloads import NET_KINDS
+
 EPS = 1e-5  # LayerNorm epsilon, the same for every system
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
-KINDS = ("basic", "composite", "chain", "bias_gelu", "layernorm", "softmax", "mlp", "encoder")
+KINDS = ("basic", "composite", "chain", "bias_gelu", "layernorm", "softmax", "mlp", "encoder",
+         "cnn", "bert")
 ELEMENTWISE_KINDS = ("basic", "composite", "chain", "bias_gelu")
 
 
@@ -42,6 +46,8 @@ class Workload:
         return param_shapes(self.kind, self.dims)
 
     def output_shape(self) -> tuple[int, ...]:
+        if self.kind in NET_KINDS:
+            return net_workloads.output_shape(self.kind, self.dims)
         return next(iter(self.input_shapes().values()))
 
     def matmul_flops(self) -> int:
@@ -65,6 +71,8 @@ class Workload:
 
 
 def input_shapes(kind: str, d: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    if kind in NET_KINDS:
+        return net_workloads.input_shapes(kind, d)
     if kind in ("basic", "composite", "chain"):
         return {"x": (d["rows"], d["cols"])}
     if kind == "bias_gelu":
@@ -81,6 +89,8 @@ def input_shapes(kind: str, d: dict[str, int]) -> dict[str, tuple[int, ...]]:
 
 
 def param_shapes(kind: str, d: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    if kind in NET_KINDS:
+        return net_workloads.param_shapes(kind, d)
     if kind == "mlp":
         h, f = d["hidden"], d["inner"]
         return {"w1": (f, h), "b1": (f,), "w2": (h, f), "b2": (h,), "gamma": (h,),
@@ -101,6 +111,10 @@ def make_arrays(w: Workload, seed: int = 0, with_params: bool = True
                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Float32 inputs and params, deterministic for a seed."""
     rng = np.random.default_rng(seed)
+    if w.kind in NET_KINDS:  # token ids and masks are int32
+        inputs = net_workloads.make_inputs(w.kind, w.dims, rng)
+        params = net_workloads.make_params(w.kind, w.dims, rng) if with_params else {}
+        return inputs, params
     inputs = {}
     for name, shape in w.input_shapes().items():
         if name == "gamma":
@@ -194,6 +208,8 @@ def numpy_fn(w: Workload, params: dict[str, np.ndarray]
              ) -> Callable[..., np.ndarray]:
     """fn(*inputs, out=None) in the workload's input order."""
     kind = w.kind
+    if kind in NET_KINDS:
+        return net_workloads.numpy_fn(kind, w.dims, params)
     if kind in ("basic", "composite"):
         return np_basic
     if kind == "chain":
@@ -217,7 +233,7 @@ def reference(w: Workload, inputs: dict[str, np.ndarray], params: dict[str, np.n
     """The float64 answer every system is checked against."""
     p64 = {k: v.astype(np.float64) for k, v in params.items()}
     fn = numpy_fn(w, p64)
-    return fn(*[a.astype(np.float64) for a in inputs.values()])
+    return fn(*[a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs.values()])
 
 
 def check(w: Workload, out: Any, ref: np.ndarray) -> dict[str, Any]:
@@ -291,16 +307,29 @@ def _suite(n_small: int, n_big: int, ln: tuple[int, int], mlp: tuple[int, int, i
     ]
 
 
+def _examples(cnn_batch: int, bert: tuple[int, int, int]) -> list[Workload]:
+    """The example networks (examples/cnn_digits.py, examples/bert_tiny.py)."""
+    bb, bs, bh = bert
+    return [
+        _w(f"cnn_digits_{cnn_batch}", "cnn", f"Digits CNN (conv-BN-ReLU, residual, pools, "
+           f"Dense), batch {cnn_batch} of 8x8", rtol=2e-4, atol=2e-4, batch=cnn_batch),
+        _w(f"bert_tiny_{bb}x{bs}x{bh}", "bert", f"BERT-tiny (2 layers, masked attention), "
+           f"batch {bb}, seq {bs}, hidden {bh}", rtol=5e-4, atol=5e-4, batch=bb, seq=bs,
+           hidden=bh, heads=2, layers=2, inner=4 * bh, vocab=1000),
+    ]
+
+
 def full_suite() -> list[Workload]:
-    return _suite(4, 4096, (8192, 1024), (512, 1024, 4096), (8, 128, 256, 4))
+    return _suite(4, 4096, (8192, 1024), (512, 1024, 4096), (8, 128, 256, 4)) + \
+        _examples(256, (8, 128, 128))
 
 
 def quick_suite() -> list[Workload]:
-    return _suite(4, 256, (256, 128), (32, 64, 256), (2, 16, 32, 4))
+    return _suite(4, 256, (256, 128), (32, 64, 256), (2, 16, 32, 4)) + _examples(16, (2, 16, 32))
 
 
 def tiny_suite() -> list[Workload]:
-    return _suite(4, 16, (8, 16), (4, 8, 32), (1, 4, 8, 2))
+    return _suite(4, 16, (8, 16), (4, 8, 32), (1, 4, 8, 2)) + _examples(4, (2, 6, 16))
 
 
 SUITES: dict[str, Callable[[], list[Workload]]] = {

@@ -6,11 +6,17 @@ generated C kernels. See docs/architecture.md for the map of the house.
 """
 from graphkernel import communication, nn, ops  # noqa: E402  (after Tensor, which they use)
 from graphkernel._version import __version__
+from graphkernel.common import dtype
+from graphkernel.common.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
+from graphkernel.common.initializer import set_seed
 from graphkernel.frontend import context
 from graphkernel.frontend.compile import compile
 from graphkernel.frontend.export import export, load
+from graphkernel.frontend.jit import jit
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 
-__all__ = ["__version__", "communication", "context", "compile", "export", "load", "Parameter",
-           "Tensor", "nn", "ops", "float16", "float32", "float64", "int32", "int64", "bool_"]
+__all__ = ["__version__", "communication", "context", "compile", "dtype", "export", "jit",
+           "load", "load_checkpoint", "load_param_into_net", "Parameter", "save_checkpoint",
+           "set_seed", "Tensor", "nn", "ops", "float16", "float32", "float64", "int32", "int64",
+           "bool_"]

@@ -86,7 +86,7 @@ def test_bytes_and_suites() -> None:
     assert full["basic_4x4"].is_overhead and not full["softmax_8192x1024"].is_overhead
     mlp = full["mlp_512x1024x4096"].nbytes()
     assert mlp["read"] == 4 * (512 * 1024 + 2 * 4096 * 1024 + 4096 + 3 * 1024)
-    assert len({w.key for w in W.quick_suite()}) == len(W.quick_suite()) == 10
+    assert len({w.key for w in W.quick_suite()}) == len(W.quick_suite()) == 12  # + cnn, bert
 
 
 def test_cli_quick_path_writes_results(tmp_path: object) -> None:

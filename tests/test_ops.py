@@ -74,7 +74,7 @@ def assert_matches(got, want, rtol):
 
 ELEMENTWISE = [op for op in opset.OPS.values()
                if op.kind == opset.PatternKind.ELEMWISE and op.c_template is not None]
-POSITIVE = {"Sqrt", "Rsqrt", "Log", "Pow", "Reciprocal", "RealDiv"}
+POSITIVE = {"Sqrt", "Rsqrt", "Log", "Pow", "Reciprocal", "RealDiv", "Log1p"}
 
 
 def _cases():

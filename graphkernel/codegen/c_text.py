@@ -84,6 +84,10 @@ double erf(double);
 #pragma omp declare simd notinbranch
 double pow(double, double);
 """
+# The math ops of ir/opdefs/math_ops.py (glibc 2.35+ has vector erfc, expm1 and log1p, as erf).
+PRELUDE += "".join(f"#pragma omp declare simd notinbranch\n{t} {name}{s}({t});\n"
+                   for name in ("sin", "cos", "erfc", "expm1", "log1p")
+                   for t, s in (("float", "f"), ("double", "")))
 
 
 def c_identifier(text: str) -> str:

@@ -19,6 +19,8 @@ class Cell:
         object.__setattr__(self, "_cells", {})
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "_compiled", {})
+        object.__setattr__(self, "_auto_prefix", auto_prefix)
+        object.__setattr__(self, "training", False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if "_cells" not in self.__dict__:
@@ -26,6 +28,9 @@ class Cell:
                                  f"before setting attribute {name!r}")
         if isinstance(value, Cell):
             self._cells[name] = value
+            if self._auto_prefix:  # MindSpore's names: a child's weight becomes "fc1.weight"
+                for _, param in value.parameters_and_names():
+                    param.name = f"{name}.{param.name}"
         elif isinstance(value, Parameter):
             if not value.name:
                 value.name = name
@@ -45,7 +50,29 @@ class Cell:
         return out
 
     def trainable_params(self) -> list[Parameter]:
+        return [p for _, p in self.parameters_and_names() if p.requires_grad]
+
+    def get_parameters(self) -> list[Parameter]:
         return [p for _, p in self.parameters_and_names()]
+
+    def parameters_dict(self) -> dict[str, Parameter]:
+        """{qualified name: Parameter}, MindSpore's `Cell.parameters_dict()`."""
+        return dict(self.parameters_and_names())
+
+    def cells_and_names(self, prefix: str = "") -> list[tuple[str, Cell]]:
+        out: list[tuple[str, Cell]] = [(prefix, self)]
+        for name, cell in self._cells.items():
+            out += cell.cells_and_names(f"{prefix}.{name}" if prefix else name)
+        return out
+
+    def set_train(self, mode: bool = True) -> Cell:
+        """Training mode for this cell and every cell in it (Dropout drops, BatchNorm uses the
+        batch's statistics). Compiled graphs of another mode are dropped."""
+        for _, cell in self.cells_and_names():
+            if cell.training != mode:
+                object.__setattr__(cell, "training", mode)
+                cell._compiled.clear()
+        return self
 
     def __call__(self, *inputs: Any) -> Any:
         if current_tracer() is not None:

@@ -12,9 +12,9 @@ from graphkernel.errors import (
     GraphModeError,
     ResourceError,
 )
-from graphkernel.frontend import context, primitive
+from graphkernel.frontend import context, primitive, static_inputs
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
-from graphkernel.frontend.signature import CellLike, input_names, signature
+from graphkernel.frontend.signature import CellLike, check_count, input_names, signature
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.frontend.text_dump import write_graph_kernel_dump
 from graphkernel.frontend.tracing import Tracer, function_location
@@ -164,6 +164,16 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
 
 def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     """The executable for this cell, input signature and context (compiled on first use)."""
+    if static_inputs.has_static(inputs):  # numbers, tuples: constants and tuple inputs
+        check_count(inputs, cell)
+        names = input_names(cell, len(inputs))
+        key = (context._generation, "static",
+               static_inputs.cache_key(inputs, names, type(cell).__name__))
+        if key not in cell._compiled:
+            bound = static_inputs.bound_cell(cell, inputs, names)
+            cell._compiled[key] = static_inputs.StaticCall(
+                compile(bound, *static_inputs.leaves(inputs)))
+        return cell._compiled[key]  # type: ignore[no-any-return]
     try:
         key = (context._generation,) + tuple((a.shape, a.dtype) for a in inputs)
     except AttributeError:  # not arrays or tensors: signature() raises the clear error

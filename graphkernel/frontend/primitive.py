@@ -62,13 +62,22 @@ class Primitive:
             attrs[key] = value
         for key, value in attrs.items():
             if isinstance(value, Tensor):
-                raise InputError(f"{op.name} argument {key!r} must be a Python value known "
-                                 "when the graph is compiled, not a Tensor", user_location())
+                attrs[key] = _static_attr(op.name, key, value)
         return apply_op(op.name, tensors, attrs)
 
     def __repr__(self) -> str:
         attrs = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items())
         return f"{self.op_name}({attrs})"
+
+
+def _static_attr(op: str, key: str, value: Tensor) -> Any:
+    """A Tensor given where a value known at compile time is needed (OneHot's on_value): a
+    concrete one (made in __init__ or outside construct) is read; a traced one cannot be."""
+    if value.is_symbolic:
+        raise InputError(f"{op} argument {key!r} must be a Python value known when the graph is "
+                         "compiled, not a Tensor computed in construct", user_location())
+    array = value.asnumpy()
+    return array[()] if array.ndim == 0 else tuple(array.tolist())
 
 
 def make_primitive_class(op: OpDef, name: str | None = None) -> type[Primitive]:
@@ -86,5 +95,6 @@ def make_functional(op: OpDef) -> Any:
         return cls(**init)(*args, **kwargs)
 
     functional.__name__ = op.functional_name
+    functional.__qualname__ = op.functional_name
     functional.__doc__ = f"Functional form of {op.name}."
     return functional

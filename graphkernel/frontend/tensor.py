@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.errors import DTypeError, GraphKernelError, GraphModeError, UnsupportedError
+from graphkernel.frontend.indexing import strided_slice_args
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.memory import check_fits_in_memory
 from graphkernel.frontend.symbolic import SymbolicGraph, current_graph
@@ -136,6 +137,26 @@ class Tensor:
     def __index__(self) -> int:
         self._needs_value("using a tensor as an index")
         return int(self._array)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: Any) -> Tensor:
+        """`x[0]`, `x[:, 1:3]`, `x[..., None]`, `x[::-2]`, `x[ids]`: StridedSlice (or Gather)."""
+        if isinstance(key, Tensor):
+            if key.dtype not in (T.int32, T.int64):
+                raise UnsupportedError(f"indexing with a {key.dtype.name} tensor: only int32 or "
+                                       "int64 index tensors (a gather along axis 0) are "
+                                       "supported", user_location())
+            return apply_op("Gather", [self, key], {"axis": 0})  # type: ignore[return-value]
+        try:
+            masks, (begin, end, strides) = strided_slice_args(key, self.ndim)
+        except GraphKernelError as err:
+            raise err.with_location(user_location()) from None
+        return apply_op("StridedSlice", [self], {**masks, "begin": begin, "end": end,
+                                                 "strides": strides})  # type: ignore[return-value]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise UnsupportedError("tensors are immutable here: build the new value with ops (e.g. "
+                               "P.Select, P.Concat) instead of assigning into a slice",
+                               user_location())
 
     def __len__(self) -> int:
         if not self.shape:
@@ -284,6 +305,15 @@ def _normalise_args(op: OpDef, args: list[Any]) -> list[Tensor | np.ndarray]:
             name = op.inputs[min(i, len(op.inputs) - 1)]
             raise DTypeError(f"{op.name} input {name!r} is a {type(arg).__name__} ({arg!r:.60}); "
                              "expected a Tensor, a numpy array or a Python number")
+    if partner is not None and not T.is_float(partner) and any(
+            isinstance(a, float) for i, a in enumerate(args) if op.name != "Select" or i):
+        # MindSpore: an int tensor meeting a Python float computes in float32 (numpy would
+        # give float64): the tensors are cast, the scalar is float32 already.
+        first = 1 if op.name == "Select" else 0
+        out[first:] = [o if T.is_float(o.dtype) else
+                       o.astype(T.float32) if isinstance(o, np.ndarray) else
+                       apply_op("Cast", [o], {"dtype": T.float32})  # type: ignore[misc]
+                       for o in out[first:]]
     return out
 
 
@@ -303,6 +333,8 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
     full_attrs = {**op.attr_defaults, **attrs}
     types = tuple(TensorType(tuple(o.shape), o.dtype) for o in operands)
     _check_dtypes(op.name, types, op.accepts)
+    if op.static_value is not None:  # Shape, Size: Python values, in graph mode too
+        return op.static_value(types, full_attrs)  # type: ignore[no-any-return]
     out_type = op.infer(types, full_attrs)
     check_fits_in_memory(op.name, out_type)
     tracer = _tracer_for(operands)

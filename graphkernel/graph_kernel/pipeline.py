@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from graphkernel.graph_kernel import nn_expanders  # noqa: F401  (registers BatchNorm's)
 from graphkernel.graph_kernel.cluster import cluster
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
@@ -16,7 +17,7 @@ from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
-from graphkernel.ir.graph import Graph, Node, output_types
+from graphkernel.ir.graph import Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind
 from graphkernel.passes import stage_names as names
 from graphkernel.passes.general import (
@@ -57,7 +58,11 @@ class BackendState:
 def _expand(graph: Graph, options: CompileOptions) -> Graph:
     flags = options.flags
     new_nodes: list[Node] = []
+    inlined_items: dict[int, list[Value]] = {}  # an inlined multi-output op -> its outputs
     for node in graph.nodes:
+        if node.op == "GetItem" and node.inputs[0].uid in inlined_items:
+            graph.replace_uses(node, inlined_items[node.inputs[0].uid][node.attrs["index"]])
+            continue
         if node.subgraph is not None:
             _expand(node.subgraph, options)
             new_nodes.append(node)
@@ -73,15 +78,18 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             continue
         try:
             analyze(composite.subgraph.nodes, composite.subgraph.outputs)  # type: ignore
-        except NotSchedulable as exc:
+        except NotSchedulable:
             # Not one loop nest (e.g. BiasAdd on NCHW needs a Reshape): inline its ops so
-            # clustering can fuse the parts that can be fused.
-            if len(composite.subgraph.outputs) == 1:  # type: ignore[union-attr]
-                inlined = _inline(composite)
-                graph.replace_uses(node, composite.subgraph.outputs[0])  # type: ignore
-                new_nodes.extend(inlined)
-                continue
-            composite.notes["not_one_kernel"] = str(exc)
+            # clustering can fuse the parts that can be fused; a multi-output op's GetItems
+            # then read its outputs directly.
+            inlined = _inline(composite)
+            outs = composite.subgraph.outputs  # type: ignore[union-attr]
+            if len(outs) == 1:
+                graph.replace_uses(node, outs[0])
+            else:
+                inlined_items[node.uid] = list(outs)
+            new_nodes.extend(inlined)
+            continue
         graph.replace_uses(node, composite)
         new_nodes.append(composite)
     graph.nodes = new_nodes

@@ -80,6 +80,14 @@ class OpDef:
     doc: str = ""
     # Which dtypes its tensor inputs accept (None: all supported).
     accepts: tuple[np.dtype, ...] | None = None
+    # Draws random numbers (Dropout): never merged with a twin by CSE, never constant-folded.
+    stateful: bool = False
+    # Known from the input types alone (Shape, Size): calling it gives this Python value while
+    # tracing, as in MindSpore's graph mode, and never a node.
+    static_value: Callable[[tuple[TensorType, ...], dict[str, Any]], Any] | None = None
+    # MindSpore 2.x's functional names (`ops.gelu`); empty: from MINDSPORE_FUNCTIONAL, else the
+    # snake-case of the name.
+    functional: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.vector_math and not self.expensive:
@@ -93,8 +101,42 @@ class OpDef:
         return dict(self.init_attrs + self.call_attrs)
 
     @property
+    def functional_names(self) -> tuple[str, ...]:
+        """`graphkernel.ops.<name>` for each: MindSpore 2.x's names first."""
+        names = self.functional or MINDSPORE_FUNCTIONAL.get(self.name, ())
+        return names or (_snake(self.name),)
+
+    @property
     def functional_name(self) -> str:
-        return _snake(self.name)
+        return self.functional_names[0]
+
+
+# MindSpore 2.x's functional names of the ops declared before `OpDef.functional` existed (new
+# declarations name theirs in place); `reduce_sum` and friends stay, tests and users call them.
+# Where MindSpore's signature differs from "tensors, call arguments, attributes as keywords"
+# (ops.gelu defaults to approximate='none', ops.softmax takes axis positionally), the frontend's
+# ops/functional.py defines the function by hand under the same name.
+MINDSPORE_FUNCTIONAL: dict[str, tuple[str, ...]] = {
+    "Add": ("add",), "Sub": ("sub",), "Mul": ("mul",), "RealDiv": ("div", "real_div"),
+    "Neg": ("neg",),
+    "Maximum": ("maximum",), "Minimum": ("minimum",), "Pow": ("pow",), "Sqrt": ("sqrt",),
+    "Rsqrt": ("rsqrt",), "Reciprocal": ("reciprocal",), "Exp": ("exp",), "Log": ("log",),
+    "Tanh": ("tanh",), "Erf": ("erf",), "Abs": ("abs",), "Floor": ("floor",),
+    "Round": ("round",), "Sign": ("sign",), "Equal": ("equal",), "NotEqual": ("not_equal", "ne"),
+    "Less": ("less", "lt"), "LessEqual": ("less_equal", "le"), "Greater": ("greater", "gt"),
+    "GreaterEqual": ("greater_equal", "ge"), "LogicalAnd": ("logical_and",),
+    "LogicalOr": ("logical_or",), "LogicalNot": ("logical_not",), "Select": ("select",),
+    "Cast": ("cast",), "ReduceSum": ("reduce_sum",), "ReduceProd": ("reduce_prod",),
+    "ReduceMax": ("reduce_max",), "ReduceMin": ("reduce_min",), "ReduceMean": ("reduce_mean",),
+    "Reshape": ("reshape",), "Transpose": ("transpose",), "ExpandDims": ("expand_dims",),
+    "Squeeze": ("squeeze",), "BroadcastTo": ("broadcast_to",), "Tile": ("tile",),
+    "MatMul": ("matmul",), "BatchMatMul": ("bmm", "batch_matmul"), "GeLU": ("gelu",),
+    "FastGeLU": ("fast_gelu",), "Sigmoid": ("sigmoid",), "SiLU": ("silu",), "ReLU": ("relu",),
+    "ReLU6": ("relu6",), "HSwish": ("hardswish",), "Softplus": ("softplus",),
+    "Square": ("square",), "SquaredDifference": ("squared_difference",),
+    "BiasAdd": ("bias_add",), "AddN": ("addn",), "Softmax": ("softmax",),
+    "LogSoftmax": ("log_softmax",), "LayerNorm": ("layer_norm",),
+}
 
 
 OPS: dict[str, OpDef] = {}

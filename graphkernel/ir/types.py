@@ -114,7 +114,7 @@ def scalar_dtype(value: object, partner: np.dtype | None) -> np.dtype:
     """The dtype a Python scalar takes next to a tensor: NumPy-like weak typing.
 
     A float scalar next to a float tensor takes the tensor's dtype (float32 * 2.0 stays float32);
-    next to an int or bool tensor it is float64, so the result is float64 as in NumPy 2 (an
+    next to an int or bool tensor it is float32, so the result is float32 as in MindSpore (an
     int32 tensor times 2.5). An int scalar takes the tensor's dtype unless that is bool.
     """
     if isinstance(value, bool):
@@ -126,7 +126,7 @@ def scalar_dtype(value: object, partner: np.dtype | None) -> np.dtype:
     if isinstance(value, float):
         if partner is None:
             return float32  # a float scalar alone, as in Tensor(2.0)
-        return partner if is_float(partner) else float64
+        return partner if is_float(partner) else float32
     raise DTypeError(f"not a Python scalar: {value!r} ({type(value).__name__})")
 
 

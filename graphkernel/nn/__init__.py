@@ -1,8 +1,29 @@
-"""Cells: `Cell`, `GraphKernel`, and layers built from primitives."""
+"""Cells: `Cell`, `GraphKernel`, and layers built from primitives (MindSpore's names)."""
 from graphkernel.frontend.cell import Cell, GraphKernel
+from graphkernel.nn.activation import (
+    GELU,
+    FastGelu,
+    HSwish,
+    Identity,
+    LogSoftmax,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softsign,
+    Tanh,
+    get_activation,
+)
+from graphkernel.nn.container import CellList, SequentialCell
+from graphkernel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
 from graphkernel.nn.distributed import DistributedGradReducer
 from graphkernel.nn.graph_cell import GraphCell
-from graphkernel.nn.layers import GELU, Dense, LayerNorm, ReLU, SequentialCell, Softmax
+from graphkernel.nn.layers import Dense, Dropout, Embedding, Flatten, LayerNorm
+from graphkernel.nn.normalization import BatchNorm1d, BatchNorm2d
 
-__all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "Dense", "GELU",
-           "LayerNorm", "ReLU", "SequentialCell", "Softmax"]
+__all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPool2d",
+           "BatchNorm1d", "BatchNorm2d", "CellList", "Conv2d", "Dense", "Dropout", "Embedding",
+           "FastGelu", "Flatten", "GELU", "HSwish", "Identity", "LayerNorm", "LogSoftmax",
+           "MaxPool2d", "ReLU", "ReLU6", "SequentialCell", "Sigmoid", "SiLU", "Softmax",
+           "Softsign", "Tanh", "get_activation"]

@@ -1,10 +1,23 @@
-"""Primitives (`from graphkernel.ops import operations as P`) and their functional forms
-(`graphkernel.ops.mul(x, y)`), all generated from the op table in graphkernel/ir/opset.py."""
+"""Primitives (`from graphkernel.ops import operations as P`, or `ops.ReduceSum` as in
+MindSpore 2.x) and functional forms under MindSpore 2.x's names (`ops.gelu`, `ops.matmul`,
+`ops.concat`), generated from the op table in graphkernel/ir/opdefs/; where MindSpore's signature
+differs from the primitive's, `ops/functional.py` writes the function by hand."""
 from graphkernel.frontend.primitive import Primitive, make_functional
 from graphkernel.ir.opset import user_ops
 from graphkernel.ops import operations
+from graphkernel.ops import operations as _P
 
 for _op in user_ops():
-    globals()[_op.functional_name] = make_functional(_op)
+    _fn = make_functional(_op)
+    for _name in _op.functional_names:
+        globals()[_name] = _fn
+for _name in _P.__all__[1:]:  # the primitive classes: ops.ReduceSum, ops.Select, ...
+    globals()[_name] = getattr(_P, _name)
 
-__all__ = ["operations", "Primitive"] + [op.functional_name for op in user_ops()]
+from graphkernel.ops import functional  # noqa: E402  (after the generated forms it overrides)
+from graphkernel.ops.functional import *  # noqa: E402, F403
+from graphkernel.ops.functional import MINDSPORE_SIGNATURES as _HAND_WRITTEN  # noqa: E402
+
+__all__ = ["operations", "functional", "Primitive"]
+__all__ += sorted({*_P.__all__[1:], *_HAND_WRITTEN,
+                   *(name for op in user_ops() for name in op.functional_names)})

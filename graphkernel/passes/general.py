@@ -47,6 +47,9 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
             eliminate_common_subexpressions(node.subgraph)
             kept.append(node)
             continue
+        if node.op != "GetItem" and get_op(node.op).stateful:  # two Dropouts draw two masks
+            kept.append(node)
+            continue
         key = (node.op, tuple(_operand_key(v) for v in node.inputs),
                tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())))
         try:
@@ -78,6 +81,7 @@ def fold_constants(graph: Graph) -> Graph:
         if node.subgraph is not None:
             fold_constants(node.subgraph)
         foldable = (node.subgraph is None and node.op != "GetItem" and node.inputs
+                    and not get_op(node.op).stateful
                     and not isinstance(node.type, TupleType)
                     and all(isinstance(v, Constant) for v in node.inputs)
                     and node.tensor_type.size <= _FOLD_LIMIT)

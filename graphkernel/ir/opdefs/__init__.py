@@ -1,10 +1,13 @@
 """Every primitive's declaration, one module per family. Importing this package fills the op
 table (`graphkernel.ir.opset.OPS`); `graphkernel.ir` does so on import."""
 from graphkernel.ir.opdefs import (  # noqa: F401  (each module declares its ops on import)
+    array,
     collective,
     composite,
     elementwise,
+    math_ops,
     matmul,
+    nn,
     reduction,
     shape,
     structural,

@@ -1,0 +1,416 @@
+"""Array ops, MindSpore's signatures: joining and splitting (Concat, Split, Stack, Unstack),
+slicing (Slice, StridedSlice with all five masks), indexing (Gather, OneHot), arg-reductions
+(Argmax, ArgMaxWithValue, ArgMinWithValue), new tensors (ZerosLike, OnesLike, Fill) and the
+static Shape and Size. The data-moving ones run as numpy kernels between fused kernels."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import DTypeError, ShapeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import (
+    ALL,
+    NUMBERS,
+    OpDef,
+    PatternKind,
+    declare,
+    declare_elementwise,
+)
+from graphkernel.ir.types import TensorType, TupleType, ValueType
+
+INDEX_DTYPES = (T.int32, T.int64)
+
+
+def _axis(axis: Any, rank: int, op: str) -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or \
+            not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"{op}: axis {axis!r} is out of range for rank {rank}")
+    return int(axis) % max(rank, 1)
+
+
+def _same_dtype(op: str, types: tuple[TensorType, ...]) -> np.dtype:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1:
+        names = ", ".join(sorted(d.name for d in dtypes))
+        raise DTypeError(f"{op}: all tensors must share one dtype, got {names} (cast first)")
+    return types[0].dtype
+
+
+# -- Concat, Stack, Split, Unstack ------------------------------------------------------------
+
+def _concat_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    if not types:
+        raise ShapeError("Concat needs at least one tensor")
+    dtype = _same_dtype("Concat", types)
+    rank = types[0].rank
+    if rank == 0:
+        raise ShapeError("Concat cannot join 0-d tensors (use Stack)")
+    axis = _axis(attrs["axis"], rank, "Concat")
+    for t in types[1:]:
+        if t.rank != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, types[0].shape))
+                                 if i != axis):
+            listed = ", ".join(str(x.shape) for x in types)
+            raise ShapeError(f"Concat along axis {attrs['axis']}: shapes {listed} differ "
+                             "off that axis")
+    shape = list(types[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in types)
+    return TensorType(tuple(shape), dtype)
+
+
+declare(OpDef(name="Concat", kind=PatternKind.INJECTIVE, inputs=("xs",), infer=_concat_infer,
+              reference=lambda *xs, axis=0: np.concatenate(xs, axis=axis),
+              init_attrs=(("axis", 0),), variadic=True, functional=("concat", "cat")))
+
+
+def _stack_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    if not types:
+        raise ShapeError("Stack needs at least one tensor")
+    dtype = _same_dtype("Stack", types)
+    if any(t.shape != types[0].shape for t in types):
+        listed = ", ".join(str(x.shape) for x in types)
+        raise ShapeError(f"Stack: all tensors must have one shape, got {listed}")
+    axis = _axis(attrs["axis"], types[0].rank + 1, "Stack")
+    shape = types[0].shape[:axis] + (len(types),) + types[0].shape[axis:]
+    return TensorType(shape, dtype)
+
+
+declare(OpDef(name="Stack", kind=PatternKind.INJECTIVE, inputs=("xs",), infer=_stack_infer,
+              reference=lambda *xs, axis=0: np.stack(xs, axis=axis),
+              init_attrs=(("axis", 0),), variadic=True, functional=("stack",),
+              aliases=("Pack",)))
+
+
+def _split_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    axis = _axis(attrs["axis"], x.rank, "Split")
+    n = attrs["output_num"]
+    if not isinstance(n, (int, np.integer)) or n < 1 or x.shape[axis] % n:
+        raise ShapeError(f"Split: axis {attrs['axis']} of shape {x.shape} (size "
+                         f"{x.shape[axis]}) does not split into output_num={n!r} equal parts")
+    shape = list(x.shape)
+    shape[axis] //= n
+    return TupleType((TensorType(tuple(shape), x.dtype),) * int(n))
+
+
+def _split_ref(x: np.ndarray, axis: int = 0, output_num: int = 1) -> tuple[np.ndarray, ...]:
+    return tuple(np.ascontiguousarray(p) for p in np.split(x, output_num, axis=axis))
+
+
+declare(OpDef(name="Split", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_split_infer,
+              reference=_split_ref, init_attrs=(("axis", 0), ("output_num", 1)),
+              functional=("split",)))
+
+
+def _unstack_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    if x.rank == 0:
+        raise ShapeError("Unstack needs a tensor of rank 1 or more")
+    axis = _axis(attrs["axis"], x.rank, "Unstack")
+    if attrs.get("num") not in (None, x.shape[axis]):
+        raise ShapeError(f"Unstack: num={attrs['num']} but axis {axis} of {x.shape} has "
+                         f"{x.shape[axis]} entries")
+    if x.shape[axis] == 0:
+        raise ShapeError(f"Unstack: axis {axis} of {x.shape} is empty")
+    item = TensorType(x.shape[:axis] + x.shape[axis + 1:], x.dtype)
+    return TupleType((item,) * x.shape[axis])
+
+
+def _unstack_ref(x: np.ndarray, axis: int = 0, num: Any = None) -> tuple[np.ndarray, ...]:
+    return tuple(np.ascontiguousarray(p) for p in np.moveaxis(x, axis, 0))
+
+
+declare(OpDef(name="Unstack", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_unstack_infer,
+              reference=_unstack_ref, init_attrs=(("axis", 0), ("num", None)),
+              functional=("unstack", "unbind"), aliases=("Unpack",)))
+
+
+# -- Slice and StridedSlice -------------------------------------------------------------------
+
+def _ints(value: Any, what: str, op: str) -> tuple[int, ...]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value),)
+    if isinstance(value, (tuple, list)) and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+        return tuple(int(v) for v in value)
+    raise ShapeError(f"{op}: {what} must be a tuple of ints known when compiling, got {value!r}")
+
+
+def _slice_index(shape: tuple[int, ...], begin: Any, size: Any) -> tuple[slice, ...]:
+    begin, size = _ints(begin, "begin", "Slice"), _ints(size, "size", "Slice")
+    if len(begin) != len(shape) or len(size) != len(shape):
+        raise ShapeError(f"Slice: begin {begin} and size {size} need one entry per axis of "
+                         f"{shape}")
+    index = []
+    for axis, (b, s, d) in enumerate(zip(begin, size, shape)):
+        end = d if s == -1 else b + s
+        if not 0 <= b <= d or s < -1 or end > d:
+            raise ShapeError(f"Slice: begin {b} size {s} is out of bounds for axis {axis} of "
+                             f"size {d} (shape {shape})")
+        index.append(slice(b, end))
+    return tuple(index)
+
+
+def _static_view_shape(shape: tuple[int, ...], index: tuple[Any, ...]) -> tuple[int, ...]:
+    """The shape numpy's basic indexing gives, without allocating (a zero-stride view)."""
+    return tuple(np.broadcast_to(np.empty((), np.bool_), shape)[index].shape)
+
+
+def _slice_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    index = _slice_index(x.shape, attrs["begin"], attrs["size"])
+    return TensorType(_static_view_shape(x.shape, index), x.dtype)
+
+
+def _slice_ref(x: np.ndarray, begin: Any, size: Any) -> np.ndarray:
+    return np.ascontiguousarray(x[_slice_index(x.shape, begin, size)])
+
+
+declare(OpDef(name="Slice", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_slice_infer,
+              reference=_slice_ref, call_attrs=(("begin", None), ("size", None)),
+              functional=("slice",)))
+
+
+def strided_slice_index(shape: tuple[int, ...], begin: Any, end: Any, strides: Any,
+                        begin_mask: int = 0, end_mask: int = 0, ellipsis_mask: int = 0,
+                        new_axis_mask: int = 0, shrink_axis_mask: int = 0) -> tuple[Any, ...]:
+    """The numpy index StridedSlice's arguments describe (TensorFlow's and MindSpore's masks:
+    bit i of a mask applies to entry i of begin/end/strides)."""
+    begin, end = _ints(begin, "begin", "StridedSlice"), _ints(end, "end", "StridedSlice")
+    strides = _ints(strides, "strides", "StridedSlice")
+    if not len(begin) == len(end) == len(strides):
+        raise ShapeError(f"StridedSlice: begin {begin}, end {end} and strides {strides} must "
+                         "have one length")
+    if bin(ellipsis_mask).count("1") > 1:
+        raise ShapeError(f"StridedSlice: ellipsis_mask {ellipsis_mask} marks more than one "
+                         "ellipsis")
+    index: list[Any] = []
+    for i, (b, e, s) in enumerate(zip(begin, end, strides)):
+        bit = 1 << i
+        if ellipsis_mask & bit:
+            index.append(Ellipsis)
+        elif new_axis_mask & bit:
+            index.append(None)
+        elif shrink_axis_mask & bit:
+            index.append(b)
+        else:
+            if s == 0:
+                raise ShapeError(f"StridedSlice: stride of entry {i} is 0")
+            index.append(slice(None if begin_mask & bit else b, None if end_mask & bit else e, s))
+    consumed = sum(1 for item in index if item is not None and item is not Ellipsis)
+    if consumed > len(shape):
+        raise ShapeError(f"StridedSlice: {consumed} indexed axes for a tensor of shape {shape}")
+    for i, item in enumerate(index):
+        if isinstance(item, int):
+            axis = _axis_of_entry(index, i, len(shape))
+            if not -shape[axis] <= item < shape[axis]:
+                raise ShapeError(f"StridedSlice: index {item} is out of bounds for axis {axis} "
+                                 f"of size {shape[axis]} (shape {shape})")
+    return tuple(index)
+
+
+def _axis_of_entry(index: list[Any], i: int, rank: int) -> int:
+    """The tensor axis that entry i of an index (with at most one Ellipsis) reads."""
+    if Ellipsis in index[:i]:
+        after = [x for x in index[i + 1:] if x is not None]
+        return rank - 1 - len(after)
+    return sum(1 for x in index[:i] if x is not None)
+
+
+_STRIDED_MASKS = (("begin_mask", 0), ("end_mask", 0), ("ellipsis_mask", 0),
+                  ("new_axis_mask", 0), ("shrink_axis_mask", 0))
+
+
+def _strided_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    masks = {name: attrs[name] for name, _ in _STRIDED_MASKS}
+    index = strided_slice_index(x.shape, attrs["begin"], attrs["end"], attrs["strides"], **masks)
+    return TensorType(_static_view_shape(x.shape, index), x.dtype)
+
+
+def _strided_ref(x: np.ndarray, begin: Any, end: Any, strides: Any, **masks: int) -> np.ndarray:
+    return np.ascontiguousarray(x[strided_slice_index(x.shape, begin, end, strides, **masks)])
+
+
+declare(OpDef(name="StridedSlice", kind=PatternKind.INJECTIVE, inputs=("x",),
+              infer=_strided_infer, reference=_strided_ref, init_attrs=_STRIDED_MASKS,
+              call_attrs=(("begin", None), ("end", None), ("strides", None)),
+              functional=("strided_slice",)))
+
+
+# -- Gather and OneHot ------------------------------------------------------------------------
+
+def _gather_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    params, indices = types
+    if indices.dtype not in INDEX_DTYPES:
+        raise DTypeError(f"Gather: indices must be int32 or int64, got {indices.dtype.name}")
+    axis = _axis(attrs["axis"], params.rank, "Gather")
+    if attrs.get("batch_dims", 0) != 0:
+        raise ShapeError("Gather: batch_dims other than 0 is not supported")
+    return TensorType(params.shape[:axis] + indices.shape + params.shape[axis + 1:],
+                      params.dtype)
+
+
+def check_indices(indices: np.ndarray, size: int, op: str, axis: int) -> None:
+    """Out-of-range indices are an error (numpy would wrap negative ones silently)."""
+    if indices.size and (indices.min() < 0 or indices.max() >= size):
+        bad = indices[(indices < 0) | (indices >= size)].ravel()[0]
+        raise ShapeError(f"{op}: index {int(bad)} is out of range for axis {axis} of size {size}")
+
+
+def _gather_ref(params: np.ndarray, indices: np.ndarray, axis: int = 0,
+                batch_dims: int = 0) -> np.ndarray:
+    axis = axis % params.ndim
+    check_indices(indices, params.shape[axis], "Gather", axis)
+    return np.take(params, indices, axis=axis)
+
+
+declare(OpDef(name="Gather", kind=PatternKind.INJECTIVE, inputs=("params", "indices"),
+              infer=_gather_infer, reference=_gather_ref, init_attrs=(("batch_dims", 0),),
+              call_attrs=(("axis", 0),), functional=("gather",), aliases=("GatherV2",)))
+
+
+def _scalar_dtype(value: Any) -> np.dtype:
+    if isinstance(value, np.generic | np.ndarray):
+        return T.to_dtype(value.dtype)
+    if isinstance(value, bool):
+        return T.bool_
+    if isinstance(value, int):
+        return T.int64
+    if isinstance(value, float):
+        return T.float32
+    raise DTypeError(f"OneHot on_value/off_value must be numbers, got {value!r}")
+
+
+def _one_hot_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (indices,) = types
+    if indices.dtype not in INDEX_DTYPES:
+        raise DTypeError(f"OneHot: indices must be int32 or int64, got {indices.dtype.name}")
+    depth = attrs["depth"]
+    if not isinstance(depth, (int, np.integer)) or isinstance(depth, bool) or depth < 0:
+        raise ShapeError(f"OneHot: depth must be a non-negative int, got {depth!r}")
+    on, off = _scalar_dtype(attrs["on_value"]), _scalar_dtype(attrs["off_value"])
+    if on != off:
+        raise DTypeError(f"OneHot: on_value ({on.name}) and off_value ({off.name}) must share "
+                         "a dtype")
+    axis = _axis(attrs["axis"], indices.rank + 1, "OneHot")
+    return TensorType(indices.shape[:axis] + (int(depth),) + indices.shape[axis:], on)
+
+
+def _one_hot_ref(indices: np.ndarray, depth: int, on_value: Any, off_value: Any,
+                 axis: int = -1) -> np.ndarray:
+    dtype = _scalar_dtype(on_value)
+    # Indices outside [0, depth) give a row of off_value, as in MindSpore and TensorFlow.
+    hot = indices[..., None] == np.arange(depth)
+    out = np.where(hot, np.asarray(on_value, dtype), np.asarray(off_value, dtype))
+    return np.moveaxis(out, -1, axis % (indices.ndim + 1))
+
+
+declare(OpDef(name="OneHot", kind=PatternKind.INJECTIVE, inputs=("indices",),
+              infer=_one_hot_infer, reference=_one_hot_ref, init_attrs=(("axis", -1),),
+              call_attrs=(("depth", None), ("on_value", 1.0), ("off_value", 0.0)),
+              functional=("one_hot",)))
+
+
+# -- Arg-reductions ---------------------------------------------------------------------------
+
+def _arg_axis(x: TensorType, axis: Any, op: str) -> int:
+    if x.rank == 0:
+        raise ShapeError(f"{op} needs a tensor of rank 1 or more")
+    a = _axis(axis, x.rank, op)
+    if x.shape[a] == 0:
+        raise ShapeError(f"{op}: axis {axis} of shape {x.shape} is empty")
+    return a
+
+
+def _argmax_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    a = _arg_axis(x, attrs["axis"], "Argmax")
+    out = T.to_dtype(attrs["output_type"])
+    if out not in INDEX_DTYPES:
+        raise DTypeError(f"Argmax: output_type must be int32 or int64, got {out.name}")
+    return TensorType(x.shape[:a] + x.shape[a + 1:], out)
+
+
+def _argmax_ref(x: np.ndarray, axis: int = -1, output_type: Any = T.int32) -> np.ndarray:
+    return np.argmax(x, axis=axis).astype(T.to_dtype(output_type))
+
+
+declare(OpDef(name="Argmax", kind=PatternKind.OPAQUE, inputs=("x",), infer=_argmax_infer,
+              reference=_argmax_ref, init_attrs=(("axis", -1), ("output_type", T.int32)),
+              accepts=NUMBERS, functional=("argmax",)))
+
+
+def _arg_value_infer(op: str) -> Any:
+    def infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+        (x,) = types
+        a = _arg_axis(x, attrs["axis"], op)
+        shape = tuple(1 if i == a else d for i, d in enumerate(x.shape)) if attrs["keep_dims"] \
+            else x.shape[:a] + x.shape[a + 1:]
+        return TupleType((TensorType(shape, T.int32), TensorType(shape, x.dtype)))
+    return infer
+
+
+def _arg_value_ref(arg: Any, pick: Any) -> Any:
+    def ref(x: np.ndarray, axis: int = 0, keep_dims: bool = False) -> tuple[np.ndarray, ...]:
+        index = arg(x, axis=axis, keepdims=True)
+        value = np.take_along_axis(x, index, axis=axis)
+        if not keep_dims:
+            index, value = np.squeeze(index, axis), np.squeeze(value, axis)
+        return index.astype(np.int32), np.ascontiguousarray(value)
+    return ref
+
+
+declare(OpDef(name="ArgMaxWithValue", kind=PatternKind.OPAQUE, inputs=("x",),
+              infer=_arg_value_infer("ArgMaxWithValue"),
+              reference=_arg_value_ref(np.argmax, np.max),
+              init_attrs=(("axis", 0), ("keep_dims", False)), accepts=NUMBERS,
+              functional=("arg_max_with_value",)))
+declare(OpDef(name="ArgMinWithValue", kind=PatternKind.OPAQUE, inputs=("x",),
+              infer=_arg_value_infer("ArgMinWithValue"),
+              reference=_arg_value_ref(np.argmin, np.min),
+              init_attrs=(("axis", 0), ("keep_dims", False)), accepts=NUMBERS,
+              functional=("arg_min_with_value",)))
+
+
+# -- New tensors ------------------------------------------------------------------------------
+
+declare_elementwise("ZerosLike", 1, lambda x: np.zeros_like(x), "0", accepts=ALL,
+                    functional=("zeros_like",))
+declare_elementwise("OnesLike", 1, lambda x: np.ones_like(x), "1", accepts=ALL,
+                    functional=("ones_like",))
+
+
+def _fill_shape(shape: Any) -> tuple[int, ...]:
+    dims = _ints(shape, "shape", "Fill")
+    if any(d < 0 for d in dims):
+        raise ShapeError(f"Fill: shape {dims} has a negative dimension")
+    return dims
+
+
+def _fill_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    if attrs["type"] is None:
+        raise DTypeError("Fill needs a dtype (e.g. mstype.float32) as its first argument")
+    return TensorType(_fill_shape(attrs["shape"]), T.to_dtype(attrs["type"]))
+
+
+def _fill_ref(type: Any, shape: Any, value: Any) -> np.ndarray:  # noqa: A002 (MindSpore's name)
+    return np.full(_fill_shape(shape), value, dtype=T.to_dtype(type))
+
+
+# No tensor inputs: called while tracing it gives a constant, which the graph bakes in.
+declare(OpDef(name="Fill", kind=PatternKind.INJECTIVE, inputs=(), infer=_fill_infer,
+              reference=_fill_ref, call_attrs=(("type", None), ("shape", None), ("value", 0)),
+              functional=("fill",)))
+
+# Static facts of a tensor's type: Python values while tracing (MindSpore's graph mode too).
+declare(OpDef(name="Shape", kind=PatternKind.INJECTIVE, inputs=("x",),
+              infer=lambda types, attrs: types[0], reference=lambda x: tuple(x.shape),
+              static_value=lambda types, attrs: tuple(types[0].shape),
+              functional=("shape",)))
+declare(OpDef(name="Size", kind=PatternKind.INJECTIVE, inputs=("x",),
+              infer=lambda types, attrs: types[0], reference=lambda x: int(x.size),
+              static_value=lambda types, attrs: math.prod(types[0].shape),
+              functional=("size", "numel")))

@@ -1,0 +1,108 @@
+"""More math, MindSpore's names: trigonometry and special functions, classification (IsNan,
+IsInf, IsFinite), integer-style division (FloorDiv, FloorMod, Mod), Softsign, Identity, and the
+logical reductions ReduceAll/ReduceAny. Every elementwise one has a C template, so it fuses."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from graphkernel.ir import types as T
+from graphkernel.ir.opdefs.reduction import _reduce_infer, _reduce_ref
+from graphkernel.ir.opset import (
+    ALL,
+    FLOATS,
+    OpDef,
+    PatternKind,
+    Reduction,
+    declare,
+    declare_elementwise,
+    quiet_ref,
+    same_dtype_ref,
+    to_bool,
+)
+
+_ew, same = declare_elementwise, same_dtype_ref
+F, VECTOR_MATH = FLOATS, {"vector_math": True}
+
+
+def _erfc_reference(x: np.ndarray) -> np.ndarray:
+    # numpy has no erfc; math.erfc per element is exact (1 - erf(x) loses digits for x > 1).
+    flat = np.asarray(x, dtype=np.float64).ravel()
+    out = np.fromiter((math.erfc(v) if v == v else v for v in flat), dtype=np.float64,
+                      count=flat.size)
+    return out.reshape(np.shape(x))
+
+
+_ew("Sin", 1, same(np.sin), "sin{f}({0})", accepts=F, functional=("sin",), **VECTOR_MATH)
+_ew("Cos", 1, same(np.cos), "cos{f}({0})", accepts=F, functional=("cos",), **VECTOR_MATH)
+_ew("Erfc", 1, same(_erfc_reference), "erfc{f}({0})", accepts=F, functional=("erfc",),
+    **VECTOR_MATH)
+_ew("Expm1", 1, same(np.expm1), "expm1{f}({0})", accepts=F, functional=("expm1",),
+    **VECTOR_MATH)
+_ew("Log1p", 1, same(np.log1p), "log1p{f}({0})", accepts=F, functional=("log1p",),
+    **VECTOR_MATH)
+# Softsign x / (1 + |x|): one elementwise op in MindSpore, one template here.
+_ew("Softsign", 1, same(lambda x: x / (1 + np.abs(x))), "({0} / (1 + fabs{f}({0})))",
+    accepts=F, functional=("softsign",), expensive=True)
+_ew("Identity", 1, same(lambda x: np.array(x, copy=True)), "{0}", accepts=ALL,
+    functional=("identity",))
+
+# Classification: bool results. Integers and bools are always finite, never NaN or Inf.
+_ew("IsNan", 1, quiet_ref(np.isnan), "((bool)0)", c_float_template="({0} != {0})",
+    accepts=ALL, out_dtype=to_bool, functional=("isnan",))
+_ew("IsInf", 1, quiet_ref(np.isinf), "((bool)0)",
+    c_float_template="(({0} == INFINITY) | ({0} == -INFINITY))", accepts=ALL,
+    out_dtype=to_bool, functional=("isinf",))
+# x - x is 0 for every finite x and NaN for NaN and +-Inf; no branch, so it vectorises.
+_ew("IsFinite", 1, quiet_ref(np.isfinite), "((bool)1)", c_float_template="(({0} - {0}) == 0)",
+    accepts=ALL, out_dtype=to_bool, functional=("isfinite",))
+
+# Integer division. C's `/` and `%` truncate, trap on a zero divisor and on INT_MIN / -1; numpy
+# gives 0 for both (and INT_MIN // -1 wraps to INT_MIN), and so do these templates.
+# Floats follow numpy's npy_divmod step by step (fmod, then correct the sign, then floor and
+# round to the nearer integer), so results match numpy bit for bit.
+_INT_FLOOR_DIV = ("(({1} == 0) ? 0 : (({1} == -1) ? -{0} : ({0} / {1} - "
+                  "((({0} % {1}) != 0) & (({0} < 0) != ({1} < 0))))))")
+# numpy's quotient before snapping: (a - fmod(a, b)) / b, one less when fmod's sign differs
+# from b's. The compiler computes the repeated subexpressions once.
+_M = "fmod{f}({0}, {1})"
+_Q = f"((({{0}} - {_M}) / {{1}}) - (({_M} != 0) & (({{1}} < 0) != ({_M} < 0))))"
+_FLOAT_FLOOR_DIV = (f"(({{1}} == 0) ? ({{0}} / {{1}}) : (({_Q} == 0) ? "
+                    f"copysign{{f}}(0, {{0}} / {{1}}) : ((({_Q} - floor{{f}}({_Q})) > 0.5) ? "
+                    f"floor{{f}}({_Q}) + 1 : floor{{f}}({_Q}))))")
+_INT_FLOOR_MOD = ("((({1} == 0) | ({1} == -1)) ? 0 : ((({0} % {1}) != 0) & "
+                  "((({0} % {1}) < 0) != ({1} < 0))) ? ({0} % {1}) + {1} : ({0} % {1}))")
+_FLOAT_FLOOR_MOD = ("((fmod{f}({0}, {1}) != 0) ? (((({1} < 0) != (fmod{f}({0}, {1}) < 0))) ? "
+                    "fmod{f}({0}, {1}) + {1} : fmod{f}({0}, {1})) : copysign{f}(0, {1}))")
+_INT_MOD = "((({1} == 0) | ({1} == -1)) ? 0 : ({0} % {1}))"
+
+
+def _int_safe(f: Any) -> Any:
+    """numpy's integer floor_divide/remainder/fmod with a 0 divisor give 0 (with a warning)."""
+    def ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        dtype = np.result_type(x, y)
+        with np.errstate(all="ignore"):
+            return np.asarray(f(x, y)).astype(dtype, copy=False)
+    return ref
+
+
+_ew("FloorDiv", 2, _int_safe(np.floor_divide), _INT_FLOOR_DIV,
+    c_float_template=_FLOAT_FLOOR_DIV, functional=("floor_div", "floor_divide"))
+_ew("FloorMod", 2, _int_safe(np.remainder), _INT_FLOOR_MOD, c_float_template=_FLOAT_FLOOR_MOD,
+    functional=("floor_mod", "remainder"))
+# MindSpore's Mod truncates like C's fmod: the result takes the dividend's sign.
+_ew("Mod", 2, _int_safe(np.fmod), _INT_MOD, c_float_template="fmod{f}({0}, {1})",
+    functional=("fmod",))
+
+# Logical reductions over bool tensors.
+_LOGICAL = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),),
+                accepts=(T.bool_,))
+declare(OpDef(name="ReduceAll", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
+              reference=_reduce_ref(np.all), reduction=Reduction("1", "({acc} & {v})", "&"),
+              functional=("reduce_all", "all"), **_LOGICAL))  # type: ignore[arg-type]
+declare(OpDef(name="ReduceAny", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
+              reference=_reduce_ref(np.any), reduction=Reduction("0", "({acc} | {v})", "|"),
+              functional=("reduce_any", "any"), **_LOGICAL))  # type: ignore[arg-type]
+

@@ -1,0 +1,308 @@
+"""Neural-network primitives, MindSpore's signatures: Conv2D, MaxPool, AvgPool (NCHW), BatchNorm
+and Dropout. Convolutions and pools run as opaque numpy kernels (im2col + BLAS); BatchNorm is a
+composite whose inference form expands into a per-channel scale and shift that fuses."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from graphkernel.errors import DTypeError, ShapeError
+from graphkernel.ir import types as T
+from graphkernel.ir.opset import FLOATS, OpDef, PatternKind, declare
+from graphkernel.ir.types import TensorType, TupleType, ValueType
+
+# -- window geometry --------------------------------------------------------------------------
+
+
+def pair(value: Any, what: str, op: str) -> tuple[int, int]:
+    """An int, a pair, or MindSpore's 4-tuple (1, 1, h, w) as (h, w)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        out = (int(value), int(value))
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        out = (int(value[0]), int(value[1]))
+    elif isinstance(value, (tuple, list)) and len(value) == 4 and tuple(value[:2]) == (1, 1):
+        out = (int(value[2]), int(value[3]))
+    else:
+        raise ShapeError(f"{op}: {what} must be an int, a pair or (1, 1, h, w), got {value!r}")
+    if min(out) < 1:
+        raise ShapeError(f"{op}: {what} must be positive, got {value!r}")
+    return out
+
+
+def window_padding(size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                   dilation: tuple[int, int], pad_mode: str, pad: Any, op: str
+                   ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((top, bottom), (left, right)) padding for a window op over an (H, W) input."""
+    mode = str(pad_mode).lower()
+    if mode == "valid":
+        pads = (0, 0, 0, 0)
+    elif mode == "pad":
+        if isinstance(pad, (int, np.integer)):
+            pads = (int(pad),) * 4
+        elif isinstance(pad, (tuple, list)) and len(pad) == 4:
+            pads = tuple(int(p) for p in pad)  # type: ignore[assignment]
+        else:
+            raise ShapeError(f"{op}: pad must be an int or (top, bottom, left, right), got "
+                             f"{pad!r}")
+        if min(pads) < 0:
+            raise ShapeError(f"{op}: pad {pad!r} is negative")
+    elif mode == "same":
+        pads_list = []
+        for n, k, s, d in zip(size, kernel, stride, dilation):
+            out = -(-n // s)
+            need = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
+            pads_list += [need // 2, need - need // 2]
+        pads = tuple(pads_list)  # type: ignore[assignment]
+    else:
+        raise ShapeError(f"{op}: pad_mode must be 'valid', 'same' or 'pad', got {pad_mode!r}")
+    if mode != "pad" and pad not in (0, (0, 0, 0, 0)):
+        raise ShapeError(f"{op}: pad={pad!r} needs pad_mode='pad' (got {pad_mode!r})")
+    return (pads[0], pads[1]), (pads[2], pads[3])
+
+
+def window_output(size: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                  dilation: tuple[int, int], pads: tuple[tuple[int, int], tuple[int, int]],
+                  op: str, shape: tuple[int, ...]) -> tuple[int, int]:
+    out = []
+    for n, k, s, d, (lo, hi) in zip(size, kernel, stride, dilation, pads):
+        span = (k - 1) * d + 1
+        if n + lo + hi < span:
+            raise ShapeError(f"{op}: window {kernel} (dilation {dilation}) is larger than the "
+                             f"padded input {shape}")
+        out.append((n + lo + hi - span) // s + 1)
+    return out[0], out[1]
+
+
+def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+             dilation: tuple[int, int], out: tuple[int, int]) -> np.ndarray:
+    """(N, C, OH, OW, KH, KW) view of every window of a padded NCHW array."""
+    span = ((kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1)
+    view = np.lib.stride_tricks.sliding_window_view(x, span, axis=(2, 3))
+    view = view[:, :, ::stride[0], ::stride[1], ::dilation[0], ::dilation[1]]
+    return view[:, :, :out[0], :out[1]]
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """float16 computes in float32 (as MindSpore's CPU kernels do), rounded once at the end."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _check_nchw(x: TensorType, op: str, data_format: str) -> None:
+    if data_format != "NCHW":
+        raise ShapeError(f"{op}: only data_format='NCHW' is supported, got {data_format!r}")
+    if x.rank != 4:
+        raise ShapeError(f"{op}: input must be NCHW (rank 4), got shape {x.shape}")
+
+
+# -- Conv2D -----------------------------------------------------------------------------------
+
+_CONV_ATTRS = (("out_channel", None), ("kernel_size", None), ("mode", 1), ("pad_mode", "valid"),
+               ("pad", 0), ("stride", 1), ("dilation", 1), ("group", 1),
+               ("data_format", "NCHW"))
+
+
+def conv_geometry(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> dict[str, Any]:
+    op = "Conv2D"
+    _check_nchw(x, op, attrs["data_format"])
+    if attrs["mode"] != 1:
+        raise ShapeError(f"{op}: only mode=1 (cross-correlation) is supported")
+    if x.dtype != w.dtype:
+        raise DTypeError(f"{op}: input ({x.dtype.name}) and weight ({w.dtype.name}) must share "
+                         "a dtype")
+    group = attrs["group"]
+    kernel = pair(attrs["kernel_size"], "kernel_size", op)
+    stride = pair(attrs["stride"], "stride", op)
+    dilation = pair(attrs["dilation"], "dilation", op)
+    n, c, h, wd = x.shape
+    o = attrs["out_channel"]
+    if w.rank != 4 or w.shape[0] != o or w.shape[2:] != kernel:
+        raise ShapeError(f"{op}: weight shape {w.shape} should be (out_channel={o}, "
+                         f"in_channel/group, {kernel[0]}, {kernel[1]})")
+    if not isinstance(group, int) or group < 1 or c % group or o % group or \
+            w.shape[1] != c // group:
+        raise ShapeError(f"{op}: group={group!r} must divide in_channel={c} and "
+                         f"out_channel={o}, and the weight's axis 1 ({w.shape[1]}) must be "
+                         f"in_channel/group")
+    pads = window_padding((h, wd), kernel, stride, dilation, attrs["pad_mode"], attrs["pad"], op)
+    out = window_output((h, wd), kernel, stride, dilation, pads, op, x.shape)
+    return {"kernel": kernel, "stride": stride, "dilation": dilation, "pads": pads, "out": out,
+            "group": group}
+
+
+def _conv_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x, w = types
+    geo = conv_geometry(x, w, attrs)
+    return TensorType((x.shape[0], attrs["out_channel"]) + geo["out"], x.dtype)
+
+
+def _conv_ref(x: np.ndarray, w: np.ndarray, **attrs: Any) -> np.ndarray:
+    geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
+    (t, b), (left, r) = geo["pads"]
+    xp = np.pad(_wide(x), ((0, 0), (0, 0), (t, b), (left, r)))
+    win = _windows(xp, geo["kernel"], geo["stride"], geo["dilation"], geo["out"])
+    n, c = x.shape[:2]
+    g, (oh, ow), (kh, kw) = geo["group"], geo["out"], geo["kernel"]
+    o = w.shape[0]
+    # im2col: one (N*OH*OW, C/g*KH*KW) matrix per group, times the group's filters, on BLAS.
+    cols = win.reshape(n, g, c // g, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+    cols = cols.reshape(g, n * oh * ow, (c // g) * kh * kw)
+    filters = _wide(w).reshape(g, o // g, (c // g) * kh * kw)
+    with np.errstate(all="ignore"):
+        out = np.matmul(cols, filters.transpose(0, 2, 1))  # (g, N*OH*OW, O/g)
+    out = out.reshape(g, n, oh, ow, o // g).transpose(1, 0, 4, 2, 3).reshape(n, o, oh, ow)
+    return np.ascontiguousarray(out.astype(x.dtype, copy=False))
+
+
+declare(OpDef(name="Conv2D", kind=PatternKind.OPAQUE, inputs=("x", "weight"),
+              infer=_conv_infer, reference=_conv_ref, init_attrs=_CONV_ATTRS, accepts=FLOATS,
+              functional=("conv2d",)))
+
+
+# -- MaxPool and AvgPool ----------------------------------------------------------------------
+
+_POOL_ATTRS = (("kernel_size", 1), ("strides", 1), ("pad_mode", "valid"),
+               ("data_format", "NCHW"))
+
+
+def pool_geometry(x: TensorType, attrs: dict[str, Any], op: str) -> dict[str, Any]:
+    _check_nchw(x, op, attrs["data_format"])
+    kernel = pair(attrs["kernel_size"], "kernel_size", op)
+    stride = pair(attrs["strides"], "strides", op)
+    mode = str(attrs["pad_mode"]).lower()
+    if mode not in ("valid", "same"):
+        raise ShapeError(f"{op}: pad_mode must be 'valid' or 'same', got {attrs['pad_mode']!r}")
+    pads = window_padding(x.shape[2:], kernel, stride, (1, 1), mode, 0, op)  # type: ignore
+    out = window_output(x.shape[2:], kernel, stride, (1, 1), pads, op, x.shape)  # type: ignore
+    return {"kernel": kernel, "stride": stride, "pads": pads, "out": out}
+
+
+def _pool_infer(op: str) -> Any:
+    def infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+        (x,) = types
+        geo = pool_geometry(x, attrs, op)
+        return TensorType(x.shape[:2] + geo["out"], x.dtype)
+    return infer
+
+
+def _max_pool_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, "MaxPool")
+    (t, b), (left, r) = geo["pads"]
+    fill = -np.inf if T.is_float(x.dtype) else np.iinfo(x.dtype).min
+    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (left, r)), constant_values=fill)
+    win = _windows(xp, geo["kernel"], geo["stride"], (1, 1), geo["out"])
+    return np.ascontiguousarray(win.max(axis=(4, 5)))
+
+
+def _avg_pool_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, "AvgPool")
+    (t, b), (left, r) = geo["pads"]
+    pads = ((0, 0), (0, 0), (t, b), (left, r))
+    win = _windows(np.pad(_wide(x), pads), geo["kernel"], geo["stride"], (1, 1), geo["out"])
+    # 'same' padding is not counted: each window averages the input elements it covers.
+    ones = np.pad(np.ones((1, 1) + x.shape[2:], np.float32), pads)
+    count = _windows(ones, geo["kernel"], geo["stride"], (1, 1), geo["out"]).sum(axis=(4, 5))
+    with np.errstate(all="ignore"):
+        out = win.sum(axis=(4, 5)) / count
+    return np.ascontiguousarray(out.astype(x.dtype, copy=False))
+
+
+declare(OpDef(name="MaxPool", kind=PatternKind.OPAQUE, inputs=("x",),
+              infer=_pool_infer("MaxPool"), reference=_max_pool_ref, init_attrs=_POOL_ATTRS,
+              accepts=FLOATS, functional=("max_pool2d",)))
+declare(OpDef(name="AvgPool", kind=PatternKind.OPAQUE, inputs=("x",),
+              infer=_pool_infer("AvgPool"), reference=_avg_pool_ref, init_attrs=_POOL_ATTRS,
+              accepts=FLOATS, functional=("avg_pool2d",)))
+
+
+# -- BatchNorm --------------------------------------------------------------------------------
+
+def _batch_norm_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x, *params = types
+    if attrs["data_format"] != "NCHW":
+        raise ShapeError(f"BatchNorm: only data_format='NCHW' is supported, got "
+                         f"{attrs['data_format']!r}")
+    if x.rank not in (2, 4):
+        raise ShapeError(f"BatchNorm: input must be (N, C) or (N, C, H, W), got {x.shape}")
+    c = x.shape[1]
+    for name, p in zip(("scale", "bias", "mean", "variance"), params):
+        if p.shape != (c,):
+            raise ShapeError(f"BatchNorm: {name} has shape {p.shape}, expected ({c},) for input "
+                             f"{x.shape}")
+        if p.dtype != T.float32 and p.dtype != x.dtype:
+            raise DTypeError(f"BatchNorm: {name} must be float32 or the input's dtype, got "
+                             f"{p.dtype.name}")
+    stat = TensorType((c,), params[2].dtype)
+    return TupleType((x, stat, stat, stat, stat))
+
+
+def batch_norm_axes(rank: int) -> tuple[int, ...]:
+    return (0,) if rank == 2 else (0, 2, 3)
+
+
+def _batch_norm_ref(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+                    variance: np.ndarray, is_training: bool = False, epsilon: float = 1e-5,
+                    momentum: float = 0.1, data_format: str = "NCHW") -> tuple[np.ndarray, ...]:
+    """Outputs as MindSpore's: y, then the batch mean and variance (training) or the given
+    mean and variance (inference), twice (MindSpore's reserve spaces)."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    wide = x.astype(np.float64)
+    if is_training:
+        axes = batch_norm_axes(x.ndim)
+        m = wide.mean(axis=axes)
+        v = wide.var(axis=axes)
+    else:
+        m, v = mean.astype(np.float64), variance.astype(np.float64)
+    with np.errstate(all="ignore"):
+        inv = scale.astype(np.float64) / np.sqrt(v + epsilon)
+        y = (wide - m.reshape(shape)) * inv.reshape(shape) + bias.astype(np.float64).reshape(shape)
+    stat_dtype = mean.dtype
+    m, v = m.astype(stat_dtype), v.astype(stat_dtype)
+    return y.astype(x.dtype), m, v, m.copy(), v.copy()
+
+
+declare(OpDef(name="BatchNorm", kind=PatternKind.OPAQUE,
+              inputs=("x", "scale", "bias", "mean", "variance"), infer=_batch_norm_infer,
+              reference=_batch_norm_ref, accepts=FLOATS, composite=True,
+              init_attrs=(("is_training", False), ("epsilon", 1e-5), ("momentum", 0.1),
+                          ("data_format", "NCHW")),
+              functional=("batch_norm",)))
+
+
+# -- Dropout ----------------------------------------------------------------------------------
+
+_generators: dict[tuple[int, int], np.random.Generator] = {}
+_generators_lock = threading.Lock()
+
+
+def _generator(seed0: int, seed1: int) -> np.random.Generator:
+    """One stream per (Seed0, Seed1), advancing with every call; (0, 0) is seeded from the OS."""
+    with _generators_lock:
+        key = (int(seed0), int(seed1))
+        if key not in _generators:
+            _generators[key] = np.random.default_rng(None if key == (0, 0) else list(key))
+        return _generators[key]
+
+
+def _dropout_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    keep = attrs["keep_prob"]
+    if not isinstance(keep, (int, float)) or not 0 < keep <= 1:
+        raise ShapeError(f"Dropout: keep_prob must be in (0, 1], got {keep!r}")
+    return TupleType((x, x))
+
+
+def _dropout_ref(x: np.ndarray, keep_prob: float = 0.5, Seed0: int = 0,  # noqa: N803
+                 Seed1: int = 0) -> tuple[np.ndarray, np.ndarray]:  # noqa: N803 (MindSpore's)
+    keep = _generator(Seed0, Seed1).random(x.shape) < keep_prob
+    mask = keep.astype(x.dtype)
+    with np.errstate(all="ignore"):
+        out = (x * mask / np.asarray(keep_prob, x.dtype)).astype(x.dtype)
+    return out, mask
+
+
+declare(OpDef(name="Dropout", kind=PatternKind.OPAQUE, inputs=("x",), infer=_dropout_infer,
+              reference=_dropout_ref, accepts=FLOATS, stateful=True,
+              init_attrs=(("keep_prob", 0.5), ("Seed0", 0), ("Seed1", 0)),
+              functional=("dropout",)))

@@ -1,0 +1,60 @@
+"""BatchNorm1d and BatchNorm2d: gamma, beta, moving_mean, moving_variance as MindSpore names
+them. In inference (the default, `set_train(False)`) they normalise with the moving
+statistics; in training with the batch's."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphkernel.common.initializer import initializer
+from graphkernel.errors import ShapeError
+from graphkernel.frontend.cell import Cell
+from graphkernel.frontend.tensor import Parameter
+from graphkernel.ops import operations as P
+
+
+class _BatchNorm(Cell):
+    rank = 4
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9,
+                 affine: bool = True, gamma_init: Any = "ones", beta_init: Any = "zeros",
+                 moving_mean_init: Any = "zeros", moving_var_init: Any = "ones",
+                 use_batch_statistics: bool | None = None, data_format: str = "NCHW",
+                 dtype: Any = np.float32) -> None:
+        super().__init__()
+        if not 0 <= momentum <= 1:
+            raise ShapeError(f"{type(self).__name__}: momentum must be in [0, 1], got {momentum}")
+        c = (num_features,)
+        self.num_features = num_features
+        self.gamma = Parameter(initializer(gamma_init, c, dtype), "gamma", requires_grad=affine)
+        self.beta = Parameter(initializer(beta_init, c, dtype), "beta", requires_grad=affine)
+        self.moving_mean = Parameter(initializer(moving_mean_init, c, dtype), "moving_mean",
+                                     requires_grad=False)
+        self.moving_variance = Parameter(initializer(moving_var_init, c, dtype),
+                                         "moving_variance", requires_grad=False)
+        self.eps, self.momentum = eps, momentum
+        self.use_batch_statistics = use_batch_statistics
+        # MindSpore's layer momentum keeps that much of the old statistics; its primitive's
+        # momentum is the weight of the new batch.
+        self.bn_train = P.BatchNorm(is_training=True, epsilon=eps, momentum=1 - momentum,
+                                    data_format=data_format)
+        self.bn_infer = P.BatchNorm(is_training=False, epsilon=eps, data_format=data_format)
+
+    def construct(self, x: Any) -> Any:
+        if len(x.shape) != self.rank:
+            raise ShapeError(f"{type(self).__name__} expects rank-{self.rank} input, got shape "
+                             f"{x.shape}")
+        batch_stats = self.training if self.use_batch_statistics is None else \
+            self.use_batch_statistics
+        bn = self.bn_train if batch_stats else self.bn_infer
+        y, *_ = bn(x, self.gamma, self.beta, self.moving_mean, self.moving_variance)
+        return y
+
+
+class BatchNorm1d(_BatchNorm):
+    rank = 2
+
+
+class BatchNorm2d(_BatchNorm):
+    rank = 4

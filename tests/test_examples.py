@@ -1,0 +1,105 @@
+"""The example networks in examples/: they run, their answers match numpy written here from
+their parameters, fusion on and off agree, and their launches are counted."""
+import importlib.util
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Tensor
+from graphkernel.graph_kernel.pipeline import CompileOptions
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cnn_digits_learns_and_its_epilogues_fuse():
+    cnn = load("cnn_digits")
+    net, (x_train, y_train, x_test, y_test) = cnn.train(n_train=500)
+    assert cnn.accuracy(net, x_test[:400], y_test[:400]) > 0.85
+    on = graphkernel.compile(net, x_test[:64], options=ON)
+    off = graphkernel.compile(net, x_test[:64], options=OFF)
+    logits_on, logits_off = on.run_arrays(x_test[:64])[0], off.run_arrays(x_test[:64])[0]
+    np.testing.assert_allclose(logits_on, logits_off, rtol=1e-4, atol=1e-4)
+    kernels = on.kernels
+    # Each convolution's output is read by exactly one kernel over the full activation: its
+    # epilogue (bias, BatchNorm's scale and shift, the residual add, ReLU) fused in one.
+    for i, k in enumerate(kernels):
+        if k.op_names == ["Conv2D"]:
+            shape = k.output
+            big = [j for j in kernels[i + 1:] if j.output == shape]
+            assert big and big[0].backend == "native", kernels
+            assert "Maximum" in big[0].op_names and "Mul" in big[0].op_names
+    residual = [k for k in kernels if k.op_names.count("Add") >= 3 and "Maximum" in k.op_names]
+    assert residual, "the residual add joins its block's epilogue"
+
+
+def numpy_bert(net, ids, mask):
+    """The same network in plain numpy, from its parameters."""
+    p = {name: prm.asnumpy().astype(np.float64) for name, prm in net.parameters_and_names()}
+
+    def dense(x, name, act=None):
+        y = x @ p[name + ".weight"].T + p[name + ".bias"]
+        if act == "gelu":
+            y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+        if act == "tanh":
+            y = np.tanh(y)
+        return y
+
+    def norm(x, name, eps=1e-12):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + eps) * p[name + ".gamma"] + p[name + ".beta"]
+
+    b, s = ids.shape
+    x = p["word_embeddings.embedding_table"][ids] + p["position_embeddings.embedding_table"][:s]
+    x = norm(x, "embedding_norm")
+    bias = (1.0 - mask[:, None, None, :]) * -10000.0
+    for i in range(len(net.layers)):
+        a = f"layers.{i}.attention"
+        heads = net.layers[i].attention.heads
+        hd = x.shape[-1] // heads
+
+        def split(t, heads=heads, hd=hd):
+            return t.reshape(b, s, heads, hd).transpose(0, 2, 1, 3)
+
+        q, k, v = (split(dense(x, f"{a}.{n}")) for n in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd) + bias
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        ctx = (e / e.sum(-1, keepdims=True)) @ v
+        x = norm(dense(ctx.transpose(0, 2, 1, 3).reshape(b, s, -1), f"{a}.output") + x,
+                 f"{a}.norm")
+        f = f"layers.{i}.ffn"
+        x = norm(dense(dense(x, f"{f}.dense_in", "gelu"), f"{f}.dense_out") + x, f"{f}.norm")
+    return x, dense(x[:, 0], "pooler", "tanh")
+
+
+@pytest.mark.parametrize("batch,seq", [(2, 8), (3, 5)])
+def test_bert_tiny_matches_numpy_fused_and_not(batch, seq):
+    bert = load("bert_tiny")
+    graphkernel.set_seed(1)
+    config = bert.Config(vocab_size=50, hidden_size=32, num_heads=4, intermediate_size=64,
+                         max_position=16)
+    net = bert.BertTiny(config)
+    ids, mask = bert.make_inputs(batch, seq, config.vocab_size, seed=batch)
+    want_seq, want_pooled = numpy_bert(net, ids, mask.astype(np.float64))
+    counts = {}
+    for name, options in (("on", ON), ("off", OFF)):
+        compiled = graphkernel.compile(net, ids, mask, options=options)
+        got_seq, got_pooled = compiled.run_arrays(ids, mask)
+        np.testing.assert_allclose(got_seq, want_seq, rtol=2e-4, atol=2e-4)
+        np.testing.assert_allclose(got_pooled, want_pooled, rtol=2e-4, atol=2e-4)
+        counts[name] = compiled.kernel_count
+    assert counts["on"] < counts["off"]
+    seq_out, pooled = net(Tensor(ids), Tensor(mask))
+    assert seq_out.shape == (batch, seq, 32) and pooled.shape == (batch, 32)
