@@ -32,16 +32,19 @@ def test_cnn_digits_learns_and_its_epilogues_fuse():
     logits_on, logits_off = on.run_arrays(x_test[:64])[0], off.run_arrays(x_test[:64])[0]
     np.testing.assert_allclose(logits_on, logits_off, rtol=1e-4, atol=1e-4)
     kernels = on.kernels
-    # Each convolution's output is read by exactly one kernel over the full activation: its
-    # epilogue (bias, BatchNorm's scale and shift, the residual add, ReLU) fused in one.
-    for i, k in enumerate(kernels):
-        if k.op_names == ["Conv2D"]:
-            shape = k.output
-            big = [j for j in kernels[i + 1:] if j.output == shape]
-            assert big and big[0].backend == "native", kernels
-            assert "Maximum" in big[0].op_names and "Mul" in big[0].op_names
-    residual = [k for k in kernels if k.op_names.count("Add") >= 3 and "Maximum" in k.op_names]
-    assert residual, "the residual add joins its block's epilogue"
+    # Each convolution is followed by exactly one kernel over its whole output: the bias, the
+    # BatchNorm (its scale and shift computed per channel, read through index maps), the
+    # residual add and the ReLU in one generated loop.
+    convs = [i for i, k in enumerate(kernels) if k.op_names == ["Conv2D"]]
+    assert len(convs) == 3
+    for i in convs:
+        epilogue = kernels[i + 1]
+        assert epilogue.backend == "native" and epilogue.output == kernels[i].output
+        assert {"Rsqrt", "Mul", "Add", "Maximum"} <= set(epilogue.op_names), kernels
+        assert kernels[i + 2].op_names[0] in ("MaxPool", "Conv2D"), kernels
+    residual = kernels[convs[1] + 1]
+    assert residual.op_names.count("Add") >= 4  # bias, shift, residual, and var + eps
+    assert on.kernel_count == 12  # 24 before layout ops and BatchNorm's parameters fused
 
 
 def numpy_bert(net, ids, mask):

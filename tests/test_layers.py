@@ -323,3 +323,45 @@ def test_reads_a_checkpoint_mindspore_wrote_and_writes_the_same_bytes(tmp_path):
 
     not_loaded, unused = graphkernel.load_param_into_net(Port(), params)
     assert not_loaded == [] and unused == ["scalar", "ids", "half"]
+
+
+@pytest.mark.parametrize("mode", [context.GRAPH_MODE, context.PYNATIVE_MODE])
+@pytest.mark.parametrize("fusion", [True, False])
+def test_batchnorm_training_updates_moving_statistics(mode, fusion, rng):
+    context.set_context(mode=mode, enable_graph_kernel=fusion)
+    x = (rng.standard_normal((4, 3, 2, 2)) * 3 + 1).astype(np.float32)
+    bn = nn.BatchNorm2d(3, momentum=0.8).set_train()
+    for _ in range(2):
+        bn(Tensor(x))
+    m, v = x.mean((0, 2, 3)), x.var((0, 2, 3), ddof=1)  # unbiased, as MindSpore keeps it
+    want_mean = 0.8 * (0.2 * m) + 0.2 * m
+    want_var = 0.8 * (0.8 * 1 + 0.2 * v) + 0.2 * v
+    np.testing.assert_allclose(bn.moving_mean.asnumpy(), want_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.moving_variance.asnumpy(), want_var, rtol=1e-5)
+    bn.set_train(False)  # inference reads what training left
+    out = bn(Tensor(x)).asnumpy()
+    np.testing.assert_allclose(out, (x - want_mean.reshape(1, 3, 1, 1)) /
+                               np.sqrt(want_var.reshape(1, 3, 1, 1) + 1e-5), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_assign_errors():
+    from graphkernel.errors import GraphModeError
+    p = graphkernel.Parameter(np.zeros(3, np.float32), "p")
+
+    class Twice(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.p = p
+
+        def construct(self, x):
+            ops.functional.assign(self.p, x)
+            ops.functional.assign(self.p, x * 2.0)
+            return x
+
+    with pytest.raises(GraphModeError, match="assigned twice"):
+        Twice()(Tensor(np.ones(3, np.float32)))
+    with pytest.raises(InputError, match=r"float32\[3\], the value float32\[2\]"):
+        ops.functional.assign(p, Tensor(np.ones(2, np.float32)))
+    ops.functional.assign(p, Tensor(np.ones(3, np.float32)))
+    np.testing.assert_array_equal(p.asnumpy(), 1.0)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from graphkernel.codegen.c_text import c_comment, literal
+from graphkernel.codegen.c_views import view_buffers
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
@@ -36,6 +37,8 @@ class Buffer:
     is_output: bool
     index: int
     strides: list[int] = field(default_factory=list)  # per loop dim, in elements
+    offset: int = 0  # a view read through an index map (c_views.py): its first element's
+    space_strides: list[int] | None = None  # offset and strides per iteration-space axis
 
     @property
     def name(self) -> str:
@@ -104,13 +107,16 @@ class _Emitter:
         for i, value in enumerate(self.graph.outputs):
             buf = Buffer(value, self.sched.aligned[value.uid], True, i)
             self.buffers.append(buf)
+        self.views = view_buffers(self.sched, self.buffer_of, Buffer)  # not kernel arguments
 
     def _loop_dims(self, column: bool = False) -> list[LoopDim]:
         """Loop dimensions, adjacent compatible ones merged. Row order: kept dims outside,
         reduced inside. Column order (the innermost axis is kept): other kept dims, then the
         reduced ones, then the innermost kept run, so the innermost loop walks memory."""
         space, axes = self.sched.space, self.sched.reduce_axes
-        per_buffer = {id(b): _contiguous_strides(b.aligned) for b in self.buffers}
+        per_buffer = {id(b): b.space_strides or _contiguous_strides(b.aligned)  # not sources
+                      for b in self.buffers + self.views if b.value.uid in self.sched.aligned
+                      or b.space_strides or b.is_output}  # read only through index maps
         order = list(range(len(space))) if column else \
             [d for d in range(len(space)) if d not in axes] + list(axes)
         dims = [LoopDim(space[d], d in axes, {k: s[d] for k, s in per_buffer.items()})
@@ -144,7 +150,7 @@ class _Emitter:
             stride = dim.strides[id(buf)]
             if stride:
                 terms.append(f"i{i}" if stride == 1 else f"i{i} * {stride}")
-        return " + ".join(terms) or "0"
+        return " + ".join(terms + [str(buf.offset)] * bool(buf.offset)) or "0"
 
     def _operand(self, value: Value, dims: list[LoopDim], inner: bool) -> str:
         if isinstance(value, Constant) and value.is_scalar:
@@ -203,7 +209,8 @@ class _Emitter:
         while stack:
             uid = stack.pop()
             node = by_uid.get(uid)
-            if node is None or uid in needed or uid in known or self.sched.is_outer(node):
+            if node is None or uid in needed or uid in known or self.sched.is_outer(node) or \
+                    uid in self.sched.maps:  # loaded through its index map, not computed
                 continue
             needed.add(uid)
             stack.extend(v.uid for v in node.inputs)

@@ -36,10 +36,17 @@ class CostModel:
             # iteration space can cost more than the memory traffic fusion saves.
             if not get_op(node.op).expensive or sched.is_outer(node):
                 continue
-            size = math.prod(sched.aligned[node.uid]) if sched.aligned[node.uid] else 1
-            if size and space // max(size, 1) > self.recompute_limit:
+            aligned = sched.aligned[node.uid]
+            size = math.prod(aligned) if aligned else 1
+            # Constant over the innermost axes (a per-channel value over H, W), it is computed
+            # once per iteration of the loops outside them (the compiler hoists it): a small
+            # fraction of the kernel's work when those inner loops are long.
+            varying = max((i for i, d in enumerate(aligned) if d != 1), default=-1)
+            loops = math.prod(sched.space[:varying + 1]) if sched.space else 1
+            if size and loops // max(size, 1) > self.recompute_limit and \
+                    loops * self.recompute_limit > space:
                 return (f"{node.op} on {size} elements would be recomputed "
-                        f"{space // size}x across the iteration space {sched.space}")
+                        f"{loops // size}x across the iteration space {sched.space}")
         return None
 
 

@@ -35,11 +35,13 @@ def batch_norm(b: Builder, x: Value, scale: Value, bias: Value, mean: Value, var
         stats = [b("Cast", s, dtype=mean.dtype) if s.dtype != mean.dtype else s for s in stats]
         out_mean, out_var = stats
     else:
-        # y = x * s + t with s = scale / sqrt(var + eps), t = bias - mean * s: per channel
-        # first (C values), then one multiply-add per element.
-        s = b("Mul", scale, b("Rsqrt", b("Add", variance, epsilon)))
-        t = b("Sub", bias, b("Mul", mean, s))
-        y = b("Add", b("Mul", wide, per_channel(s)), per_channel(t))
+        # y = x * s + t with s = scale / sqrt(var + eps), t = bias - mean * s, computed on the
+        # parameters laid out as (C, 1, 1): the kernel that applies them to x reads them through
+        # index maps and computes s and t once per channel (hoisted out of the H*W loop).
+        scale, bias, mean4, variance4 = (per_channel(v) for v in (scale, bias, mean, variance))
+        s = b("Mul", scale, b("Rsqrt", b("Add", variance4, epsilon)))
+        t = b("Sub", bias, b("Mul", mean4, s))
+        y = b("Add", b("Mul", wide, s), t)
         out_mean, out_var = mean, variance
     if y.dtype != x.dtype:
         y = b("Cast", y, dtype=x.dtype)

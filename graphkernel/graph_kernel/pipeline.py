@@ -14,6 +14,7 @@ from graphkernel.graph_kernel.cluster import cluster
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
 from graphkernel.graph_kernel.flags import GraphKernelFlags
+from graphkernel.graph_kernel.index_maps import sink_views
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
@@ -116,11 +117,15 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
     flags = options.flags
 
     def basic_fusion(graph: Graph) -> Graph:
+        # Layout ops first move above the elementwise ops feeding them, to the inputs, where
+        # kernels read them through index maps (graph_kernel/index_maps.py).
+        graph = sink_views(graph)
         result = cluster(graph, flags, False, names.BASIC_FUSION, options.cost)
         state.reasons = list(result.reasons)  # replaced by composite fusion's when it runs
         return result.graph
 
     def composite_fusion(graph: Graph) -> Graph:
+        graph = sink_views(graph)  # now also over composites of elementwise ops (BiasAdd)
         result = cluster(graph, flags, True, names.COMPOSITE_FUSION, options.cost)
         state.reasons = list(result.reasons)
         return result.graph

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphkernel.graph_kernel.index_maps import MAPPABLE, IndexMap, group_maps
 from graphkernel.ir.graph import Constant, Node, Value
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import normalize_axes
@@ -35,6 +36,8 @@ class Schedule:
     outer_phase: dict[int, int] = field(default_factory=dict)
     # Reductions grouped by phase (phase 1 first).
     phases: list[list[Node]] = field(default_factory=list)
+    # Layout ops the kernel reads through index maps from an input's buffer (index_maps.py).
+    maps: dict[int, IndexMap] = field(default_factory=dict)
 
     @property
     def is_reduction(self) -> bool:
@@ -50,7 +53,7 @@ def fusible_op(op: str) -> bool:
     if opdef.kind == PatternKind.REDUCE:
         return opdef.reduction is not None
     if opdef.kind == PatternKind.INJECTIVE:
-        return opdef.view and opdef.c_template is not None
+        return op in MAPPABLE
     return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
         opdef.c_template is not None
 
@@ -73,11 +76,16 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
     for node in nodes:
         if node.subgraph is not None or not fusible_op(node.op):
             raise NotSchedulable(f"{node.op} has no loop-nest code template")
+    leaves, hidden = group_maps(nodes, outputs)
+    trailing = _trailing_views(nodes, outputs)
     for node in nodes:
-        if get_op(node.op).view and \
-                _strip_leading_ones(node.inputs[0].shape) != _strip_leading_ones(node.shape):
+        if node.op in MAPPABLE and node.uid not in leaves and node.uid not in hidden and \
+                node.uid not in trailing and \
+                node.op != "BroadcastTo" and (not get_op(node.op).view or _strip_leading_ones(
+                    node.inputs[0].shape) != _strip_leading_ones(node.shape)):
             raise NotSchedulable(f"{node.op} from {node.inputs[0].shape} to {node.shape} moves "
-                                 "data between axes; it runs as a view between kernels")
+                                 "data between axes inside the kernel (only layout ops of the "
+                                 "kernel's inputs are read through index maps)")
     reductions = [n for n in nodes if get_op(n.op).kind == PatternKind.REDUCE]
     if reductions:
         first = reductions[0].inputs[0]
@@ -94,18 +102,29 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
     else:
         space = ()
         for out in outputs:
-            if len(out.shape) > len(space) or out.shape != space:
-                space = _broadcast_or_fail(space, tuple(out.shape))
+            shape = tuple(trailing[out.uid].inputs[0].shape if out.uid in trailing else out.shape)
+            if len(shape) > len(space) or shape != space:
+                space = _broadcast_or_fail(space, shape)
         axes = ()
         # Values inside may carry leading unit dims the outputs dropped (a Squeeze at the end).
         deepest = max((len(v.shape) for n in nodes for v in [n, *n.inputs]), default=0)
         space = (1,) * (deepest - len(space)) + space
     rank = len(space)
-    sched = Schedule(space, axes)
+    sched = Schedule(space, axes, maps=leaves)
     in_group = {n.uid for n in nodes}
     reduce_phase: dict[int, int] = {}
     depends_phase: dict[int, int] = {}  # uid -> highest reduction phase it depends on
     for node in nodes:
+        if node.uid in hidden:
+            continue
+        if node.uid in leaves:  # read like an input, from its source through the map
+            sched.aligned[node.uid] = _check_fits(_align(node.shape, rank, node.name), space,
+                                                  node.name)
+            continue
+        if node.uid in trailing and not axes:  # written in its input's order: same memory
+            sched.aligned[node.uid] = sched.aligned[node.inputs[0].uid]
+            depends_phase[node.uid] = 0
+            continue
         for value in node.inputs:
             if value.uid not in in_group and value.uid not in sched.aligned:
                 sched.aligned[value.uid] = _check_fits(_align(value.shape, rank, value.name),
@@ -150,6 +169,17 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
             raise NotSchedulable(f"output {out.name} of shape {out.shape} would be written more "
                                  f"than once in the iteration space {space}")
     return sched
+
+
+def _trailing_views(nodes: list[Node], outputs: list[Value]) -> dict[int, Node]:
+    """Reshapes (ExpandDims, Squeeze) of a value computed in the group that only leave it as
+    an output: the kernel iterates over the value's shape and writes the dense buffer the
+    reshaped output is (a merge of attention heads after their Transpose)."""
+    out_uids = {v.uid for v in outputs}
+    in_group = {n.uid for n in nodes}
+    read = {v.uid for n in nodes for v in n.inputs}
+    return {n.uid: n for n in nodes if get_op(n.op).view and n.uid in out_uids and
+            n.uid not in read and n.inputs[0].uid in in_group}
 
 
 def value_keeps_dims(value: Value) -> bool:

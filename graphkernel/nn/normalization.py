@@ -1,8 +1,9 @@
 """BatchNorm1d and BatchNorm2d: gamma, beta, moving_mean, moving_variance as MindSpore names
 them. In inference (the default, `set_train(False)`) they normalise with the moving
-statistics; in training with the batch's."""
+statistics; in training with the batch's, and update the moving statistics after each call."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from graphkernel.errors import ShapeError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter
 from graphkernel.ops import operations as P
+from graphkernel.ops.functional import assign
 
 
 class _BatchNorm(Cell):
@@ -47,8 +49,20 @@ class _BatchNorm(Cell):
                              f"{x.shape}")
         batch_stats = self.training if self.use_batch_statistics is None else \
             self.use_batch_statistics
-        bn = self.bn_train if batch_stats else self.bn_infer
-        y, *_ = bn(x, self.gamma, self.beta, self.moving_mean, self.moving_variance)
+        if not batch_stats:
+            y, *_ = self.bn_infer(x, self.gamma, self.beta, self.moving_mean,
+                                  self.moving_variance)
+            return y
+        y, mean, variance, _, _ = self.bn_train(x, self.gamma, self.beta, self.moving_mean,
+                                                self.moving_variance)
+        if self.training:
+            # The moving statistics keep `momentum` of themselves (MindSpore's convention), the
+            # variance unbiased; the graph writes them after each call (Graph.assigns).
+            n = math.prod(x.shape) // self.num_features
+            unbiased = variance * (n / max(n - 1, 1))
+            keep = self.momentum
+            assign(self.moving_mean, self.moving_mean * keep + mean * (1 - keep))
+            assign(self.moving_variance, self.moving_variance * keep + unbiased * (1 - keep))
         return y
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import ShapeError
-from graphkernel.frontend.tensor import Tensor
+from graphkernel.errors import GraphModeError, InputError, ShapeError
+from graphkernel.frontend.location import user_location
+from graphkernel.frontend.symbolic import current_graph
+from graphkernel.frontend.tensor import Parameter, Tensor, value_in
 from graphkernel.ops import operations as P
 
 
@@ -175,6 +177,33 @@ def dropout(input: Any, p: float = 0.5, training: bool = True, seed: int | None 
     return out
 
 
+def assign(variable: Any, value: Any) -> Any:
+    """MindSpore's `F.assign`: after the call, the Parameter `variable` holds `value`. In graph
+    mode the graph records it (`Graph.assigns`: the runtime writes the weight after each call);
+    op by op it is written now."""
+    if not isinstance(variable, Parameter):
+        raise InputError(f"assign writes a Parameter, got a {type(variable).__name__}",
+                         user_location())
+    if not isinstance(value, Tensor):
+        value = Tensor(np.asarray(value, variable.dtype))
+    if tuple(value.shape) != variable.shape or value.dtype != variable.dtype:
+        raise InputError(f"assign: {variable.name} is {variable.dtype.name}"
+                         f"{list(variable.shape)}, the value {value.dtype.name}"
+                         f"{list(value.shape)}", user_location())
+    graph = current_graph()
+    if graph is None:
+        variable.set_data(value.asnumpy())
+        return value
+    if graph.parent is not None:
+        raise GraphModeError("assign inside a GraphKernel: assign in the cell that calls it",
+                             user_location())
+    weight = graph.weight(variable)
+    if builtins.any(w is weight for w, _ in graph.graph.assigns):
+        raise GraphModeError(f"{variable.name} is assigned twice in one graph", user_location())
+    graph.graph.assigns.append((weight, value_in(graph, value)))  # type: ignore[arg-type]
+    return value
+
+
 def depend(value: Any, expr: Any) -> Any:
     """MindSpore's ordering hint: `value`, once `expr` has been computed. Every graph here runs
     its ops in the order construct called them, so the order already holds."""
@@ -184,7 +213,7 @@ def depend(value: Any, expr: Any) -> Any:
 MINDSPORE_SIGNATURES = [
     "gelu", "softmax", "log_softmax", "concat", "cat", "stack", "unstack", "unbind", "split",
     "one_hot", "argmax", "argmin", "sum", "mean", "prod", "amax", "amin", "all", "any", "squeeze",
-    "broadcast_to", "layer_norm", "conv2d", "batch_norm", "dropout", "depend",
+    "broadcast_to", "layer_norm", "conv2d", "batch_norm", "dropout", "depend", "assign",
 ]
 
 __all__ = MINDSPORE_SIGNATURES

@@ -1,0 +1,252 @@
+"""Layout ops read through index maps: a fused kernel reads Reshape, ExpandDims, Squeeze,
+Transpose, Slice and StridedSlice of its inputs straight from the producer's dense buffer at
+`offset + sum(i_k * stride_k)`, instead of a copy made between kernels (TVM's injective
+fusion). `sink_views` moves such ops above the elementwise ops that produce their input
+(Transpose(Add(a, b)) -> Add(Transpose(a), Transpose(b))), so that a head split after a bias
+add is read by one kernel from the matmul's result."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opdefs.array import strided_slice_index
+from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.types import TensorType
+
+MAPPABLE = ("Reshape", "ExpandDims", "Squeeze", "Transpose", "Slice", "StridedSlice",
+            "BroadcastTo")
+# Ops sink_views moves below: pure shape relabels and permutations (slices stay: moving them
+# above an op would compute less, but their index arithmetic is per operand).
+SINKABLE = ("Reshape", "ExpandDims", "Squeeze", "Transpose")
+
+
+@dataclass(frozen=True)
+class IndexMap:
+    """Where element (i_0, ..., i_n) of a view lives in its source's dense buffer."""
+
+    source: Value
+    offset: int
+    strides: tuple[int, ...]  # per axis of the view, in elements; 0 where it broadcasts
+
+
+def dense(value: Value) -> IndexMap:
+    strides, acc = [], 1
+    for dim in reversed(value.shape):
+        strides.append(acc)
+        acc *= dim
+    return IndexMap(value, 0, tuple(reversed(strides)))
+
+
+def _reshape(m: IndexMap, old: tuple[int, ...], new: tuple[int, ...]) -> IndexMap | None:
+    """The strides of `new` over the same memory, when they exist (numpy's no-copy reshape):
+    runs of old axes are merged or split only where they are contiguous with each other."""
+    if math.prod(old) == 0:
+        return IndexMap(m.source, m.offset, (0,) * len(new))
+    olds = [(d, s) for d, s in zip(old, m.strides) if d != 1]
+    out: list[int] = []
+    i = 0
+    news = [d for d in new if d != 1]
+    j = 0
+    strides_new: list[int] = []
+    while i < len(olds) and j < len(news):
+        # grow a group of old and new axes with equal element counts
+        oi, nj = i + 1, j + 1
+        po, pn = olds[i][0], news[j]
+        while po != pn:
+            if po < pn:
+                po *= olds[oi][0]
+                oi += 1
+            else:
+                pn *= news[nj]
+                nj += 1
+        for k in range(i, oi - 1):  # the old axes of the group must be one contiguous run
+            if olds[k][1] != olds[k + 1][1] * olds[k + 1][0]:
+                return None
+        stride = olds[oi - 1][1]
+        group: list[int] = []
+        for d in reversed(news[j:nj]):
+            group.append(stride)
+            stride *= d
+        strides_new += reversed(group)
+        i, j = oi, nj
+    it = iter(strides_new)
+    for d in new:
+        out.append(0 if d == 1 else next(it))
+    return IndexMap(m.source, m.offset, tuple(out))
+
+
+def _index(m: IndexMap, shape: tuple[int, ...], index: tuple[Any, ...]) -> IndexMap:
+    """The map of `view[index]` (ints, slices, None, one Ellipsis), numpy's basic indexing."""
+    items = list(index)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        fill = len(shape) - sum(1 for x in items if x is not None and x is not Ellipsis)
+        items[at:at + 1] = [slice(None)] * fill
+    items += [slice(None)] * (len(shape) - sum(1 for x in items if x is not None))
+    offset, strides, axis = m.offset, [], 0
+    for item in items:
+        if item is None:
+            strides.append(0)
+            continue
+        dim, stride = shape[axis], m.strides[axis]
+        axis += 1
+        if isinstance(item, slice):
+            start, _, step = item.indices(dim)
+            offset += start * stride
+            strides.append(step * stride)
+        else:
+            offset += (item % dim) * stride
+    return IndexMap(m.source, offset, tuple(strides))
+
+
+def apply(node: Node, m: IndexMap) -> IndexMap | None:
+    """The map of `node`'s result given its input's map (None: not an affine view)."""
+    x = node.inputs[0].shape
+    if node.op in ("Reshape", "ExpandDims", "Squeeze"):
+        return _reshape(m, x, node.shape)
+    if node.op == "BroadcastTo":  # new leading axes and stretched unit axes read stride 0
+        pad = len(node.shape) - len(x)
+        return IndexMap(m.source, m.offset, (0,) * pad + tuple(
+            0 if d == 1 else s for d, s in zip(x, m.strides)))
+    if node.op == "Transpose":
+        return IndexMap(m.source, m.offset, tuple(m.strides[p] for p in node.attrs["perm"]))
+    if node.op == "Slice":
+        begin, size = node.attrs["begin"], node.attrs["size"]
+        return _index(m, x, tuple(slice(b, d if s == -1 else b + s)
+                                  for b, s, d in zip(begin, size, x)))
+    if node.op == "StridedSlice":
+        attrs = {**get_op("StridedSlice").attr_defaults, **node.attrs}
+        masks = {k: attrs[k] for k in ("begin_mask", "end_mask", "ellipsis_mask",
+                                       "new_axis_mask", "shrink_axis_mask")}
+        return _index(m, x, strided_slice_index(x, attrs["begin"], attrs["end"],
+                                                attrs["strides"], **masks))
+    return None
+
+
+def view_maps(nodes: list[Node], in_group: set[int]) -> dict[int, IndexMap]:
+    """The index map of every mappable node of a group that reads, through a chain of such
+    nodes, a value from outside the group."""
+    maps: dict[int, IndexMap] = {}
+    for node in nodes:
+        if node.op not in MAPPABLE:
+            continue
+        src = node.inputs[0]
+        base = maps.get(src.uid) if src.uid in in_group else \
+            None if isinstance(src, Constant) else dense(src)
+        if base is None:
+            continue
+        mapped = apply(node, base)
+        if mapped is not None:
+            maps[node.uid] = mapped
+    return maps
+
+
+def group_maps(nodes: list[Node], outputs: list[Value]) -> tuple[dict[int, IndexMap], set[int]]:
+    """(the maps a kernel loads through, by node; the mapped nodes only other maps read)."""
+    in_group = {n.uid for n in nodes}
+    maps = view_maps(nodes, in_group)
+    leaves = leaf_maps(nodes, outputs, maps)
+    read = {v.uid for n in nodes if n.uid not in maps for v in n.inputs}
+    read |= {v.uid for v in outputs}
+    return leaves, {uid for uid in maps if uid not in read}
+
+
+def leaf_maps(nodes: list[Node], outputs: list[Value], maps: dict[int, IndexMap]
+              ) -> dict[int, IndexMap]:
+    """The maps a kernel loads through: of nodes some non-view op (or the output) reads.
+    A BroadcastTo, or a view that only adds or drops leading unit axes, read directly by the
+    kernel keeps the plain broadcasting read (no map)."""
+    read = {v.uid for n in nodes if n.uid not in maps for v in n.inputs}
+    read |= {v.uid for v in outputs}
+    by_uid = {n.uid: n for n in nodes}
+    return {uid: m for uid, m in maps.items() if uid in read and not _plain(by_uid[uid], maps)}
+
+
+def _plain(node: Node, maps: dict[int, IndexMap]) -> bool:
+    if node.inputs[0].uid in maps:
+        return False
+    return node.op == "BroadcastTo" or get_op(node.op).view and \
+        _strip_ones(node.inputs[0].shape) == _strip_ones(node.shape)
+
+
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    start = 0
+    while start < len(shape) and shape[start] == 1:
+        start += 1
+    return tuple(shape[start:])
+
+
+# -- moving views above elementwise ops ---------------------------------------------------------
+
+def sink_views(graph: Graph) -> Graph:
+    """Rewrite V(E(x, y, ...)) as E(V(x'), V(y'), ...) for a layout op V whose input is an
+    elementwise op E used only by V (x' is x broadcast to E's shape where it is smaller), until
+    no more apply: the views end on the inputs of the elementwise work, where kernels read them
+    through index maps."""
+    changed = True
+    while changed:
+        changed = False
+        users = graph.users()
+        outputs = {v.uid for v in graph.outputs}
+        for view in list(graph.nodes):
+            src = view.inputs[0] if view.op in SINKABLE and view.subgraph is None else None
+            if not isinstance(src, Node) or not _pointwise(src) or src.uid in outputs or \
+                    len(users[src.uid]) != 1 or \
+                    _strip_ones(src.shape) == _strip_ones(view.shape):  # free where it is
+                continue
+            _sink(graph, view, src)
+            changed = True
+            break
+    return graph
+
+
+def _sink(graph: Graph, view: Node, src: Node) -> None:
+    at = graph.nodes.index(src)
+    new_inputs: list[Value] = []
+    added: list[Node] = []
+    for operand in src.inputs:
+        if isinstance(operand, Constant) and operand.is_scalar:
+            new_inputs.append(operand)
+            continue
+        value = operand
+        if tuple(operand.shape) != tuple(src.shape):
+            value = Node("BroadcastTo", [operand], {"shape": tuple(src.shape)},
+                         _typed(operand, src.shape), f"{view.name}_broadcast", view.loc)
+            added.append(value)
+        moved = Node(view.op, [value], view.attrs, _typed(operand, view.shape), view.name,
+                     view.loc)
+        added.append(moved)
+        new_inputs.append(moved)
+    sub = _retyped(src.subgraph, new_inputs) if src.subgraph is not None else None
+    compute = Node(src.op, new_inputs, src.attrs, view.type, src.name, src.loc, sub)
+    compute.notes = dict(src.notes)
+    graph.nodes[at:at + 1] = added
+    graph.nodes[graph.nodes.index(view)] = compute
+    graph.replace_uses(view, compute)
+
+
+def _pointwise(node: Node) -> bool:
+    """An elementwise op, or a composite of them with one output (an expanded BiasAdd)."""
+    if node.subgraph is None:
+        return get_op(node.op).kind == PatternKind.ELEMWISE
+    return isinstance(node.type, TensorType) and all(
+        n.subgraph is None and get_op(n.op).kind == PatternKind.ELEMWISE
+        for n in node.subgraph.nodes)
+
+
+def _retyped(sub: Graph, operands: list[Value]) -> Graph:
+    """A composite's subgraph for new operand shapes: inputs retyped, every op re-inferred."""
+    new = sub.clone()
+    for inp, operand in zip(new.inputs, operands):
+        inp.type = operand.type
+    for node in new.nodes:
+        opdef = get_op(node.op)
+        node.type = opdef.infer(tuple(v.tensor_type for v in node.inputs),
+                                {**opdef.attr_defaults, **node.attrs})
+    return new
+
+
+def _typed(like: Value, shape: tuple[int, ...]) -> Any:
+    return TensorType(tuple(shape), like.dtype)

@@ -1,0 +1,141 @@
+"""Layout ops read through index maps (graph_kernel/index_maps.py): Reshape, Transpose,
+Slice/StridedSlice, ExpandDims, Squeeze and BroadcastTo of a kernel's inputs fuse into the
+kernel; views move above the elementwise ops that feed them; a Reshape that only leaves the
+kernel is written in place. Fused against unfused against numpy, kernels counted."""
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import nn
+from graphkernel.graph_kernel.index_maps import IndexMap, _reshape
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+
+
+class Fn(nn.Cell):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, *xs):
+        return self.fn(*xs)
+
+
+def fused(fn, *arrays):
+    on = graphkernel.compile(Fn(fn), *arrays, options=ON)
+    off = graphkernel.compile(Fn(fn), *arrays, options=OFF)
+    for a, b in zip(on.run_arrays(*arrays), off.run_arrays(*arrays)):
+        np.testing.assert_array_equal(a, b)
+    return on
+
+
+CASES = {
+    "transpose": (lambda t, c: P.Transpose()(t, (2, 0, 1)) * 2.0,
+                  lambda t, c: t.transpose(2, 0, 1) * 2),
+    "reshape_split": (lambda t, c: P.Reshape()(t, (3, 2, 2, 5)) - 1.0,
+                      lambda t, c: t.reshape(3, 2, 2, 5) - 1),
+    "reshape_merge": (lambda t, c: P.Reshape()(t, (12, 5)) + c[:5],
+                      lambda t, c: t.reshape(12, 5) + c[:5]),
+    "negative_steps": (lambda t, c: t[::-1, 1:4:2, ::-2] * 3.0,
+                       lambda t, c: t[::-1, 1:4:2, ::-2] * 3),
+    "shrink_newaxis": (lambda t, c: t[-1, None, :, 2] + c[None, 4:8],
+                       lambda t, c: t[-1, None, :, 2] + c[None, 4:8]),
+    "ellipsis": (lambda t, c: t[..., 1:] * t[..., :-1], lambda t, c: t[..., 1:] * t[..., :-1]),
+    "slice": (lambda t, c: P.Slice()(t, (1, 0, 2), (2, -1, 3)) * 0.5,
+              lambda t, c: t[1:3, :, 2:5] * 0.5),
+    "broadcast_then_transpose": (
+        lambda t, c: P.Transpose()(P.BroadcastTo((4, 10))(c), (1, 0)) + 1.0,
+        lambda t, c: np.broadcast_to(c, (4, 10)).T + 1),
+    "transpose_into_reduction": (lambda t, c: P.ReduceSum()(P.Transpose()(t, (0, 2, 1)), -1),
+                                 lambda t, c: t.transpose(0, 2, 1).sum(-1)),
+    "size_one_axes": (lambda t, c: P.Transpose()(P.Reshape()(t[:1], (1, 4, 5, 1)),
+                                                 (3, 2, 0, 1)) * 2.0,
+                      lambda t, c: t[:1].reshape(1, 4, 5, 1).transpose(3, 2, 0, 1) * 2),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_layout_ops_of_inputs_fuse_and_match_numpy(name, rng):
+    fn, want = CASES[name]
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    c = rng.standard_normal(10).astype(np.float32)
+    on = fused(fn, x, c)
+    np.testing.assert_allclose(on.run_arrays(x, c)[0], want(x, c), rtol=1e-6)
+    assert [k.backend for k in on.kernels] == ["native"], on.summary()
+
+
+def test_head_split_after_a_bias_add_is_one_kernel(rng):
+    x = rng.standard_normal((2, 6, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+
+    def split(t, w_, b_):
+        y = P.BiasAdd()(P.MatMul(transpose_b=True)(P.Reshape()(t, (12, 8)), w_), b_)
+        return P.Transpose()(P.Reshape()(y, (2, 6, 2, 4)), (0, 2, 1, 3))
+
+    on = fused(split, x, w, b)
+    want = ((x.reshape(12, 8) @ w.T + b).reshape(2, 6, 2, 4)).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(on.run_arrays(x, w, b)[0], want, rtol=1e-5)
+    ops = [k.op_names for k in on.kernels if k.backend == "native"]
+    assert len(ops) == 1 and {"Add", "Transpose"} <= set(ops[0])
+    assert not [k for k in on.kernels if k.op_names in (["Transpose"], ["Reshape", "Add"])]
+
+
+def test_head_merge_is_one_kernel_writing_in_place(rng):
+    ctx = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    on = fused(lambda t: P.Reshape()(P.Transpose()(t, (0, 2, 1, 3)), (10, 12)), ctx)
+    np.testing.assert_array_equal(on.run_arrays(ctx)[0], ctx.transpose(0, 2, 1, 3).reshape(10, 12))
+    assert [k.op_names for k in on.kernels] == [["Transpose", "Reshape"]]
+    assert on.kernels[0].backend == "native"
+
+
+def test_a_view_that_is_not_affine_falls_back_with_a_reason(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    # Reshape of a transposed input cannot be one strided read: the transpose is a kernel of
+    # its own, the reshape of its dense result is read by the next.
+    on = fused(lambda t: P.Reshape()(P.Transpose()(t, (1, 0)), (3, 8)) + 1.0, x)
+    np.testing.assert_array_equal(on.run_arrays(x)[0], x.T.reshape(3, 8) + 1)
+    assert any(r.rule == "shape" and "moves data between axes" in r.detail for r in on.reasons)
+
+
+def test_reshape_maps_follow_numpy():
+    def strides(shape):
+        return tuple(s // 4 for s in np.empty(shape, np.float32).strides)
+
+    base = IndexMap(None, 0, strides((2, 3, 4)))
+    assert _reshape(base, (2, 3, 4), (6, 4)).strides == strides((6, 4))
+    assert _reshape(base, (2, 3, 4), (2, 3, 2, 2)).strides == strides((2, 3, 2, 2))
+    transposed = IndexMap(None, 0, tuple(np.array(strides((2, 3, 4)))[[2, 0, 1]]))
+    assert _reshape(transposed, (4, 2, 3), (4, 6)) is not None  # (2, 3) still contiguous
+    assert _reshape(transposed, (4, 2, 3), (8, 3)) is None  # merges non-contiguous axes
+
+
+def _load(name):
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_encoder_layout_launches_counted():
+    bert = _load("bert_tiny")
+    graphkernel.set_seed(0)
+    net = bert.BertTiny(bert.Config(vocab_size=40, hidden_size=16, num_heads=2,
+                                    intermediate_size=32, max_position=8))
+    ids, mask = bert.make_inputs(2, 8, 40)
+    on = graphkernel.compile(net, ids, mask, options=ON)
+    layout = {"Transpose", "Reshape", "Slice", "StridedSlice", "BroadcastTo"}
+    only_layout = [k.op_names for k in on.kernels if set(k.op_names) <= layout]
+    # Head splits fuse with their bias add. What stays a launch of its own: each layer's head
+    # merge (one generated copy, Transpose + Reshape written in place, before the output
+    # projection's matmul) and x[:, 0] (the [CLS] row) before the pooler's matmul.
+    assert only_layout == [["Transpose", "Reshape"], ["Transpose", "Reshape"],
+                           ["StridedSlice"]], on.summary()
+    assert on.kernel_count == 40, on.summary()  # 55 before layout ops fused
