@@ -347,3 +347,23 @@ def test_typed_declarations_agree_with_the_c_they_emit():
         assert op.vector_math == calls, op.name
         assert not op.vector_math or op.expensive, op.name
         assert (op.reduction is not None) == (op.kind.name == "REDUCE"), op.name
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_abs_wraps_at_the_minimum_like_numpy(dtype):
+    """gcc folded `x < 0 ? -x : x` into an abs it assumed non-negative: fused
+    Sign(Abs(Neg(INT_MIN))) gave 1 where numpy's wrapping gives -1."""
+    class SignAbsNeg(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.sign, self.abs, self.neg = P.Sign(), P.Abs(), P.Neg()
+
+        def construct(self, x):
+            return self.sign(self.abs(self.neg(x))), self.abs(x)
+    x = np.array([np.iinfo(dtype).min, -3, 0, 5, np.iinfo(dtype).max] * 4, dtype)
+    want = (np.sign(np.abs(np.negative(x))), np.abs(x))
+    for fusion in (True, False):
+        exe = graphkernel.compile(SignAbsNeg(), x,
+                                  options=CompileOptions(enable_graph_kernel=fusion))
+        for got, expect in zip(exe.run_arrays(x), want):
+            np.testing.assert_array_equal(got, expect)

@@ -42,8 +42,11 @@ _ew("Exp", 1, same(np.exp), "exp{f}({0})", accepts=F, **VECTOR_MATH)
 _ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, **VECTOR_MATH)
 _ew("Tanh", 1, same(np.tanh), "tanh{f}({0})", accepts=F, **VECTOR_MATH)
 _ew("Erf", 1, same(lambda x: erf_reference(x)), "erf{f}({0})", accepts=F, **VECTOR_MATH)
-# fabs for floats keeps abs(-0.0) == +0.0.
-_ew("Abs", 1, same(np.abs), "(({0} < 0) ? -{0} : {0})", c_float_template="fabs{f}({0})")
+# fabs for floats keeps abs(-0.0) == +0.0. Integers negate through unsigned arithmetic: gcc
+# folds the plain `x < 0 ? -x : x` into an abs it assumes non-negative even under -fwrapv
+# (sign(abs(INT32_MIN)) came out 1; numpy wraps to INT32_MIN, sign -1).
+_ew("Abs", 1, same(np.abs), "(({0} < 0) ? (__typeof__({0}))(0ull - (unsigned long long){0}) : {0})",
+    c_float_template="fabs{f}({0})")
 _ew("Floor", 1, same(np.floor), "floor{f}({0})", accepts=F)
 _ew("Round", 1, same(np.rint), "rint{f}({0})", accepts=F)
 # sign(+-0.0) is +0.0 as in numpy; NaN stays NaN ({0} != {0}).
