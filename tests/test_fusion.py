@@ -314,3 +314,11 @@ def test_reshape_that_moves_data_is_read_through_an_index_map(rng):
     assert sorted(op for k in on.kernels for op in k.op_names) == ["Exp", "Mul", "Reshape"]
     assert len(on.kernels) == 2
     assert any(r.rule == "shape" and "moves data between axes" in r.detail for r in on.reasons)
+
+
+def test_every_composite_op_has_an_expander_and_only_those():
+    """The op table's `composite` flag and graph_kernel/expanders.py agree: flags name
+    expandable ops by the table (graph_kernel/flags.py), fusion expands them by the expanders."""
+    from graphkernel.graph_kernel.expanders import EXPANDERS
+    from graphkernel.ir.opset import OPS
+    assert {n for n, op in OPS.items() if op.composite} == set(EXPANDERS)
