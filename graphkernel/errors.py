@@ -86,6 +86,11 @@ class CacheError(GraphKernelError, PermissionError):
     """The kernel cache folder is unsafe or unusable."""
 
 
+class ToolchainError(GraphKernelError, RuntimeError):
+    """The C compiler graphkernel found (or was given in $CC) does not work: it fails on a
+    one-line C file, or writes no library. Not a graphkernel bug: fix or unset $CC."""
+
+
 class RendererError(GraphKernelError, RuntimeError):
     """No Graphviz renderer is available, or it failed."""
 

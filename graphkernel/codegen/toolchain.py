@@ -1,15 +1,28 @@
-"""The C compiler this machine offers: which one, its version, OpenMP and libmvec support."""
+"""The C compiler this machine offers: which one, its version, OpenMP (and which runtime) and
+libmvec support."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import functools
+import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
+
+from graphkernel.errors import CacheError, ToolchainError
+
+# "llvm" links kernels to LLVM's OpenMP runtime (libomp), "gnu" to GCC's (libgomp); unset: llvm
+# when libomp is installed. libgomp is not fork-safe: a child forked after a parallel region ran
+# hangs in its first one. libomp re-creates its threads in the child.
+OPENMP_ENV = "GRAPHKERNEL_OPENMP"
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,8 @@ class Toolchain:
     # entry point (runtime/c_entry.py).
     python_includes: tuple[str, ...] = ()
     avx512: bool = False
+    # The folder holding LLVM's libomp.so when kernels link to it; "" for GCC's libgomp.
+    openmp_lib: str = ""
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -38,7 +53,49 @@ class Toolchain:
 
     @property
     def libs(self) -> tuple[str, ...]:
-        return ("-lmvec", "-lm") if self.libmvec else ("-lm",)
+        maths = ("-lmvec", "-lm") if self.libmvec else ("-lm",)
+        return _libomp_args(self.openmp_lib) + maths if self.openmp else maths
+
+    @property
+    def openmp_runtime(self) -> str:
+        """Which OpenMP runtime kernels use, in words."""
+        if not self.openmp:
+            return "none"
+        if self.openmp_lib:
+            return f"LLVM libomp ({self.openmp_lib}; fork-safe)"
+        return "GNU libgomp (not fork-safe: forked children run kernels on one thread)"
+
+
+def _libomp_args(folder: str) -> tuple[str, ...]:
+    if not folder:
+        return ()
+    # gcc -fopenmp adds -lgomp at the end of the link: libomp, found first, provides the GOMP_*
+    # entry points gcc emits, and --as-needed keeps libgomp out of the library's dependencies.
+    return (f"-L{folder}", f"-Wl,-rpath,{folder}", "-Wl,--as-needed", "-lomp")
+
+
+def find_libomp() -> str | None:
+    """The folder of LLVM's OpenMP runtime (libomp.so), the newest LLVM first."""
+    def llvm_version(path: str) -> int:
+        found = re.search(r"llvm-(\d+)", path)
+        return int(found.group(1)) if found else 0
+    candidates = sorted(glob.glob("/usr/lib/llvm-*/lib/libomp.so"), key=llvm_version,
+                        reverse=True)
+    candidates += [os.path.join(d, "libomp.so") for d in (
+        "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+        "/usr/local/lib", "/usr/lib")]
+    for path in candidates:
+        if os.path.exists(path):
+            return os.path.dirname(path)
+    return None
+
+
+def _openmp_choice() -> str:
+    choice = os.environ.get(OPENMP_ENV, "").strip().lower()
+    if choice not in ("", "llvm", "gnu"):
+        raise ToolchainError(f"{OPENMP_ENV}={os.environ[OPENMP_ENV]!r} is not an OpenMP runtime: "
+                             "use 'llvm' (LLVM's libomp) or 'gnu' (GCC's libgomp), or unset it")
+    return choice
 
 
 def _try_compile(compiler: str, source: str, args: list[str]) -> bool:
@@ -46,12 +103,48 @@ def _try_compile(compiler: str, source: str, args: list[str]) -> bool:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as fh:
             fh.write(source)
+        out = os.path.join(tmp, "probe.so")
         try:
-            result = subprocess.run([compiler, src, "-o", os.path.join(tmp, "probe.so"),
-                                     "-shared", "-fPIC", *args], capture_output=True, timeout=60)
+            result = subprocess.run([compiler, src, "-o", out, "-shared", "-fPIC", *args],
+                                    capture_output=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return result.returncode == 0
+        return result.returncode == 0 and os.path.isfile(out)
+
+
+def _check_compiler(compiler: str) -> None:
+    """Raise ToolchainError unless `compiler` builds a one-line shared library that this
+    process can load (CC=/bin/false, CC=/bin/true, a cross compiler all fail here)."""
+    named = f"$CC={os.environ['CC']!r} ({compiler})" if os.environ.get("CC") and \
+        shutil.which(os.environ["CC"]) == compiler else compiler
+    advice = "set CC to a working gcc or clang" if os.environ.get("CC") else \
+        "repair it, or set CC to a working gcc or clang"
+    with tempfile.TemporaryDirectory(prefix="graphkernel-probe-") as tmp:
+        src, out = os.path.join(tmp, "check.c"), os.path.join(tmp, "check.so")
+        with open(src, "w", encoding="ascii") as fh:
+            fh.write("int gk_probe(void) { return 42; }\n")
+        try:
+            result = subprocess.run([compiler, "-shared", "-fPIC", src, "-o", out],
+                                    capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ToolchainError(f"the C compiler {named} cannot be run: {exc}; {advice}") \
+                from None
+        if result.returncode != 0:
+            said = result.stderr.strip()[-1500:] or "nothing on stderr"
+            raise ToolchainError(f"the C compiler {named} fails on a one-line C file (exit "
+                                 f"status {result.returncode}: {said}); {advice}")
+        if not os.path.isfile(out):
+            raise ToolchainError(f"the C compiler {named} exited with status 0 but wrote no "
+                                 f"library for a one-line C file; {advice}")
+        try:
+            probe = ctypes.CDLL(out)
+            answer = probe.gk_probe()
+        except (OSError, AttributeError) as exc:
+            raise ToolchainError(f"the C compiler {named} builds libraries this process cannot "
+                                 f"load ({exc}); {advice}") from None
+        if answer != 42:
+            raise ToolchainError(f"a library built by the C compiler {named} returned {answer} "
+                                 f"where it should return 42; {advice}")
 
 
 _MVEC_PROBE = """#include <math.h>
@@ -63,9 +156,14 @@ void f(float *restrict x, int n) {
 }
 """
 
+_OMP_PROBE = """void f(float *x, long n) {
+#pragma omp parallel for schedule(static)
+  for (long i = 0; i < n; ++i) x[i] += 1.0f;
+}
+"""
 
 # Bump when the probe or the Toolchain fields change, so saved probes are redone.
-_PROBE_VERSION = 4
+_PROBE_VERSION = 5
 
 
 def find_compiler() -> str | None:
@@ -89,6 +187,7 @@ def _python_includes() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1)
 def detect() -> Toolchain | None:
     """The toolchain, or None when no C compiler exists (fused groups then run on numpy).
+    A compiler that does not work is a ToolchainError.
 
     Probing runs the compiler a few times (~0.3 s); the result is kept in the private cache
     folder, keyed by the compiler's path, size and modification time, so a new process reuses
@@ -96,43 +195,77 @@ def detect() -> Toolchain | None:
     compiler = find_compiler()
     if compiler is None:
         return None
+    choice = _openmp_choice()
+    libomp = find_libomp() if choice != "gnu" else None
+    if choice == "llvm" and libomp is None:
+        raise ToolchainError(f"{OPENMP_ENV}=llvm but LLVM's OpenMP runtime (libomp.so) is not "
+                             "installed (Debian/Ubuntu: apt-get install libomp-dev)")
+    found = _detect(compiler, libomp)
+    if found.openmp and not found.openmp_lib:
+        _serial_gnu_openmp_after_fork()
+    return found
+
+
+def _detect(compiler: str, libomp: str | None) -> Toolchain:
     from graphkernel.codegen import cache
+    folder_name = cache.cache_dir()  # a bad cache setting is an error here, at first use
     try:
         info = os.stat(compiler)
-        folder = cache.ensure_private_dir(cache.cache_dir())
-    except (OSError, cache.CacheError):
-        return _probe(compiler)
+        folder = cache.ensure_private_dir(folder_name)
+    except (OSError, CacheError):
+        return _probe(compiler, libomp)  # the build reports an unusable cache folder
     # The interpreter and numpy stand for their include folders here: finding those imports
     # sysconfig (2 ms of every warm start); the probe itself records them.
     import numpy
     stamp = (f"{_PROBE_VERSION}|{compiler}|{info.st_size}|{info.st_mtime_ns}|"
-             f"{sys.executable}|{sys.version}|{numpy.__version__}|{cpu_signature()}")
+             f"{sys.executable}|{sys.version}|{numpy.__version__}|{cpu_signature()}|{libomp}")
     path = os.path.join(folder, "toolchain.json")
     try:
         with open(path, encoding="utf-8") as fh:
             saved = json.load(fh)
-        if saved.get("stamp") == stamp:
-            fields = saved["toolchain"]
+        if isinstance(saved, dict) and saved.get("stamp") == stamp:
+            fields = dict(saved["toolchain"])
             fields["python_includes"] = tuple(fields["python_includes"])
             return Toolchain(**fields)
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    found = _probe(compiler)
-    if found is not None:
-        tmp = f"{path}.{os.getpid()}.tmp"
+        pass  # missing, unreadable or not ours: probe again and replace it
+    found = _probe(compiler, libomp)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump({"stamp": stamp, "toolchain": dataclasses.asdict(found)}, fh)
+        cache.clear_empty_folder(path)
         os.replace(tmp, path)
+    except OSError as exc:
+        # Not saving the probe costs the next process 0.3 s, not a failure: say why once.
+        if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.ELOOP):
+            cache.warn_once(f"graphkernel: cannot save the compiler probe as {path} "
+                            f"({exc.strerror}): each process probes the compiler again (about "
+                            f"0.3 s). Remove {path} to let graphkernel write it")
+        else:
+            cache.note_unwritable(folder, exc)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return found
 
 
-def _probe(compiler: str) -> Toolchain | None:
+def _probe(compiler: str, libomp: str | None) -> Toolchain:
+    _check_compiler(compiler)
     try:
         out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
         version = out.stdout.splitlines()[0].strip() if out.stdout else "unknown"
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    openmp = _try_compile(compiler, "int f(void){return 0;}\n", ["-fopenmp"])
+        version = "unknown"
+    openmp = _try_compile(compiler, _OMP_PROBE, ["-fopenmp"])
+    openmp_lib = ""
+    if openmp and libomp and _try_compile(compiler, _OMP_PROBE,
+                                          ["-fopenmp", *_libomp_args(libomp)]):
+        openmp_lib = libomp
+    elif openmp and libomp and os.environ.get(OPENMP_ENV, "").strip().lower() == "llvm":
+        raise ToolchainError(f"{OPENMP_ENV}=llvm but {compiler} cannot link OpenMP code to "
+                             f"LLVM's libomp in {libomp}")
     libmvec = _try_compile(compiler, _MVEC_PROBE, ["-O3", "-march=native", "-fopenmp-simd",
                                                    "-fno-math-errno", "-lmvec", "-lm"])
     includes = _python_includes()
@@ -141,7 +274,31 @@ def _probe(compiler: str) -> Toolchain | None:
                                      [f"-I{d}" for d in includes]):
         includes = ()
     avx512 = "avx512f" in cpu_signature().split()
-    return Toolchain(compiler, version, openmp, libmvec, includes, avx512)
+    return Toolchain(compiler, version, openmp, libmvec, includes, avx512, openmp_lib)
+
+
+_guarded_fork = False
+
+
+def _serial_gnu_openmp_after_fork() -> None:
+    """GNU libgomp cannot start threads in a child forked after a parallel region ran (the
+    child hangs). Where kernels use it, a forked child runs them on one thread instead."""
+    global _guarded_fork
+    if not _guarded_fork:
+        _guarded_fork = True
+        os.register_at_fork(after_in_child=_one_thread_in_child)
+
+
+def _one_thread_in_child() -> None:
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return  # no kernel was loaded: the child starts libgomp afresh
+    gomp.omp_set_num_threads(1)
+    warnings.warn("graphkernel: this process was forked from one that ran kernels with GNU "
+                  "OpenMP (libgomp), which cannot start threads after a fork: kernels here run "
+                  "on one thread. Install LLVM's OpenMP runtime (apt-get install libomp-dev) "
+                  "for parallel kernels in forked processes.", RuntimeWarning, stacklevel=2)
 
 
 @functools.lru_cache(maxsize=1)
