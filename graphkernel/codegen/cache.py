@@ -1,29 +1,90 @@
 """The on-disk kernel cache: private to the user, keyed by everything that shapes the binary,
-written atomically, checked before it is loaded."""
+written atomically, checked before it is loaded.
+
+A folder that cannot take new files (read-only, full, a folder where a file should be) is not
+an error: libraries already in it still load, and this process builds new ones in a private
+temporary folder of its own, after one warning that says why."""
 from __future__ import annotations
 
+import atexit
+import contextlib
+import errno
 import fcntl
 import hashlib
+import math
 import os
+import pwd
+import shutil
 import stat
 import subprocess
 import tempfile
+import time
+import warnings
+from collections.abc import Iterator
 
-from graphkernel.errors import CacheError, CompileError
+from graphkernel.errors import CacheError, CompileError, ToolchainError
 
 LIBRARY_SUFFIX = ".so"
 # After each build the cache is trimmed to this size, least recently used libraries first;
 # GRAPHKERNEL_CACHE_MAX_MB overrides it.
 DEFAULT_MAX_BYTES = 1 << 30
+COMPILE_TIMEOUT = 600  # seconds
+# A temporary or lock file this much older than any build can take was left by a killed
+# process: trimming removes it.
+STALE_SECONDS = 2 * COMPILE_TIMEOUT
 _KEY_CHARS = frozenset("0123456789abcdef")
+# Errors that say a folder cannot take a new file (as opposed to a broken compiler).
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                 errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EEXIST, errno.ENOTEMPTY)
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the cache lives
+
+def _home() -> str:
+    """$HOME when it is an absolute path, else the home folder in the password database."""
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home):
+        return home
+    try:
+        recorded = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        recorded = ""
+    if not os.path.isabs(recorded):
+        raise CacheError(f"HOME={home!r} is not an absolute path and uid {os.getuid()} has no home "
+                         "folder in the password database, so there is no place for the kernel "
+                         "cache: set GRAPHKERNEL_CACHE_DIR to a folder of your own")
+    warn_once(f"graphkernel: HOME={home!r} is not an absolute path; the kernel cache goes under "
+               f"the home folder of uid {os.getuid()} in the password database ({recorded}). "
+               "Set GRAPHKERNEL_CACHE_DIR to choose another folder")
+    return recorded
 
 
 def cache_dir() -> str:
-    """$GRAPHKERNEL_CACHE_DIR, else $XDG_CACHE_HOME/graphkernel, else ~/.cache/graphkernel."""
+    """$GRAPHKERNEL_CACHE_DIR, else $XDG_CACHE_HOME/graphkernel, else ~/.cache/graphkernel.
+
+    A relative XDG_CACHE_HOME is ignored, as the XDG base directory specification says (it
+    would put the cache under whatever folder the program runs in). Also checks the cache's
+    settings, so that a bad GRAPHKERNEL_CACHE_MAX_MB is an error at the cache's first use."""
+    max_bytes()
     env = os.environ.get("GRAPHKERNEL_CACHE_DIR")
     if env:
         return os.path.abspath(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and not os.path.isabs(xdg):
+        warn_once(f"graphkernel: XDG_CACHE_HOME={xdg!r} is not an absolute path, so it is "
+                   "ignored (as the XDG base directory specification says); the kernel cache "
+                   "goes under ~/.cache. Set GRAPHKERNEL_CACHE_DIR to choose another folder")
+        xdg = ""
+    base = xdg or os.path.join(_home(), ".cache")
     return os.path.join(base, "graphkernel")
 
 
@@ -46,6 +107,76 @@ def ensure_private_dir(path: str) -> str:
     return path
 
 
+def open_folder() -> str:
+    """The cache folder, created private if missing. One that is unsafe is refused (CacheError);
+    one that cannot be created falls back, with a warning, to this process's temporary cache."""
+    folder = cache_dir()
+    try:
+        return ensure_private_dir(folder)
+    except CacheError as exc:
+        if isinstance(exc.__cause__, OSError):  # could not be created: not a safety problem
+            return cannot_write(folder, exc.__cause__)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# A folder that cannot take new files
+
+_fallback: dict[int, str] = {}  # pid -> this process's temporary cache (not a forked parent's)
+
+
+def _remove_fallback(folder: str, owner: int) -> None:
+    if os.getpid() == owner:  # a forked child leaves its parent's folder alone
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def fallback_folder() -> str | None:
+    """This process's private temporary cache, if it needed one."""
+    return _fallback.get(os.getpid())
+
+
+def note_unwritable(folder: str, exc: OSError) -> None:
+    """Warn, once per folder, that `folder` cannot take new files."""
+    warn_once(f"graphkernel: cannot write to the kernel cache folder {folder} "
+               f"({exc.strerror or exc}); kernels it already holds still load, and new ones are "
+               "built in a private temporary folder for this process only, so they are compiled "
+               "again by the next process. Make the folder writable or free some space, or set "
+               "GRAPHKERNEL_CACHE_DIR to another folder.")
+
+
+def cannot_write(folder: str, exc: OSError) -> str:
+    """Warn (once per folder) that `folder` cannot take new files, and return this process's
+    private temporary cache (created 0700, removed at exit)."""
+    note_unwritable(folder, exc)
+    pid = os.getpid()
+    if pid not in _fallback:
+        try:
+            made = tempfile.mkdtemp(prefix="graphkernel-cache-")  # 0700, owned by us
+        except OSError as again:
+            raise CacheError(f"cannot write to the kernel cache folder {folder} ({exc}), nor "
+                             f"create a temporary one in {tempfile.gettempdir()} ({again}): "
+                             "free some disk space, or set GRAPHKERNEL_CACHE_DIR (and TMPDIR) "
+                             "to a writable folder") from again
+        _fallback[pid] = made
+        atexit.register(_remove_fallback, made, pid)
+    return _fallback[pid]
+
+
+def _is_write_failure(exc: OSError) -> bool:
+    return exc.errno in _WRITE_ERRNOS
+
+
+def clear_empty_folder(path: str) -> None:
+    """An empty folder where a cache file belongs is removed (nothing is lost); anything else
+    there stays, and writing the file then fails with a clear warning."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and entries
+
 def cache_key(source: str, compiler: str, version: str, flags: tuple[str, ...],
               package_version: str, cpu: str) -> str:
     h = hashlib.sha256()
@@ -63,42 +194,97 @@ def _digest(path: str) -> str:
     return h.hexdigest()
 
 
-def lookup(folder: str, key: str) -> str | None:
-    """The cached library's path if present and intact; a corrupt entry is removed."""
+def _lookup_in(folder: str, key: str) -> str | None:
     lib = os.path.join(folder, key + LIBRARY_SUFFIX)
     sums = lib + ".sha256"
-    if not (os.path.exists(lib) and os.path.exists(sums)):
+    if not (os.path.isfile(lib) and os.path.isfile(sums)):
         return None
     try:
         with open(sums, encoding="ascii") as fh:
             expected = fh.read().strip()
-        if _digest(lib) == expected:
-            os.utime(lib)  # recently used: trimming removes the oldest first
-            return lib
-    except OSError:
+        actual = _digest(lib)
+    except (OSError, ValueError):
         return None
-    for path in (lib, sums):  # truncated or tampered: rebuild
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    if actual == expected:
+        # Recently used: trimming removes the oldest first (a read-only folder keeps its time).
+        with contextlib.suppress(OSError):
+            os.utime(lib)
+        return lib
+    remove(folder, key)  # truncated or tampered: rebuild
     return None
+
+
+def lookup(folder: str, key: str) -> str | None:
+    """The cached library's path if present and intact (in `folder`, or in this process's
+    temporary cache); a corrupt entry is removed."""
+    found = _lookup_in(folder, key)
+    spare = fallback_folder()
+    if found is None and spare is not None and spare != folder:
+        found = _lookup_in(spare, key)
+    return found
+
+
+def remove(folder: str, key: str) -> None:
+    """Remove a cache entry (a library that failed its checks): the next build replaces it."""
+    for ext in (LIBRARY_SUFFIX, LIBRARY_SUFFIX + ".sha256"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, key + ext))
+
+
+@contextlib.contextmanager
+def _key_lock(folder: str, key: str) -> Iterator[None]:
+    """Hold `<key>.lock` exclusively. The holder removes it when done, so lock files do not
+    pile up; a waiter that then gets a removed file's lock tries again with a fresh one."""
+    path = os.path.join(folder, key + ".lock")
+    clear_empty_folder(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                current = None
+            if current is not None and os.path.samestat(os.fstat(fd), current):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # still holding it: see above
+        os.close(fd)
 
 
 def build(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
           libs: tuple[str, ...]) -> str:
     """Compile `source` into the cache under `key`; safe when processes race on the same key:
-    a lock file serialises builders, and the loser finds the winner's library."""
-    lock_path = os.path.join(folder, key + ".lock")
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            found = lookup(folder, key)
-            if found is not None:
-                return found
-            built = _build_locked(folder, key, source, compiler, flags, libs)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    a lock file serialises builders, and the loser finds the winner's library. When `folder`
+    cannot take the library, it is built in this process's temporary cache instead."""
+    try:
+        return _build_in(folder, key, source, compiler, flags, libs)
+    except OSError as exc:
+        if not _is_write_failure(exc):
+            raise
+        spare = cannot_write(folder, exc)
+    try:
+        return _build_in(spare, key, source, compiler, flags, libs)
+    except OSError as again:
+        raise CacheError(f"cannot write a compiled kernel to the cache folder {folder} nor to "
+                         f"the temporary folder {spare}: {again}. Free some disk space, or set "
+                         "GRAPHKERNEL_CACHE_DIR to a writable folder") from again
+
+
+def _build_in(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
+              libs: tuple[str, ...]) -> str:
+    with _key_lock(folder, key):
+        found = _lookup_in(folder, key)
+        if found is not None:
+            return found
+        built = _build_locked(folder, key, source, compiler, flags, libs)
     trim(folder, max_bytes(), keep=key)
     return built
 
@@ -142,20 +328,64 @@ def max_bytes() -> int:
     try:
         megabytes = float(text)
     except ValueError:
-        megabytes = -1.0
-    if not megabytes >= 0:
-        raise CacheError(f"GRAPHKERNEL_CACHE_MAX_MB={text!r} is not a size in megabytes")
+        megabytes = math.nan
+    if not (math.isfinite(megabytes) and megabytes >= 0):
+        raise CacheError(f"GRAPHKERNEL_CACHE_MAX_MB={text!r} is not a size in megabytes (a "
+                         "finite number, 0 or more; the default is "
+                         f"{DEFAULT_MAX_BYTES >> 20})")
     return int(megabytes * (1 << 20))
+
+
+# ---------------------------------------------------------------------------------------------
+# Trimming
+
+def _is_key(text: str) -> bool:
+    return len(text) == 32 and set(text) <= _KEY_CHARS
+
+
+def _remove_stale(folder: str, name: str, now: float) -> None:
+    """Remove a build's temporary file or a lock file left by a killed process."""
+    path = os.path.join(folder, name)
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < STALE_SECONDS:
+        return
+    if not name.endswith(".lock"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    try:  # a lock file is removed only by whoever holds it (see _key_lock)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+            os.unlink(path)
+    except OSError:
+        pass  # held by a live builder, or gone
+    finally:
+        os.close(fd)
 
 
 def trim(folder: str, limit: int, keep: str = "") -> list[str]:
     """Remove the least recently used libraries until the cache holds at most `limit` bytes
     (never `keep`, the one just built); return the keys removed. A process that loaded a
-    removed library keeps it; one about to load it finds it gone and rebuilds."""
+    removed library keeps it; one about to load it finds it gone and rebuilds. Temporary and
+    lock files older than STALE_SECONDS (left by killed builds) are removed too."""
     entries = []
+    now = time.time()
     for name in os.listdir(folder):
-        key = name[:-len(LIBRARY_SUFFIX)]
-        if not name.endswith(LIBRARY_SUFFIX) or len(key) != 32 or not set(key) <= _KEY_CHARS:
+        key, dot, rest = name.partition(".")
+        if _is_key(key) and dot and rest not in ("so", "so.sha256"):
+            _remove_stale(folder, name, now)  # <key>.<random>.c, .tmp.so, .lock
+            continue
+        if name.startswith("toolchain.json.") and name.endswith(".tmp"):
+            _remove_stale(folder, name, now)
+            continue
+        if rest != "so" or not _is_key(key):
             continue
         paths = [os.path.join(folder, key + ext)
                  for ext in (LIBRARY_SUFFIX, LIBRARY_SUFFIX + ".sha256")]
@@ -173,14 +403,42 @@ def trim(folder: str, limit: int, keep: str = "") -> list[str]:
             break
         if key == keep:
             continue
-        for path in paths + [os.path.join(folder, key + ".lock")]:
-            try:
+        for path in paths:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
         total -= size
         removed.append(key)
     return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling
+
+def _write_failure_in(stderr: str) -> OSError | None:
+    """The compiler's own report that it could not write its output, as an OSError."""
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        if os.strerror(code) in stderr:
+            return OSError(code, os.strerror(code) + " (the C compiler: "
+                           + stderr.strip()[-300:] + ")")
+    return None
+
+
+def _compiler_fails_on_trivial_code(compiler: str) -> str | None:
+    """What the compiler says on a one-line C file, when it fails on that too."""
+    with tempfile.TemporaryDirectory(prefix="graphkernel-check-") as tmp:
+        src, out = os.path.join(tmp, "check.c"), os.path.join(tmp, "check.so")
+        with open(src, "w", encoding="ascii") as fh:
+            fh.write("int gk_check(void) { return 1; }\n")
+        try:
+            result = subprocess.run([compiler, "-shared", "-fPIC", src, "-o", out],
+                                    capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        if result.returncode != 0:
+            return f"exit status {result.returncode}: {result.stderr.strip()[-2000:]}"
+        if not os.path.isfile(out):
+            return "it exited with status 0 but wrote no library"
+    return None
 
 
 def _build_locked(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
@@ -188,23 +446,39 @@ def _build_locked(folder: str, key: str, source: str, compiler: str, flags: tupl
     lib = os.path.join(folder, key + LIBRARY_SUFFIX)
     fd, tmp_src = tempfile.mkstemp(prefix=key + ".", suffix=".c", dir=folder)
     tmp_lib = tmp_src[:-2] + ".tmp.so"
+    sums_tmp = tmp_lib + ".sha256"
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(source)
         cmd = [compiler, *flags, tmp_src, "-o", tmp_lib, *libs]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
+        except OSError as exc:  # not executable, vanished: the compiler's problem, not ours
+            raise ToolchainError(f"cannot run the C compiler {compiler}: {exc}. Set CC to a "
+                                 "working gcc or clang") from exc
         if result.returncode != 0:
+            write_failure = _write_failure_in(result.stderr)
+            if write_failure is not None:
+                raise write_failure
+            broken = _compiler_fails_on_trivial_code(compiler)
+            if broken is not None:
+                raise ToolchainError(f"the C compiler {compiler} fails even on a one-line C file "
+                                     f"({broken}); set CC to a working gcc or clang")
             raise CompileError("the C compiler rejected generated code (a graphkernel bug):\n"
                                f"$ {' '.join(cmd)}\n{result.stderr[-4000:]}")
+        if not os.path.isfile(tmp_lib):
+            raise ToolchainError(f"the C compiler {compiler} exited with status 0 but wrote no "
+                                 f"library ({tmp_lib}); set CC to a working gcc or clang")
         digest = _digest(tmp_lib)
-        sums_tmp = tmp_lib + ".sha256"
         with open(sums_tmp, "w", encoding="ascii") as fh:
             fh.write(digest + "\n")
         # The checksum lands first: a reader that sees the new library also sees its checksum.
+        for path in (lib + ".sha256", lib):
+            clear_empty_folder(path)
         os.replace(sums_tmp, lib + ".sha256")
         os.replace(tmp_lib, lib)
         return lib
     finally:
-        for path in (tmp_src, tmp_lib):
-            if os.path.exists(path):
+        for path in (tmp_src, tmp_lib, sums_tmp):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
