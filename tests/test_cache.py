@@ -830,3 +830,49 @@ def test_a_relative_xdg_cache_home_is_ignored(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("XDG_CACHE_HOME", "cachedir")
     with pytest.warns(RuntimeWarning, match="XDG_CACHE_HOME='cachedir' is not an absolute path"):
         assert cache.cache_dir() == str(tmp_path / "home" / ".cache" / "graphkernel")
+
+
+@needs_cc
+def test_a_planted_library_without_the_kernels_is_rebuilt(cache_folder: str,
+                                                          tmp_path: Any) -> None:
+    import hashlib
+    tc = toolchain.detect()
+    assert tc is not None
+    path, _ = _fresh_process_result(cache_folder)
+    planted = tmp_path / "planted.c"
+    planted.write_text("int planted(void) { return 7; }\n")
+
+    def plant() -> None:
+        # A real library that loads, with a checksum that matches, but not the kernels.
+        subprocess.run([tc.compiler, "-shared", "-fPIC", str(planted), "-o", path], check=True)
+        with open(path, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()
+        with open(path + ".sha256", "w") as fh:
+            fh.write(digest + "\n")
+
+    plant()
+    rebuilt, from_cache = _fresh_process_result(cache_folder)
+    assert rebuilt == path and not from_cache
+    assert _fresh_process_result(cache_folder) == (path, True)  # repaired for later runs
+    # In this process, which loads the planted library first: repaired and loaded afresh.
+    plant()
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    exe = _compile(x)
+    assert exe.library_path == path and not exe.from_cache
+    np.testing.assert_allclose(exe.run_arrays(x)[0], np.exp(x * 2.0 + 1.0) - x, rtol=1e-6)
+    assert not [n for n in os.listdir(cache_folder) if n.endswith(".load")]
+
+
+@needs_cc
+def test_a_cache_folder_that_cannot_be_created_falls_back(tmp_path: Any, fresh_cache_state: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    folder = str(blocker / "kernels")
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", folder)
+    x = np.ones((14,), np.float32)
+    with pytest.warns(RuntimeWarning, match=f"cannot write to the kernel cache folder {folder}"):
+        exe = _compile(x)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], np.exp(3.0) - 1, rtol=1e-6)
+    assert exe.library_path.startswith(cache.fallback_folder() or "?")
+    assert _compile(x).from_cache  # the temporary cache serves this process's next compile

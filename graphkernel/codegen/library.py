@@ -2,6 +2,7 @@
 once, cached on disk, loaded with ctypes."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.machinery
@@ -18,6 +19,7 @@ from graphkernel._version import __version__
 from graphkernel.codegen import cache, toolchain
 from graphkernel.codegen.c_emitter import KernelSource
 from graphkernel.codegen.c_text import PRELUDE
+from graphkernel.errors import CompileError
 
 KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]
 
@@ -58,30 +60,37 @@ def build_library(kernels: list[KernelSource],
         module = "gk_" + hashlib.sha256(source.encode()).hexdigest()[:24]
         source += "\n" + entry(module)
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
-    folder = cache.ensure_private_dir(cache.cache_dir())
+    folder = cache.open_folder()
     key = _key(tc, source, flags, module is not None)
     path = cache.lookup(folder, key)
     from_cache = path is not None
     if path is None:
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs)
-    lib = _loaded.get(path)
-    if lib is None:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            # Unloadable although the checksum matched (e.g. built for another libc): rebuild.
-            os.unlink(path)
-            path = cache.build(folder, key, source, tc.compiler, flags, tc.libs)
-            lib = ctypes.CDLL(path)
-            from_cache = False
-        _loaded[path] = lib
+    names = [k.name for k in kernels] + ([f"PyInit_{module}"] if module else [])
+    lib, load_name, problem = _open(path, names)
+    if problem is not None:
+        # Its checksum matched, yet it does not load or lacks the kernels' symbols (planted,
+        # built for another libc): remove it, build it again, and load the new one.
+        cache.remove(os.path.dirname(path), key)
+        path = cache.build(folder, key, source, tc.compiler, flags, tc.libs)
+        from_cache = False
+        lib, load_name, problem = _open(path, names, fresh=lib is not None)
+        if problem is not None:
+            raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
+                               "graphkernel bug)")
+    assert lib is not None
     functions = {}
     for k in kernels:
         fn = getattr(lib, k.name)
         fn.argtypes = [ctypes.c_void_p]
         fn.restype = None
         functions[k.name] = fn
-    entry = _load_entry(path, module) if module else None
+    try:
+        entry = _load_entry(load_name, module) if module else None
+    finally:
+        if load_name != path:
+            with contextlib.suppress(OSError):
+                os.unlink(load_name)
     return BuiltLibrary(path, source, from_cache, functions, entry)
 
 
@@ -100,6 +109,35 @@ def library_key(source: str, with_entry: bool) -> str | None:
         return None
     flags = tc.flags + (tuple(f"-I{d}" for d in tc.python_includes) if with_entry else ())
     return _key(tc, source, flags, with_entry)
+
+
+def _open(path: str, names: list[str], fresh: bool = False
+          ) -> tuple[ctypes.CDLL | None, str, str | None]:
+    """Load the library at `path` (once per process) and check that it exports `names`: the
+    library, the name it was opened under, and what is wrong with it (None when nothing)."""
+    load_name = path
+    lib = None if fresh else _loaded.get(path)
+    if lib is None:
+        if fresh:
+            # The loader knows a library by the name it was opened under and would hand back
+            # the bad one it loaded from `path`: open the new file under a name of its own.
+            load_name = f"{path}.{os.getpid()}.load"
+            with contextlib.suppress(OSError):
+                os.unlink(load_name)
+            try:
+                os.link(path, load_name)
+            except OSError:
+                load_name = path
+        try:
+            lib = ctypes.CDLL(load_name)
+        except OSError as exc:
+            return None, load_name, f"does not load ({exc})"
+        _loaded[path] = lib
+    missing = [n for n in names if not hasattr(lib, n)]
+    if missing:
+        _loaded.pop(path, None)
+        return lib, load_name, f"does not export {', '.join(missing)}"
+    return lib, load_name, None
 
 
 def _load_entry(path: str, module: str) -> Any:
