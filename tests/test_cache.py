@@ -876,3 +876,27 @@ def test_a_cache_folder_that_cannot_be_created_falls_back(tmp_path: Any, fresh_c
     np.testing.assert_allclose(exe.run_arrays(x)[0], np.exp(3.0) - 1, rtol=1e-6)
     assert exe.library_path.startswith(cache.fallback_folder() or "?")
     assert _compile(x).from_cache  # the temporary cache serves this process's next compile
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"CC": "/bin/false"}, "compiler : BROKEN - the C compiler $CC='/bin/false'"),
+    ({"GRAPHKERNEL_CACHE_MAX_MB": "inf"}, "cache    : REFUSED - GRAPHKERNEL_CACHE_MAX_MB='inf'")])
+def test_doctor_reports_a_broken_compiler_or_cache_setting(
+        env: dict[str, str], line: str, cache_folder: str, fresh_cache_state: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphkernel.tools.doctor import doctor
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    text, ok = doctor()
+    assert not ok and line in text, text
+
+
+@needs_cc
+def test_doctor_says_a_cache_folder_is_read_only(cache_folder: str) -> None:
+    from graphkernel.tools.doctor import doctor
+    os.makedirs(cache_folder, mode=0o700)
+    text, _ = doctor()
+    assert "READ-ONLY" not in text
+    with read_only(cache_folder):
+        text, _ = doctor()
+    assert "READ-ONLY: its kernels load, new ones are built in a temporary folder" in text

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -13,8 +16,9 @@ from graphkernel import Tensor, nn
 from graphkernel.errors import ContextError, DumpError
 from graphkernel.frontend import context
 from graphkernel.ops import operations as P
-from graphkernel.passes.manager import MANIFEST
+from graphkernel.passes.dumper import MANIFEST
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 X = np.arange(12, dtype=np.float32).reshape(3, 4)
 
 
@@ -149,7 +153,7 @@ def test_save_graphs_path_that_is_not_writable(tmp_path: Any,
 
 
 def test_clean_up_removes_only_graphkernels_own_dumps(tmp_path: Any) -> None:
-    from graphkernel.passes.manager import Dumper
+    from graphkernel.passes.dumper import Dumper
     (tmp_path / "notes.txt").write_text("mine")
     _dump_to(tmp_path)
     edited = tmp_path / "0_trace.ir"
@@ -165,3 +169,58 @@ def test_clean_up_removes_only_graphkernels_own_dumps(tmp_path: Any) -> None:
     edited.unlink()
     _dump_to(tmp_path)
     assert Dumper(str(tmp_path)).clean() and _files(tmp_path) == {"notes.txt"}
+
+
+_SHARED_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    sys.path.insert(0, {root!r})
+    from graphkernel import Tensor, nn
+    from graphkernel.frontend import context
+    from graphkernel.ops import operations as P
+
+    class Net(nn.Cell):
+        def construct(self, x):
+            return P.Exp()(x * 2.0 + 1.0) * 0.5
+
+    folder, start, rounds = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    context.set_context(save_graphs=True, save_graphs_path=folder, enable_graph_kernel=True,
+                        graph_kernel_flags="--dump_as_text")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    while time.time() < start:
+        time.sleep(0.001)
+    for _ in range(rounds):
+        out = Net()(Tensor(x)).asnumpy()
+        assert np.allclose(out, np.exp(x * 2.0 + 1.0) * 0.5, rtol=1e-6)
+    print("ok")
+""")
+
+
+def test_processes_sharing_one_save_graphs_path(tmp_path: Any) -> None:
+    import hashlib
+    import time
+    folder = tmp_path / "shared"
+    script = tmp_path / "shared.py"
+    script.write_text(_SHARED_SCRIPT.format(root=ROOT))
+    env = dict(os.environ, GRAPHKERNEL_CACHE_DIR=str(tmp_path / "cache"))
+    # Compile once first so that the processes race on the dumps, not on gcc.
+    subprocess.run([sys.executable, str(script), str(tmp_path / "warm"), "0", "1"], env=env,
+                   check=True, capture_output=True, timeout=300)
+    start = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, str(script), str(folder), str(start), "3"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(8)]
+    results = [p.communicate(timeout=300) for p in procs]
+    failed = [err[-600:] for p, (_, err) in zip(procs, results) if p.returncode != 0]
+    assert failed == [], failed
+    # The manifest lists every dump with the checksum of what is there: the folder stays usable.
+    manifest = json.loads((folder / MANIFEST).read_text())["files"]
+    files = _files(folder) - {MANIFEST}
+    files = {f for f in files if not f.startswith("graph_kernel_dump" + os.sep)}
+    assert set(manifest) == files
+    for name, digest in manifest.items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+    assert not [f for f in _files(folder) if f.endswith((".tmp", ".lock"))]
+    again = subprocess.run([sys.executable, str(script), str(folder), "0", "1"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr

@@ -136,3 +136,33 @@ def test_a_multiprocessing_pool_runs_parallel_kernels(tmp_path: Any, method: str
     """, tmp_path, runtime, timeout=120)
     assert out.splitlines()[0] == "ok 6"
     _check_runtime(out, err, runtime, forked=method == "fork")
+
+
+@needs_openmp
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_doctor_names_the_openmp_runtime(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphkernel.tools.doctor import doctor
+    monkeypatch.setenv("GRAPHKERNEL_OPENMP", runtime)
+    toolchain.detect.cache_clear()
+    try:
+        text, _ = doctor()
+    finally:
+        toolchain.detect.cache_clear()
+    line = next(t for t in text.splitlines() if t.startswith("openmp   : "))
+    if runtime == "llvm":
+        assert line == f"openmp   : yes, LLVM libomp ({toolchain.find_libomp()}; fork-safe)"
+        assert "-lomp" in text
+    else:
+        assert line.startswith("openmp   : yes, GNU libgomp (not fork-safe")
+        assert "apt-get install libomp-dev" in text.splitlines()[-1]
+
+
+def test_an_unknown_openmp_runtime_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphkernel.errors import ToolchainError
+    monkeypatch.setenv("GRAPHKERNEL_OPENMP", "intel")
+    toolchain.detect.cache_clear()
+    try:
+        with pytest.raises(ToolchainError, match="GRAPHKERNEL_OPENMP='intel' is not an OpenMP"):
+            toolchain.detect()
+    finally:
+        toolchain.detect.cache_clear()

@@ -27,7 +27,8 @@ from graphkernel.graph_kernel.pipeline import (
 )
 from graphkernel.ir.graph import Graph, output_types
 from graphkernel.ir.types import TensorType
-from graphkernel.passes.manager import Dumper, run_stages, stage_dump_names
+from graphkernel.passes.dumper import Dumper
+from graphkernel.passes.manager import run_stages, stage_dump_names
 from graphkernel.runtime.builder import build_executable
 
 

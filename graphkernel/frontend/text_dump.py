@@ -8,7 +8,7 @@ import os
 from graphkernel.frontend.compiled import CompiledCell
 from graphkernel.graph_kernel.flags import GraphKernelFlags, flags_text
 from graphkernel.ir.printer import print_graph
-from graphkernel.passes.manager import Dumper
+from graphkernel.passes.dumper import Dumper
 
 GRAPH_KERNEL_DUMP = "graph_kernel_dump"
 

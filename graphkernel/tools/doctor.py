@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 
 from graphkernel.codegen import cache, toolchain
-from graphkernel.errors import CacheError
+from graphkernel.errors import CacheError, ToolchainError
 from graphkernel.tools.render import find_renderer
+
+
+def _takes_new_files(folder: str) -> bool:
+    """Whether a file can be made in `folder` (a real try: modes do not stop root, but a
+    read-only mount or the immutable attribute do)."""
+    try:
+        fd, path = tempfile.mkstemp(prefix=".doctor-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(path)
+    return True
 
 
 def _cache_line() -> tuple[str, str | None]:
     """The cache folder's line, and what is wrong with it (None when it is fine)."""
-    folder = cache.cache_dir()
+    try:
+        folder = cache.cache_dir()
+    except CacheError as err:
+        return f"cache    : REFUSED - {err.problem}", "a usable kernel cache setting"
     source = "$GRAPHKERNEL_CACHE_DIR" if os.environ.get("GRAPHKERNEL_CACHE_DIR") else "default"
     if not os.path.exists(folder):
         return (f"cache    : {folder} ({source}; not created yet, will be created with mode 700)",
@@ -24,16 +40,27 @@ def _cache_line() -> tuple[str, str | None]:
     info = os.stat(folder)
     mode = stat.S_IMODE(info.st_mode)
     entries = len([f for f in os.listdir(folder) if f.endswith(cache.LIBRARY_SUFFIX)])
+    writable = "" if _takes_new_files(folder) else \
+        ", READ-ONLY: its kernels load, new ones are built in a temporary folder per process"
     return (f"cache    : {folder} ({source}; mode {mode:o}, owner uid {info.st_uid} = you, "
-            f"{entries} libraries)", None)
+            f"{entries} libraries{writable})", None)
 
 
 def doctor() -> tuple[str, bool]:
     """The report, and whether everything graphkernel can use is there."""
     lines: list[str] = []
     missing: list[str] = []
-    tc = toolchain.detect()
-    if tc is None:
+    broken: ToolchainError | CacheError | None = None
+    try:
+        tc = toolchain.detect()
+    except (ToolchainError, CacheError) as err:
+        tc, broken = None, err
+    if isinstance(broken, CacheError):  # the cache line below says what is wrong
+        lines.append("compiler : not probed - the kernel cache setting is refused")
+    elif broken is not None:
+        lines.append(f"compiler : BROKEN - {broken.problem}")
+        missing.append("a working C compiler (fix or unset CC)")
+    elif tc is None:
         cc = os.environ.get("CC")
         tried = f"$CC={cc!r}, gcc, cc, clang" if cc else "gcc, cc, clang"
         lines.append(f"compiler : MISSING (tried {tried}) - fused kernels run op by op on "
@@ -41,9 +68,13 @@ def doctor() -> tuple[str, bool]:
         missing.append("a C compiler (install gcc, or set CC)")
     else:
         lines.append(f"compiler : {tc.compiler} ({tc.version})")
-        lines.append(f"openmp   : {'yes' if tc.openmp else 'MISSING - kernels run on one thread'}")
+        lines.append(f"openmp   : yes, {tc.openmp_runtime}" if tc.openmp else
+                     "openmp   : MISSING - kernels run on one thread")
         if not tc.openmp:
             missing.append("OpenMP (libgomp: install gcc's OpenMP support)")
+        elif not tc.openmp_lib:
+            missing.append("LLVM's OpenMP runtime, for parallel kernels in forked processes "
+                           "(apt-get install libomp-dev)")
         lines.append(f"libmvec  : {'yes' if tc.libmvec else 'no - exp/log/tanh stay scalar'}")
         if not tc.libmvec:
             missing.append("libmvec (glibc's vector math: exp/log/tanh are slower)")
