@@ -11,7 +11,10 @@ Instructions (tuples, so a failing case prints as a pasteable regression test):
                                                      `program` on `operands`
     ("get", index, item)                             item `item` of a tuple value
 
-Data contains NaN, +-Inf, -0.0, subnormals and integer extremes.
+Data contains NaN, +-Inf, -0.0, subnormals and integer extremes. One program in eight starts
+from a long row or column (LONG_SHAPES, mostly float16, float16 data around LONG_OFFSET = 30 so
+that a row's sum passes float16's range, and no special values), and begins with a reduction
+or Softmax over it.
 
 Tolerances (checked per element as |got - want| <= atol + rtol * |want|, NaN exactly where the
 reference has NaN, +-Inf exactly where it has +-Inf for exact programs):
@@ -63,6 +66,12 @@ from graphkernel.ops import operations as P
 DTYPES = [T.float16, T.float32, T.float64, T.int32, T.int64, T.bool_]
 INPUT_DTYPES = [T.float32, T.float32, T.float64, T.float16, T.int32, T.int64, T.bool_]
 MAX_ELEMENTS = 8192
+# One program in eight starts from a long row (or column), mostly float16: rows of more than
+# ROW_BLOCK (codegen/c_reduce.py) elements sum in blocks, and float16 data around LONG_OFFSET
+# sums past float16's 65504 within a row.
+LONG_SHAPES = [(2, 70000), (1, 70000), (3, 4100), (4100, 3), (1100, 2, 3)]
+LONG_DTYPES = [T.float16, T.float16, T.float32]
+LONG_OFFSET = 30.0
 
 UNARY = ["Neg", "Abs", "Sign", "Sqrt", "Rsqrt", "Reciprocal", "Exp", "Log", "Tanh", "Erf",
          "Floor", "Round", "LogicalNot"]
@@ -462,7 +471,9 @@ def _append(draw: Any, types: list[Any], prog: Program, allow_gk: bool) -> None:
             raise GraphKernelError("no instruction")
         out = infer(instr, types)
         outs = (out,) if is_tensor(out) else out
-        if any(_size(s) > MAX_ELEMENTS for s, _ in outs):
+        # nothing larger than 8192 elements or than the largest value so far (a long row)
+        limit = max([MAX_ELEMENTS] + [_size(t[0]) for t in types if is_tensor(t)])
+        if any(_size(s) > limit for s, _ in outs):
             raise GraphKernelError("too big")
     except GraphKernelError:
         del prog[pmark:]
@@ -479,14 +490,24 @@ def _const_array(seed: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
 @st.composite
 def programs(draw: Any) -> tuple[list[Ty], Program, list[int]]:
     n_inputs = draw(st.integers(1, 3))
-    base = draw(shapes())
+    long = draw(st.integers(0, 7)) == 0
+    base = draw(st.sampled_from(LONG_SHAPES)) if long else draw(shapes())
     input_types: list[Ty] = []
     for i in range(n_inputs):
         shape = base if i == 0 else draw(st.sampled_from(
             [base, _broadcast_partner(draw, base), draw(shapes())]))
-        input_types.append((shape, draw(st.sampled_from(INPUT_DTYPES))))
+        dtypes = LONG_DTYPES if long and i == 0 else INPUT_DTYPES
+        input_types.append((shape, draw(st.sampled_from(dtypes))))
     types: list[Any] = list(input_types)
     prog: Program = []
+    if long:  # start with a reduction over the long input: what long rows are for
+        name = draw(st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax", "Softmax",
+                                     "LogSoftmax"]))
+        first = ("op", name, [0], [_axis(draw, len(base))], {"keep_dims": draw(st.booleans())}) \
+            if name.startswith("Reduce") else \
+            ("op", name, [0], [], {"axis": draw(st.integers(-len(base), len(base) - 1))})
+        types.append(infer(first, types))
+        prog.append(first)
     target = draw(st.integers(1, 7))
     for _ in range(3 * target):
         if len(prog) >= target:
@@ -506,8 +527,20 @@ def programs(draw: Any) -> tuple[list[Ty], Program, list[int]]:
 # ---------------------------------------------------------------------------------------------
 # Data
 
+def _offset(shape: tuple[int, ...], dtype: np.dtype) -> float:
+    return LONG_OFFSET if dtype == T.float16 and _size(shape) > MAX_ELEMENTS else 0.0
+
+
+def _input_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
+                spread: float) -> np.ndarray:
+    """A graph input's data; long rows get no special values (one NaN would hide the sum)."""
+    long = _size(shape) > MAX_ELEMENTS
+    return make_data(rng, shape, dtype, special=0.0 if long else 0.15, spread=spread,
+                     offset=_offset(shape, dtype))
+
+
 def make_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
-              special: float = 0.15, spread: float = 2.0) -> np.ndarray:
+              special: float = 0.15, spread: float = 2.0, offset: float = 0.0) -> np.ndarray:
     n = _size(shape)
     if dtype == T.bool_:
         return np.asarray(rng.random(n).reshape(shape) < 0.5)
@@ -519,7 +552,7 @@ def make_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
         out[mask] = rng.choice(extremes, mask.sum())
         return out.reshape(shape)
     info = np.finfo(dtype)
-    out = (rng.standard_normal(n) * spread).astype(dtype)
+    out = (offset + rng.standard_normal(n) * spread).astype(dtype)
     specials = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, info.smallest_subnormal,
                          -info.smallest_subnormal, info.smallest_normal / 4, 1.0, -1.0], dtype)
     mask = rng.random(n) < special
@@ -588,7 +621,7 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
     # formula itself is ill-conditioned: two correct implementations differ by far more than any
     # tolerance. Programs with transcendentals get data of a smaller spread (special values stay).
     spread = 0.7 if _uses(program, TRANSCENDENTAL) else 2.0
-    arrays = [make_data(rng, s, d, spread=spread) for s, d in input_types]
+    arrays = [_input_data(rng, s, d, spread) for s, d in input_types]
     want, scale = reference(program, outputs, arrays)
     f16 = any(d == T.float16 for _, d in input_types) or "float16" in repr(program)
     for fusion in (False, True):
@@ -610,7 +643,7 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
             compare(np.asarray(g), w, program, scale, f16, f"fusion={fusion} output {i}")
         # A second call on other data leaves the first call's results alone.
         kept = [np.array(g, copy=True) for g in got]
-        exe.run_arrays(*[make_data(rng, s, d, spread=spread) for s, d in input_types])
+        exe.run_arrays(*[_input_data(rng, s, d, spread) for s, d in input_types])
         for g, k in zip(got, kept):
             np.testing.assert_array_equal(g, k, err_msg="a later call overwrote a result")
         if layouts:

@@ -254,16 +254,22 @@ def test_expansion_turns_softmax_into_a_composite_of_its_basic_ops() -> None:
     assert_same_graph(result, e.returns(e("Add", soft, x)))
 
 
-def test_expansion_turns_gelu_into_its_tanh_form() -> None:
+def test_expansion_turns_gelu_into_its_stable_tanh_form() -> None:
+    # 0.5 x (1 + tanh(z)) as x sigmoid(2z), the sigmoid from exp(-|2z|), -0.0 where it is 0
+    # (docs/architecture.md, Numerics).
     b = Build("net", t(16))
     graph = b.returns(b("GeLU", b.inputs[0]))
 
     result, _ = run_stage(EXPAND, graph)
 
     def gelu(c: Build, x: Value) -> Value:
-        cube = c("Mul", c("Mul", x, x), x)
-        inner = c("Mul", c("Add", x, c("Mul", cube, 0.044715)), float(np.sqrt(2 / np.pi)))
-        return c("Mul", c("Mul", x, 0.5), c("Add", c("Tanh", inner), 1.0))
+        cubic = c("Add", c("Mul", c("Mul", x, x), 0.044715), 1.0)
+        two_z = c("Mul", c("Mul", x, 2 * float(np.sqrt(2 / np.pi))), cubic)
+        e = c("Exp", c("Neg", c("Abs", two_z)))
+        r = c("Reciprocal", c("Add", e, 1.0))
+        s = c("Select", c("GreaterEqual", two_z, 0.0), r, c("Mul", e, r))
+        minus_zero = Constant(np.asarray(-0.0, np.float32))
+        return c("Select", c("Equal", s, 0.0), minus_zero, c("Mul", x, s))
 
     e = Build("net", t(16))
     assert_same_graph(result, e.returns(e.composite(e.inputs, gelu)))

@@ -9,62 +9,22 @@ every kernel shares, and how names and values are spelled in C, are in `codegen/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
+from graphkernel.codegen.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
+from graphkernel.codegen.c_reduce import ReductionEmitter
 from graphkernel.codegen.c_text import c_comment, literal
 from graphkernel.codegen.c_views import view_buffers
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
-from graphkernel.ir.opset import PatternKind, Reduction, get_op
+from graphkernel.ir.opset import get_op
 
-# Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
-# stay in L1 (512 floats = 2 KiB per reduction).
-COLUMN_BLOCK = 512
+__all__ = ["Buffer", "KernelSource", "LoopDim", "emit_kernel"]
 
 # Elements a streaming pointwise kernel computes into an L1 block before copying it out with
 # non-temporal stores; and the longest row a streaming row reduction keeps on the stack.
 STREAM_BLOCK = 1024
 STREAM_ROW_BYTES = 64 << 10
-
-
-@dataclass
-class Buffer:
-    """A kernel argument: an input, a non-scalar constant or an output."""
-
-    value: Value
-    aligned: tuple[int, ...]
-    is_output: bool
-    index: int
-    strides: list[int] = field(default_factory=list)  # per loop dim, in elements
-    offset: int = 0  # a view read through an index map (c_views.py): its first element's
-    space_strides: list[int] | None = None  # offset and strides per iteration-space axis
-
-    @property
-    def name(self) -> str:
-        return f"out{self.index}" if self.is_output else f"in{self.index}"
-
-
-@dataclass
-class LoopDim:
-    size: int
-    reduced: bool
-    strides: dict[int, int]  # buffer id -> stride
-
-
-@dataclass
-class KernelSource:
-    name: str
-    source: str
-    buffers: list[Buffer]  # in argument order: inputs, constants, outputs
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
-    strides, acc = [], 1
-    for dim in reversed(shape):
-        strides.append(acc if dim != 1 else 0)
-        acc *= dim
-    return list(reversed(strides))
 
 
 def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int,
@@ -75,7 +35,7 @@ def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: in
     return _Emitter(graph, name, sched, parallel_threshold, stream_min_bytes).emit()
 
 
-class _Emitter:
+class _Emitter(ReductionEmitter):
     def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int,
                  stream_min_bytes: int | None = None) -> None:
         self.graph = graph
@@ -114,7 +74,7 @@ class _Emitter:
         reduced inside. Column order (the innermost axis is kept): other kept dims, then the
         reduced ones, then the innermost kept run, so the innermost loop walks memory."""
         space, axes = self.sched.space, self.sched.reduce_axes
-        per_buffer = {id(b): b.space_strides or _contiguous_strides(b.aligned)  # not sources
+        per_buffer = {id(b): b.space_strides or contiguous_strides(b.aligned)  # not sources
                       for b in self.buffers + self.views if b.value.uid in self.sched.aligned
                       or b.space_strides or b.is_output}  # read only through index maps
         order = list(range(len(space))) if column else \
@@ -362,237 +322,3 @@ class _Emitter:
             self._emit_reduction(dims, kept, reduced, outputs)
         self.lines.append("}")
         return KernelSource(self.name, "\n".join(self.lines) + "\n", self.buffers)
-
-    def _choose_stash(self, outputs: list[Buffer]) -> tuple[Node, Buffer] | None:
-        """A value the last reduction pass computes and the epilogue needs again (Softmax's
-        exp(x - max)): the pass stores it in an output buffer of its dtype, and the epilogue
-        loads it instead of recomputing it. Each element is stored and reloaded by the same
-        iteration before the epilogue overwrites it, so the buffer is free scratch."""
-        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
-        if not self.sched.phases or not inner_outputs:
-            return None
-        last = self.sched.phases[-1]
-        in_pass = {n.uid for n in self._inner_closure([r.inputs[0] for r in last])}
-        epilogue = self._inner_closure([b.value for b in inner_outputs])
-        shared = [n for n in epilogue if n.uid in in_pass and get_op(n.op).expensive
-                  and self.sched.aligned[n.uid] == self.sched.space]
-        for node in reversed(shared):  # the latest shared value saves the most work
-            for buf in inner_outputs:
-                if buf.value.dtype == node.dtype:
-                    return node, buf
-        return None
-
-    def _emit_reduction(self, dims: list[LoopDim], kept: list[int], reduced: list[int],
-                        outputs: list[Buffer]) -> None:
-        stash = self._choose_stash(outputs)
-        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
-        # Rows are built in stack buffers (the stash too) and streamed out once finished.
-        stream = len(reduced) == 1 and self._streams(inner_outputs, dims[reduced[0]], row=True)
-        threads = bool(kept) and math.prod(self.sched.space) >= self.threshold
-        indent = "  "
-        if stream:
-            indent = self._open_region(threads, indent)
-            indent = self._open_loops(dims, kept, indent, None, parallel=True, worksharing=True)
-            self._declare_blocks(inner_outputs, "row", dims[reduced[0]].size, indent)
-        else:
-            indent = self._open_loops(dims, kept, indent, None, parallel=True)
-
-        def stash_at(buf: Buffer) -> str:
-            return f"row{buf.index}[i{reduced[0]}]" if stream else \
-                f"{buf.name}[{self._offset(buf, dims, True)}]"
-        outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
-                       get_op(n.op).kind != PatternKind.REDUCE]
-        self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == 0], dims,
-                      False, indent)
-        for phase, reductions in enumerate(self.sched.phases, start=1):
-            clauses = []
-            for red in reductions:
-                acc = f"acc{self.local[red.uid]}"
-                ct = T.C_COMPUTE[red.dtype]
-                self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
-                operator = _reduction(red).omp_operator
-                clauses.append(f" reduction({operator}:{acc})")
-                if self._tracks_nan(red):
-                    self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
-                    clauses.append(f" reduction(|:nan{self.local[red.uid]})")
-            inner_indent = self._open_loops(dims, reduced, indent, "".join(clauses), False)
-            saved = dict(self.var)
-            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
-                          inner_indent)
-            if stash is not None and phase == len(self.sched.phases):
-                node, buf = stash
-                self.lines.append(f"{inner_indent}{stash_at(buf)} "
-                                  f"= ({T.C_STORAGE[node.dtype]}){self.var[node.uid]};")
-            for red in reductions:
-                acc = f"acc{self.local[red.uid]}"
-                v = self._operand(red.inputs[0], dims, True)
-                self.lines.append(f"{inner_indent}{acc} = {self._combine(red, acc, v)};")
-                if self._tracks_nan(red):
-                    self.lines.append(f"{inner_indent}nan{self.local[red.uid]} |= ({v} != {v});")
-            self.var = saved
-            self._close_loops(len(reduced), inner_indent)
-            for red in reductions:
-                acc = f"acc{self.local[red.uid]}"
-                if self._tracks_nan(red):
-                    self.lines.append(f"{indent}if (nan{self.local[red.uid]}) {acc} = NAN;")
-                if red.dtype == T.float16:
-                    self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")
-                self.var[red.uid] = acc
-            self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase],
-                          dims, False, indent)
-        if inner_outputs:
-            inner_indent = self._open_loops(dims, reduced, indent, "", False)
-            saved = dict(self.var)
-            known: set[int] = set()
-            if stash is not None:
-                node, buf = stash
-                load = stash_at(buf)
-                ct, name = T.C_COMPUTE[node.dtype], f"stash{self.local[node.uid]}"
-                self.lines.append(f"{inner_indent}const {ct} {name} = ({ct}){load};")
-                self.var[node.uid] = name
-                known.add(node.uid)
-            self._compute(self._inner_closure([b.value for b in inner_outputs], known), dims,
-                          True, inner_indent)
-            for buf in inner_outputs:
-                self._store(buf, dims, True, inner_indent,
-                            into=f"row{buf.index}[i{reduced[0]}]" if stream else None)
-            self.var = saved
-            self._close_loops(len(reduced), inner_indent)
-            if stream:
-                self._stream_out(inner_outputs, dims, reduced[0], "0", "row",
-                                 str(dims[reduced[0]].size), indent)
-        for buf in outputs:
-            if self.sched.is_outer(buf.value):
-                self._store(buf, dims, False, indent)
-        indent = self._close_loops(len(kept), indent)
-        if stream:
-            self._close_region(threads, indent)
-
-    # -- column reductions ------------------------------------------------------------------
-    def _emit_column_reduction(self, dims: list[LoopDim], outputs: list[Buffer]) -> None:
-        """Reductions over axes that are not innermost (axis 0 of a matrix, the middle axis of
-        a 3-d tensor): the innermost kept axis is walked in blocks of COLUMN_BLOCK lanes, each
-        lane with its own accumulator, so every load is contiguous and the lanes vectorise."""
-        kin = len(dims) - 1
-        kout = [i for i, d in enumerate(dims[:-1]) if not d.reduced]
-        red = [i for i, d in enumerate(dims) if d.reduced]
-        block = min(COLUMN_BLOCK, dims[kin].size)
-        work = math.prod(self.sched.space)
-        threads = work >= self.threshold
-        indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
-        if threads and not kout:
-            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
-        size = dims[kin].size
-        self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
-        indent += "  "
-        self.lines.append(f"{indent}const int64_t nb = {size} - kb < {block} ? {size} - kb : "
-                          f"{block};")
-        lane = f"const int64_t i{kin} = kb + j;"
-
-        def lanes(body: list[str], at: str) -> None:
-            self.lines.append(f"{at}#pragma omp simd")
-            self.lines.append(f"{at}for (int64_t j = 0; j < nb; ++j) {{")
-            self.lines.append(f"{at}  {lane}")
-            self.lines.extend(f"{at}  {b}" for b in body)
-            self.lines.append(f"{at}}}")
-
-        outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
-                       get_op(n.op).kind != PatternKind.REDUCE]
-
-        def outer_values(phase: int) -> None:
-            nodes = [n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase]
-            if not nodes:
-                return
-            body = []
-            for node in nodes:
-                ct = T.C_COMPUTE[node.dtype]
-                self.lines.append(f"{indent}{ct} ov{self.local[node.uid]}[{block}];")
-                body.append(f"ov{self.local[node.uid]}[j] = {self._expr(node, dims, False)};")
-                self.var[node.uid] = f"ov{self.local[node.uid]}[j]"
-            lanes(body, indent)
-
-        outer_values(0)
-        for phase, reductions in enumerate(self.sched.phases, start=1):
-            init_body = []
-            for red_node in reductions:
-                ct = T.C_COMPUTE[red_node.dtype]
-                acc = f"acc{self.local[red_node.uid]}"
-                self.lines.append(f"{indent}{ct} {acc}[{block}];")
-                init_body.append(f"{acc}[j] = {self._reduce_init(red_node)};")
-                if self._tracks_nan(red_node):
-                    self.lines.append(f"{indent}int nan{self.local[red_node.uid]}[{block}];")
-                    init_body.append(f"nan{self.local[red_node.uid]}[j] = 0;")
-            lanes(init_body, indent)
-            inner_indent = self._open_loops(dims, red, indent, None, False)
-            saved = dict(self.var)
-            mark = len(self.lines)
-            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
-                          inner_indent + "  ")
-            body = [line.strip() for line in self.lines[mark:]]
-            del self.lines[mark:]
-            for red_node in reductions:
-                acc = f"acc{self.local[red_node.uid]}[j]"
-                v = self._operand(red_node.inputs[0], dims, True)
-                body.append(f"{acc} = {self._combine(red_node, acc, v)};")
-                if self._tracks_nan(red_node):
-                    body.append(f"nan{self.local[red_node.uid]}[j] |= ({v} != {v});")
-            self.var = saved
-            lanes(body, inner_indent)
-            self._close_loops(len(red), inner_indent)
-            final_body = []
-            for red_node in reductions:
-                acc = f"acc{self.local[red_node.uid]}[j]"
-                if self._tracks_nan(red_node):
-                    final_body.append(f"if (nan{self.local[red_node.uid]}[j]) {acc} = NAN;")
-                if red_node.dtype == T.float16:
-                    final_body.append(f"{acc} = (float)(_Float16){acc};")
-                self.var[red_node.uid] = acc
-            if final_body:
-                lanes(final_body, indent)
-            outer_values(phase)
-        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
-        if inner_outputs:
-            inner_indent = self._open_loops(dims, red, indent, None, False)
-            saved = dict(self.var)
-            mark = len(self.lines)
-            self._compute(self._inner_closure([b.value for b in inner_outputs]), dims, True,
-                          inner_indent)
-            for buf in inner_outputs:
-                self._store(buf, dims, True, inner_indent)
-            body = [line.strip() for line in self.lines[mark:]]
-            del self.lines[mark:]
-            self.var = saved
-            lanes(body, inner_indent)
-            self._close_loops(len(red), inner_indent)
-        outer_outputs = [b for b in outputs if self.sched.is_outer(b.value)]
-        if outer_outputs:
-            mark = len(self.lines)
-            for buf in outer_outputs:
-                self._store(buf, dims, False, indent)
-            body = [line.strip() for line in self.lines[mark:]]
-            del self.lines[mark:]
-            lanes(body, indent)
-        indent = indent[:-2]
-        self.lines.append(f"{indent}}}")
-        self._close_loops(len(kout), indent)
-
-    def _reduce_init(self, red: Node) -> str:
-        init = _reduction(red).identity
-        if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
-            bits = "INT64" if red.dtype == T.int64 else "INT32"
-            init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
-        return init
-
-    @staticmethod
-    def _tracks_nan(red: Node) -> bool:
-        return _reduction(red).propagates_nan and T.is_float(red.dtype)
-
-    @staticmethod
-    def _combine(red: Node, acc: str, v: str) -> str:
-        return _reduction(red).combine.format(acc=acc, v=v)
-
-
-def _reduction(red: Node) -> Reduction:
-    reduction = get_op(red.op).reduction
-    assert reduction is not None, f"{red.op} is not a reduction"
-    return reduction

@@ -61,6 +61,22 @@ static inline void gk_stream_fence(void) {
   __builtin_ia32_sfence();
 #endif
 }
+/* Pairwise summation of block sums (codegen/c_reduce.py): a binary counter whose level k holds
+   the sum of 2^k blocks, so every block passes through at most log2(blocks) additions, in
+   double. A row reduction pushes each block's vectorised float sum and takes the total. */
+typedef struct { double level[64]; int64_t count; } gk_pairwise;
+static inline void gk_pairwise_push(gk_pairwise *p, double s) {
+  int k = 0;
+  for (; (p->count >> k) & 1; ++k) s = p->level[k] + s;
+  p->level[k] = s;
+  p->count++;
+}
+static inline double gk_pairwise_total(const gk_pairwise *p) {
+  double s = 0;
+  for (int k = 0; k < 64; ++k)
+    if ((p->count >> k) & 1) s = p->level[k] + s;
+  return s;
+}
 /* Vector variants from glibc's libmvec: without these declarations gcc calls the scalar libm
    functions one element at a time. */
 #pragma omp declare simd notinbranch

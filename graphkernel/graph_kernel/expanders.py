@@ -2,6 +2,13 @@
 
 With fusion on, the expand stage replaces a composite op's node by a composite node holding its
 expansion (so the dumps show it), and clustering may then merge it with its neighbours.
+
+Every expansion is numerically stable where its textbook form overflows or cancels (the list,
+with each stable form, is in docs/architecture.md "Numerics"); the op's numpy reference in
+`ir/opdefs/composite.py` uses the same form. Expanders registered with `float16_in_float32`
+compute float16 inputs in float32 and round once at the end, as MindSpore's LayerNorm and
+Softmax expanders do: rounding after every basic op drifts by several float16 ulp, and a
+float16 running sum overflows past 65504.
 """
 from __future__ import annotations
 
@@ -11,18 +18,24 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TupleType
 
 Expander = Callable[..., Value | tuple[Value, ...]]
 EXPANDERS: dict[str, Expander] = {}
+# Composites whose float16 inputs are computed in float32 and rounded once at the end.
+FLOAT16_IN_FLOAT32: set[str] = set()
 
 
-def expander(op_name: str) -> Callable[[Expander], Expander]:
+def expander(op_name: str, float16_in_float32: bool = False
+             ) -> Callable[[Expander], Expander]:
     def register(fn: Expander) -> Expander:
         get_op(op_name)  # the op must be declared in the op table
         EXPANDERS[op_name] = fn
+        if float16_in_float32:
+            FLOAT16_IN_FLOAT32.add(op_name)
         return fn
     return register
 
@@ -57,8 +70,16 @@ def expand_node(node: Node) -> Node:
     build = Builder(sub, node)
     opdef = get_op(node.op)
     attrs = {**opdef.attr_defaults, **node.attrs}
-    result = EXPANDERS[node.op](build, *inner, **attrs)
+    args: list[Value] = list(inner)
+    wide = node.op in FLOAT16_IN_FLOAT32 and any(v.dtype == T.float16 for v in inner)
+    if wide:
+        args = [build("Cast", v, dtype=T.float32) if v.dtype == T.float16 else v for v in inner]
+    result = EXPANDERS[node.op](build, *args, **attrs)
     outs = list(result) if isinstance(result, tuple) else [result]
+    if wide:
+        declared = node.type.items if isinstance(node.type, TupleType) else (node.type,)
+        outs = [build("Cast", o, dtype=want.dtype) if o.dtype != want.dtype else o
+                for o, want in zip(outs, declared)]
     sub.outputs = outs
     sub.returns_tuple = isinstance(result, tuple)
     type_ = outs[0].type if len(outs) == 1 else TupleType(tuple(o.tensor_type for o in outs))
@@ -80,28 +101,44 @@ def _inverse_count(n: int) -> float:
 
 # ---------------------------------------------------------------------------------------------
 
-@expander("GeLU")
+def _sigmoid(b: Builder, t: Value) -> Value:
+    """1/(1 + exp(-t)) from e = exp(-|t|) <= 1, which never overflows: 1/(1 + e) for t >= 0,
+    e/(1 + e) below (where 1/(1 + exp(-t)) lost the tail below float's smallest value)."""
+    e = b("Exp", b("Neg", b("Abs", t)))
+    r = b("Reciprocal", b("Add", e, 1.0))
+    return b("Select", b("GreaterEqual", t, 0.0), r, b("Mul", e, r))
+
+
+def _times(b: Builder, x: Value, factor: Value) -> Value:
+    """x * factor for a factor that tends to 0 as x -> -inf: -0.0 there, not -inf * 0 = NaN."""
+    return b("Select", b("Equal", factor, 0.0), b.const(-0.0, x), b("Mul", x, factor))
+
+
+@expander("GeLU", float16_in_float32=True)
 def gelu(b: Builder, x: Value, approximate: str = "tanh") -> Value:
     if approximate == "tanh":
-        cube = b("Mul", b("Mul", x, x), x)
-        inner = b("Mul", b("Add", x, b("Mul", cube, 0.044715)), math.sqrt(2 / math.pi))
-        return b("Mul", b("Mul", x, 0.5), b("Add", b("Tanh", inner), 1.0))
-    return b("Mul", b("Mul", x, 0.5), b("Add", b("Erf", b("Mul", x, 1 / math.sqrt(2))), 1.0))
+        # 0.5 x (1 + tanh(z)) = x sigmoid(2z): 1 + tanh(z) cancelled for negative x. Written as
+        # c x (1 + 0.044715 x^2), z overflows to +-inf (sigmoid 1 or 0) rather than to NaN.
+        cubic = b("Add", b("Mul", b("Mul", x, x), 0.044715), 1.0)
+        two_z = b("Mul", b("Mul", x, 2 * math.sqrt(2 / math.pi)), cubic)
+        return _times(b, x, _sigmoid(b, two_z))
+    # 1 + erf(t) = erfc(-t), accurate where erf(t) is near -1.
+    return _times(b, b("Mul", x, 0.5), b("Erfc", b("Mul", x, -1 / math.sqrt(2))))
 
 
-@expander("FastGeLU")
+@expander("FastGeLU", float16_in_float32=True)
 def fast_gelu(b: Builder, x: Value) -> Value:
-    return b("RealDiv", x, b("Add", b("Exp", b("Mul", x, -1.702)), 1.0))
+    return _times(b, x, _sigmoid(b, b("Mul", x, 1.702)))
 
 
-@expander("Sigmoid")
+@expander("Sigmoid", float16_in_float32=True)
 def sigmoid(b: Builder, x: Value) -> Value:
-    return b("RealDiv", b.const(1.0, x), b("Add", b("Exp", b("Neg", x)), 1.0))
+    return _sigmoid(b, x)
 
 
-@expander("SiLU")
+@expander("SiLU", float16_in_float32=True)
 def silu(b: Builder, x: Value) -> Value:
-    return b("RealDiv", x, b("Add", b("Exp", b("Neg", x)), 1.0))
+    return _times(b, x, _sigmoid(b, x))
 
 
 @expander("ReLU")
@@ -114,15 +151,17 @@ def relu6(b: Builder, x: Value) -> Value:
     return b("Minimum", b("Maximum", x, 0), 6)
 
 
-@expander("HSwish")
+@expander("HSwish", float16_in_float32=True)
 def hswish(b: Builder, x: Value) -> Value:
     clipped = b("Minimum", b("Maximum", b("Add", x, 3.0), 0.0), 6.0)
     return b("RealDiv", b("Mul", x, clipped), 6.0)
 
 
-@expander("Softplus")
+@expander("Softplus", float16_in_float32=True)
 def softplus(b: Builder, x: Value) -> Value:
-    return b("Log", b("Add", b("Exp", x), 1.0))
+    # log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): exp(x) overflowed (float32 softplus(89)
+    # was inf) and 1 + exp(x) dropped exp(x) < 1e-8 (softplus(-20) was 0).
+    return b("Add", b("Maximum", x, 0.0), b("Log1p", b("Exp", b("Neg", b("Abs", x)))))
 
 
 @expander("Square")
@@ -151,13 +190,13 @@ def bias_add(b: Builder, x: Value, bias: Value) -> Value:
     return b("Add", x, bias)
 
 
-@expander("ReduceMean")
+@expander("ReduceMean", float16_in_float32=True)
 def reduce_mean(b: Builder, x: Value, axis: Any = (), keep_dims: bool = False) -> Value:
     total = b("ReduceSum", x, axis=axis, keep_dims=keep_dims)
     return b("Mul", total, _inverse_count(_reduced_size(x, axis)))
 
 
-@expander("Softmax")
+@expander("Softmax", float16_in_float32=True)
 def softmax(b: Builder, x: Value, axis: Any = -1) -> Value:
     shifted = b("Sub", x, b("ReduceMax", x, axis=axis, keep_dims=True))
     exp = b("Exp", shifted)
@@ -166,23 +205,30 @@ def softmax(b: Builder, x: Value, axis: Any = -1) -> Value:
     return b("Mul", exp, b("Reciprocal", b("ReduceSum", exp, axis=axis, keep_dims=True)))
 
 
-@expander("LogSoftmax")
+@expander("LogSoftmax", float16_in_float32=True)
 def log_softmax(b: Builder, x: Value, axis: Any = -1) -> Value:
     shifted = b("Sub", x, b("ReduceMax", x, axis=axis, keep_dims=True))
     return b("Sub", shifted, b("Log", b("ReduceSum", b("Exp", shifted), axis=axis,
                                         keep_dims=True)))
 
 
-@expander("LayerNorm")
+@expander("LayerNorm", float16_in_float32=True)
 def layer_norm(b: Builder, x: Value, gamma: Value, beta: Value, begin_norm_axis: int = -1,
                begin_params_axis: int = -1, epsilon: float = 1e-7) -> tuple[Value, ...]:
     rank = len(x.shape)
     axes = tuple(range(begin_norm_axis % rank, rank))
     inv_n = _inverse_count(_reduced_size(x, axes))
-    mean = b("Mul", b("ReduceSum", x, axis=axes, keep_dims=True), inv_n)
-    centred = b("Sub", x, mean)
-    var = b("Mul", b("ReduceSum", b("Mul", centred, centred), axis=axes, keep_dims=True), inv_n)
-    scale = b("Rsqrt", b("Add", var, epsilon))
-    y = b("Add", b("Mul", b("Mul", centred, scale), gamma), beta)
-    return y, mean, var
 
+    def mean_of(v: Value) -> Value:
+        return b("Mul", b("ReduceSum", v, axis=axes, keep_dims=True), inv_n)
+    # Corrected two-pass: the first mean is rounded, so the centred values' own mean `shift`
+    # (in exact arithmetic 0) is that rounding error; subtracting it keeps a row whose spread is
+    # 1e-3 of its mean from shifting every output by 1000 ulp. var = mean(c^2) - shift^2.
+    rough = mean_of(x)
+    centred = b("Sub", x, rough)
+    shift = mean_of(centred)
+    spread = b("Sub", mean_of(b("Mul", centred, centred)), b("Mul", shift, shift))
+    var = b("Maximum", spread, 0.0)  # >= 0 in exact arithmetic; keeps rsqrt from NaN
+    scale = b("Rsqrt", b("Add", var, epsilon))
+    y = b("Add", b("Mul", b("Mul", b("Sub", centred, shift), scale), gamma), beta)
+    return y, b("Add", rough, shift), var

@@ -10,7 +10,7 @@ import numpy as np
 
 from graphkernel.errors import DTypeError, ShapeError
 from graphkernel.ir import types as T
-from graphkernel.ir.opdefs.elementwise import erf_reference
+from graphkernel.ir.opdefs.elementwise import erfc_reference
 from graphkernel.ir.opset import (
     FLOATS,
     NUMBERS,
@@ -36,16 +36,42 @@ def _composite(name: str, inputs: tuple[str, ...], reference: Callable[..., Any]
 
 
 def _as(x: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """f computed wider for float16 and rounded once, as the expanders compute float16."""
     with np.errstate(all="ignore"):
         return np.asarray(f(x.astype(np.float64) if x.dtype == np.float16 else x)
                           ).astype(x.dtype, copy=False)
 
 
+# The references use the same stable forms as the expanders (graph_kernel/expanders.py): no
+# overflow to inf or NaN, no cancellation, at any finite input of any float dtype.
+
+def _sigmoid(v: np.ndarray) -> np.ndarray:
+    """1/(1 + exp(-v)) from e = exp(-|v|) <= 1: 1/(1 + e) for v >= 0, e/(1 + e) below."""
+    e = np.exp(-np.abs(v))
+    r = 1 / (1 + e)
+    return np.where(v >= 0, r, e * r)
+
+
+def _times_sigmoid(v: np.ndarray, k: float) -> np.ndarray:
+    """v * sigmoid(k v), which tends to -0.0 as v -> -inf (not -inf * 0 = NaN)."""
+    s = _sigmoid(k * v)
+    return np.where(s == 0, np.asarray(-0.0, v.dtype), v * s)
+
+
 def _gelu_ref(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
     if approximate == "tanh":
-        return _as(x, lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 *
-                                                         (v + 0.044715 * v ** 3))))
-    return _as(x, lambda v: 0.5 * v * (1 + erf_reference(v / math.sqrt(2)).astype(v.dtype)))
+        # 0.5 v (1 + tanh(z)) = v sigmoid(2z): no 1 + tanh(z) cancelling for negative v, and
+        # z = c v (1 + 0.044715 v^2) overflows to +-inf (never NaN) for huge |v|.
+        def tanh_form(v: np.ndarray) -> np.ndarray:
+            z = 0.7978845608028654 * v * (1 + 0.044715 * v * v)
+            s = _sigmoid(2 * z)
+            return np.where(s == 0, np.asarray(-0.0, v.dtype), v * s)
+        return _as(x, tanh_form)
+
+    def erf_form(v: np.ndarray) -> np.ndarray:  # 1 + erf(t) = erfc(-t)
+        c = erfc_reference(-v / math.sqrt(2)).astype(v.dtype)
+        return np.where(c == 0, np.asarray(-0.0, v.dtype), 0.5 * v * c)
+    return _as(x, erf_form)
 
 
 def _gelu_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -56,15 +82,16 @@ def _gelu_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueTy
 
 
 _composite("GeLU", ("x",), _gelu_ref, infer=_gelu_infer, init_attrs=(("approximate", "tanh"),))
-_composite("FastGeLU", ("x",), lambda x: _as(x, lambda v: v / (1 + np.exp(-1.702 * v))))
-_composite("Sigmoid", ("x",), lambda x: _as(x, lambda v: 1 / (1 + np.exp(-v))))
-_composite("SiLU", ("x",), lambda x: _as(x, lambda v: v / (1 + np.exp(-v))))
+_composite("FastGeLU", ("x",), lambda x: _as(x, lambda v: _times_sigmoid(v, 1.702)))
+_composite("Sigmoid", ("x",), lambda x: _as(x, _sigmoid))
+_composite("SiLU", ("x",), lambda x: _as(x, lambda v: _times_sigmoid(v, 1.0)))
 _composite("ReLU", ("x",), lambda x: np.maximum(x, np.zeros((), x.dtype)), accepts=NUMBERS)
 _composite("ReLU6", ("x",), lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)),
                                                   np.asarray(6, x.dtype)), accepts=NUMBERS)
 _composite("HSwish", ("x",), lambda x: _as(x, lambda v: v * np.minimum(np.maximum(v + 3, 0), 6)
                                            / 6))
-_composite("Softplus", ("x",), lambda x: _as(x, lambda v: np.log1p(np.exp(v))))
+_composite("Softplus", ("x",),
+           lambda x: _as(x, lambda v: np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))))
 _composite("Square", ("x",), lambda x: np.multiply(x, x), accepts=NUMBERS)
 
 
@@ -163,13 +190,17 @@ def _layer_norm_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> V
 
 def _layer_norm_ref(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, begin_norm_axis: int = -1,
                     begin_params_axis: int = -1, epsilon: float = 1e-7) -> tuple[np.ndarray, ...]:
+    # Computed in float64 and rounded once, like MindSpore's expander (float16 in float32,
+    # rounded at the end): rounding the mean first would shift every output of a row whose
+    # spread is small next to its mean.
     norm = begin_norm_axis % x.ndim
     axes = tuple(range(norm, x.ndim))
+    v = x.astype(np.float64)
     with np.errstate(all="ignore"):
-        mean = x.mean(axis=axes, keepdims=True, dtype=np.float64).astype(x.dtype)
-        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True, dtype=np.float64).astype(x.dtype)
-        y = (x - mean) / np.sqrt(var + np.asarray(epsilon, x.dtype)) * gamma + beta
-    return y.astype(x.dtype, copy=False), mean, var
+        mean = v.mean(axis=axes, keepdims=True)
+        var = ((v - mean) ** 2).mean(axis=axes, keepdims=True)
+        y = (v - mean) / np.sqrt(var + epsilon) * gamma + beta
+    return tuple(a.astype(x.dtype) for a in (y, mean, var))
 
 
 _composite("LayerNorm", ("x", "gamma", "beta"), _layer_norm_ref, infer=_layer_norm_infer,

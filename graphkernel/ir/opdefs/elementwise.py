@@ -63,9 +63,16 @@ _ew("LogicalNot", 1, quiet_ref(np.logical_not), "(!{0})", accepts=(T.bool_,))
 
 def erf_reference(x: np.ndarray) -> np.ndarray:
     # numpy has no erf; math.erf per element is exact enough for a reference.
+    return _per_element(math.erf, x)
+
+
+def erfc_reference(x: np.ndarray) -> np.ndarray:
+    return _per_element(math.erfc, x)
+
+
+def _per_element(f: Any, x: np.ndarray) -> np.ndarray:
     flat = np.asarray(x, dtype=np.float64).ravel()
-    out = np.fromiter((math.erf(v) if v == v else v for v in flat), dtype=np.float64,
-                      count=flat.size)
+    out = np.fromiter((f(v) if v == v else v for v in flat), dtype=np.float64, count=flat.size)
     return out.reshape(np.shape(x))
 
 

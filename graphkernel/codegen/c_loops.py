@@ -1,0 +1,46 @@
+"""What a generated loop nest is made of: kernel arguments (buffers), loop dimensions with each
+buffer's stride, and the finished kernel source."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel.ir.graph import Value
+
+
+@dataclass
+class Buffer:
+    """A kernel argument: an input, a non-scalar constant or an output."""
+
+    value: Value
+    aligned: tuple[int, ...]
+    is_output: bool
+    index: int
+    strides: list[int] = field(default_factory=list)  # per loop dim, in elements
+    offset: int = 0  # a view read through an index map (c_views.py): its first element's
+    space_strides: list[int] | None = None  # offset and strides per iteration-space axis
+
+    @property
+    def name(self) -> str:
+        return f"out{self.index}" if self.is_output else f"in{self.index}"
+
+
+@dataclass
+class LoopDim:
+    size: int
+    reduced: bool
+    strides: dict[int, int]  # buffer id -> stride
+
+
+@dataclass
+class KernelSource:
+    name: str
+    source: str
+    buffers: list[Buffer]  # in argument order: inputs, constants, outputs
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(acc if dim != 1 else 0)
+        acc *= dim
+    return list(reversed(strides))

@@ -1,0 +1,370 @@
+"""C for reductions: row reductions (the innermost axis is reduced) and column reductions (it is
+kept), as a mixin of the loop-nest emitter in `codegen/c_emitter.py`.
+
+Float sums are blocked so that their error does not grow with the row (docs/architecture.md,
+"Numerics"): a row longer than ROW_BLOCK is summed in blocks of ROW_BLOCK elements, each block
+vectorised with one float accumulator per vector lane (at most ROW_BLOCK/lanes additions per
+lane, then a tree over the lanes), and the block sums are combined pairwise in double
+(`gk_pairwise` in codegen/c_text.py's PRELUDE). A column reduction adds each lane's
+COLUMN_RUN-row block sums into a double total per lane. Integer sums wrap and are exact; max and
+min are exact; products keep one accumulator (their relative error grows like a sum's, but
+one rounding per factor, not per partial sum).
+"""
+from __future__ import annotations
+
+import math
+
+from graphkernel.codegen.c_loops import Buffer, LoopDim
+from graphkernel.graph_kernel.schedule import Schedule
+from graphkernel.ir import types as T
+from graphkernel.ir.graph import Graph, Node
+from graphkernel.ir.opset import PatternKind, Reduction, get_op
+
+# Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
+# stay in L1 (512 floats = 2 KiB per reduction).
+COLUMN_BLOCK = 512
+# Reduced rows a column reduction's lanes sum in float before adding them to a double total.
+COLUMN_RUN = 64
+# Elements of a row one float block sum covers (64 additions per lane with 16 lanes); longer
+# rows combine their block sums pairwise in double. Rows up to this length are summed as before.
+ROW_BLOCK = 1024
+# The longest row a reduction keeps its stash in on the stack (see _choose_stash).
+STASH_ROW_BYTES = 64 << 10
+
+
+class ReductionEmitter:
+    """Reduction loop nests; the loop, expression and store helpers are the emitter's."""
+
+    graph: Graph
+    sched: Schedule
+    lines: list[str]
+    var: dict[int, str]
+    local: dict[int, int]
+    threshold: int
+
+    def _choose_stash(self, outputs: list[Buffer]) -> tuple[Node, Buffer | None] | None:
+        """A value the last reduction pass computes and the epilogue needs again (Softmax's
+        exp(x - max)): the pass stores it in an output buffer of its dtype, and the epilogue
+        loads it instead of recomputing it. Each element is stored and reloaded by the same
+        iteration before the epilogue overwrites it, so the buffer is free scratch. When no
+        output has its dtype (float16 Softmax computes exp in float32), a row of up to
+        STASH_ROW_BYTES goes on the stack instead (buffer None)."""
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        if not self.sched.phases or not inner_outputs:
+            return None
+        last = self.sched.phases[-1]
+        in_pass = {n.uid for n in self._inner_closure([r.inputs[0] for r in last])}
+        epilogue = self._inner_closure([b.value for b in inner_outputs])
+        shared = [n for n in epilogue if n.uid in in_pass and get_op(n.op).expensive
+                  and self.sched.aligned[n.uid] == self.sched.space]
+        for node in reversed(shared):  # the latest shared value saves the most work
+            for buf in inner_outputs:
+                if buf.value.dtype == node.dtype:
+                    return node, buf
+        row = math.prod(self.sched.space[a] for a in self.sched.reduce_axes)
+        if shared and row * (8 if T.C_COMPUTE[shared[-1].dtype] == "double" else 4) <= \
+                STASH_ROW_BYTES:
+            return shared[-1], None
+        return None
+
+    def _emit_reduction(self, dims: list[LoopDim], kept: list[int], reduced: list[int],
+                        outputs: list[Buffer]) -> None:
+        stash = self._choose_stash(outputs)
+        if stash is not None and stash[1] is None and len(reduced) != 1:
+            stash = None  # a stack row is indexed by the one reduced loop
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        # Rows are built in stack buffers (the stash too) and streamed out once finished.
+        stream = len(reduced) == 1 and self._streams(inner_outputs, dims[reduced[0]], row=True)
+        threads = bool(kept) and math.prod(self.sched.space) >= self.threshold
+        indent = "  "
+        if stream:
+            indent = self._open_region(threads, indent)
+            indent = self._open_loops(dims, kept, indent, None, parallel=True, worksharing=True)
+            self._declare_blocks(inner_outputs, "row", dims[reduced[0]].size, indent)
+        else:
+            indent = self._open_loops(dims, kept, indent, None, parallel=True)
+
+        if stash is not None and stash[1] is None:
+            self.lines.append(f"{indent}{T.C_COMPUTE[stash[0].dtype]} srow"
+                              f"[{dims[reduced[0]].size}] __attribute__((aligned(64)));")
+
+        def stash_at(buf: Buffer | None) -> str:
+            if buf is None:
+                return f"srow[i{reduced[0]}]"
+            return f"row{buf.index}[i{reduced[0]}]" if stream else \
+                f"{buf.name}[{self._offset(buf, dims, True)}]"
+        outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
+                       get_op(n.op).kind != PatternKind.REDUCE]
+        self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == 0], dims,
+                      False, indent)
+        for phase, reductions in enumerate(self.sched.phases, start=1):
+            clauses = []
+            for red in reductions:
+                acc = f"acc{self.local[red.uid]}"
+                ct = T.C_COMPUTE[red.dtype]
+                self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
+                operator = _reduction(red).omp_operator
+                clauses.append(f" reduction({operator}:{acc})")
+                if self._tracks_nan(red):
+                    self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
+                    clauses.append(f" reduction(|:nan{self.local[red.uid]})")
+            blocked = self._blocked_row_sums(dims, reduced, reductions)
+            for red in blocked:
+                self.lines.append(f"{indent}gk_pairwise pw{self.local[red.uid]};")
+                self.lines.append(f"{indent}pw{self.local[red.uid]}.count = 0;")
+            inner_indent = self._open_row_pass(dims, reduced, indent, "".join(clauses), blocked,
+                                               phase)
+            saved = dict(self.var)
+            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
+                          inner_indent)
+            if stash is not None and phase == len(self.sched.phases):
+                node, buf = stash
+                self.lines.append(f"{inner_indent}{stash_at(buf)} "
+                                  f"= ({T.C_STORAGE[node.dtype]}){self.var[node.uid]};")
+            for red in reductions:
+                acc = f"acc{self.local[red.uid]}"
+                v = self._operand(red.inputs[0], dims, True)
+                self.lines.append(f"{inner_indent}{acc} = {self._combine(red, acc, v)};")
+                if self._tracks_nan(red):
+                    self.lines.append(f"{inner_indent}nan{self.local[red.uid]} |= ({v} != {v});")
+            self.var = saved
+            self._close_row_pass(dims, reduced, inner_indent, blocked, phase)
+            for red in reductions:
+                acc = f"acc{self.local[red.uid]}"
+                if self._tracks_nan(red):
+                    self.lines.append(f"{indent}if (nan{self.local[red.uid]}) {acc} = NAN;")
+                if red.dtype == T.float16:
+                    self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")
+                self.var[red.uid] = acc
+            self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase],
+                          dims, False, indent)
+        if inner_outputs:
+            inner_indent = self._open_loops(dims, reduced, indent, "", False)
+            saved = dict(self.var)
+            known: set[int] = set()
+            if stash is not None:
+                node, buf = stash
+                load = stash_at(buf)
+                ct, name = T.C_COMPUTE[node.dtype], f"stash{self.local[node.uid]}"
+                self.lines.append(f"{inner_indent}const {ct} {name} = ({ct}){load};")
+                self.var[node.uid] = name
+                known.add(node.uid)
+            self._compute(self._inner_closure([b.value for b in inner_outputs], known), dims,
+                          True, inner_indent)
+            for buf in inner_outputs:
+                self._store(buf, dims, True, inner_indent,
+                            into=f"row{buf.index}[i{reduced[0]}]" if stream else None)
+            self.var = saved
+            self._close_loops(len(reduced), inner_indent)
+            if stream:
+                self._stream_out(inner_outputs, dims, reduced[0], "0", "row",
+                                 str(dims[reduced[0]].size), indent)
+        for buf in outputs:
+            if self.sched.is_outer(buf.value):
+                self._store(buf, dims, False, indent)
+        indent = self._close_loops(len(kept), indent)
+        if stream:
+            self._close_region(threads, indent)
+
+    # -- blocked float sums of a row pass ---------------------------------------------------
+    def _blocked_row_sums(self, dims: list[LoopDim], reduced: list[int],
+                          reductions: list[Node]) -> list[Node]:
+        """The float sums of a pass over more than ROW_BLOCK elements: they sum in blocks."""
+        if math.prod(dims[i].size for i in reduced) <= ROW_BLOCK:
+            return []
+        return [r for r in reductions if _is_float_sum(r)]
+
+    def _open_row_pass(self, dims: list[LoopDim], reduced: list[int], indent: str,
+                       clauses: str, blocked: list[Node], phase: int) -> str:
+        """Open the loops of one pass over the reduced axes; with blocked sums, the innermost
+        reduced loop runs in blocks of ROW_BLOCK (or whole, when shorter, a block then being
+        several runs of it)."""
+        if not blocked:
+            return self._open_loops(dims, reduced, indent, clauses, False)
+        last, size = reduced[-1], dims[reduced[-1]].size
+        if size <= ROW_BLOCK and ROW_BLOCK // size > 1:
+            self.lines.append(f"{indent}int64_t run{phase} = 0;")
+        indent = self._open_loops(dims, reduced[:-1], indent, None, False)
+        start, end = "0", str(size)
+        if size > ROW_BLOCK:
+            self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {ROW_BLOCK}) {{")
+            indent += "  "
+            self.lines.append(f"{indent}const int64_t ke = kb + {ROW_BLOCK} < {size} ? "
+                              f"kb + {ROW_BLOCK} : {size};")
+            start, end = "kb", "ke"
+        self.lines.append(f"{indent}#pragma omp simd{clauses}")
+        self.lines.append(f"{indent}for (int64_t i{last} = {start}; i{last} < {end}; ++i{last}) {{")
+        return indent + "  "
+
+    def _close_row_pass(self, dims: list[LoopDim], reduced: list[int], indent: str,
+                        blocked: list[Node], phase: int) -> None:
+        """Close what `_open_row_pass` opened; each finished block's sums go to their pairwise
+        totals, and after the last block the totals become the accumulators."""
+        if not blocked:
+            self._close_loops(len(reduced), indent)
+            return
+        indent = self._close_loops(1, indent)
+        size = dims[reduced[-1]].size
+        runs = ROW_BLOCK // size if size <= ROW_BLOCK else 1
+        flush = " ".join(f"gk_pairwise_push(&pw{self.local[r.uid]}, acc{self.local[r.uid]}); "
+                         f"acc{self.local[r.uid]} = 0;" for r in blocked)
+        if runs > 1:
+            self.lines.append(f"{indent}if (++run{phase} == {runs}) {{ {flush} run{phase} = 0; }}")
+        else:
+            self.lines.append(f"{indent}{flush}")
+        if size > ROW_BLOCK:
+            indent = self._close_loops(1, indent)
+        indent = self._close_loops(len(reduced) - 1, indent)
+        if runs > 1:
+            self.lines.append(f"{indent}{flush}")  # the last, partial block
+        for red in blocked:
+            k = self.local[red.uid]
+            self.lines.append(f"{indent}acc{k} = ({T.C_COMPUTE[red.dtype]})"
+                              f"gk_pairwise_total(&pw{k});")
+
+    # -- column reductions ------------------------------------------------------------------
+    def _emit_column_reduction(self, dims: list[LoopDim], outputs: list[Buffer]) -> None:
+        """Reductions over axes that are not innermost (axis 0 of a matrix, the middle axis of
+        a 3-d tensor): the innermost kept axis is walked in blocks of COLUMN_BLOCK lanes, each
+        lane with its own accumulator, so every load is contiguous and the lanes vectorise."""
+        kin = len(dims) - 1
+        kout = [i for i, d in enumerate(dims[:-1]) if not d.reduced]
+        red = [i for i, d in enumerate(dims) if d.reduced]
+        block = min(COLUMN_BLOCK, dims[kin].size)
+        work = math.prod(self.sched.space)
+        threads = work >= self.threshold
+        indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
+        if threads and not kout:
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+        size = dims[kin].size
+        self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
+        indent += "  "
+        self.lines.append(f"{indent}const int64_t nb = {size} - kb < {block} ? {size} - kb : "
+                          f"{block};")
+        lane = f"const int64_t i{kin} = kb + j;"
+
+        def lanes(body: list[str], at: str) -> None:
+            self.lines.append(f"{at}#pragma omp simd")
+            self.lines.append(f"{at}for (int64_t j = 0; j < nb; ++j) {{")
+            self.lines.append(f"{at}  {lane}")
+            self.lines.extend(f"{at}  {b}" for b in body)
+            self.lines.append(f"{at}}}")
+
+        outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
+                       get_op(n.op).kind != PatternKind.REDUCE]
+
+        def outer_values(phase: int) -> None:
+            nodes = [n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase]
+            if not nodes:
+                return
+            body = []
+            for node in nodes:
+                ct = T.C_COMPUTE[node.dtype]
+                self.lines.append(f"{indent}{ct} ov{self.local[node.uid]}[{block}];")
+                body.append(f"ov{self.local[node.uid]}[j] = {self._expr(node, dims, False)};")
+                self.var[node.uid] = f"ov{self.local[node.uid]}[j]"
+            lanes(body, indent)
+
+        outer_values(0)
+        for phase, reductions in enumerate(self.sched.phases, start=1):
+            init_body = []
+            for red_node in reductions:
+                ct = T.C_COMPUTE[red_node.dtype]
+                acc = f"acc{self.local[red_node.uid]}"
+                self.lines.append(f"{indent}{ct} {acc}[{block}];")
+                init_body.append(f"{acc}[j] = {self._reduce_init(red_node)};")
+                if self._tracks_nan(red_node):
+                    self.lines.append(f"{indent}int nan{self.local[red_node.uid]}[{block}];")
+                    init_body.append(f"nan{self.local[red_node.uid]}[j] = 0;")
+            blocked = [r for r in reductions if _is_float_sum(r)] \
+                if math.prod(dims[i].size for i in red) > COLUMN_RUN else []
+            for red_node in blocked:
+                self.lines.append(f"{indent}double tot{self.local[red_node.uid]}[{block}];")
+                init_body.append(f"tot{self.local[red_node.uid]}[j] = 0;")
+            lanes(init_body, indent)
+            if blocked:
+                self.lines.append(f"{indent}int64_t run{phase} = 0;")
+            inner_indent = self._open_loops(dims, red, indent, None, False)
+            saved = dict(self.var)
+            mark = len(self.lines)
+            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
+                          inner_indent + "  ")
+            body = [line.strip() for line in self.lines[mark:]]
+            del self.lines[mark:]
+            for red_node in reductions:
+                acc = f"acc{self.local[red_node.uid]}[j]"
+                v = self._operand(red_node.inputs[0], dims, True)
+                body.append(f"{acc} = {self._combine(red_node, acc, v)};")
+                if self._tracks_nan(red_node):
+                    body.append(f"nan{self.local[red_node.uid]}[j] |= ({v} != {v});")
+            self.var = saved
+            lanes(body, inner_indent)
+            if blocked:  # every COLUMN_RUN rows, each lane's float sum joins its double total
+                self.lines.append(f"{inner_indent}if (++run{phase} == {COLUMN_RUN}) {{")
+                lanes([f"tot{k}[j] += acc{k}[j]; acc{k}[j] = 0;"
+                       for k in (self.local[r.uid] for r in blocked)], inner_indent + "  ")
+                self.lines.append(f"{inner_indent}  run{phase} = 0;")
+                self.lines.append(f"{inner_indent}}}")
+            self._close_loops(len(red), inner_indent)
+            final_body = [f"acc{k}[j] = ({T.C_COMPUTE[r.dtype]})(tot{k}[j] + acc{k}[j]);"
+                          for r, k in ((r, self.local[r.uid]) for r in blocked)]
+            for red_node in reductions:
+                acc = f"acc{self.local[red_node.uid]}[j]"
+                if self._tracks_nan(red_node):
+                    final_body.append(f"if (nan{self.local[red_node.uid]}[j]) {acc} = NAN;")
+                if red_node.dtype == T.float16:
+                    final_body.append(f"{acc} = (float)(_Float16){acc};")
+                self.var[red_node.uid] = acc
+            if final_body:
+                lanes(final_body, indent)
+            outer_values(phase)
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        if inner_outputs:
+            inner_indent = self._open_loops(dims, red, indent, None, False)
+            saved = dict(self.var)
+            mark = len(self.lines)
+            self._compute(self._inner_closure([b.value for b in inner_outputs]), dims, True,
+                          inner_indent)
+            for buf in inner_outputs:
+                self._store(buf, dims, True, inner_indent)
+            body = [line.strip() for line in self.lines[mark:]]
+            del self.lines[mark:]
+            self.var = saved
+            lanes(body, inner_indent)
+            self._close_loops(len(red), inner_indent)
+        outer_outputs = [b for b in outputs if self.sched.is_outer(b.value)]
+        if outer_outputs:
+            mark = len(self.lines)
+            for buf in outer_outputs:
+                self._store(buf, dims, False, indent)
+            body = [line.strip() for line in self.lines[mark:]]
+            del self.lines[mark:]
+            lanes(body, indent)
+        indent = indent[:-2]
+        self.lines.append(f"{indent}}}")
+        self._close_loops(len(kout), indent)
+
+    def _reduce_init(self, red: Node) -> str:
+        init = _reduction(red).identity
+        if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
+            bits = "INT64" if red.dtype == T.int64 else "INT32"
+            init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
+        return init
+
+    @staticmethod
+    def _tracks_nan(red: Node) -> bool:
+        return _reduction(red).propagates_nan and T.is_float(red.dtype)
+
+    @staticmethod
+    def _combine(red: Node, acc: str, v: str) -> str:
+        return _reduction(red).combine.format(acc=acc, v=v)
+
+
+def _reduction(red: Node) -> Reduction:
+    reduction = get_op(red.op).reduction
+    assert reduction is not None, f"{red.op} is not a reduction"
+    return reduction
+
+
+def _is_float_sum(red: Node) -> bool:
+    return _reduction(red).omp_operator == "+" and T.is_float(red.dtype)
