@@ -646,6 +646,13 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
         exe.run_arrays(*[_input_data(rng, s, d, spread) for s, d in input_types])
         for g, k in zip(got, kept):
             np.testing.assert_array_equal(g, k, err_msg="a later call overwrote a result")
+        if layouts or seed % 4 == 0:
+            # Byte-swapped arrays and bool arrays whose bytes are not 0/1 (a uint8 view: any
+            # nonzero byte is True) give the same answer as the native arrays.
+            odd = [_odd_bytes(a, rng) for a in arrays]
+            for g, w in zip(exe.run_arrays(*odd), got):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
+                                              err_msg="byte-swapped or non-0/1 bool inputs")
         if layouts:
             # Fortran order, read-only, strided views give the same answer.
             views = []
@@ -655,6 +662,15 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
                 views.append(f)
             for g, w in zip(exe.run_arrays(*views), got):
                 np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def _odd_bytes(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The same values in bytes the kernels do not read natively: bool as bytes 1..255 for
+    True, other dtypes byte-swapped."""
+    if a.dtype == np.bool_:
+        raw = np.where(a, rng.integers(1, 256, size=a.shape), 0).astype(np.uint8)
+        return raw.view(np.bool_)
+    return a.astype(a.dtype.newbyteorder())
 
 
 N_EXAMPLES = int(os.environ.get("GRAPHKERNEL_DIFF_EXAMPLES", "500"))

@@ -340,3 +340,22 @@ def test_log_softmax_at_extremes(dtype):
         _assert_close_at_extremes(got, want, dtype, f"LogSoftmax fusion={options is ON}")
         soft = run(lambda a: P.Softmax()(a), x, options=options, kernels=1)
         _assert_close_at_extremes(soft, np.exp(want), dtype, f"Softmax fusion={options is ON}")
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_layernorm_mean_of_a_row_with_inf_is_inf(fusion):
+    """The corrected two-pass mean added its correction (inf - inf = NaN) to an infinite rough
+    mean: LayerNorm's mean output was NaN where numpy's mean is -inf (found by the
+    differential generator)."""
+    class LN(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.ln = P.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1)
+
+        def construct(self, x, g, b):
+            return self.ln(x, g, b)[1]
+    x = np.array([[-np.inf, 1.0, 2.0], [1.0, 2.0, 3.0], [np.inf, np.inf, 0.0]], np.float32)
+    g, b = np.ones(3, np.float32), np.zeros(3, np.float32)
+    exe = graphkernel.compile(LN(), x, g, b, options=CompileOptions(enable_graph_kernel=fusion))
+    want = x.astype(np.float64).mean(axis=-1, keepdims=True).astype(np.float32)
+    np.testing.assert_array_equal(exe.run_arrays(x, g, b)[0], want)

@@ -231,4 +231,7 @@ def layer_norm(b: Builder, x: Value, gamma: Value, beta: Value, begin_norm_axis:
     var = b("Maximum", spread, 0.0)  # >= 0 in exact arithmetic; keeps rsqrt from NaN
     scale = b("Rsqrt", b("Add", var, epsilon))
     y = b("Add", b("Mul", b("Mul", b("Sub", centred, shift), scale), gamma), beta)
-    return y, b("Add", rough, shift), var
+    # A row holding inf or NaN: the rough mean is already the answer (numpy's), and the
+    # correction (inf - inf) would turn an infinite mean into NaN.
+    finite = b("Equal", b("Sub", rough, rough), 0.0)
+    return y, b("Select", finite, b("Add", rough, shift), rough), var
