@@ -678,7 +678,9 @@ _SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derando
                  print_blob=True)
 
 
-@settings(max_examples=N_EXAMPLES, **_SETTINGS)
+# The suite's run draws the same programs every time (CI must not turn red on a draw); the long
+# run (`-m slow`) draws new ones each time, to find what the fixed set misses.
+@settings(max_examples=N_EXAMPLES, **{**_SETTINGS, "derandomize": True, "database": None})
 @given(programs(), st.integers(0, 2**31 - 1))
 def test_random_graphs_match_numpy(case: Any, seed: int) -> None:
     input_types, program, outputs = case
