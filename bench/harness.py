@@ -18,7 +18,8 @@ from bench import machine
 from bench.native import copy_variants
 from bench.net_workloads import NET_KINDS
 from bench.systems import FRESH, Runner, System, version_of
-from bench.workloads import SUITES, Workload, check, input_sets, reference
+from bench.training import reference
+from bench.workloads import SUITES, Workload, check, input_sets
 
 COPY = "copy"
 # A check that fails by at most this much (max |error| / max |reference|) is an accuracy

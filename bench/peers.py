@@ -22,7 +22,7 @@ from bench.systems import (
     Runner,
     System,
 )
-from bench.workloads import EPS, SQRT_2_OVER_PI, Workload
+from bench.workloads import EPS, SQRT_2_OVER_PI, TRAIN_KINDS, Workload
 
 # ---------------------------------------------------------------------------------------------
 # PyTorch
@@ -105,6 +105,11 @@ class TorchEager(System):
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
         import torch
+        if w.kind in TRAIN_KINDS:
+            from bench.training import prepare_torch
+            call, to_numpy, info = prepare_torch(w, sets, params, False, torch_fn)
+            return Prepared([Runner(self.key, FRESH, call, to_numpy, len(sets))], info)
+        torch.set_grad_enabled(False)
         tsets, tp = self._tensors(sets, params)
         fn = torch_fn(w, tp)
         n = len(sets)
@@ -139,6 +144,11 @@ class TorchCompile(TorchEager):
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
         import torch
+        if w.kind in TRAIN_KINDS:
+            from bench.training import prepare_torch
+            call, to_numpy, info = prepare_torch(w, sets, params, True, torch_fn)
+            return Prepared([Runner(self.key, FRESH, call, to_numpy, len(sets))], info)
+        torch.set_grad_enabled(False)
         tsets, tp = self._tensors(sets, params)
         eager = torch_fn(w, tp)
         fn = torch.compile(lambda *xs: eager(*xs), dynamic=False)
@@ -224,6 +234,10 @@ class JaxJit(System):
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
         import jax
+        if w.kind in TRAIN_KINDS:
+            from bench.training import prepare_jax
+            call, to_numpy, info = prepare_jax(w, sets, params, jax_fn)
+            return Prepared([Runner(self.key, FRESH, call, to_numpy, len(sets))], info)
         fn = jax.jit(jax_fn(w))
         jsets = [[jax.device_put(a) for a in s.values()] for s in sets]
         jp = {k: jax.device_put(v) for k, v in params.items()}
@@ -359,6 +373,11 @@ class OnnxRuntime(System):
     def threads(self) -> dict[str, Any]:
         return {"ort_intra_op_threads": 2, "ort_inter_op_threads": 1, "ort_spinning": False}
 
+    def supports(self, w: Workload) -> str | None:
+        if w.kind in TRAIN_KINDS:
+            return "ONNX Runtime here runs inference graphs (its training package is apart)"
+        return None
+
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
         model = onnx_model(w, params)
@@ -426,6 +445,12 @@ class MindSporeFused(System):
 
     def threads(self) -> dict[str, Any]:
         return self.worker().request("threads")
+
+    def supports(self, w: Workload) -> str | None:
+        if w.kind in TRAIN_KINDS:
+            return "not written yet: MindSpore's TrainOneStepCell row (bench/ms_worker.py " \
+                   "runs inference cells only)"
+        return None
 
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:

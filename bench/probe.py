@@ -36,7 +36,8 @@ NOTES = {
 
 def _probe(suite: str, key: str, system: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    from bench.workloads import SUITES, check, input_sets, reference
+    from bench.training import reference
+    from bench.workloads import SUITES, check, input_sets
     w = next(w for w in SUITES[suite]() if w.key == key)
     sets, params = input_sets(w, [0])
     result: dict[str, Any] = {}

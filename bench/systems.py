@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.workloads import ELEMENTWISE_KINDS, Workload, numpy_fn
+from bench.workloads import ELEMENTWISE_KINDS, TRAIN_KINDS, Workload, numpy_fn
 
 FRESH, PREALLOCATED = "fresh", "preallocated"
 
@@ -110,6 +110,10 @@ class GraphKernel(System):
         from bench.gk_cells import make_cell
         from graphkernel.graph_kernel.pipeline import CompileOptions
 
+        if w.kind in TRAIN_KINDS:
+            from bench.training import prepare_graphkernel
+            call, to_numpy, info = prepare_graphkernel(self.key, self.fused, w, sets, params)
+            return Prepared([Runner(self.key, FRESH, call, to_numpy, len(sets))], info)
         cell = make_cell(w, params)
         arrays = [list(s.values()) for s in sets]
         t0 = time.perf_counter()
@@ -145,6 +149,11 @@ class GraphKernel(System):
 class NumpyEager(System):
     key, label, kind = "numpy", "numpy eager", "baseline"
     dists = ("numpy",)
+
+    def supports(self, w: Workload) -> str | None:
+        if w.kind in TRAIN_KINDS:
+            return "numpy has no automatic differentiation"
+        return None
 
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:

@@ -83,6 +83,14 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
             rows.append(("4. per call <= numpy eager", w["key"],
                          None if ours is None or npy is None else ours <= npy,
                          f"graphkernel {_fmt(ours)}, numpy {_fmt(npy)}"))
+    for w in workloads:
+        if w["kind"].endswith("_train"):  # forward + backward + Adam in one graph
+            counts = {s: w["systems"].get(s, {}).get("info", {}).get("kernel_count")
+                      for s in ("gk_fused", "gk_unfused")}
+            known = None not in counts.values()
+            rows.append(("6. training step: fusion launches fewer kernels", w["key"],
+                         None if not known else counts["gk_fused"] < counts["gk_unfused"],
+                         f"{counts['gk_fused']} kernels fused, {counts['gk_unfused']} unfused"))
     compiles = results.get("compile_times", {}).get("workloads", {})
     by_key = {w["key"]: w for w in workloads}
     for key, per_system in compiles.items():

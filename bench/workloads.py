@@ -21,7 +21,9 @@ EPS = 1e-5  # LayerNorm epsilon, the same for every system
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 KINDS = ("basic", "composite", "chain", "bias_gelu", "layernorm", "softmax", "mlp", "encoder",
-         "cnn", "bert")
+         "cnn", "bert", "mlp_train", "encoder_train")
+# Training steps (bench/training.py): forward, backward and an Adam update of every weight.
+TRAIN_KINDS = ("mlp_train", "encoder_train")
 ELEMENTWISE_KINDS = ("basic", "composite", "chain", "bias_gelu")
 
 
@@ -48,11 +50,16 @@ class Workload:
     def output_shape(self) -> tuple[int, ...]:
         if self.kind in NET_KINDS:
             return net_workloads.output_shape(self.kind, self.dims)
+        if self.kind in TRAIN_KINDS:  # the loss, then every updated weight
+            return (1 + sum(math.prod(s) for s in self.param_shapes().values()),)
         return next(iter(self.input_shapes().values()))
 
     def matmul_flops(self) -> int:
         """Floating-point operations of the matrix products (2 per multiply-add)."""
         d = self.dims
+        if self.kind in TRAIN_KINDS:  # backward: two more products per forward product
+            base = Workload(self.key, self.kind.removesuffix("_train"), self.title, self.dims)
+            return 3 * base.matmul_flops()
         if self.kind == "mlp":
             return 2 * 2 * d["batch"] * d["hidden"] * d["inner"]
         if self.kind == "encoder":
@@ -73,6 +80,9 @@ class Workload:
 def input_shapes(kind: str, d: dict[str, int]) -> dict[str, tuple[int, ...]]:
     if kind in NET_KINDS:
         return net_workloads.input_shapes(kind, d)
+    if kind in TRAIN_KINDS:  # the forward's input and the regression target
+        x = input_shapes(kind.removesuffix("_train"), d)["x"]
+        return {"x": x, "target": x}
     if kind in ("basic", "composite", "chain"):
         return {"x": (d["rows"], d["cols"])}
     if kind == "bias_gelu":
@@ -91,6 +101,7 @@ def input_shapes(kind: str, d: dict[str, int]) -> dict[str, tuple[int, ...]]:
 def param_shapes(kind: str, d: dict[str, int]) -> dict[str, tuple[int, ...]]:
     if kind in NET_KINDS:
         return net_workloads.param_shapes(kind, d)
+    kind = kind.removesuffix("_train")
     if kind == "mlp":
         h, f = d["hidden"], d["inner"]
         return {"w1": (f, h), "b1": (f,), "w2": (h, f), "b2": (h,), "gamma": (h,),
@@ -230,7 +241,8 @@ def numpy_fn(w: Workload, params: dict[str, np.ndarray]
 
 def reference(w: Workload, inputs: dict[str, np.ndarray], params: dict[str, np.ndarray]
               ) -> np.ndarray:
-    """The float64 answer every system is checked against."""
+    """The float64 answer every system is checked against (inference workloads;
+    bench.training.reference covers the training steps too)."""
     p64 = {k: v.astype(np.float64) for k, v in params.items()}
     fn = numpy_fn(w, p64)
     return fn(*[a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs.values()])
@@ -282,6 +294,8 @@ def _suite(n_small: int, n_big: int, ln: tuple[int, int], mlp: tuple[int, int, i
     net_tol = {"rtol": 2e-4, "atol": 2e-4}
     # exp/tanh: float32 libraries differ by a few ulp to ~1e-5 (vectorised approximations).
     fn_tol = {"rtol": 1e-4, "atol": 1e-5}
+    # Updated weights move ~1e-3 per step; float32 gradients differ in the last digits.
+    train_tol = {"rtol": 1e-4, "atol": 2e-5}
     return [
         _w(f"basic_{n_small}x{n_small}", "basic", f"NetBasicFuse ((x*2)+1)*3, "
            f"{n_small}x{n_small}", rows=n_small, cols=n_small),
@@ -304,6 +318,13 @@ def _suite(n_small: int, n_big: int, ln: tuple[int, int], mlp: tuple[int, int, i
         _w(f"encoder_{eb}x{es}x{eh}", "encoder", f"Transformer encoder layer, batch {eb}, seq "
            f"{es}, hidden {eh}, {heads} heads", batch=eb, seq=es, hidden=eh, heads=heads,
            inner=4 * eh, **net_tol),
+        # One training step (forward + backward + Adam); the checked output is the loss and
+        # the updated weights (bench/training.py).
+        _w(f"mlp_train_{b}x{h}x{f}", "mlp_train", f"Training step: MLP block + MSE + Adam, "
+           f"batch {b}, hidden {h}, inner {f}", batch=b, hidden=h, inner=f, **train_tol),
+        _w(f"encoder_train_{eb}x{es}x{eh}", "encoder_train", f"Training step: encoder layer + "
+           f"MSE + Adam, batch {eb}, seq {es}, hidden {eh}, {heads} heads", batch=eb, seq=es,
+           hidden=eh, heads=heads, inner=4 * eh, **train_tol),
     ]
 
 

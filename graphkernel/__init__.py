@@ -12,11 +12,12 @@ from graphkernel.common.initializer import set_seed
 from graphkernel.frontend import context
 from graphkernel.frontend.compile import compile
 from graphkernel.frontend.export import export, load
+from graphkernel.frontend.grad import ParameterTuple, grad, value_and_grad
 from graphkernel.frontend.jit import jit
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 
-__all__ = ["__version__", "communication", "context", "compile", "dtype", "export", "jit",
-           "load", "load_checkpoint", "load_param_into_net", "Parameter", "save_checkpoint",
-           "set_seed", "Tensor", "nn", "ops", "float16", "float32", "float64", "int32", "int64",
-           "bool_"]
+__all__ = ["__version__", "communication", "context", "compile", "dtype", "export", "grad",
+           "jit", "load", "load_checkpoint", "load_param_into_net", "Parameter",
+           "ParameterTuple", "save_checkpoint", "set_seed", "Tensor", "nn", "ops",
+           "value_and_grad", "float16", "float32", "float64", "int32", "int64", "bool_"]

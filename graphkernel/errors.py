@@ -110,3 +110,7 @@ class CommunicationError(GraphKernelError, RuntimeError):
 
 class NoEffectWarning(UserWarning):
     """A MindSpore setting graphkernel accepts but that changes nothing here."""
+
+
+class GradientError(GraphKernelError, TypeError):
+    """Something on the path from a differentiated output to an input has no gradient."""

@@ -97,6 +97,12 @@ def test_the_test_command_paragraph_names_chromium():
         "apt-get install -y chromium chromium-driver" in paragraph
 
 
+def _losses_fall(out: str) -> bool:
+    losses = [float(line) for line in out.split()]
+    return (len(losses) == 3 and 1.5 < losses[0] < 3.5
+            and all(b < a for a, b in zip(losses, losses[1:])))
+
+
 CHECKS = {
     # snippet marker -> what its output must show
     "class NetBasicFuse": lambda out, err, cwd: (
@@ -105,6 +111,8 @@ CHECKS = {
     "write_report(exe": lambda out, err, cwd: (
         "kernel(s) per call" in out and os.path.isfile(os.path.join(cwd, "r.html")) and
         all(abs(float(v) - 1) < 1e-4 for v in out.strip().splitlines()[-1].strip("[]").split())),
+    # three training steps on one batch: the loss (near ln 10 at the start) goes down
+    "nn.TrainOneStepCell": lambda out, err, cwd: _losses_fall(out),
     "enable_parallel_fusion": lambda out, err, cwd: (
         out.strip() == "True" and
         "--enable_parallel_fusion has no effect in graphkernel" in err),

@@ -50,7 +50,12 @@ class Cell:
         return out
 
     def trainable_params(self) -> list[Parameter]:
-        return [p for _, p in self.parameters_and_names() if p.requires_grad]
+        """Parameters with requires_grad, each once (a shared one is listed where first met)."""
+        seen: dict[int, Parameter] = {}
+        for _, p in self.parameters_and_names():
+            if p.requires_grad:
+                seen.setdefault(id(p), p)
+        return list(seen.values())
 
     def get_parameters(self) -> list[Parameter]:
         return [p for _, p in self.parameters_and_names()]

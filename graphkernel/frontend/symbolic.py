@@ -44,6 +44,8 @@ class SymbolicGraph:
         self.graph = Graph(name)
         self.parent = parent
         self.weights: dict[int, Input] = {}
+        # Parameters written by ops such as Assign while tracing: id -> their new value.
+        self.assigned: dict[int, Value] = {}
         # For a child: outer values captured as extra inputs, by the outer value's uid.
         self.captures: dict[int, tuple[Value, Input]] = {}
         self.names: dict[str, int] = {}
@@ -73,12 +75,29 @@ class SymbolicGraph:
         if self.parent is not None:
             # Inside a GraphKernel cell: the weight is an input of the outer graph, passed in.
             return self.capture(self.parent.weight(param), self.parent)
+        if id(param) in self.assigned:  # written earlier in this construct: its new value
+            return self.assigned[id(param)]
+        return self.weight_input(param)
+
+    def weight_input(self, param: Weight) -> Input:
         if id(param) not in self.weights:
             name = param.name or "weight"
             inp = Input(TensorType(param.shape, param.dtype), self.unique(name), "weight", param)
             self.weights[id(param)] = inp
             self.graph.inputs.append(inp)
         return self.weights[id(param)]
+
+    def assign(self, param: Weight, value: Value) -> None:
+        """After each call `param` holds `value` (Graph.assigns); later reads in this construct
+        see `value`. A second write to the same Parameter replaces the first."""
+        if self.parent is not None:
+            raise GraphModeError(f"a GraphKernel cell cannot write Parameter {param.name!r}; "
+                                 "write it in the Cell that calls the GraphKernel",
+                                 user_location())
+        inp = self.weight_input(param)
+        self.graph.assigns = [(w, v) for w, v in self.graph.assigns if w is not inp]
+        self.graph.assigns.append((inp, value))
+        self.assigned[id(param)] = value
 
     def capture(self, value: Value, owner: SymbolicGraph | None) -> Value:
         """`value`, recorded by `owner`, as a value of this graph."""

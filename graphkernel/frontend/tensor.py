@@ -9,7 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import DTypeError, GraphKernelError, GraphModeError, UnsupportedError
+from graphkernel.errors import (
+    DTypeError,
+    GraphKernelError,
+    GraphModeError,
+    InputError,
+    UnsupportedError,
+)
 from graphkernel.frontend.indexing import strided_slice_args
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.memory import check_fits_in_memory
@@ -337,11 +343,19 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         return op.static_value(types, full_attrs)  # type: ignore[no-any-return]
     out_type = op.infer(types, full_attrs)
     check_fits_in_memory(op.name, out_type)
+    for i in op.writes:
+        if not isinstance(operands[i], Parameter):
+            raise InputError(f"{op.name} writes its input {op.inputs[i]!r} in place, so it must "
+                             f"be a Parameter, not a {type(args[i]).__name__}")
     tracer = _tracer_for(operands)
     if tracer is None:
         arrays = [o.asnumpy() if isinstance(o, Tensor) else o for o in operands]
         result = op.reference(*arrays, **full_attrs)
-        return _wrap_eager(result, out_type)
+        wrapped = _wrap_eager(result, out_type)
+        written = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+        for i, new in zip(op.writes, written):
+            operands[i].asnumpy()[...] = new.asnumpy()  # type: ignore[union-attr]
+        return wrapped
     values: list[Value] = []
     for o in operands:
         if isinstance(o, Tensor):
@@ -354,7 +368,11 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         for index, item in enumerate(out_type.items):
             getter = tracer.add_node("GetItem", [node], {"index": index}, item, loc)
             items.append(Tensor._symbolic(getter, tracer))
+        for i, new in zip(op.writes, items):
+            tracer.assign(operands[i], new._value)  # type: ignore[arg-type]
         return tuple(items)
+    for i in op.writes:
+        tracer.assign(operands[i], node)  # type: ignore[arg-type]
     return Tensor._symbolic(node, tracer)
 
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from graphkernel.graph_kernel import nn_expanders  # noqa: F401  (registers BatchNorm's)
+from graphkernel.graph_kernel import (  # noqa: F401  (register their expanders)
+    grad_expanders,
+    nn_expanders,
+    optim_expanders,
+)
 from graphkernel.graph_kernel.cluster import cluster
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node

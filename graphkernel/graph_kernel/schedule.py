@@ -145,7 +145,8 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
             continue
         aligned = _check_fits(_align(node.shape, rank, node.name), space, node.name)
         for value in node.inputs:
-            if value.uid in reduce_phase and not value_keeps_dims(value):
+            if value.uid in reduce_phase and not value_keeps_dims(value) and \
+                    axes != tuple(range(len(axes))):
                 raise NotSchedulable(f"{value.name} (a reduction without keep_dims) is used by "
                                      f"{node.op} inside the kernel")
         sched.aligned[node.uid] = aligned
@@ -180,6 +181,11 @@ def _trailing_views(nodes: list[Node], outputs: list[Value]) -> dict[int, Node]:
     read = {v.uid for n in nodes for v in n.inputs}
     return {n.uid: n for n in nodes if get_op(n.op).view and n.uid in out_uids and
             n.uid not in read and n.inputs[0].uid in in_group}
+
+
+# A reduction over the leading axes only (a bias gradient's axis 0, a sum of everything) needs
+# no keep_dims inside a kernel: under right-aligned broadcasting its result already lines up
+# with the kept axes.
 
 
 def value_keeps_dims(value: Value) -> bool:

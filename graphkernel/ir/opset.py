@@ -9,7 +9,7 @@ read this table.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -71,6 +71,14 @@ class OpDef:
     expensive: bool = False
     # Only relabels the shape (Reshape, ExpandDims, Squeeze): fuses when no data moves.
     view: bool = False
+    # Its reverse-mode rule: grad(b, node, dout, attrs) -> one gradient per tensor input (None
+    # where none flows), built with `b`, an ir.build.GraphBuilder, from the forward node (its
+    # inputs and output) and `dout`, the gradient of its output (a tuple, None for unused items,
+    # when it has several). None: no rule, so differentiating through it is an error.
+    grad: Callable[..., Sequence[Any]] | None = None
+    # Input positions it writes in place (Assign, ApplyMomentum): each must be a Parameter, and
+    # its outputs are their new values, in that order (the graph records them in `assigns`).
+    writes: tuple[int, ...] = ()
     # Runs as its numpy reference unfused; expanded into basic ops when fusing.
     composite: bool = False
     # An op of the IR itself (GetItem), not callable from the frontend.

@@ -1,4 +1,5 @@
-"""Cells: `Cell`, `GraphKernel`, and layers built from primitives (MindSpore's names)."""
+"""Cells: `Cell`, `GraphKernel`, layers built from primitives (MindSpore's names), losses,
+optimizers and the training wrappers."""
 from graphkernel.frontend.cell import Cell, GraphKernel
 from graphkernel.nn.activation import (
     GELU,
@@ -20,10 +21,30 @@ from graphkernel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
 from graphkernel.nn.distributed import DistributedGradReducer
 from graphkernel.nn.graph_cell import GraphCell
 from graphkernel.nn.layers import Dense, Dropout, Embedding, Flatten, LayerNorm
+from graphkernel.nn.loss import (
+    BCEWithLogitsLoss,
+    L1Loss,
+    LossBase,
+    MSELoss,
+    SoftmaxCrossEntropyWithLogits,
+)
 from graphkernel.nn.normalization import BatchNorm1d, BatchNorm2d
+from graphkernel.nn.optim import (
+    SGD,
+    Adam,
+    AdamWeightDecay,
+    ExponentialDecayLR,
+    LearningRateSchedule,
+    Momentum,
+    Optimizer,
+)
+from graphkernel.nn.wrap import TrainOneStepCell, WithLossCell
 
 __all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPool2d",
            "BatchNorm1d", "BatchNorm2d", "CellList", "Conv2d", "Dense", "Dropout", "Embedding",
            "FastGelu", "Flatten", "GELU", "HSwish", "Identity", "LayerNorm", "LogSoftmax",
            "MaxPool2d", "ReLU", "ReLU6", "SequentialCell", "Sigmoid", "SiLU", "Softmax",
-           "Softsign", "Tanh", "get_activation"]
+           "Softsign", "Tanh", "get_activation", "BCEWithLogitsLoss", "L1Loss", "LossBase",
+           "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay",
+           "ExponentialDecayLR", "LearningRateSchedule", "Momentum", "Optimizer",
+           "TrainOneStepCell", "WithLossCell"]

@@ -1,7 +1,9 @@
 """Primitives (`from graphkernel.ops import operations as P`, or `ops.ReduceSum` as in
 MindSpore 2.x) and functional forms under MindSpore 2.x's names (`ops.gelu`, `ops.matmul`,
 `ops.concat`), generated from the op table in graphkernel/ir/opdefs/; where MindSpore's signature
-differs from the primitive's, `ops/functional.py` writes the function by hand."""
+differs from the primitive's, `ops/functional.py` writes the function by hand. `GradOperation`
+is MindSpore's gradient operation (frontend/grad.py)."""
+from graphkernel.frontend.grad import GradOperation
 from graphkernel.frontend.primitive import Primitive, make_functional
 from graphkernel.ir.opset import user_ops
 from graphkernel.ops import operations
@@ -18,6 +20,6 @@ from graphkernel.ops import functional  # noqa: E402  (after the generated forms
 from graphkernel.ops.functional import *  # noqa: E402, F403
 from graphkernel.ops.functional import MINDSPORE_SIGNATURES as _HAND_WRITTEN  # noqa: E402
 
-__all__ = ["operations", "functional", "Primitive"]
+__all__ = ["operations", "functional", "Primitive", "GradOperation"]
 __all__ += sorted({*_P.__all__[1:], *_HAND_WRITTEN,
                    *(name for op in user_ops() for name in op.functional_names)})

@@ -29,10 +29,39 @@ def _unary_float_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> 
 
 def _composite(name: str, inputs: tuple[str, ...], reference: Callable[..., Any],
                infer: Infer = _unary_float_infer, accepts: tuple[np.dtype, ...] | None = FLOATS,
-               init_attrs: tuple[tuple[str, Any], ...] = (), variadic: bool = False) -> None:
+               init_attrs: tuple[tuple[str, Any], ...] = (), variadic: bool = False,
+               grad: Callable[..., Any] | None = None) -> None:
     declare(OpDef(name=name, kind=PatternKind.OPAQUE, inputs=inputs, infer=infer,
                   reference=reference, accepts=accepts, init_attrs=init_attrs,
-                  variadic=variadic, composite=True))
+                  variadic=variadic, composite=True, grad=grad))
+
+
+# Gradient rules (OpDef.grad). A composite's gradient reads only the composite's inputs and
+# output, never its inner values: what it needs inside (GeLU's tanh, Softmax's sum) is
+# recomputed in the gradient composite (ir/opdefs/grad.py), which fuses like the forward one.
+def _unary(rule: Callable[..., Any]) -> Callable[..., Any]:
+    def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+        return [rule(b, n.inputs[0], n, dy, attrs)]
+    return grad
+
+
+def _silu_grad(b: Any, x: Any, out: Any, dy: Any, attrs: dict[str, Any]) -> Any:
+    s = b("Sigmoid", x)  # d(x s) = s + x s (1 - s) = s (1 + x (1 - s))
+    return b("Mul", dy, b("Mul", s, b("Add", b("Mul", x, b("Sub", 1.0, s)), 1.0)))
+
+
+def _relu6_grad(b: Any, x: Any, out: Any, dy: Any, attrs: dict[str, Any]) -> Any:
+    inside = b("LogicalAnd", b("Greater", x, b.const(0, x)), b("Less", x, b.const(6, x)))
+    return b("Select", inside, dy, b.const(0, dy))
+
+
+def _hswish_grad(b: Any, x: Any, out: Any, dy: Any, attrs: dict[str, Any]) -> Any:
+    # x * relu6(x + 3) / 6: 0 below -3, 1 above 3, (2x + 3) / 6 between
+    slope = b("Add", b("Mul", x, 1 / 3), 0.5)
+    slope = b("Select", b("Less", x, b.const(-3, x)), b.const(0, x), slope)
+    slope = b("Select", b("Greater", x, b.const(3, x)), b.const(1, x), slope)
+    return b("Mul", dy, slope)
+
 
 
 def _as(x: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -81,18 +110,27 @@ def _gelu_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueTy
     return types[0]
 
 
-_composite("GeLU", ("x",), _gelu_ref, infer=_gelu_infer, init_attrs=(("approximate", "tanh"),))
-_composite("FastGeLU", ("x",), lambda x: _as(x, lambda v: _times_sigmoid(v, 1.702)))
-_composite("Sigmoid", ("x",), lambda x: _as(x, _sigmoid))
-_composite("SiLU", ("x",), lambda x: _as(x, lambda v: _times_sigmoid(v, 1.0)))
-_composite("ReLU", ("x",), lambda x: np.maximum(x, np.zeros((), x.dtype)), accepts=NUMBERS)
+_composite("GeLU", ("x",), _gelu_ref, infer=_gelu_infer, init_attrs=(("approximate", "tanh"),),
+           grad=_unary(lambda b, x, o, dy, a: b("GeLUGrad", dy, x, o,
+                                                 approximate=a["approximate"])))
+_composite("FastGeLU", ("x",), lambda x: _as(x, lambda v: _times_sigmoid(v, 1.702)),
+           grad=_unary(lambda b, x, o, dy, a: b("FastGeLUGrad", dy, x)))
+_composite("Sigmoid", ("x",), lambda x: _as(x, _sigmoid),
+           grad=_unary(lambda b, x, o, dy, a: b("SigmoidGrad", o, dy)))
+_composite("SiLU", ("x",), lambda x: _as(x, lambda v: _times_sigmoid(v, 1.0)),
+           grad=_unary(_silu_grad))
+_composite("ReLU", ("x",), lambda x: np.maximum(x, np.zeros((), x.dtype)), accepts=NUMBERS,
+           grad=_unary(lambda b, x, o, dy, a: b("ReluGrad", dy, o)))
 _composite("ReLU6", ("x",), lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)),
-                                                  np.asarray(6, x.dtype)), accepts=NUMBERS)
+                                                  np.asarray(6, x.dtype)), accepts=NUMBERS,
+           grad=_unary(_relu6_grad))
 _composite("HSwish", ("x",), lambda x: _as(x, lambda v: v * np.minimum(np.maximum(v + 3, 0), 6)
-                                           / 6))
+                                           / 6), grad=_unary(_hswish_grad))
 _composite("Softplus", ("x",),
-           lambda x: _as(x, lambda v: np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))))
-_composite("Square", ("x",), lambda x: np.multiply(x, x), accepts=NUMBERS)
+           lambda x: _as(x, lambda v: np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))),
+           grad=_unary(lambda b, x, o, dy, a: b("Mul", dy, b("Sigmoid", x))))
+_composite("Square", ("x",), lambda x: np.multiply(x, x), accepts=NUMBERS,
+           grad=_unary(lambda b, x, o, dy, a: b("Mul", b("Mul", dy, x), 2.0)))
 
 
 def _binary_same_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -100,9 +138,15 @@ def _binary_same_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> 
                       T.promote(types[0].dtype, types[1].dtype))
 
 
+def _squared_difference_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    x, y = n.inputs
+    d = b("Mul", b("Mul", b("Sub", x, y), dy), 2.0)
+    return [b.sum_to(d, x.shape), b.sum_to(b("Neg", d), y.shape)]
+
+
 _composite("SquaredDifference", ("x", "y"),
            lambda x, y: same_dtype_ref(lambda a, b: (a - b) * (a - b))(x, y),
-           infer=_binary_same_infer, accepts=NUMBERS)
+           infer=_binary_same_infer, accepts=NUMBERS, grad=_squared_difference_grad)
 
 
 def _bias_add_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -118,7 +162,8 @@ def _bias_add_ref(x: np.ndarray, b: np.ndarray) -> np.ndarray:
     return same_dtype_ref(np.add)(x, b.reshape(shape))
 
 
-_composite("BiasAdd", ("x", "b"), _bias_add_ref, infer=_bias_add_infer)
+_composite("BiasAdd", ("x", "b"), _bias_add_ref, infer=_bias_add_infer,
+           grad=lambda b, n, dy, a: [dy, b("BiasAddGrad", dy)])
 
 
 def _addn_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -135,7 +180,8 @@ def _addn_ref(*xs: np.ndarray) -> np.ndarray:
     return np.asarray(out)
 
 
-_composite("AddN", ("xs",), _addn_ref, infer=_addn_infer, accepts=NUMBERS, variadic=True)
+_composite("AddN", ("xs",), _addn_ref, infer=_addn_infer, accepts=NUMBERS, variadic=True,
+           grad=lambda b, n, dy, a: [b.sum_to(dy, x.shape) for x in n.inputs])
 
 
 def _softmax_ref(x: np.ndarray, axis: Any = -1) -> np.ndarray:
@@ -165,8 +211,10 @@ def _axis_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueTy
     return types[0]
 
 
-_composite("Softmax", ("x",), _softmax_ref, infer=_axis_infer, init_attrs=(("axis", -1),))
-_composite("LogSoftmax", ("x",), _log_softmax_ref, infer=_axis_infer, init_attrs=(("axis", -1),))
+_composite("Softmax", ("x",), _softmax_ref, infer=_axis_infer, init_attrs=(("axis", -1),),
+           grad=_unary(lambda b, x, o, dy, a: b("SoftmaxGrad", o, dy, axis=a["axis"])))
+_composite("LogSoftmax", ("x",), _log_softmax_ref, infer=_axis_infer, init_attrs=(("axis", -1),),
+           grad=_unary(lambda b, x, o, dy, a: b("LogSoftmaxGrad", o, dy, axis=a["axis"])))
 
 
 def _layer_norm_axes(x: TensorType, attrs: dict[str, Any]) -> tuple[int, int]:
@@ -203,5 +251,33 @@ def _layer_norm_ref(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, begin_no
     return tuple(a.astype(x.dtype) for a in (y, mean, var))
 
 
+def _layer_norm_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]) -> list[Any]:
+    """LayerNormGrad for y's gradient; the mean's and variance's own gradients (when a user
+    differentiates through them) add their terms: d mean/dx = 1/n, d var/dx = 2 (x - mean)/n."""
+    x, gamma, _ = n.inputs
+    dy, dmean, dvar = dout
+    norm = attrs["begin_norm_axis"] % len(x.shape)
+    inv_n = 1.0 / math.prod(x.shape[norm:]) if math.prod(x.shape[norm:]) else math.inf
+    dx = dgamma = dbeta = None
+    if dy is not None or dmean is not None or dvar is not None:
+        mean, var = b.item(n, 1), b.item(n, 2)
+    if dy is not None:
+        dx, dgamma, dbeta = b.items(b("LayerNormGrad", x, dy, var, mean, gamma,
+                                      begin_norm_axis=attrs["begin_norm_axis"],
+                                      begin_params_axis=attrs["begin_params_axis"],
+                                      epsilon=attrs["epsilon"]))
+    terms = [] if dx is None else [dx]
+    if dmean is not None:
+        terms.append(b.broadcast_to(b("Mul", dmean, inv_n), x.shape))
+    if dvar is not None:
+        centred = b("Sub", x, mean)
+        terms.append(b("Mul", centred, b("Mul", dvar, 2 * inv_n)))
+    total = terms[0] if terms else None
+    for term in terms[1:]:
+        total = b("Add", total, term)
+    return [total, dgamma, dbeta]
+
+
 _composite("LayerNorm", ("x", "gamma", "beta"), _layer_norm_ref, infer=_layer_norm_infer,
-           init_attrs=(("begin_norm_axis", -1), ("begin_params_axis", -1), ("epsilon", 1e-7)))
+           init_attrs=(("begin_norm_axis", -1), ("begin_params_axis", -1), ("epsilon", 1e-7)),
+           grad=_layer_norm_grad)

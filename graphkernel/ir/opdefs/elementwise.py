@@ -25,32 +25,101 @@ from graphkernel.ir.types import TensorType, ValueType
 _ew, same = declare_elementwise, same_dtype_ref
 F, VECTOR_MATH, EXPENSIVE = FLOATS, {"vector_math": True}, {"expensive": True}
 
-_ew("Add", 2, same(np.add), "({0} + {1})", aliases=("TensorAdd",))
-_ew("Sub", 2, same(np.subtract), "({0} - {1})")
-_ew("Mul", 2, same(np.multiply), "({0} * {1})")
-_ew("RealDiv", 2, same(np.true_divide), "({0} / {1})", accepts=F, aliases=("Div",), **EXPENSIVE)
-_ew("Neg", 1, same(np.negative), "(-{0})")
+
+# Gradient rules (see OpDef.grad): `b` builds backward nodes, `n` is the forward node (its
+# inputs; the node itself is its output, kept for the backward), `dy` its output's gradient.
+# Broadcast operands get their gradient summed back to their shape (b.sum_to).
+def _binary_grad(rule: Any) -> Any:
+    def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+        x, y = n.inputs
+        dx, dz = rule(b, x, y, n, dy)
+        return [None if dx is None else b.sum_to(dx, x.shape),
+                None if dz is None else b.sum_to(dz, y.shape)]
+    return grad
+
+
+def _unary_grad(rule: Any) -> Any:
+    def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+        return [rule(b, n.inputs[0], n, dy)]
+    return grad
+
+
+def _no_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """Piecewise constant (Floor, Round, Sign): the gradient is zero wherever it exists."""
+    return [None] * len(n.inputs)
+
+
+def _div_grad(b: Any, x: Any, y: Any, out: Any, dy: Any) -> tuple[Any, Any]:
+    dx = b("RealDiv", dy, y)
+    return dx, b("Neg", b("Mul", dx, out))  # -dy * x / y^2 = -(dy / y) * out
+
+
+def _pow_grad(b: Any, x: Any, y: Any, out: Any, dy: Any) -> tuple[Any, Any]:
+    dx = b("Mul", b("Mul", dy, y), b("Pow", x, b("Sub", y, 1.0)))
+    return dx, b("Mul", b("Mul", dy, out), b("Log", x))
+
+
+def _erf_grad(b: Any, x: Any, out: Any, dy: Any) -> Any:
+    gauss = b("Exp", b("Neg", b("Mul", x, x)))
+    return b("Mul", dy, b("Mul", gauss, 2 / math.sqrt(math.pi)))
+
+
+_ADD = _binary_grad(lambda b, x, y, o, dy: (dy, dy))
+_SUB = _binary_grad(lambda b, x, y, o, dy: (dy, b("Neg", dy)))
+_MUL = _binary_grad(lambda b, x, y, o, dy: (b("Mul", dy, y), b("Mul", dy, x)))
+_DIV = _binary_grad(_div_grad)
+_POW = _binary_grad(_pow_grad)
+
+
+def _extremum_grad(op: str) -> Any:
+    def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+        return list(b.items(b(op, n.inputs[0], n.inputs[1], dy)))
+    return grad
+
+
+_NEG = _unary_grad(lambda b, x, o, dy: b("Neg", dy))
+_SQRT = _unary_grad(lambda b, x, o, dy: b("SqrtGrad", o, dy))
+_RSQRT = _unary_grad(lambda b, x, o, dy: b("RsqrtGrad", o, dy))
+_RECIPROCAL = _unary_grad(lambda b, x, o, dy: b("Neg", b("Mul", b("Mul", dy, o), o)))
+_EXP = _unary_grad(lambda b, x, o, dy: b("Mul", dy, o))
+_LOG = _unary_grad(lambda b, x, o, dy: b("RealDiv", dy, x))
+_TANH = _unary_grad(lambda b, x, o, dy: b("TanhGrad", o, dy))
+_ERF = _unary_grad(_erf_grad)
+_ABS = _unary_grad(lambda b, x, o, dy: b("Mul", dy, b("Sign", x)))
+
+_ew("Add", 2, same(np.add), "({0} + {1})", aliases=("TensorAdd",), grad=_ADD)
+_ew("Sub", 2, same(np.subtract), "({0} - {1})", grad=_SUB)
+_ew("Mul", 2, same(np.multiply), "({0} * {1})", grad=_MUL)
+_ew("RealDiv", 2, same(np.true_divide), "({0} / {1})", accepts=F, aliases=("Div",), grad=_DIV,
+    **EXPENSIVE)
+_ew("Neg", 1, same(np.negative), "(-{0})", grad=_NEG)
 # NaN-propagating max/min, like numpy (C's fmax drops NaN). Bitwise `|`, `&` rather than
 # `||`, `&&` throughout: short-circuit operators are control flow, which stops vectorisation.
-_ew("Maximum", 2, same(np.maximum), "((({0} > {1}) | ({0} != {0})) ? {0} : {1})")
-_ew("Minimum", 2, same(np.minimum), "((({0} < {1}) | ({0} != {0})) ? {0} : {1})")
-_ew("Pow", 2, same(np.power), "pow{f}({0}, {1})", accepts=F, **VECTOR_MATH)
-_ew("Sqrt", 1, same(np.sqrt), "sqrt{f}({0})", accepts=F, **EXPENSIVE)
-_ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=F, **EXPENSIVE)
-_ew("Reciprocal", 1, same(lambda x: 1 / x), "(1 / {0})", accepts=F, **EXPENSIVE)
-_ew("Exp", 1, same(np.exp), "exp{f}({0})", accepts=F, **VECTOR_MATH)
-_ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, **VECTOR_MATH)
-_ew("Tanh", 1, same(np.tanh), "tanh{f}({0})", accepts=F, **VECTOR_MATH)
-_ew("Erf", 1, same(lambda x: erf_reference(x)), "erf{f}({0})", accepts=F, **VECTOR_MATH)
+_ew("Maximum", 2, same(np.maximum), "((({0} > {1}) | ({0} != {0})) ? {0} : {1})",
+    grad=_extremum_grad("MaximumGrad"))
+_ew("Minimum", 2, same(np.minimum), "((({0} < {1}) | ({0} != {0})) ? {0} : {1})",
+    grad=_extremum_grad("MinimumGrad"))
+_ew("Pow", 2, same(np.power), "pow{f}({0}, {1})", accepts=F, grad=_POW, **VECTOR_MATH)
+_ew("Sqrt", 1, same(np.sqrt), "sqrt{f}({0})", accepts=F, grad=_SQRT, **EXPENSIVE)
+_ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=F, grad=_RSQRT,
+    **EXPENSIVE)
+_ew("Reciprocal", 1, same(lambda x: 1 / x), "(1 / {0})", accepts=F, grad=_RECIPROCAL,
+    **EXPENSIVE)
+_ew("Exp", 1, same(np.exp), "exp{f}({0})", accepts=F, grad=_EXP, **VECTOR_MATH)
+_ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, grad=_LOG, **VECTOR_MATH)
+_ew("Tanh", 1, same(np.tanh), "tanh{f}({0})", accepts=F, grad=_TANH, **VECTOR_MATH)
+_ew("Erf", 1, same(lambda x: erf_reference(x)), "erf{f}({0})", accepts=F, grad=_ERF,
+    **VECTOR_MATH)
 # fabs for floats keeps abs(-0.0) == +0.0. Integers negate through unsigned arithmetic: gcc
 # folds the plain `x < 0 ? -x : x` into an abs it assumes non-negative even under -fwrapv
 # (sign(abs(INT32_MIN)) came out 1; numpy wraps to INT32_MIN, sign -1).
 _ew("Abs", 1, same(np.abs), "(({0} < 0) ? (__typeof__({0}))(0ull - (unsigned long long){0}) : {0})",
-    c_float_template="fabs{f}({0})")
-_ew("Floor", 1, same(np.floor), "floor{f}({0})", accepts=F)
-_ew("Round", 1, same(np.rint), "rint{f}({0})", accepts=F)
+    c_float_template="fabs{f}({0})", grad=_ABS)
+_ew("Floor", 1, same(np.floor), "floor{f}({0})", accepts=F, grad=_no_grad)
+_ew("Round", 1, same(np.rint), "rint{f}({0})", accepts=F, grad=_no_grad)
 # sign(+-0.0) is +0.0 as in numpy; NaN stays NaN ({0} != {0}).
-_ew("Sign", 1, same(np.sign), "(({0} > 0) ? 1 : (({0} < 0) ? -1 : (({0} != {0}) ? {0} : 0)))")
+_ew("Sign", 1, same(np.sign), "(({0} > 0) ? 1 : (({0} < 0) ? -1 : (({0} != {0}) ? {0} : 0)))",
+    grad=_no_grad)
 # Comparisons and logic give bool.
 for _name, _ufunc, _sym in (("Equal", np.equal, "=="), ("NotEqual", np.not_equal, "!="),
                             ("Less", np.less, "<"), ("LessEqual", np.less_equal, "<="),
@@ -87,8 +156,16 @@ def _select_ref(cond: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(cond, x, y).astype(np.result_type(x, y), copy=False)
 
 
+def _select_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    cond, x, y = n.inputs
+    zero = b.const(0, dy)
+    return [None, b.sum_to(b("Select", cond, dy, zero), x.shape),
+            b.sum_to(b("Select", cond, zero, dy), y.shape)]
+
+
 declare(OpDef(name="Select", kind=PatternKind.ELEMWISE, inputs=("cond", "x", "y"),
-              infer=_select_infer, reference=_select_ref, c_template="({0} ? {1} : {2})"))
+              infer=_select_infer, reference=_select_ref, c_template="({0} ? {1} : {2})",
+              grad=_select_grad))
 
 
 def _cast_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -101,4 +178,5 @@ def _cast_ref(x: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 declare(OpDef(name="Cast", kind=PatternKind.ELEMWISE, inputs=("x",), infer=_cast_infer,
-              reference=_cast_ref, call_attrs=(("dtype", None),), c_template="{0}"))
+              reference=_cast_ref, call_attrs=(("dtype", None),), c_template="{0}",
+              grad=lambda b, n, dy, attrs: [b.cast(dy, n.inputs[0].dtype)]))

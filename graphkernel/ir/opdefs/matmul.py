@@ -38,8 +38,24 @@ def _matmul_ref(a: np.ndarray, b: np.ndarray, transpose_a: bool = False,
         return np.matmul(a, b)
 
 
+def _matmul_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """d(a @ b): each operand's gradient is a MatMul of dy with the other operand, transposed
+    through the attributes (no Transpose node); batch axes broadcast are summed back."""
+    a, w = n.inputs
+    ta, tb, op = attrs["transpose_a"], attrs["transpose_b"], n.op
+    if not ta:
+        da = b(op, dy, w, transpose_a=False, transpose_b=not tb)
+    else:
+        da = b(op, w, dy, transpose_a=tb, transpose_b=True)
+    if not tb:
+        dw = b(op, a, dy, transpose_a=not ta, transpose_b=False)
+    else:
+        dw = b(op, dy, a, transpose_a=True, transpose_b=ta)
+    return [b.sum_to(da, a.shape), b.sum_to(dw, w.shape)]
+
+
 _MM_ATTRS = (("transpose_a", False), ("transpose_b", False))
 declare(OpDef(name="MatMul", kind=PatternKind.OPAQUE, inputs=("a", "b"), infer=_matmul_infer,
-              reference=_matmul_ref, init_attrs=_MM_ATTRS))
+              reference=_matmul_ref, init_attrs=_MM_ATTRS, grad=_matmul_grad))
 declare(OpDef(name="BatchMatMul", kind=PatternKind.OPAQUE, inputs=("a", "b"),
-              infer=_matmul_infer, reference=_matmul_ref, init_attrs=_MM_ATTRS))
+              infer=_matmul_infer, reference=_matmul_ref, init_attrs=_MM_ATTRS, grad=_matmul_grad))

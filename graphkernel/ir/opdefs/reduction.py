@@ -57,6 +57,41 @@ def _mean(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
     return total / count if count else np.full(np.shape(total), np.nan)
 
 
+# Gradient rules (OpDef.grad): the output's gradient, given back the reduced axes (keep_dims
+# shape) and broadcast over them.
+def _kept(b: Any, n: Any, v: Any, attrs: dict[str, Any]) -> Any:
+    x = n.inputs[0]
+    axes = T.normalize_axes(attrs["axis"], len(x.shape))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    return v if v.shape == shape else b("Reshape", v, shape=shape)
+
+
+def _sum_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    return [b.broadcast_to(_kept(b, n, dy, attrs), n.inputs[0].shape)]
+
+
+def _mean_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    x = n.inputs[0]
+    axes = T.normalize_axes(attrs["axis"], len(x.shape))
+    count = math.prod([x.shape[a] for a in axes])
+    scaled = b("Mul", _kept(b, n, dy, attrs), 1.0 / count if count else math.inf)
+    return [b.broadcast_to(scaled, x.shape)]
+
+
+def _extremum_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """Shared equally among the elements that reach the max (min), as MindSpore does."""
+    x = n.inputs[0]
+    hit = b.cast(b("Equal", x, _kept(b, n, n, attrs)), x.dtype)
+    count = b("ReduceSum", hit, axis=attrs["axis"], keep_dims=True)
+    return [b("Mul", hit, b("RealDiv", _kept(b, n, dy, attrs), count))]
+
+
+def _prod_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """dy * prod / x: exact for non-zero x (a zero in x gives NaN there, as 0/0)."""
+    x = n.inputs[0]
+    return [b("RealDiv", b("Mul", _kept(b, n, dy, attrs), _kept(b, n, n, attrs)), x)]
+
+
 # Max and min propagate NaN like numpy; OpenMP's max/min clauses do not see NaN, so kernels
 # track it apart.
 _MAX = Reduction("-INFINITY", "{acc} > {v} ? {acc} : {v}", "max", propagates_nan=True)
@@ -64,19 +99,19 @@ _MIN = Reduction("INFINITY", "{acc} < {v} ? {acc} : {v}", "min", propagates_nan=
 _REDUCE_ATTRS = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),))
 declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.sum), reduction=Reduction("0", "{acc} + {v}", "+"),
-              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_sum_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.prod), reduction=Reduction("1", "{acc} * {v}", "*"),
-              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_prod_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",),
               infer=_reduce_nonempty_infer,
               reference=_reduce_ref(np.max, empty_ok=False), reduction=_MAX,
-              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_extremum_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 declare(OpDef(name="ReduceMin", kind=PatternKind.REDUCE, inputs=("x",),
               infer=_reduce_nonempty_infer,
               reference=_reduce_ref(np.min, empty_ok=False), reduction=_MIN,
-              accepts=NUMBERS, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_extremum_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
 # ReduceMean is a composite: expanded to ReduceSum * (1/n) when fusing.
 declare(OpDef(name="ReduceMean", kind=PatternKind.OPAQUE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(_mean), accepts=FLOATS, composite=True,
+              reference=_reduce_ref(_mean), accepts=FLOATS, composite=True, grad=_mean_grad,
               **_REDUCE_ATTRS))  # type: ignore[arg-type]

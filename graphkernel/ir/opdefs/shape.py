@@ -28,12 +28,17 @@ def _reshape_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Valu
     return TensorType(shape, x.dtype)
 
 
+def _reshape_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """Reshape, ExpandDims, Squeeze: the gradient takes the input's shape back."""
+    return [b("Reshape", dy, shape=n.inputs[0].shape)]
+
+
 # Reshape, ExpandDims and Squeeze join fused kernels when they only add or drop leading unit
 # dims (a no-op under right-aligned broadcasting: graph_kernel/schedule.py checks); otherwise
 # they run as numpy views between kernels.
 declare(OpDef(name="Reshape", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_reshape_infer,
               reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),),
-              c_template="{0}", view=True))
+              c_template="{0}", view=True, grad=_reshape_grad))
 
 
 def _transpose_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -45,9 +50,13 @@ def _transpose_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Va
     return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
 
 
+def _transpose_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    return [b("Transpose", dy, perm=tuple(int(i) for i in np.argsort(attrs["perm"])))]
+
+
 declare(OpDef(name="Transpose", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_transpose_infer, reference=lambda x, perm: np.transpose(x, perm),
-              call_attrs=(("perm", None),)))
+              call_attrs=(("perm", None),), grad=_transpose_grad))
 
 
 def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -61,7 +70,8 @@ def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> 
 
 declare(OpDef(name="ExpandDims", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_expand_dims_infer, reference=lambda x, axis: np.expand_dims(x, axis),
-              call_attrs=(("axis", None),), c_template="{0}", view=True))
+              call_attrs=(("axis", None),), c_template="{0}", view=True,
+              grad=_reshape_grad))
 
 
 def _squeeze_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -83,7 +93,7 @@ def _squeeze_ref(x: np.ndarray, axis: Any = ()) -> np.ndarray:
 
 declare(OpDef(name="Squeeze", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_squeeze_infer,
               reference=_squeeze_ref, init_attrs=(("axis", ()),), c_template="{0}",
-              view=True))
+              view=True, grad=_reshape_grad))
 
 
 def _broadcast_to_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -103,7 +113,8 @@ def _broadcast_to_ref(x: np.ndarray, shape: Any) -> np.ndarray:
 
 declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
               infer=_broadcast_to_infer, reference=_broadcast_to_ref,
-              init_attrs=(("shape", None),), c_template="{0}"))
+              init_attrs=(("shape", None),), c_template="{0}",
+              grad=lambda b, n, dy, attrs: [b.sum_to(dy, n.inputs[0].shape)]))
 
 
 def _tile_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -116,6 +127,16 @@ def _tile_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueTy
     return TensorType(tuple(d * m for d, m in zip(shape, mult)), x.dtype)
 
 
+def _tile_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """Each output axis of size m*d is m copies of d: split it, sum the copies."""
+    x = n.inputs[0]
+    mult = tuple(int(m) for m in attrs["multiples"])
+    shape = (1,) * (len(mult) - len(x.shape)) + x.shape
+    split = tuple(v for m, d in zip(mult, shape) for v in (m, d))
+    summed = b("ReduceSum", b("Reshape", dy, shape=split), axis=tuple(range(0, len(split), 2)))
+    return [b("Reshape", summed, shape=x.shape)]
+
+
 declare(OpDef(name="Tile", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_tile_infer,
               reference=lambda x, multiples: np.tile(x, multiples),
-              call_attrs=(("multiples", None),)))
+              call_attrs=(("multiples", None),), grad=_tile_grad))

@@ -20,7 +20,7 @@ __all__ = ["Primitive"] + [op.name for op in user_ops()] + list(ALIASES)
 
 def __getattr__(name: str) -> Any:
     """`P.Conv2D` and other primitives graphkernel lacks: a clear error listing what exists."""
-    if name.startswith("__"):
+    if name.startswith("_"):  # private names and submodules (_grad_ops): not primitives
         raise AttributeError(name)
     import difflib
 
