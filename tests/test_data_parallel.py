@@ -1,5 +1,7 @@
 """Data parallel: the AllReduce op and nn.DistributedGradReducer sum (or average) tensors over
-the process group in one buffer per dtype; under `mpirun -n 2` over MPI itself."""
+the process group in one buffer per dtype; TrainOneStepCell averages its gradients in one
+AllReduce per step; under `mpirun -n 2` over MPI itself, two ranks on half batches end with the
+weights of one process on the whole batches."""
 import os
 import shutil
 import subprocess
@@ -12,6 +14,9 @@ import pytest
 from graphkernel import Tensor, communication, context, nn
 from graphkernel.errors import CommunicationError, ContextError
 from graphkernel.ops import operations as P
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "train_digits_dp.py")
 
 
 class TwinRanks:
@@ -63,6 +68,45 @@ def test_reducer_is_one_all_reduce_one_buffer_per_dtype(twin, fusion, rng):
     from graphkernel.frontend.compile import compile
     graph = compile(cell, Tensor(a), Tensor(b), Tensor(c)).graph
     assert [n.op for n in graph.nodes].count("AllReduce") == 1
+
+
+class MLP(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.SequentialCell([nn.Dense(8, 16, seed=0), nn.ReLU(),
+                                       nn.Dense(16, 3, seed=1)])
+
+    def construct(self, x):
+        return self.body(x)
+
+
+def _train(parallel: bool, fusion: bool, steps: int = 4):
+    context.set_context(enable_graph_kernel=fusion)
+    if parallel:
+        context.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+    net = MLP()
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    rng = np.random.default_rng(3)
+    for _ in range(steps):
+        x = rng.standard_normal((12, 8)).astype(np.float32)
+        y = rng.integers(0, 3, 12).astype(np.int32)
+        step(Tensor(x), Tensor(y))
+    context.reset_auto_parallel_context()
+    return [p.asnumpy() for _, p in net.parameters_and_names()], step
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_gradients_are_averaged_in_one_buffer_per_step(twin, fusion):
+    alone, _ = _train(parallel=False, fusion=fusion)
+    assert twin.calls == []
+    together, step = _train(parallel=True, fusion=fusion)
+    # Two ranks with the same gradients average to those gradients: the same weights.
+    for a, b in zip(alone, together):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    sizes = sum(p.size for p in step.weights)
+    assert twin.calls == [(np.dtype("float32"), sizes)] * 4  # one call per step, all weights
 
 
 def test_all_reduce_sums_and_scales(twin):
@@ -137,3 +181,18 @@ def test_mpirun_two_ranks_average_over_mpi(tmp_path):
         assert int(got["size"]) == 2
         np.testing.assert_array_equal(got["a"], np.full((3, 4), 3.0, np.float32))  # (2+4)/2
         np.testing.assert_array_equal(got["b"], np.arange(5) * 1.5)
+
+
+def test_mpirun_two_ranks_match_one_process_on_whole_batches(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, EXAMPLE, "--steps", "6", "--out"]
+    subprocess.run(mpirun() + run + [str(tmp_path / "dp")],
+                   check=True, env=env, timeout=600, capture_output=True)
+    subprocess.run(run + [str(tmp_path / "one"), "--single"], check=True, env=env, timeout=600,
+                   capture_output=True)
+    rank0, rank1 = np.load(tmp_path / "dp.rank0.npz"), np.load(tmp_path / "dp.rank1.npz")
+    one = np.load(tmp_path / "one.npz")
+    assert set(rank0) == set(one) and len(one) == 4
+    for name in one:
+        np.testing.assert_array_equal(rank0[name], rank1[name])  # the very same weights
+        np.testing.assert_allclose(rank0[name], one[name], rtol=1e-5, atol=1e-6)

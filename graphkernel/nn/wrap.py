@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.errors import InputError
+from graphkernel.frontend import context
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.compile import compile_cached
 from graphkernel.frontend.grad import _Spec, traced_gradients
 from graphkernel.frontend.tracing import current_tracer, user_location
+from graphkernel.nn.distributed import DistributedGradReducer
 from graphkernel.nn.optim import Optimizer
 
 
@@ -44,6 +46,12 @@ class TrainOneStepCell(Cell):
         self.weights = optimizer.parameters
         self.sens = float(sens)
         self.network.set_train()
+        # Data parallel: every process sums (or averages) its gradients with the others'
+        # before the optimizer, so all hold the same weights after each step.
+        self.grad_reducer: DistributedGradReducer | None = None
+        if context.get_auto_parallel_context("parallel_mode") == context.DATA_PARALLEL:
+            self.grad_reducer = DistributedGradReducer(
+                self.weights, context.get_auto_parallel_context("gradients_mean"))
 
     def __call__(self, *inputs: Any) -> Any:
         if current_tracer() is None:  # compiled in PYNATIVE mode too: the step is one graph
@@ -55,5 +63,7 @@ class TrainOneStepCell(Cell):
         assert tracer is not None
         spec = _Spec(None, False, tuple(self.weights), with_value=True, sens=self.sens)
         loss, grads = traced_gradients(tracer, self.network, spec, inputs)
+        if self.grad_reducer is not None:
+            grads = self.grad_reducer(grads)
         self.optimizer(grads)
         return loss
