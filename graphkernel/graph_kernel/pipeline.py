@@ -19,6 +19,7 @@ from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
 from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.index_maps import sink_views
+from graphkernel.graph_kernel.library_views import folded_names, mark_library_views
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
@@ -118,6 +119,17 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
                 "the graph that runs: one kernel per node, each composite's loop nest planned")
     if not options.enable_graph_kernel or options.flags.opt_level == 0:
         return [end]
+    def end_with_views(graph: Graph) -> Graph:
+        graph = mark_library_views(schedule_composites(graph))
+        # A layout op a MatMul now reads or writes in place was not kept apart from it.
+        joined = {frozenset((lib, op)) for lib, ops in folded_names(graph).items() for op in ops}
+        state.reasons = [r for r in state.reasons
+                         if frozenset((r.producer, r.consumer)) not in joined]
+        return graph
+
+    end = Stage(names.END, end_with_views,
+                "the graph that runs: one kernel per node, each composite's loop nest planned, "
+                "layout ops next to MatMuls read or written by them through strided views")
     flags = options.flags
 
     def basic_fusion(graph: Graph) -> Graph:

@@ -12,6 +12,7 @@ from graphkernel.codegen.c_emitter import emit_kernel
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.library import build_library
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
+from graphkernel.graph_kernel.library_views import LibraryViews, library_views
 from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
@@ -81,19 +82,35 @@ class _PlanBuilder:
         self.slot_of[node.uid] = self.slot_of[(source.uid, node.attrs["index"])]  # type: ignore
 
 
-def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...]) -> Step:
+def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
+                  views: LibraryViews | None = None) -> Step:
     opdef = get_op(node.op)
     attrs = {**opdef.attr_defaults, **node.attrs}
     types = output_types(node)
+    op_names: tuple[str, ...] = (node.op,)
+    if views is not None:  # graph_kernel/library_views.py: layout ops read or written in place
+        attrs["read_views"] = {i: (v.offset, v.shape, v.strides)
+                               for i, v in views.operands.items()}
+        before = tuple(n.op for v in views.operands.values() for n in _flat(v.folded))
+        op_names = before + op_names
+        if views.result is not None:
+            attrs["write_view"] = (views.result.shape, views.result.strides)
+            types = (views.result.buffer.tensor_type,)
+            op_names += tuple(n.op for n in _flat(views.result.folded))
     moved = bytes_of(tuple(v.tensor_type for v in node.inputs)) + bytes_of(types)
     shape_op = opdef.kind in (PatternKind.INJECTIVE, PatternKind.BROADCAST)
     # numpy writes into a pooled buffer: BLAS, and ufuncs whose inputs share the result's dtype.
     same_dtype = len(types) == 1 and all(v.dtype == types[0].dtype for v in node.inputs)
     pooled = same_dtype and (node.op in ("MatMul", "BatchMatMul") or
                              isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc))
-    return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, (node.op,), reads,
+    return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
                 writes, types, op=node.op, attrs=attrs, pooled=pooled, aliases=not pooled,
                 bytes_moved=moved)
+
+
+def _flat(nodes: tuple[Node, ...]) -> list[Node]:
+    return [n for node in nodes
+            for n in (node.subgraph.nodes if node.subgraph is not None else [node])]
 
 
 def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
@@ -104,9 +121,20 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     b = _PlanBuilder(graph)
     notes: list[str] = []
     used_names: set[str] = set()
+    views = library_views(graph)  # marked by the last backend stage when fusion is on
+    folded = {n.uid for v in views.values() for n in v.folded}
     for node in graph.nodes:
         if node.op == "GetItem":
             b.getitem(node)
+            continue
+        if node.uid in folded:  # read or written by a library call through a strided view
+            continue
+        mine = views.get(node.uid)
+        if mine is not None:
+            reads = tuple(b.read(mine.operands[i].buffer if i in mine.operands else v)
+                          for i, v in enumerate(node.inputs))
+            writes = b.write(mine.result.buffer if mine.result is not None else node)
+            b.steps.append(_library_step(node, reads, writes, mine))
             continue
         reads = tuple(b.read(v) for v in node.inputs)
         writes = b.write(node)

@@ -144,25 +144,36 @@ class Runner:
                 slots[s] = out
         return kernel
 
+    def _matmul_fn(self, step: Step) -> StepFn:
+        """BLAS through numpy, operands read and the result written through the strided views
+        of folded layout ops (graph_kernel/library_views.py)."""
+        reads, (target,), take = step.reads, step.writes, self._take(step)
+        swaps = (step.attrs["transpose_a"], step.attrs["transpose_b"])
+        read_views = dict(step.attrs.get("read_views", {}))
+        write_view = step.attrs.get("write_view")
+
+        def operand(slots: list[Any], k: int) -> np.ndarray:
+            x = slots[reads[k]]
+            if k in read_views:
+                x = _strided(x, *read_views[k])
+            return np.swapaxes(x, -1, -2) if swaps[k] else x
+
+        def matmul(slots: list[Any]) -> None:
+            a, b = operand(slots, 0), operand(slots, 1)
+            (out,) = take()
+            result = out if write_view is None else _strided(out, 0, *write_view)
+            with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in kernels
+                np.matmul(a, b, out=result)
+            slots[target] = out
+        return matmul
+
     def _library_fn(self, step: Step) -> StepFn:
         opdef = get_op(step.op)
         reads, writes, attrs = step.reads, step.writes, dict(step.attrs)
         if step.pooled:
             (target,), take = writes, self._take(step)
             if step.op in ("MatMul", "BatchMatMul"):
-                swap_a, swap_b = attrs["transpose_a"], attrs["transpose_b"]
-
-                def matmul(slots: list[Any]) -> None:
-                    a, b = slots[reads[0]], slots[reads[1]]
-                    if swap_a:
-                        a = np.swapaxes(a, -1, -2)
-                    if swap_b:
-                        b = np.swapaxes(b, -1, -2)
-                    (out,) = take()
-                    with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in kernels
-                        np.matmul(a, b, out=out)
-                    slots[target] = out
-                return matmul
+                return self._matmul_fn(step)
             ufunc = opdef.reference.ufunc  # type: ignore[attr-defined]
 
             def elementwise(slots: list[Any]) -> None:
@@ -181,6 +192,15 @@ class Runner:
                 value = np.asarray(value)
                 slots[s] = value if value.dtype == t.dtype else value.astype(t.dtype)
         return library
+
+
+def _strided(array: np.ndarray, offset: int, shape: tuple[int, ...],
+             strides: tuple[int, ...]) -> np.ndarray:
+    """A view of `array`'s dense memory at `offset + sum(i_k * strides_k)` (elements)."""
+    dense = np.ascontiguousarray(array)  # a no-op for the kernels' and BLAS's results
+    size = dense.itemsize
+    return np.ndarray(shape, dense.dtype, buffer=dense.reshape(-1), offset=offset * size,
+                      strides=tuple(s * size for s in strides))
 
 
 def _interpreted_fn(step: Step) -> StepFn:
