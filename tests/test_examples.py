@@ -35,13 +35,17 @@ def test_cnn_digits_learns_and_its_epilogues_fuse():
     # Each convolution is followed by exactly one kernel over its whole output: the bias, the
     # BatchNorm (its scale and shift computed per channel, read through index maps), the
     # residual add and the ReLU in one generated loop.
-    convs = [i for i, k in enumerate(kernels) if k.op_names == ["Conv2D"]]
+    # Each BatchNorm is folded into its convolution's weights (the report says so): the
+    # kernel after it adds the per-channel shift (computed per channel from the parameters).
+    convs = [i for i, k in enumerate(kernels) if k.op_names == ["Conv2DFoldedBN"]]
     assert len(convs) == 3
+    assert len([line for line in on.report.rewrites if "folded into Conv2D" in line]) == 3
+    assert "rewrites:" in on.summary()
     for i in convs:
         epilogue = kernels[i + 1]
         assert epilogue.backend == "native" and epilogue.output == kernels[i].output
         assert {"Rsqrt", "Mul", "Add", "Maximum"} <= set(epilogue.op_names), kernels
-        assert kernels[i + 2].op_names[0] in ("MaxPool", "Conv2D"), kernels
+        assert kernels[i + 2].op_names[0] in ("MaxPool", "Conv2DFoldedBN"), kernels
     residual = kernels[convs[1] + 1]
     assert residual.op_names.count("Add") >= 4  # bias, shift, residual, and var + eps
     # Flatten is read by the classifier's MatMul as a view of the pooled features.

@@ -133,7 +133,8 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None)
     if dumper is not None:
         dumper.write_text(plan_dump_name(name), executable.plan.describe() + "\n")
     report = CompileReport(stages={r.name: r.graph for r in results},
-                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons)
+                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
+                           rewrites=state.rewrites)
     params = [i.binding for i in final.inputs if i.kind == "weight"]
     compiled = CompiledCell(executable, params, report)
     report.compile_seconds = time.perf_counter() - start
@@ -156,7 +157,8 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     final = results[-1].graph
     executable = build_executable(final, name, options.cost)
     report = CompileReport(stages={r.name: r.graph for r in results},
-                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons)
+                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
+                           rewrites=state.rewrites)
     compiled = CompiledCell(executable, [i.binding for i in final.inputs if i.kind == "weight"],
                             report)
     report.compile_seconds = time.perf_counter() - start

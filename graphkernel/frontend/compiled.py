@@ -23,6 +23,7 @@ class CompileReport:
     stages: dict[str, Graph] = field(default_factory=dict)
     stage_docs: dict[str, str] = field(default_factory=dict)
     reasons: list[Any] = field(default_factory=list)
+    rewrites: list[str] = field(default_factory=list)  # e.g. a BatchNorm folded into a conv
     dump_files: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
 
@@ -136,6 +137,9 @@ class CompiledCell:
         for i, k in enumerate(kernels):
             lines.append(f"  [{i}] {k.name:<40} {k.backend:<11} {k.output:<22} "
                          f"ops: {' '.join(k.op_names)}")
+        if self.report.rewrites:
+            lines.append("rewrites:")
+            lines += [f"  {line}" for line in self.report.rewrites]
         if self.reasons:
             lines.append("ops kept apart:")
             for reason in self.reasons:

@@ -14,6 +14,7 @@ from graphkernel.graph_kernel import (  # noqa: F401  (register their expanders)
     nn_expanders,
     optim_expanders,
 )
+from graphkernel.graph_kernel.bn_fold import fold_batch_norms
 from graphkernel.graph_kernel.cluster import cluster
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
@@ -59,6 +60,7 @@ class BackendState:
 
     def __init__(self) -> None:
         self.reasons: list[FusionReason] = []
+        self.rewrites: list[str] = []  # graph rewrites a user should know of (BatchNorm folds)
 
 
 def _expand(graph: Graph, options: CompileOptions) -> Graph:
@@ -132,6 +134,11 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
                 "layout ops next to MatMuls read or written by them through strided views")
     flags = options.flags
 
+    def expand(graph: Graph) -> Graph:
+        if flags.expands("BatchNorm", False):  # inference BatchNorm into the conv's weights
+            state.rewrites = fold_batch_norms(graph)
+        return _expand(graph, options)
+
     def basic_fusion(graph: Graph) -> Graph:
         # Layout ops first move above the elementwise ops feeding them, to the inputs, where
         # kernels read them through index maps (graph_kernel/index_maps.py).
@@ -147,8 +154,9 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
         return result.graph
 
     stages = [
-        Stage(names.EXPAND, lambda g: _expand(g, options),
-              "composite ops (GeLU, Softmax, LayerNorm, ...) expanded into basic ops", 1),
+        Stage(names.EXPAND, expand,
+              "composite ops (GeLU, Softmax, LayerNorm, ...) expanded into basic ops; inference "
+              "BatchNorm after a convolution folded into its weights", 1),
         Stage(names.BASIC_FUSION, basic_fusion,
               "connected fusible basic ops grouped into composite kernels", 1),
         Stage(names.COMPOSITE_FUSION, composite_fusion,

@@ -177,6 +177,10 @@ class EntryView:
                 base.kernels, b.breakdown, b.whole, b.through_entry,
                 "Without fusion (same graph, enable_graph_kernel=False)", "unfused"))
         out.append(parts_.reasons_html(exe.reasons, self.fusion_on))
+        rewrites = getattr(getattr(exe, "report", None), "rewrites", [])
+        if rewrites:  # e.g. an inference BatchNorm folded into a convolution's weights
+            out.append("<h3>Rewrites</h3><ul>" + "".join(f"<li>{esc(line)}</li>"
+                                                         for line in rewrites) + "</ul>")
         out.append(parts_.sources_html([(k.name, " + ".join(k.op_names), k.source, k.note)
                                         for k in exe.kernels]))
         out.append(parts_.stages_html([(name, exe.stage_docs.get(name, ""),

@@ -160,6 +160,39 @@ declare(OpDef(name="Conv2D", kind=PatternKind.OPAQUE, inputs=("x", "weight"),
               functional=("conv2d",)))
 
 
+# A convolution with an inference BatchNorm folded into its weights (graph_kernel/bn_fold.py):
+# conv(x, weight * s) with s = scale / sqrt(variance + epsilon) per output channel, made from
+# the parameters on every call (they may change between calls); the shift is the epilogue's.
+# The compiler's own op, not callable from the frontend.
+
+def _folded_conv_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x, w, scale, variance = types
+    out = _conv_infer((x, w), attrs)
+    for name, p in (("scale", scale), ("variance", variance)):
+        if p.shape != (attrs["out_channel"],) or p.dtype != x.dtype:
+            raise ShapeError(f"Conv2DFoldedBN: {name} must be ({attrs['out_channel']},) of "
+                             f"{x.dtype.name}, got {p.dtype.name}{list(p.shape)}")
+    return out
+
+
+def folded_weight(w: np.ndarray, scale: np.ndarray, variance: np.ndarray,
+                  epsilon: float) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        s = scale / np.sqrt(variance + np.asarray(epsilon, variance.dtype))
+        return w * s.reshape(-1, 1, 1, 1)
+
+
+def _folded_conv_ref(x: np.ndarray, w: np.ndarray, scale: np.ndarray, variance: np.ndarray,
+                     epsilon: float = 1e-5, **attrs: Any) -> np.ndarray:
+    return _conv_ref(x, folded_weight(w, scale, variance, epsilon), **attrs)
+
+
+declare(OpDef(name="Conv2DFoldedBN", kind=PatternKind.OPAQUE,
+              inputs=("x", "weight", "scale", "variance"), infer=_folded_conv_infer,
+              reference=_folded_conv_ref, init_attrs=_CONV_ATTRS + (("epsilon", 1e-5),),
+              accepts=FLOATS, structural=True))
+
+
 # -- MaxPool and AvgPool ----------------------------------------------------------------------
 
 _POOL_ATTRS = (("kernel_size", 1), ("strides", 1), ("pad_mode", "valid"),
