@@ -21,6 +21,7 @@ from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
 from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.index_maps import sink_views
 from graphkernel.graph_kernel.library_views import folded_names, mark_library_views
+from graphkernel.graph_kernel.lower_layout import lower_to_views
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
@@ -142,7 +143,7 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
     def basic_fusion(graph: Graph) -> Graph:
         # Layout ops first move above the elementwise ops feeding them, to the inputs, where
         # kernels read them through index maps (graph_kernel/index_maps.py).
-        graph = sink_views(graph)
+        graph = sink_views(lower_to_views(graph))  # Split, Unstack, Tile as views first
         result = cluster(graph, flags, False, names.BASIC_FUSION, options.cost)
         state.reasons = list(result.reasons)  # replaced by composite fusion's when it runs
         return result.graph

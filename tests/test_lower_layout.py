@@ -1,0 +1,91 @@
+"""Split, Unstack and broadcasting Tiles fuse into their consumers as Slices and BroadcastTos read
+through index maps (graph_kernel/lower_layout.py); Concat, Gather and a Tile that repeats an
+axis stay library calls. Fused against unfused against numpy on odd shapes, kernels counted."""
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import nn
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+
+
+class Fn(nn.Cell):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, *xs):
+        return self.fn(*xs)
+
+
+def check(fn, want, *arrays):
+    on = graphkernel.compile(Fn(fn), *arrays, options=ON)
+    off = graphkernel.compile(Fn(fn), *arrays, options=OFF)
+    expected = want(*arrays)
+    for exe in (on, off):
+        np.testing.assert_allclose(exe.run_arrays(*arrays)[0], expected, rtol=1e-5, atol=1e-6)
+    return on, off
+
+
+@pytest.mark.parametrize("shape,axis,parts", [((6, 5, 3), 0, 3), ((2, 9, 7), 1, 3),
+                                              ((3, 5, 4), -1, 2), ((1, 1, 7), 2, 7)])
+def test_split_parts_are_read_in_place_by_one_kernel(shape, axis, parts, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+
+    def fn(t):
+        items = P.Split(axis=axis, output_num=parts)(t)
+        out = items[0] * 2.0
+        for item in items[1:]:
+            out = out + P.Exp()(item)
+        return out
+
+    def want(t):
+        items = np.split(t, parts, axis=axis)
+        return items[0] * 2 + sum(np.exp(i) for i in items[1:])
+
+    on, off = check(fn, want, x)
+    # One generated kernel reads every part from x; unfused: Split, then each op.
+    assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+    assert "Split" not in on.kernels[0].op_names
+    assert off.kernels[0].op_names == ["Split"]
+
+
+def test_unstack_items_are_read_in_place(rng):
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    on, _ = check(lambda t: P.Unstack(axis=1)(t)[1] * P.Unstack(axis=1)(t)[3] + 1.0,
+                  lambda t: t[:, 1] * t[:, 3] + 1, x)
+    assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+
+
+def test_tile_of_size_one_axes_is_a_broadcast_read(rng):
+    row = rng.standard_normal((1, 7)).astype(np.float32)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    on, off = check(lambda r, t: P.Tile()(r, (5, 1)) * t, lambda r, t: np.tile(r, (5, 1)) * t,
+                    row, x)
+    assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+    assert off.kernel_count == 2
+    col = rng.standard_normal((3,)).astype(np.float32)
+    on, _ = check(lambda c: P.Tile()(c, (4, 2, 1)) - 1.0,
+                  lambda c: np.tile(c, (4, 2, 1)) - 1, col)
+    assert on.kernel_count == 1, on.summary()
+
+
+def test_tile_repeating_an_axis_and_concat_stay_library_calls(rng):
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    on, _ = check(lambda t: P.Tile()(t, (2, 2)) + 1.0, lambda t: np.tile(t, (2, 2)) + 1, x)
+    assert [k.op_names for k in on.kernels][0] == ["Tile"], on.summary()
+    on, _ = check(lambda t: P.Concat(axis=1)((t, t * 2.0)) + 1.0,
+                  lambda t: np.concatenate([t, t * 2], axis=1) + 1, x)
+    assert ["Concat"] in [k.op_names for k in on.kernels], on.summary()
+
+
+def test_split_item_returned_as_is(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    on, _ = check(lambda t: P.Split(axis=1, output_num=2)(t)[1],
+                  lambda t: np.split(t, 2, axis=1)[1], x)
+    first, second = on.run_arrays(x)[0], on.run_arrays(x)[0]
+    assert not np.shares_memory(first, x) and not np.shares_memory(first, second)
