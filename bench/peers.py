@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from bench import net_peers
+from bench.net_workloads import NET_KINDS
 from bench.systems import (
     FRESH,
     PREALLOCATED,
@@ -34,6 +36,8 @@ def torch_fn(w: Workload, p: dict[str, Any]) -> Callable[..., Any]:
     import torch.nn.functional as F
 
     kind = w.kind
+    if kind in NET_KINDS:
+        return net_peers.torch_net(kind, w.dims, p)
     if kind in ("basic", "composite"):
         return lambda x, out=None: torch.mul(x * 2.0 + 1.0, 3.0, out=out)
     if kind == "chain":
@@ -77,6 +81,7 @@ def torch_fn(w: Workload, p: dict[str, Any]) -> Callable[..., Any]:
 
 class TorchEager(System):
     key, label = "torch", "PyTorch eager"
+    runs_example_nets = True  # bench/net_peers.py
     dists = ("torch",)
 
     def probe(self) -> str | None:
@@ -177,6 +182,8 @@ def jax_fn(w: Workload) -> Callable[..., Any]:
         return jax.nn.gelu(x, approximate=True)
 
     kind = w.kind
+    if kind in NET_KINDS:
+        return net_peers.jax_net(kind, w.dims)
     if kind in ("basic", "composite"):
         return lambda x, p: ((x * 2.0) + 1.0) * 3.0
     if kind == "chain":
@@ -213,6 +220,7 @@ def jax_fn(w: Workload) -> Callable[..., Any]:
 
 class JaxJit(System):
     key, label = "jax", "jax.jit"
+    runs_example_nets = True  # bench/net_peers.py
     dists = ("jax", "jaxlib")
 
     def probe(self) -> str | None:
@@ -289,8 +297,8 @@ class _Graph:
     def linear(self, x: str, w: str, b: str) -> str:
         return self.op("Gemm", x, w, b, transB=1)
 
-    def layer_norm(self, x: str, g: str, b: str) -> str:
-        return self.op("LayerNormalization", x, g, b, axis=-1, epsilon=EPS)
+    def layer_norm(self, x: str, g: str, b: str, eps: float = EPS) -> str:
+        return self.op("LayerNormalization", x, g, b, axis=-1, epsilon=eps)
 
 
 def onnx_model(w: Workload, params: dict[str, np.ndarray]) -> Any:
@@ -298,9 +306,12 @@ def onnx_model(w: Workload, params: dict[str, np.ndarray]) -> Any:
 
     g = _Graph()
     for name, value in params.items():
-        g.inits.append(numpy_helper.from_array(value, name))
+        if not (w.kind == "bert" and name.startswith("pooler.")):  # the pooled output is not
+            g.inits.append(numpy_helper.from_array(value, name))  # the workload's output
     kind = w.kind
-    if kind in ("basic", "composite"):
+    if kind in NET_KINDS:
+        out = net_peers.onnx_net(g, kind, w.dims, params)
+    elif kind in ("basic", "composite"):
         out = g.op("Mul", g.op("Add", g.op("Mul", "x", g.const(2.0)), g.const(1.0)),
                    g.const(3.0))
     elif kind == "chain":
@@ -337,8 +348,9 @@ def onnx_model(w: Workload, params: dict[str, np.ndarray]) -> Any:
         out = g.op("Reshape", y, g.const([b, s, h], np.int64))
     else:
         raise KeyError(kind)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape))
-              for n, shape in w.input_shapes().items()]
+    inputs = [helper.make_tensor_value_info(
+        n, TensorProto.INT32 if n in net_peers.INT_INPUTS else TensorProto.FLOAT, list(shape))
+        for n, shape in w.input_shapes().items()]
     output = helper.make_tensor_value_info(out, TensorProto.FLOAT, list(w.output_shape()))
     graph = helper.make_graph(g.nodes, f"bench_{w.kind}", inputs, [output], g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -360,6 +372,7 @@ def ort_session(model: Any) -> Any:
 
 class OnnxRuntime(System):
     key, label = "onnxruntime", "ONNX Runtime"
+    runs_example_nets = True  # bench/net_peers.py
     dists = ("onnxruntime", "onnx")
 
     def probe(self) -> str | None:

@@ -183,3 +183,21 @@ def test_graphkernel_bench_runs_the_harness_as_its_own_program(capfd: pytest.Cap
     code = "import sys, graphkernel.tools.cli; print('bench' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("peer", ["torch", "jax", "onnxruntime"])
+@pytest.mark.parametrize("kind", ["cnn", "bert"])
+def test_example_networks_on_installed_peers_match_the_reference(kind: str, peer: str) -> None:
+    """bench/net_peers.py: the CNN and BERT-tiny as each peer writes them, checked against the
+    float64 reference (skipped where that peer is not installed, as in CI)."""
+    from bench.peers import all_systems
+    system = next(s for s in all_systems() if s.key == peer)
+    why = system.probe()
+    if why:
+        pytest.skip(why)
+    w = next(w for w in TINY if w.kind == kind)
+    cfg = Config.quick(suite="tiny", rounds=2, overhead_rounds=2, min_sample_s=1e-4,
+                       warmup_s=0.0, log=lambda msg: None)
+    rec = run_workload(w, [system], cfg, l3=1 << 20, copy_gbps=10.0)["systems"][peer]
+    assert rec["status"] == "ok", (peer, rec.get("error"), rec.get("note"))
+    assert all(m["status"] == "ok" for m in rec["modes"].values()), rec["modes"]
