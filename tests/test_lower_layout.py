@@ -89,3 +89,33 @@ def test_split_item_returned_as_is(rng):
                   lambda t: np.split(t, 2, axis=1)[1], x)
     first, second = on.run_arrays(x)[0], on.run_arrays(x)[0]
     assert not np.shares_memory(first, x) and not np.shares_memory(first, second)
+
+
+def test_gather_of_a_constant_run_is_a_slice_of_the_table(rng):
+    table = rng.standard_normal((9, 5)).astype(np.float32)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    for ids in (np.arange(3), np.arange(2, 8, 2), np.array([4])):
+        constant = graphkernel.Tensor(ids.astype(np.int32))
+        on, off = check(lambda t, y, c=constant: P.Gather()(t, c, 0)[None] * 2.0 + y,
+                        lambda t, y, i=ids: t[i][None] * 2 + y, table, x[:len(ids)])
+        assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+        assert "Gather" in off.kernels[0].op_names
+    # Along axis 1, and indices that are no run (or are data) stay a Gather.
+    cols = graphkernel.Tensor(np.array([1, 2, 3], np.int32))
+    on, _ = check(lambda t, c=cols: P.Gather()(t, c, 1) + 1.0, lambda t: t[:, 1:4] + 1, table)
+    assert on.kernel_count == 1, on.summary()
+    shuffled = graphkernel.Tensor(np.array([3, 1, 2], np.int32))
+    on, _ = check(lambda t, c=shuffled: P.Gather()(t, c, 0) + 1.0,
+                  lambda t: t[[3, 1, 2]] + 1, table)
+    assert ["Gather"] in [k.op_names for k in on.kernels], on.summary()
+    ids = np.array([0, 1, 2], np.int32)
+    on, _ = check(lambda t, i: P.Gather()(t, i, 0) + 1.0, lambda t, i: t[i] + 1, table, ids)
+    assert ["Gather"] in [k.op_names for k in on.kernels], on.summary()
+
+
+def test_a_slice_of_a_cast_is_a_cast_of_the_slice(rng):
+    mask = (rng.random((3, 7)) > 0.3).astype(np.int32)
+    on, off = check(lambda m: (1.0 - P.Cast()(m, graphkernel.float32)[:, None, None, :]) * 5.0,
+                    lambda m: (1 - m.astype(np.float32)[:, None, None, :]) * 5, mask)
+    assert on.kernel_count == 1, on.summary()
+    assert on.kernels[0].op_names[:2] == ["StridedSlice", "Cast"]

@@ -17,9 +17,10 @@ from graphkernel.ir.types import TensorType
 
 MAPPABLE = ("Reshape", "ExpandDims", "Squeeze", "Transpose", "Slice", "StridedSlice",
             "BroadcastTo")
-# Ops sink_views moves below: pure shape relabels and permutations (slices stay: moving them
-# above an op would compute less, but their index arithmetic is per operand).
+# Ops sink_views moves below: pure shape relabels and permutations (slices only above an op of
+# one tensor operand: above several, each operand would need its own index arithmetic).
 SINKABLE = ("Reshape", "ExpandDims", "Squeeze", "Transpose")
+SLICES = ("Slice", "StridedSlice")  # moved too, above an op of one tensor operand
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ def sink_views(graph: Graph) -> Graph:
         users = graph.users()
         outputs = {v.uid for v in graph.outputs}
         for view in list(graph.nodes):
-            src = view.inputs[0] if view.op in SINKABLE and view.subgraph is None else None
+            src = view.inputs[0] if view.subgraph is None and (
+                view.op in SINKABLE or view.op in SLICES and _unary(view.inputs[0])) else None
             if not isinstance(src, Node) or not _pointwise(src) or src.uid in outputs or \
                     len(users[src.uid]) != 1 or \
                     _strip_ones(src.shape) == _strip_ones(view.shape):  # free where it is
@@ -225,6 +227,16 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
     graph.nodes[at:at + 1] = added
     graph.nodes[graph.nodes.index(view)] = compute
     graph.replace_uses(view, compute)
+
+
+def _unary(value: Value) -> bool:
+    """An op with one tensor operand of its own shape (a Cast, a Neg): a slice of its result
+    is the op on a slice of its operand, which computes less and reads through one map."""
+    if not isinstance(value, Node) or not isinstance(value.type, TensorType) or \
+            not _pointwise(value):
+        return False
+    tensors = [v for v in value.inputs if not (isinstance(v, Constant) and v.is_scalar)]
+    return len(tensors) == 1 and tuple(tensors[0].shape) == tuple(value.shape)
 
 
 def _pointwise(node: Node) -> bool:

@@ -5,14 +5,18 @@
   dropping the axis), so its consumer kernel reads its part of the input in place instead of
   a copy made by a library call (TVM's split as strided slices);
 - Tile where every axis is either tiled or copied once from a size-1 axis (tiling a row, a
-  column, a scalar): a BroadcastTo, read with stride 0.
+  column, a scalar): a BroadcastTo, read with stride 0;
+- Gather whose indices are a constant run start, start + step, ... inside the axis (the
+  positions 0..S-1 of a position embedding): a Slice or StridedSlice of the table.
 
 Tile of an axis longer than one repeats it modulo its length (no affine map), and Concat reads
-one of several buffers depending on the index: both stay library calls, and so does Gather,
-whose index is data and whose out-of-range check is Python's."""
+one of several buffers depending on the index: both stay library calls, and so does a Gather
+whose indices are data (its out-of-range check is Python's)."""
 from __future__ import annotations
 
-from graphkernel.ir.graph import Graph, Node, Value
+import numpy as np
+
+from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TensorType
 
@@ -48,6 +52,18 @@ def lower_to_views(graph: Graph) -> Graph:
             broadcast = _node("BroadcastTo", node, source, node.name, shape=tuple(node.shape))
             nodes.append(broadcast)
             replace[node.uid] = broadcast
+            continue
+        run = _constant_run(node) if node.op == "Gather" and node.subgraph is None else None
+        if run is not None:
+            table = node.inputs[0]
+            axis, start, count, step = run
+            begin, end, strides = [0] * len(table.shape), list(table.shape), \
+                [1] * len(table.shape)
+            begin[axis], end[axis], strides[axis] = start, start + (count - 1) * step + 1, step
+            rows = _node("StridedSlice", node, table, node.name, begin=tuple(begin),
+                         end=tuple(end), strides=tuple(strides))
+            nodes.append(rows)
+            replace[node.uid] = rows
             continue
         nodes.append(node)
     graph.nodes = nodes
@@ -85,3 +101,20 @@ def _tile_broadcasts(node: Node) -> bool:
     mult = tuple(int(m) for m in {**get_op("Tile").attr_defaults, **node.attrs}["multiples"])
     padded = (1,) * (len(mult) - len(x.shape)) + tuple(x.shape)
     return 0 not in node.shape and all(m == 1 or d == 1 for m, d in zip(mult, padded))
+
+
+def _constant_run(node: Node) -> tuple[int, int, int, int] | None:
+    """(axis, start, count, step) when a Gather's indices are a constant 1-d run inside the
+    axis, step >= 1."""
+    table, indices = node.inputs
+    if not isinstance(indices, Constant) or indices.value.ndim != 1 or \
+            indices.value.size == 0 or indices.dtype.kind not in "iu":
+        return None
+    axis = {**get_op("Gather").attr_defaults, **node.attrs}["axis"] % len(table.shape)
+    values = indices.value.astype(np.int64)
+    start = int(values[0])
+    step = int(values[1] - values[0]) if values.size > 1 else 1
+    if step < 1 or start < 0 or int(values[-1]) >= table.shape[axis] or \
+            not np.array_equal(values, start + step * np.arange(values.size)):
+        return None
+    return axis, start, int(values.size), step
