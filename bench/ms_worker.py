@@ -176,9 +176,76 @@ def threads() -> dict[str, Any]:
     return info
 
 
+def train_step_cell(w: Workload, params: dict[str, np.ndarray]) -> tuple[Any, list[Any]]:
+    """MindSpore's TrainOneStepCell over the forward cell, the workload's loss and nn.Adam
+    (bench/training.py's settings), and the network's Parameters in the workload's order."""
+    import dataclasses
+
+    from mindspore import nn, ops
+
+    from bench.training import ADAM_EPS, BETA1, BETA2, LR, base_kind, rows
+
+    net = make_cell(dataclasses.replace(w, kind=base_kind(w.kind)), params)
+    scale = 0.5 / float(rows(w))
+
+    class WithLoss(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+            self.reduce_sum, self.square = ops.ReduceSum(), ops.Square()
+
+        def construct(self, x: Any, target: Any) -> Any:
+            return self.reduce_sum(self.square(self.net(x) - target)) * scale
+
+    loss_net = WithLoss()
+    optimizer = nn.Adam(net.trainable_params(), learning_rate=LR, beta1=BETA1, beta2=BETA2,
+                        eps=ADAM_EPS)
+    step = nn.TrainOneStepCell(loss_net, optimizer)
+    # Before any step, each workload weight is the Parameter holding its values.
+    free = list(net.trainable_params())
+    order = []
+    for name in w.param_shapes():
+        match = next(q for q in free if tuple(q.shape) == params[name].shape and
+                     np.array_equal(q.asnumpy(), params[name]))
+        free.remove(match)
+        order.append(match)
+    return step, order
+
+
+def _prepare_training(workload: Workload, sets: list[dict[str, np.ndarray]],
+                      params: dict[str, np.ndarray]) -> dict[str, Any]:
+    ms = _setup()
+    from bench.training import step_vector
+
+    step, weights = train_step_cell(workload, params)
+    tensors = [[ms.Tensor(a) for a in s.values()] for s in sets]
+    # Every Parameter of the step (weights, Adam's moments, beta powers, the global step):
+    # put back after the compiling call so the checked call is the first step.
+    everything = list(step.get_parameters())
+    initial = [p.asnumpy().copy() for p in everything]
+
+    def call(i: int) -> Any:
+        return step(*tensors[i]).asnumpy()
+
+    t0 = time.perf_counter()
+    call(0)
+    first = time.perf_counter() - t0
+    for p, a in zip(everything, initial):
+        p.set_data(ms.Tensor(a))
+    _state["call"], _state["n"] = call, len(sets)
+    _state["to_numpy"] = lambda loss: step_vector(workload, loss, [q.asnumpy() for q in weights])
+    return {"first_call_s": first, "step": "nn.TrainOneStepCell(WithLoss, nn.Adam), graph "
+            "kernel on", "parameters_restored": len(everything), "cwd": os.getcwd()}
+
+
 def prepare(workload: Workload, seeds: list[int]) -> dict[str, Any]:
+    from bench.workloads import TRAIN_KINDS
+
     ms = _setup()
     sets, params = input_sets(workload, seeds)
+    _state.pop("to_numpy", None)
+    if workload.kind in TRAIN_KINDS:
+        return _prepare_training(workload, sets, params)
     cell = make_cell(workload, params)
     tensors = [[ms.Tensor(a) for a in s.values()] for s in sets]
 
@@ -194,7 +261,10 @@ def prepare(workload: Workload, seeds: list[int]) -> dict[str, Any]:
 
 
 def output(mode: str, index: int) -> np.ndarray:
-    return np.array(_state["call"](index))
+    result = _state["call"](index)
+    if "to_numpy" in _state:  # a training step: the loss, then the updated weights
+        return _state["to_numpy"](result)
+    return np.array(result)
 
 
 def time_(mode: str, k: int, start: int) -> float:

@@ -459,12 +459,6 @@ class MindSporeFused(System):
     def threads(self) -> dict[str, Any]:
         return self.worker().request("threads")
 
-    def supports(self, w: Workload) -> str | None:
-        if w.kind in TRAIN_KINDS:
-            return "not written yet: MindSpore's TrainOneStepCell row (bench/ms_worker.py " \
-                   "runs inference cells only)"
-        return None
-
     def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
                 params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
         worker = self.worker()

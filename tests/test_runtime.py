@@ -330,3 +330,36 @@ def test_unfused_ops_run_one_kernel_each(rng):
     from graphkernel.runtime.reference import run_reference_graph
     want = run_reference_graph(off.graph, [x])[0]
     np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=2e-6, atol=2e-6)
+
+
+class TwoProducts(nn.Cell):
+    def __init__(self, small: np.ndarray, large: np.ndarray) -> None:
+        super().__init__()
+        self.small, self.large = Parameter(small), Parameter(large)
+        self.matmul = P.MatMul()
+
+    def construct(self, x, y):
+        return P.ReLU()(self.matmul(x, self.small)), self.matmul(y, self.large)
+
+
+def test_small_products_run_blas_on_one_thread_and_leave_blas_as_it_was(rng):
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    small = rng.standard_normal((64, 256)).astype(np.float32)
+    large = rng.standard_normal((256, 256)).astype(np.float32)
+    x = rng.standard_normal((32, 64)).astype(np.float32)  # 32*256*64: below the threshold
+    y = rng.standard_normal((128, 256)).astype(np.float32)  # 128*256*256: above it
+    for fusion in (True, False):
+        exe = graphkernel.compile(TwoProducts(small, large), Tensor(x), Tensor(y),
+                                  options=CompileOptions(enable_graph_kernel=fusion))
+        steps = {s.name: s.blas_threads for s in exe.plan.steps if s.op == "MatMul"}
+        assert sorted(steps.values(), key=str) == [1, None], steps
+        assert "blas_threads=1" in exe.plan.describe()
+        before = blas_threads()
+        a, b = exe(Tensor(x), Tensor(y))
+        assert blas_threads() == before  # put back after the product
+        np.testing.assert_allclose(a.asnumpy(), np.maximum(x @ small, 0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(b.asnumpy(), y @ large, rtol=1e-5, atol=1e-4)

@@ -24,6 +24,11 @@ class CostModel:
     # Allocate and touch the buffers of a graph's first call on a background thread while the
     # compile finishes: fresh pages cost ~2.5 us each to fault in on these VMs.
     prefault_buffers: bool = True
+    # A matrix product with fewer multiply-adds per GEMM (m*n*k) than this runs BLAS on one
+    # thread: waking BLAS's other threads between the kernels of a call costs more than they
+    # save on a small product (a training step of a 32x64x256 MLP: 56 ms with numpy's default
+    # OpenBLAS threads on a loaded 2-core machine, 1.4 ms on one). None: BLAS decides always.
+    blas_parallel_min_mnk: int | None = 1 << 22
 
     def decline(self, nodes: list[Node], inputs: list[Value], sched: Schedule) -> str | None:
         """A reason not to fuse, or None when fusing pays."""

@@ -82,8 +82,26 @@ class _PlanBuilder:
         self.slot_of[node.uid] = self.slot_of[(source.uid, node.attrs["index"])]  # type: ignore
 
 
+def gemm_mnk(node: Node) -> int | None:
+    """Multiply-adds of one GEMM of a MatMul/BatchMatMul (per batch entry); None when a size is
+    not a number."""
+    a = node.inputs[0].tensor_type.shape
+    k = a[-2] if node.attrs.get("transpose_a") else a[-1]
+    m, n = output_types(node)[0].shape[-2:]
+    if not all(isinstance(d, int) for d in (m, n, k)):
+        return None
+    return m * n * k
+
+
+def _blas_threads(node: Node, cost: CostModel) -> int | None:
+    if node.op not in ("MatMul", "BatchMatMul") or cost.blas_parallel_min_mnk is None:
+        return None
+    mnk = gemm_mnk(node)
+    return 1 if mnk is not None and mnk < cost.blas_parallel_min_mnk else None
+
+
 def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
-                  views: LibraryViews | None = None) -> Step:
+                  cost: CostModel, views: LibraryViews | None = None) -> Step:
     opdef = get_op(node.op)
     attrs = {**opdef.attr_defaults, **node.attrs}
     types = output_types(node)
@@ -105,7 +123,7 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
                              isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc))
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
                 writes, types, op=node.op, attrs=attrs, pooled=pooled, aliases=not pooled,
-                bytes_moved=moved)
+                bytes_moved=moved, blas_threads=_blas_threads(node, cost))
 
 
 def _flat(nodes: tuple[Node, ...]) -> list[Node]:
@@ -134,7 +152,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
             reads = tuple(b.read(mine.operands[i].buffer if i in mine.operands else v)
                           for i, v in enumerate(node.inputs))
             writes = b.write(mine.result.buffer if mine.result is not None else node)
-            b.steps.append(_library_step(node, reads, writes, mine))
+            b.steps.append(_library_step(node, reads, writes, cost, mine))
             continue
         reads = tuple(b.read(v) for v in node.inputs)
         writes = b.write(node)
@@ -142,7 +160,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         if sub is None:
             group = single_op_group(node) if compiler and runs_as_kernel(node) else None
             if group is None:
-                b.steps.append(_library_step(node, reads, writes))
+                b.steps.append(_library_step(node, reads, writes, cost))
                 continue
             sub, sched = group  # one op, one generated kernel (graph_kernel/single_op.py)
         types = output_types(node)

@@ -80,6 +80,7 @@ class Step:
     overwrites: tuple[int, ...] = ()  # read slots whose memory it writes into, in place
     bytes_moved: int = 0  # bytes read and written, for reports
     note: str = ""  # why a group is INTERPRETED
+    blas_threads: int | None = None  # MatMul: BLAS threads for this product (None: BLAS's own)
 
     @property
     def launches_kernel(self) -> bool:
@@ -127,6 +128,7 @@ class ExecutionPlan:
                  f"{[name(s) for s in self.weights]}"]
         for i, (step, dead) in enumerate(zip(self.steps, self.release)):
             flags = (" aliases" if step.aliases else "") + \
+                (f" blas_threads={step.blas_threads}" if step.blas_threads else "") + \
                 (f" overwrites {[name(s) for s in step.overwrites]}" if step.overwrites else "")
             lines.append(f"  [{i}] {step.kind.value:<11} {step.name}: "
                          f"{', '.join(name(s) for s in step.reads)} -> "

@@ -20,6 +20,7 @@ import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.ir.opset import get_op
+from graphkernel.runtime.blas import blas_threads
 from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
@@ -151,6 +152,7 @@ class Runner:
         swaps = (step.attrs["transpose_a"], step.attrs["transpose_b"])
         read_views = dict(step.attrs.get("read_views", {}))
         write_view = step.attrs.get("write_view")
+        threads = step.blas_threads
 
         def operand(slots: list[Any], k: int) -> np.ndarray:
             x = slots[reads[k]]
@@ -162,7 +164,8 @@ class Runner:
             a, b = operand(slots, 0), operand(slots, 1)
             (out,) = take()
             result = out if write_view is None else _strided(out, 0, *write_view)
-            with np.errstate(all="ignore"):  # NaN/Inf in, NaN/Inf out, as in kernels
+            # NaN/Inf in, NaN/Inf out, as in kernels
+            with np.errstate(all="ignore"), blas_threads(threads):
                 np.matmul(a, b, out=result)
             slots[target] = out
         return matmul
