@@ -205,10 +205,9 @@ def train_step_cell(w: Workload, params: dict[str, np.ndarray]) -> tuple[Any, li
     free = list(net.trainable_params())
     order = []
     for name in w.param_shapes():
-        match = next(q for q in free if tuple(q.shape) == params[name].shape and
-                     np.array_equal(q.asnumpy(), params[name]))
-        free.remove(match)
-        order.append(match)
+        at = next(i for i, q in enumerate(free) if tuple(q.shape) == params[name].shape and
+                  np.array_equal(q.asnumpy(), params[name]))
+        order.append(free.pop(at))  # by position: a MindSpore Parameter's == is elementwise
     return step, order
 
 

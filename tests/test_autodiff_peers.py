@@ -1,0 +1,134 @@
+"""Gradients in float32 against PyTorch autograd, fusion on and off: every primitive with a
+gradient rule that PyTorch has, and a dense + GeLU + LayerNorm + Softmax block of odd sizes.
+PyTorch is a bench peer (bench/requirements.txt), not a test dependency: without it these skip
+(`pip install -r bench/requirements.txt` to run them)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from test_autodiff import CASES
+
+import graphkernel as gk
+from graphkernel import Tensor
+from graphkernel.frontend import context
+from graphkernel.ops import operations as P
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+# The same function in PyTorch, for each op of test_autodiff.CASES (Cast's case is float64).
+TORCH: dict[str, Callable[..., Any]] = {
+    "Add": lambda x, y: x + y,
+    "Sub": lambda x, y: x - y,
+    "Mul": lambda x, y: x * y,
+    "RealDiv": lambda x, y: x / y,
+    "Neg": lambda x: -x,
+    "Maximum": torch.maximum,
+    "Minimum": torch.minimum,
+    "Pow": torch.pow,
+    "Sqrt": torch.sqrt,
+    "Rsqrt": torch.rsqrt,
+    "Reciprocal": torch.reciprocal,
+    "Exp": torch.exp,
+    "Log": torch.log,
+    "Tanh": torch.tanh,
+    "Erf": torch.erf,
+    "Abs": torch.abs,
+    "Floor": lambda x: torch.floor(x) + x,
+    "Round": lambda x: torch.round(x) * x,
+    "Sign": lambda x: torch.sign(x) * x,
+    "Select": lambda x, y: torch.where(x > 0, x, y),
+    "ReduceSum": lambda x: x.sum(1),
+    "ReduceProd": lambda x: x.prod(0, keepdim=True),
+    "ReduceMax": lambda x: x.amax(-1),
+    "ReduceMin": lambda x: x.amin((0, 1), keepdim=True),
+    "ReduceMean": lambda x: x.mean((0, 2)),
+    "Reshape": lambda x: x.reshape(2, 6),
+    "Transpose": lambda x: x.permute(2, 0, 1),
+    "ExpandDims": lambda x: x.unsqueeze(1),
+    "Squeeze": lambda x: x.squeeze(1),
+    "BroadcastTo": lambda x: x.expand(2, 3, 4),
+    "Tile": lambda x: x.repeat(2, 1, 3),
+    "MatMul": lambda x, y: x @ y,
+    "BatchMatMul": lambda x, y: x @ y.transpose(-1, -2),
+    "GeLU": lambda x: F.gelu(x, approximate="tanh"),
+    "FastGeLU": lambda x: x * torch.sigmoid(1.702 * x),
+    "Sigmoid": torch.sigmoid,
+    "SiLU": F.silu,
+    "ReLU": F.relu,
+    "ReLU6": lambda x: F.relu6(x * 4.0),
+    "HSwish": lambda x: F.hardswish(x * 3.0),
+    "Softplus": F.softplus,
+    "Square": torch.square,
+    "SquaredDifference": lambda x, y: (x - y) ** 2,
+    "BiasAdd": lambda x, b: x + b.reshape(1, -1, 1),
+    "AddN": lambda x, y: x + y + x,
+    "Softmax": lambda x: torch.softmax(x, -1),
+    "LogSoftmax": lambda x: torch.log_softmax(x, 0),
+    "LayerNorm": lambda x, g, b: F.layer_norm(x, (x.shape[-1],), g, b, eps=1e-7),
+}
+
+
+@pytest.fixture(params=[False, True], ids=["unfused", "fused"])
+def fusion(request: Any) -> Any:
+    context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=request.param)
+    yield request.param
+    context.set_context(enable_graph_kernel=False)
+
+
+def compare_with_torch(fn: Callable[..., Any], torch_fn: Callable[..., Any],
+                       arrays: list[np.ndarray], rtol: float = 2e-4, atol: float = 2e-5
+                       ) -> None:
+    """d/d inputs of sum(out * weights) (weights random, so a misplaced gradient shows), from
+    graphkernel and from torch.autograd, all in float32."""
+    arrays = [a.astype(np.float32) for a in arrays]
+    leaves = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out = torch_fn(*leaves)
+    weights = np.random.default_rng(11).uniform(0.5, 1.5, tuple(out.shape)).astype(np.float32)
+    (out * torch.from_numpy(weights)).sum().backward()
+
+    def loss(*xs: Any) -> Any:
+        return P.ReduceSum()(fn(*xs) * Tensor(weights))
+
+    grads = gk.grad(loss, tuple(range(len(arrays))))(*[Tensor(a) for a in arrays])
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    for i, (got, leaf) in enumerate(zip(grads, leaves)):
+        want = leaf.grad.numpy()
+        assert got.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=rtol, atol=atol,
+                                   err_msg=f"gradient of input {i}")
+
+
+def test_every_case_but_float64_casts_has_a_torch_twin() -> None:
+    assert set(CASES) - set(TORCH) == {"Cast"}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH))
+def test_op_gradient_matches_torch_in_float32(name: str, fusion: bool) -> None:
+    fn, specs = CASES[name]
+    rng = np.random.default_rng(sum(map(ord, name)) + 1)
+    compare_with_torch(fn, TORCH[name], [make(rng, shape) for make, shape in specs])
+
+
+def test_dense_gelu_layernorm_softmax_block_matches_torch(fusion: bool) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((37, 70))
+    w = rng.standard_normal((70, 130)) * 0.1
+    b = rng.standard_normal(130)
+    g = rng.uniform(0.5, 1.5, 130)
+    beta = rng.standard_normal(130)
+
+    def fn(x: Any, w: Any, b: Any, g: Any, beta: Any) -> Any:
+        h = P.GeLU()(P.BiasAdd()(P.MatMul()(x, w), b))
+        y = P.LayerNorm(epsilon=1e-5)(h, g, beta)[0]
+        return P.Softmax()(y) + y * 0.5
+
+    def torch_fn(x: Any, w: Any, b: Any, g: Any, beta: Any) -> Any:
+        h = F.gelu(x @ w + b, approximate="tanh")
+        y = F.layer_norm(h, (130,), g, beta, eps=1e-5)
+        return torch.softmax(y, -1) + y * 0.5
+
+    compare_with_torch(fn, torch_fn, [x, w, b, g, beta], rtol=1e-3, atol=1e-5)
