@@ -155,3 +155,13 @@ def test_no_fold_in_training_or_when_the_conv_has_another_reader(rng):
         np.testing.assert_allclose(on.run_arrays(x, w, *params)[0],
                                    off.run_arrays(x, w, *params)[0], rtol=1e-5, atol=1e-5)
         assert on.report.rewrites == [] and "Conv2DFoldedBN" not in str(on.kernels)
+
+
+def test_the_html_report_lists_the_fold(tmp_path, rng):
+    from graphkernel.tools.report import write_report
+    net = Block(4, 4, 3, 1, 1, 1, True, True)
+    randomize(net, rng, np.float32)
+    x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    exe = graphkernel.compile(net, x, options=ON)
+    page = open(write_report(exe, str(tmp_path / "r.html"), repeats=2), encoding="utf-8").read()
+    assert "<h3>Rewrites</h3><ul><li>BatchNorm folded into Conv2D&#x27;s weights" in page
