@@ -1,6 +1,8 @@
-"""Split, Unstack and broadcasting Tiles fuse into their consumers as Slices and BroadcastTos read
-through index maps (graph_kernel/lower_layout.py); Concat, Gather and a Tile that repeats an
-axis stay library calls. Fused against unfused against numpy on odd shapes, kernels counted."""
+"""Split, Unstack, broadcasting Tiles and Gathers of constant runs fuse into their consumers as
+Slices and BroadcastTos read through index maps (graph_kernel/lower_layout.py); a Concat of a
+kernel's inputs is read in place, each element from its piece; a Gather of data and a Tile that
+repeats an axis stay library calls. Fused against unfused against numpy on odd shapes, kernels
+counted."""
 import numpy as np
 import pytest
 
@@ -74,13 +76,46 @@ def test_tile_of_size_one_axes_is_a_broadcast_read(rng):
     assert on.kernel_count == 1, on.summary()
 
 
-def test_tile_repeating_an_axis_and_concat_stay_library_calls(rng):
+def test_tile_repeating_an_axis_stays_a_library_call(rng):
     x = rng.standard_normal((2, 3)).astype(np.float32)
     on, _ = check(lambda t: P.Tile()(t, (2, 2)) + 1.0, lambda t: np.tile(t, (2, 2)) + 1, x)
     assert [k.op_names for k in on.kernels][0] == ["Tile"], on.summary()
-    on, _ = check(lambda t: P.Concat(axis=1)((t, t * 2.0)) + 1.0,
-                  lambda t: np.concatenate([t, t * 2], axis=1) + 1, x)
-    assert ["Concat"] in [k.op_names for k in on.kernels], on.summary()
+
+
+@pytest.mark.parametrize("axis,shapes", [(0, [(2, 3, 5), (1, 3, 5), (4, 3, 5)]),
+                                         (1, [(3, 1, 5), (3, 6, 5)]),
+                                         (-1, [(3, 4, 2), (3, 4, 7), (3, 4, 1)]),
+                                         (1, [(3, 0, 5), (3, 2, 5)])])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_concat_of_inputs_is_read_in_place(axis, shapes, dtype, rng):
+    arrays = [(rng.standard_normal(s) * 4).astype(dtype) for s in shapes]
+
+    def fn(*ts):
+        return P.Abs()(P.Concat(axis=axis)(ts)) * 3
+
+    def want(*ts):
+        return np.abs(np.concatenate(ts, axis=axis)) * dtype(3)
+
+    on, off = check(fn, want, *arrays)
+    assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+    assert on.kernels[0].op_names[0] == "Concat"
+    assert off.kernels[0].op_names == ["Concat"]
+
+
+def test_concat_twice_the_same_input_and_broadcast_over_rows(rng):
+    row = rng.standard_normal((1, 3)).astype(np.float32)
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    on, _ = check(lambda r, t: P.Concat(axis=1)((r, r)) * t,
+                  lambda r, t: np.concatenate([r, r], axis=1) * t, row, x)
+    assert on.kernel_count == 1, on.summary()
+
+
+def test_concat_of_values_the_kernel_computes_stays_apart_with_a_reason(rng):
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    on, _ = check(lambda t: P.Concat(axis=1)((t * 2.0, t)) + 1.0,
+                  lambda t: np.concatenate([t * 2, t], axis=1) + 1, x)
+    assert any("Concat of values computed in the kernel" in r.detail for r in on.reasons)
+    assert on.kernel_count == 2, on.summary()  # x * 2, then the Concat read by the add
 
 
 def test_split_item_returned_as_is(rng):

@@ -13,7 +13,7 @@ import math
 from graphkernel.codegen.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
 from graphkernel.codegen.c_reduce import ReductionEmitter
 from graphkernel.codegen.c_text import c_comment, literal
-from graphkernel.codegen.c_views import view_buffers
+from graphkernel.codegen.c_views import concat_buffers, view_buffers
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
@@ -68,6 +68,8 @@ class _Emitter(ReductionEmitter):
             buf = Buffer(value, self.sched.aligned[value.uid], True, i)
             self.buffers.append(buf)
         self.views = view_buffers(self.sched, self.buffer_of, Buffer)  # not kernel arguments
+        self.concat_loads, pieces = concat_buffers(self.sched, self.buffer_of, Buffer)
+        self.views += pieces
 
     def _loop_dims(self, column: bool = False) -> list[LoopDim]:
         """Loop dimensions, adjacent compatible ones merged. Row order: kept dims outside,
@@ -79,14 +81,17 @@ class _Emitter(ReductionEmitter):
                       or b.space_strides or b.is_output}  # read only through index maps
         order = list(range(len(space))) if column else \
             [d for d in range(len(space)) if d not in axes] + list(axes)
-        dims = [LoopDim(space[d], d in axes, {k: s[d] for k, s in per_buffer.items()})
+        dims = [LoopDim(space[d], d in axes, {k: s[d] for k, s in per_buffer.items()}, d)
                 for d in order if space[d] != 1]
+        # A Concat's axis keeps a loop of its own: its index picks the piece to load from.
+        barriers = {axis for axis, _ in self.sched.concats.values()}
         merged: list[LoopDim] = []
         for dim in dims:
-            if merged and merged[-1].reduced == dim.reduced and all(
+            if merged and merged[-1].reduced == dim.reduced and \
+                    dim.axis not in barriers and merged[-1].axis not in barriers and all(
                     merged[-1].strides[k] == dim.strides[k] * dim.size for k in dim.strides):
                 prev = merged[-1]
-                merged[-1] = LoopDim(prev.size * dim.size, dim.reduced, dict(dim.strides))
+                merged[-1] = LoopDim(prev.size * dim.size, dim.reduced, dict(dim.strides), -2)
             else:
                 merged.append(dim)
         if column:
@@ -117,11 +122,26 @@ class _Emitter(ReductionEmitter):
             return literal(value.value)
         if value.uid in self.var:
             return self.var[value.uid]
+        if value.uid in self.concat_loads:
+            return self._concat_load(value, dims, inner)
         buf = self.buffer_of[value.uid]
         load = f"{buf.name}[{self._offset(buf, dims, inner)}]"
         if value.dtype == T.float16:
             return f"((float){load})"
         return load
+
+    def _concat_load(self, value: Value, dims: list[LoopDim], inner: bool) -> str:
+        """The element of a Concat: from the piece whose range holds the loop index along the
+        Concat's axis (a chain of conditionals; only the chosen piece is read)."""
+        axis, _ = self.sched.concats[value.uid]
+        pieces = self.concat_loads[value.uid]
+        at = next((f"i{i}" for i, d in enumerate(dims) if d.axis == axis), "0")
+        cast = "(float)" if value.dtype == T.float16 else ""
+        loads = [f"{cast}{buf.name}[{self._offset(buf, dims, inner)}]" for buf, _ in pieces]
+        expr = loads[-1]
+        for (_, end), load in zip(reversed(pieces[:-1]), reversed(loads[:-1])):
+            expr = f"({at} < {end} ? {load} : {expr})"
+        return expr
 
     def _expr(self, node: Node, dims: list[LoopDim], inner: bool) -> str:
         opdef = get_op(node.op)
@@ -170,7 +190,8 @@ class _Emitter(ReductionEmitter):
             uid = stack.pop()
             node = by_uid.get(uid)
             if node is None or uid in needed or uid in known or self.sched.is_outer(node) or \
-                    uid in self.sched.maps:  # loaded through its index map, not computed
+                    uid in self.sched.maps or \
+                    uid in self.sched.concats:  # loaded through its index map, not computed
                 continue
             needed.add(uid)
             stack.extend(v.uid for v in node.inputs)

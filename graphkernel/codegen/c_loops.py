@@ -29,6 +29,7 @@ class LoopDim:
     size: int
     reduced: bool
     strides: dict[int, int]  # buffer id -> stride
+    axis: int = -1  # the iteration-space axis it walks, where it walks one (a Concat's axis)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphkernel.codegen.c_loops import contiguous_strides
 from graphkernel.graph_kernel.schedule import Schedule
 
 
@@ -25,3 +26,26 @@ def view_buffers(sched: Schedule, buffer_of: dict[int, Any], make: Any) -> list[
         views.append(buf)
     return views
 
+
+
+def concat_buffers(sched: Schedule, buffer_of: dict[int, Any], make: Any
+                   ) -> tuple[dict[int, list[tuple[Any, int]]], list[Any]]:
+    """Per Concat the kernel reads in place: its pieces as (buffer, end along the axis), each a
+    second name for the piece's argument shifted back by its start, so that the Concat's
+    index along the axis addresses the piece directly; and all those buffers."""
+    rank = len(sched.space)
+    loads: dict[int, list[tuple[Any, int]]] = {}
+    every: list[Any] = []
+    for uid, (axis, pieces) in sched.concats.items():
+        aligned = sched.aligned[uid]
+        loads[uid] = []
+        for value, start in pieces:
+            shape = (1,) * (rank - len(value.shape)) + tuple(value.shape)
+            dense = contiguous_strides(shape)
+            strides = [0 if a == 1 and i != axis else s
+                       for i, (a, s) in enumerate(zip(aligned, dense))]
+            buf = make(value, aligned, False, buffer_of[value.uid].index,
+                       offset=-start * dense[axis], space_strides=strides)
+            loads[uid].append((buf, start + shape[axis]))
+            every.append(buf)
+    return loads, every

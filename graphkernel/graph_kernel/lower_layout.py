@@ -9,9 +9,10 @@
 - Gather whose indices are a constant run start, start + step, ... inside the axis (the
   positions 0..S-1 of a position embedding): a Slice or StridedSlice of the table.
 
-Tile of an axis longer than one repeats it modulo its length (no affine map), and Concat reads
-one of several buffers depending on the index: both stay library calls, and so does a Gather
-whose indices are data (its out-of-range check is Python's)."""
+Tile of an axis longer than one repeats it modulo its length (no affine map): it stays a library
+call, and so does a Gather whose indices are data (its out-of-range check is Python's). A Concat
+needs no rewrite: a pointwise kernel reads a Concat of its inputs piece by piece
+(Schedule.concats)."""
 from __future__ import annotations
 
 import numpy as np

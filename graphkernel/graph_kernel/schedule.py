@@ -38,6 +38,10 @@ class Schedule:
     phases: list[list[Node]] = field(default_factory=list)
     # Layout ops the kernel reads through index maps from an input's buffer (index_maps.py).
     maps: dict[int, IndexMap] = field(default_factory=dict)
+    # Concats of the kernel's inputs, read in place: uid -> (the space axis they join along,
+    # ((piece, first index along that axis), ...)); each element is loaded from its piece.
+    concats: dict[int, tuple[int, tuple[tuple[Value, int], ...]]] = \
+        field(default_factory=dict)
 
     @property
     def is_reduction(self) -> bool:
@@ -53,7 +57,7 @@ def fusible_op(op: str) -> bool:
     if opdef.kind == PatternKind.REDUCE:
         return opdef.reduction is not None
     if opdef.kind == PatternKind.INJECTIVE:
-        return op in MAPPABLE
+        return op in MAPPABLE or op == "Concat"
     return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
         opdef.c_template is not None
 
@@ -87,6 +91,7 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
                                  "data between axes inside the kernel (only layout ops of the "
                                  "kernel's inputs are read through index maps)")
     reductions = [n for n in nodes if get_op(n.op).kind == PatternKind.REDUCE]
+    _check_concats(nodes, bool(reductions))
     if reductions:
         first = reductions[0].inputs[0]
         space = tuple(first.shape)
@@ -120,6 +125,11 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
         if node.uid in leaves:  # read like an input, from its source through the map
             sched.aligned[node.uid] = _check_fits(_align(node.shape, rank, node.name), space,
                                                   node.name)
+            continue
+        if node.op == "Concat":  # read like an input, each element from its piece
+            sched.aligned[node.uid] = _check_fits(_align(node.shape, rank, node.name), space,
+                                                  node.name)
+            sched.concats[node.uid] = _pieces(node, rank)
             continue
         if node.uid in trailing and not axes:  # written in its input's order: same memory
             sched.aligned[node.uid] = sched.aligned[node.inputs[0].uid]
@@ -170,6 +180,29 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
             raise NotSchedulable(f"output {out.name} of shape {out.shape} would be written more "
                                  f"than once in the iteration space {space}")
     return sched
+
+
+def _check_concats(nodes: list[Node], reduces: bool) -> None:
+    """A Concat fuses as a read of the kernel's inputs, in a pointwise kernel."""
+    in_group = {n.uid for n in nodes}
+    for node in nodes:
+        if node.op != "Concat":
+            continue
+        if reduces:
+            raise NotSchedulable("Concat is read in place only by pointwise kernels")
+        if any(v.uid in in_group for v in node.inputs):
+            raise NotSchedulable("Concat of values computed in the kernel (only the kernel's "
+                                 "inputs are read in place)")
+
+
+def _pieces(node: Node, rank: int) -> tuple[int, tuple[tuple[Value, int], ...]]:
+    axis = {**get_op("Concat").attr_defaults, **node.attrs}["axis"] % len(node.shape)
+    start, pieces = 0, []
+    for value in node.inputs:
+        if value.shape[axis]:  # an empty piece holds no element
+            pieces.append((value, start))
+        start += value.shape[axis]
+    return axis + rank - len(node.shape), tuple(pieces)
 
 
 def _trailing_views(nodes: list[Node], outputs: list[Value]) -> dict[int, Node]:
