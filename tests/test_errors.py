@@ -450,3 +450,92 @@ def test_errors_inside_a_graph_kernel_point_into_it(fusion: bool) -> None:
         KernelGivenAList()(F32)
     assert "BadKernel (a GraphKernel) takes tensors; input 1 is a list" in str(info2.value)
     assert_at(info2.value, "kernel_list")
+
+
+# ---------------------------------------------------------------------------------------------
+# Second wave (issue 16): arguments of the wrong kind, and programs graph mode cannot take
+
+class CastWithoutDtype(nn.Cell):
+    def construct(self, x: Any) -> Any:
+        return P.Cast()(x)  # @cast_no_dtype
+
+
+class ShapeOpWithNone(nn.Cell):
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        self.op = op
+
+    def construct(self, x: Any) -> Any:
+        return self.op(x, None)  # @shape_none
+
+
+class ShapeOpWithText(nn.Cell):
+    def construct(self, x: Any) -> Any:
+        return P.Reshape()(x, "abc")  # @shape_text
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_cast_without_a_dtype(fusion: bool) -> None:
+    with pytest.raises(InputError) as info:
+        graphkernel.compile(CastWithoutDtype(), F32,
+                            options=CompileOptions(enable_graph_kernel=fusion))
+    assert "Cast needs its 'dtype' argument" in str(info.value)
+    assert_at(info.value, "cast_no_dtype")
+
+
+@pytest.mark.parametrize("op, attr", [(P.Reshape(), "shape"), (P.Transpose(), "perm"),
+                                      (P.Tile(), "multiples")])
+def test_shape_ops_given_none(op: Any, attr: str) -> None:
+    with pytest.raises(InputError) as info:
+        graphkernel.compile(ShapeOpWithNone(op), F32)
+    assert f"needs its {attr!r} argument" in str(info.value)
+    assert_at(info.value, "shape_none")
+
+
+def test_a_shape_that_is_not_integers() -> None:
+    with pytest.raises(InputError) as info:
+        graphkernel.compile(ShapeOpWithText(), F32)
+    assert "Reshape: shape must be a tuple of integers, got 'abc'" in str(info.value)
+    assert_at(info.value, "shape_text")
+
+
+def test_a_flag_attribute_that_is_not_a_bool() -> None:
+    with pytest.raises(InputError) as info:
+        P.ReduceSum(keep_dims="yes")  # @keep_dims_yes
+    assert "ReduceSum: keep_dims must be True or False, got 'yes'" in str(info.value)
+    assert_at(info.value, "keep_dims_yes")
+    assert P.ReduceSum(keep_dims=np.True_).attrs["keep_dims"]  # numpy's bools are bools
+
+
+def test_compiling_something_that_is_not_a_cell() -> None:
+    with pytest.raises(InputError) as info:
+        graphkernel.compile(lambda a: a, F32)  # @compile_lambda
+    msg = str(info.value)
+    assert "graphkernel.compile takes an nn.Cell" in msg and "got a function" in msg
+    assert_at(info.value, "compile_lambda")
+
+
+class Recursive(nn.Cell):
+    def construct(self, x: Any) -> Any:
+        return self.construct(x * 2.0) + 1.0  # @recursion
+
+
+def test_a_construct_that_recurses_without_end() -> None:
+    with pytest.raises(GraphModeError) as info:
+        Recursive()(F32)
+    assert "Recursive.construct calls itself without end" in str(info.value)
+    assert_at(info.value, "recursion")
+
+
+class ReturnsNothing(nn.Cell):
+    def construct(self, x: Any) -> Any:  # @returns_empty
+        return ()
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_construct_returning_an_empty_tuple(fusion: bool) -> None:
+    with pytest.raises(GraphModeError) as info:
+        graphkernel.compile(ReturnsNothing(), F32,
+                            options=CompileOptions(enable_graph_kernel=fusion))
+    assert "ReturnsNothing.construct returned no tensor" in str(info.value)
+    assert_at(info.value, "returns_empty")

@@ -2,7 +2,9 @@
 `compile_cached`; users and tests call `graphkernel.compile`."""
 from __future__ import annotations
 
+import linecache
 import os
+import sys
 import time
 from typing import Any
 
@@ -10,10 +12,13 @@ from graphkernel.codegen.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
     GraphModeError,
+    InputError,
     ResourceError,
+    SourceLocation,
 )
 from graphkernel.frontend import context, primitive, static_inputs
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
+from graphkernel.frontend.location import user_location
 from graphkernel.frontend.signature import CellLike, check_count, input_names, signature
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.frontend.text_dump import write_graph_kernel_dump
@@ -39,8 +44,15 @@ def trace(cell: CellLike, types: list[TensorType]) -> Graph:
     names = input_names(cell, len(types))
     with tracer:
         args = [tracer.add_input(t, n) for t, n in zip(types, names)]
-        result = cell._traced_call(tuple(args))
+        try:
+            result = cell._traced_call(tuple(args))
+        except RecursionError as exc:
+            raise _endless_recursion(exc, cell) from None
         outs = result if isinstance(result, (tuple, list)) else (result,)
+        if not outs:
+            raise GraphModeError(f"{name}.construct returned no tensor (an empty "
+                                 f"{type(result).__name__}); graph mode returns a tensor or a "
+                                 "tuple of tensors", function_location(cell.construct))
         values = []
         for i, out in enumerate(outs):
             if not isinstance(out, Tensor):
@@ -55,6 +67,27 @@ def trace(cell: CellLike, types: list[TensorType]) -> Graph:
     graph.inputs = [i for i in graph.inputs if i.kind == "input"] + \
         [i for i in graph.inputs if i.kind == "weight"]
     return graph
+
+
+def _endless_recursion(exc: RecursionError, cell: CellLike) -> Exception:
+    """A construct that calls itself until Python's stack runs out, as a GraphModeError at the
+    line that recurses; a RecursionError from elsewhere stays as it is."""
+    code = getattr(cell.construct, "__code__", None)
+    sites = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            sites.append(tb.tb_lineno)
+        tb = tb.tb_next
+    if code is None or len(sites) < 20:
+        return exc
+    line = sites[-1]
+    where = SourceLocation(code.co_filename, line, code.co_name,
+                           linecache.getline(code.co_filename, line))
+    return GraphModeError(f"{type(cell).__name__}.construct calls itself without end (deeper than "
+                          f"Python's recursion limit, {sys.getrecursionlimit()}); graph mode "
+                          "traces construct by running it, so a recursion must stop on values "
+                          "known when compiling (shapes, Python numbers)", where)
 
 
 SUMMARY_NAME = "graph_kernel_summary.txt"
@@ -111,6 +144,11 @@ def plan_dump_name(graph_name: str) -> str:
 def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None) -> CompiledCell:
     """Compile `cell` for the signature of `inputs` with the current context settings."""
     start = time.perf_counter()
+    if not callable(getattr(cell, "_traced_call", None)):
+        raise InputError(f"graphkernel.compile takes an nn.Cell (an object whose construct "
+                         f"method is the program), got a {type(cell).__name__}: define "
+                         "`class Net(nn.Cell)` with `def construct(self, ...)` and pass Net()",
+                         user_location())
     types = signature(inputs, cell)
     options = options or options_from_context()
     folder = _dump_folder()

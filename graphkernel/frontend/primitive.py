@@ -33,6 +33,10 @@ class Primitive:
                 raise InputError(f"{op.name}() has no attribute {key!r}; its attributes: "
                                  f"{', '.join(names) or 'none'}", user_location())
             attrs[key] = value
+        try:
+            op.check_attrs(attrs)
+        except InputError as err:
+            raise err.with_location(user_location()) from None
         self.attrs = attrs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -63,6 +67,10 @@ class Primitive:
         for key, value in attrs.items():
             if isinstance(value, Tensor):
                 attrs[key] = _static_attr(op.name, key, value)
+        try:
+            op.check_attrs({**op.attr_defaults, **attrs})
+        except InputError as err:
+            raise err.with_location(user_location()) from None
         return apply_op(op.name, tensors, attrs)
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import DTypeError
+from graphkernel.errors import DTypeError, InputError
 from graphkernel.ir import types as T
 from graphkernel.ir.types import TensorType, ValueType
 
@@ -96,6 +96,10 @@ class OpDef:
     # MindSpore 2.x's functional names (`ops.gelu`); empty: from MINDSPORE_FUNCTIONAL, else the
     # snake-case of the name.
     functional: tuple[str, ...] = ()
+    # Attributes that are a tuple of integers (a shape, a permutation, multiples). Every
+    # attribute declared with the default None must be given; one declared with a bool default
+    # must be a bool (see check_attrs).
+    int_tuple_attrs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.vector_math and not self.expensive:
@@ -117,6 +121,28 @@ class OpDef:
     @property
     def functional_name(self) -> str:
         return self.functional_names[0]
+
+    def check_attrs(self, attrs: dict[str, Any]) -> None:
+        """Refuse attribute values of the wrong kind before shape inference reads them: a
+        missing required one (`P.Cast()(x)`), a non-bool flag (`keep_dims="yes"`), a shape that
+        is not integers (`P.Reshape()(x, None)`)."""
+        call_names = {name for name, _ in self.call_attrs}
+        for name, default in self.init_attrs + self.call_attrs:
+            if name not in attrs:
+                continue
+            value = attrs[name]
+            # A call argument declared with the default None must be given (an attribute given
+            # to the constructor may be optional: Unstack's num).
+            if value is None and default is None and name in call_names:
+                raise InputError(f"{self.name} needs its {name!r} argument (got None)")
+            if isinstance(default, bool) and not isinstance(value, (bool, np.bool_)):
+                raise InputError(f"{self.name}: {name} must be True or False, got {value!r}")
+            if name in self.int_tuple_attrs and not (
+                    isinstance(value, (tuple, list)) and
+                    all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                        for v in value)):
+                raise InputError(f"{self.name}: {name} must be a tuple of integers, got "
+                                 f"{value!r}")
 
 
 # MindSpore 2.x's functional names of the ops declared before `OpDef.functional` existed (new

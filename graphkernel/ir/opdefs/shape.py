@@ -38,7 +38,7 @@ def _reshape_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 # they run as numpy views between kernels.
 declare(OpDef(name="Reshape", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_reshape_infer,
               reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),),
-              c_template="{0}", view=True, grad=_reshape_grad))
+              c_template="{0}", view=True, grad=_reshape_grad, int_tuple_attrs=("shape",)))
 
 
 def _transpose_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -56,7 +56,7 @@ def _transpose_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]
 
 declare(OpDef(name="Transpose", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_transpose_infer, reference=lambda x, perm: np.transpose(x, perm),
-              call_attrs=(("perm", None),), grad=_transpose_grad))
+              call_attrs=(("perm", None),), grad=_transpose_grad, int_tuple_attrs=("perm",)))
 
 
 def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -114,7 +114,8 @@ def _broadcast_to_ref(x: np.ndarray, shape: Any) -> np.ndarray:
 declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
               infer=_broadcast_to_infer, reference=_broadcast_to_ref,
               init_attrs=(("shape", None),), c_template="{0}",
-              grad=lambda b, n, dy, attrs: [b.sum_to(dy, n.inputs[0].shape)]))
+              grad=lambda b, n, dy, attrs: [b.sum_to(dy, n.inputs[0].shape)],
+              int_tuple_attrs=("shape",)))
 
 
 def _tile_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -139,4 +140,4 @@ def _tile_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 
 declare(OpDef(name="Tile", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_tile_infer,
               reference=lambda x, multiples: np.tile(x, multiples),
-              call_attrs=(("multiples", None),), grad=_tile_grad))
+              call_attrs=(("multiples", None),), grad=_tile_grad, int_tuple_attrs=("multiples",)))
