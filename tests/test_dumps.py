@@ -224,3 +224,23 @@ def test_processes_sharing_one_save_graphs_path(tmp_path: Any) -> None:
     again = subprocess.run([sys.executable, str(script), str(folder), "0", "1"], env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
+
+
+def test_a_full_disk_while_dumping_is_a_dump_error(tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    from graphkernel.passes import dumper as dumper_mod
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args: Any, **kwargs: Any) -> Any:
+        if str(kwargs.get("dir", "")).startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_mkstemp(*args, **kwargs)
+    monkeypatch.setattr(dumper_mod.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(DumpError) as info:
+        _dump_to(tmp_path)
+    assert "cannot write the dump" in str(info.value)
+    assert "No space left on device" in str(info.value)
+    assert not [f for f in _files(tmp_path) if f.endswith(".lock")]

@@ -139,11 +139,19 @@ class Dumper:
                             "choose another folder with context.set_context(save_graphs_path=...)")
 
     def write_text(self, name: str, text: str) -> str:
-        """Write `text` to `name` (relative to the folder) atomically; return the path."""
+        """Write `text` to `name` (relative to the folder) atomically; return the path. A disk
+        that is full or refuses the file is a DumpError naming it."""
         path = os.path.join(self.folder, name)
+        try:
+            return self._write(name, path, text.encode("utf-8"))
+        except OSError as exc:
+            raise DumpError(f"cannot write the dump {path}: {exc.strerror or exc}. Free some "
+                            "space, or choose another folder with "
+                            "context.set_context(save_graphs_path=...)") from None
+
+    def _write(self, name: str, path: str, data: bytes) -> str:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        data = text.encode("utf-8")
         with _folder_lock(self.folder):
             self._refuse(self._collisions([name]))
             # A fresh temporary name (never a user's file), then an atomic rename.
