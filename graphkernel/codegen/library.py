@@ -49,7 +49,7 @@ def build_library(kernels: list[KernelSource],
     plan's C runner, runtime/c_entry.py)."""
     tc = toolchain.detect()
     assert tc is not None, "build_library needs a C compiler"
-    # libgomp reads its settings when it is loaded: spin-waiting threads stall on a shared
+    # The OpenMP runtime reads its settings when it starts: spin-waiting threads stall on a shared
     # 2-core machine, so wait passively unless the user chose otherwise.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     source = translation_unit(kernels, tc.libmvec)
