@@ -291,31 +291,44 @@ def _build_in(folder: str, key: str, source: str, compiler: str, flags: tuple[st
 
 def install(folder: str, key: str, data: bytes) -> str:
     """Place a library built elsewhere (a trusted export's prebuilt one) under `key`, written
-    atomically with its checksum like a build; an intact library already there is kept."""
+    atomically with its checksum like a build; an intact library already there is kept. When
+    `folder` cannot take it, it goes to this process's temporary cache, as a build would."""
     if len(key) != 32 or not set(key) <= _KEY_CHARS:
         raise CacheError(f"not a cache key: {key!r:.40}")
-    lock_path = os.path.join(folder, key + ".lock")
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        return _install_in(folder, key, data)
+    except OSError as exc:
+        if not _is_write_failure(exc):
+            raise
+        spare = cannot_write(folder, exc)
+    try:
+        return _install_in(spare, key, data)
+    except OSError as again:
+        raise CacheError(f"cannot write a library to the cache folder {folder} nor to the "
+                         f"temporary folder {spare}: {again}. Free some disk space, or set "
+                         "GRAPHKERNEL_CACHE_DIR to a writable folder") from again
+
+
+def _install_in(folder: str, key: str, data: bytes) -> str:
+    with _key_lock(folder, key):
+        found = _lookup_in(folder, key)
+        if found is not None:
+            return found
+        lib = os.path.join(folder, key + LIBRARY_SUFFIX)
+        fd, tmp_lib = tempfile.mkstemp(prefix=key + ".", suffix=".tmp.so", dir=folder)
         try:
-            found = lookup(folder, key)
-            if found is not None:
-                return found
-            lib = os.path.join(folder, key + LIBRARY_SUFFIX)
-            fd, tmp_lib = tempfile.mkstemp(prefix=key + ".", suffix=".tmp.so", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                with open(tmp_lib + ".sha256", "w", encoding="ascii") as fh:
-                    fh.write(hashlib.sha256(data).hexdigest() + "\n")
-                os.replace(tmp_lib + ".sha256", lib + ".sha256")
-                os.replace(tmp_lib, lib)
-            finally:
-                for path in (tmp_lib, tmp_lib + ".sha256"):
-                    if os.path.exists(path):
-                        os.unlink(path)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            with open(tmp_lib + ".sha256", "w", encoding="ascii") as fh:
+                fh.write(hashlib.sha256(data).hexdigest() + "\n")
+            for path in (lib + ".sha256", lib):
+                clear_empty_folder(path)
+            os.replace(tmp_lib + ".sha256", lib + ".sha256")
+            os.replace(tmp_lib, lib)
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            for path in (tmp_lib, tmp_lib + ".sha256"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
     trim(folder, max_bytes(), keep=key)
     return lib
 

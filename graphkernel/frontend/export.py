@@ -329,7 +329,7 @@ def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -
     start = time.perf_counter()
     if loaded.prebuilt is not None:
         key, data = loaded.prebuilt
-        cache.install(cache.ensure_private_dir(cache.cache_dir()), key, data)
+        cache.install(cache.open_folder(), key, data)
     schedule_composites(graph)  # each composite's loop nest, as the last backend stage plans it
     executable = build_executable(graph, loaded.name, loaded.options.cost)
     report = CompileReport(stages={FINAL: graph},
