@@ -359,3 +359,35 @@ def test_layernorm_mean_of_a_row_with_inf_is_inf(fusion):
     exe = graphkernel.compile(LN(), x, g, b, options=CompileOptions(enable_graph_kernel=fusion))
     want = x.astype(np.float64).mean(axis=-1, keepdims=True).astype(np.float32)
     np.testing.assert_array_equal(exe.run_arrays(x, g, b)[0], want)
+
+
+# ---- products multiply in numpy's order -------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_product_of_inf_and_subnormals_is_numpys(dtype):
+    """Vector lanes multiplied a row's subnormals to 0 and then met -inf in another lane:
+    0 * -inf = NaN where numpy's product, one factor after the other, is -inf (found by the
+    differential generator). Every shape and axis, fused, gives numpy's answer bit for bit."""
+    import itertools
+
+    from graphkernel.ir.opdefs.reduction import _reduce_ref
+    numpy_prod = _reduce_ref(np.prod)  # the op table's reference: np.prod (float16 in float32)
+    info = np.finfo(dtype)
+    row = np.ones(64, dtype)
+    row[0], row[1], row[9] = -np.inf, info.smallest_subnormal, info.smallest_subnormal
+    assert np.isneginf(numpy_prod(row, (0,)))
+    got = run(lambda x: P.ReduceProd()(x * 1.0, 0), row, kernel=True, kernels=1)
+    assert np.isneginf(got), got
+    rng = np.random.default_rng(16)
+    factors = np.array([-np.inf, np.inf, info.smallest_subnormal, info.smallest_normal / 4,
+                        -0.5, 1e-3, 3.0], dtype)
+    for shape in [(3, 40), (4, 5, 6), (2, 1500)]:
+        for r in range(1, len(shape) + 1):
+            for axis in itertools.combinations(range(len(shape)), r):
+                x = np.where(rng.random(shape) < 0.5, 1.0,
+                             rng.choice(factors, size=shape)).astype(dtype)
+                with np.errstate(all="ignore"):
+                    got = run(lambda x, axis=axis: P.ReduceProd()(x * 1.0, axis), x,
+                              kernel=True, kernels=1)
+                np.testing.assert_array_equal(got, numpy_prod(x, axis),
+                                              err_msg=f"{dtype} {shape} axis {axis}")

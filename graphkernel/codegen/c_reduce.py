@@ -7,8 +7,8 @@ vectorised with one float accumulator per vector lane (at most ROW_BLOCK/lanes a
 lane, then a tree over the lanes), and the block sums are combined pairwise in double
 (`gk_pairwise` in codegen/c_text.py's PRELUDE). A column reduction adds each lane's
 COLUMN_RUN-row block sums into a double total per lane. Integer sums wrap and are exact; max and
-min are exact; products keep one accumulator (their relative error grows like a sum's, but
-one rounding per factor, not per partial sum).
+min are exact; float products multiply in numpy's order, one accumulator and no vector lanes
+(the same infinities, zeros and NaN as numpy's sequential product; one rounding per factor).
 """
 from __future__ import annotations
 
@@ -112,7 +112,12 @@ class ReductionEmitter:
             for red in blocked:
                 self.lines.append(f"{indent}gk_pairwise pw{self.local[red.uid]};")
                 self.lines.append(f"{indent}pw{self.local[red.uid]}.count = 0;")
-            inner_indent = self._open_row_pass(dims, reduced, indent, "".join(clauses), blocked,
+            # A float product multiplies in numpy's order, one factor after the other: vector
+            # lanes would round their own partial products (subnormals to 0, then 0 * inf =
+            # NaN where numpy's product is inf), so its pass is not a simd loop.
+            in_order = any(_is_float_product(r) for r in reductions)
+            inner_indent = self._open_row_pass(dims, reduced, indent,
+                                               None if in_order else "".join(clauses), blocked,
                                                phase)
             saved = dict(self.var)
             self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
@@ -175,10 +180,11 @@ class ReductionEmitter:
         return [r for r in reductions if _is_float_sum(r)]
 
     def _open_row_pass(self, dims: list[LoopDim], reduced: list[int], indent: str,
-                       clauses: str, blocked: list[Node], phase: int) -> str:
-        """Open the loops of one pass over the reduced axes; with blocked sums, the innermost
-        reduced loop runs in blocks of ROW_BLOCK (or whole, when shorter, a block then being
-        several runs of it)."""
+                       clauses: str | None, blocked: list[Node], phase: int) -> str:
+        """Open the loops of one pass over the reduced axes (the innermost a simd loop with
+        `clauses`, a plain one when None); with blocked sums, the innermost reduced loop runs
+        in blocks of ROW_BLOCK (or whole, when shorter, a block then being several runs of
+        it)."""
         if not blocked:
             return self._open_loops(dims, reduced, indent, clauses, False)
         last, size = reduced[-1], dims[reduced[-1]].size
@@ -192,7 +198,8 @@ class ReductionEmitter:
             self.lines.append(f"{indent}const int64_t ke = kb + {ROW_BLOCK} < {size} ? "
                               f"kb + {ROW_BLOCK} : {size};")
             start, end = "kb", "ke"
-        self.lines.append(f"{indent}#pragma omp simd{clauses}")
+        if clauses is not None:
+            self.lines.append(f"{indent}#pragma omp simd{clauses}")
         self.lines.append(f"{indent}for (int64_t i{last} = {start}; i{last} < {end}; ++i{last}) {{")
         return indent + "  "
 
@@ -368,3 +375,7 @@ def _reduction(red: Node) -> Reduction:
 
 def _is_float_sum(red: Node) -> bool:
     return _reduction(red).omp_operator == "+" and T.is_float(red.dtype)
+
+
+def _is_float_product(red: Node) -> bool:
+    return _reduction(red).omp_operator == "*" and T.is_float(red.dtype)
