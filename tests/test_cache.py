@@ -771,8 +771,9 @@ def test_a_builder_waiting_on_a_removed_lock_takes_a_fresh_one(cache_folder: str
 
 
 @needs_cc
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_leftovers_of_a_killed_build_are_removed_by_trimming(
-        tmp_path: Any, cache_folder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Any, cache_folder: str, monkeypatch: pytest.MonkeyPatch, sig: int) -> None:
     tc = toolchain.detect()
     assert tc is not None
     # A compiler that hangs on kernels (and probes normally): the build is killed meanwhile.
@@ -791,8 +792,8 @@ def test_leftovers_of_a_killed_build_are_removed_by_trimming(
             n.endswith(".c") for n in os.listdir(cache_folder))):
         time.sleep(0.05)
     time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, sig)  # the builder and its compiler, as a job control or a shutdown does
+    assert proc.wait() == -sig
     left = sorted(os.listdir(cache_folder))
     stale = [n for n in left if n.endswith((".c", ".lock"))]
     assert len(stale) == 2, left  # <key>.<random>.c and <key>.lock
