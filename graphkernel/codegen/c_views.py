@@ -42,8 +42,8 @@ def concat_buffers(sched: Schedule, buffer_of: dict[int, Any], make: Any
         for value, start in pieces:
             shape = (1,) * (rank - len(value.shape)) + tuple(value.shape)
             dense = contiguous_strides(shape)
-            strides = [0 if a == 1 and i != axis else s
-                       for i, (a, s) in enumerate(zip(aligned, dense))]
+            # An axis the Concat has as 1 broadcasts (on its own axis: one piece of size 1).
+            strides = [0 if a == 1 else s for a, s in zip(aligned, dense)]
             buf = make(value, aligned, False, buffer_of[value.uid].index,
                        offset=-start * dense[axis], space_strides=strides)
             loads[uid].append((buf, start + shape[axis]))
