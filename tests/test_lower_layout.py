@@ -1,8 +1,8 @@
 """Split, Unstack, broadcasting Tiles and Gathers of constant runs fuse into their consumers as
-Slices and BroadcastTos read through index maps (graph_kernel/lower_layout.py); a Concat of a
-kernel's inputs is read in place, each element from its piece; a Gather of data and a Tile that
-repeats an axis stay library calls. Fused against unfused against numpy on odd shapes, kernels
-counted."""
+Slices and BroadcastTos read through index maps (graph_kernel/lower_layout.py); a Concat or a
+Tile of a kernel's inputs is read in place (each element from its piece; the index modulo the
+input's length); a Gather of data stays a library call. Fused against unfused against numpy on
+odd shapes, kernels counted."""
 import numpy as np
 import pytest
 
@@ -76,10 +76,24 @@ def test_tile_of_size_one_axes_is_a_broadcast_read(rng):
     assert on.kernel_count == 1, on.summary()
 
 
-def test_tile_repeating_an_axis_stays_a_library_call(rng):
+@pytest.mark.parametrize("shape,multiples", [((2, 3), (2, 2)), ((3,), (4,)),
+                                              ((2, 1, 3), (1, 5, 2)), ((2, 3), (3, 1, 2)),
+                                              ((1, 4), (3, 2)), ((5, 1), (1, 1))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_tile_repeating_an_axis_is_read_modulo_its_length(shape, multiples, dtype, rng):
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    on, off = check(lambda t: P.Abs()(P.Tile()(t, multiples)) * 2,
+                    lambda t: np.abs(np.tile(t, multiples)) * dtype(2), x)
+    assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+    assert off.kernel_count == 3
+
+
+def test_tile_of_a_value_the_kernel_computes_stays_apart_with_a_reason(rng):
     x = rng.standard_normal((2, 3)).astype(np.float32)
-    on, _ = check(lambda t: P.Tile()(t, (2, 2)) + 1.0, lambda t: np.tile(t, (2, 2)) + 1, x)
-    assert [k.op_names for k in on.kernels][0] == ["Tile"], on.summary()
+    on, _ = check(lambda t: P.Tile()(t * 2.0, (2, 2)) + 1.0,
+                  lambda t: np.tile(t * 2, (2, 2)) + 1, x)
+    assert any("Tile of values computed in the kernel" in r.detail for r in on.reasons)
+    assert on.kernel_count == 2, on.summary()
 
 
 @pytest.mark.parametrize("axis,shapes", [(0, [(2, 3, 5), (1, 3, 5), (4, 3, 5)]),

@@ -13,7 +13,7 @@ import math
 from graphkernel.codegen.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
 from graphkernel.codegen.c_reduce import ReductionEmitter
 from graphkernel.codegen.c_text import c_comment, literal
-from graphkernel.codegen.c_views import concat_buffers, view_buffers
+from graphkernel.codegen.c_views import concat_buffers, tile_buffers, view_buffers
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
@@ -69,7 +69,7 @@ class _Emitter(ReductionEmitter):
             self.buffers.append(buf)
         self.views = view_buffers(self.sched, self.buffer_of, Buffer)  # not kernel arguments
         self.concat_loads, pieces = concat_buffers(self.sched, self.buffer_of, Buffer)
-        self.views += pieces
+        self.views += pieces + tile_buffers(self.sched, self.buffer_of, Buffer)
 
     def _loop_dims(self, column: bool = False) -> list[LoopDim]:
         """Loop dimensions, adjacent compatible ones merged. Row order: kept dims outside,
@@ -83,8 +83,9 @@ class _Emitter(ReductionEmitter):
             [d for d in range(len(space)) if d not in axes] + list(axes)
         dims = [LoopDim(space[d], d in axes, {k: s[d] for k, s in per_buffer.items()}, d)
                 for d in order if space[d] != 1]
-        # A Concat's axis keeps a loop of its own: its index picks the piece to load from.
-        barriers = {axis for axis, _ in self.sched.concats.values()}
+        # A Concat's axis keeps a loop of its own (its index picks the piece to load from), and
+        # so does a Tile's repeated axis (its index wraps).
+        barriers = self.sched.barrier_axes()
         merged: list[LoopDim] = []
         for dim in dims:
             if merged and merged[-1].reduced == dim.reduced and \
@@ -113,8 +114,11 @@ class _Emitter(ReductionEmitter):
             if dim.reduced and not upto_reduced:
                 continue
             stride = dim.strides[id(buf)]
+            index = f"i{i}"
+            if buf.modulo and dim.axis in buf.modulo:  # a Tile's repeated axis
+                index = f"(i{i} % {buf.modulo[dim.axis]})"
             if stride:
-                terms.append(f"i{i}" if stride == 1 else f"i{i} * {stride}")
+                terms.append(index if stride == 1 else f"{index} * {stride}")
         return " + ".join(terms + [str(buf.offset)] * bool(buf.offset)) or "0"
 
     def _operand(self, value: Value, dims: list[LoopDim], inner: bool) -> str:
@@ -191,7 +195,8 @@ class _Emitter(ReductionEmitter):
             node = by_uid.get(uid)
             if node is None or uid in needed or uid in known or self.sched.is_outer(node) or \
                     uid in self.sched.maps or \
-                    uid in self.sched.concats:  # loaded through its index map, not computed
+                    uid in self.sched.concats or \
+                    uid in self.sched.tiles:  # loaded through its index map, not computed
                 continue
             needed.add(uid)
             stack.extend(v.uid for v in node.inputs)

@@ -18,6 +18,7 @@ class Buffer:
     strides: list[int] = field(default_factory=list)  # per loop dim, in elements
     offset: int = 0  # a view read through an index map (c_views.py): its first element's
     space_strides: list[int] | None = None  # offset and strides per iteration-space axis
+    modulo: dict[int, int] | None = None  # a Tile: space axis -> length its index wraps at
 
     @property
     def name(self) -> str:

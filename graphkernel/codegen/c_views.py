@@ -49,3 +49,19 @@ def concat_buffers(sched: Schedule, buffer_of: dict[int, Any], make: Any
             loads[uid].append((buf, start + shape[axis]))
             every.append(buf)
     return loads, every
+
+
+def tile_buffers(sched: Schedule, buffer_of: dict[int, Any], make: Any) -> list[Any]:
+    """One buffer per Tile the kernel reads in place, registered under the Tile's value: its
+    input's argument, the index along each repeated axis taken modulo the input's length."""
+    tiles = []
+    for uid, (value, shape) in sched.tiles.items():
+        aligned = sched.aligned[uid]
+        dense = contiguous_strides(shape)
+        strides = [0 if d == 1 or a == 1 else s for d, a, s in zip(shape, aligned, dense)]
+        modulo = {i: d for i, (d, a) in enumerate(zip(shape, aligned)) if 1 < d < a}
+        buf = make(value, aligned, False, buffer_of[value.uid].index, space_strides=strides,
+                   modulo=modulo)
+        buffer_of[uid] = buf
+        tiles.append(buf)
+    return tiles

@@ -9,10 +9,9 @@
 - Gather whose indices are a constant run start, start + step, ... inside the axis (the
   positions 0..S-1 of a position embedding): a Slice or StridedSlice of the table.
 
-Tile of an axis longer than one repeats it modulo its length (no affine map): it stays a library
-call, and so does a Gather whose indices are data (its out-of-range check is Python's). A Concat
-needs no rewrite: a pointwise kernel reads a Concat of its inputs piece by piece
-(Schedule.concats)."""
+A Gather whose indices are data stays a library call (its out-of-range check is Python's). A
+Concat and a Tile of a longer axis need no rewrite: a pointwise kernel reads a Concat of its
+inputs piece by piece and a Tile modulo its input's length (Schedule.concats, Schedule.tiles)."""
 from __future__ import annotations
 
 import numpy as np

@@ -42,6 +42,17 @@ class Schedule:
     # ((piece, first index along that axis), ...)); each element is loaded from its piece.
     concats: dict[int, tuple[int, tuple[tuple[Value, int], ...]]] = \
         field(default_factory=dict)
+    # Tiles of the kernel's inputs, read in place: uid -> (the input, its shape aligned to the
+    # space); along a repeated axis the index wraps modulo the input's length.
+    tiles: dict[int, tuple[Value, tuple[int, ...]]] = field(default_factory=dict)
+
+    def barrier_axes(self) -> set[int]:
+        """Space axes that keep a loop of their own (a Concat's axis, a Tile's repeated axes):
+        loads there need the index along that axis alone."""
+        axes = {axis for axis, _ in self.concats.values()}
+        for uid, (_, shape) in self.tiles.items():
+            axes |= {i for i, (d, t) in enumerate(zip(shape, self.aligned[uid])) if 1 < d < t}
+        return axes
 
     @property
     def is_reduction(self) -> bool:
@@ -57,7 +68,7 @@ def fusible_op(op: str) -> bool:
     if opdef.kind == PatternKind.REDUCE:
         return opdef.reduction is not None
     if opdef.kind == PatternKind.INJECTIVE:
-        return op in MAPPABLE or op == "Concat"
+        return op in MAPPABLE or op in ("Concat", "Tile")
     return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
         opdef.c_template is not None
 
@@ -126,6 +137,12 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
             sched.aligned[node.uid] = _check_fits(_align(node.shape, rank, node.name), space,
                                                   node.name)
             continue
+        if node.op == "Tile":  # read like an input, the index wrapping along repeated axes
+            sched.aligned[node.uid] = _check_fits(_align(node.shape, rank, node.name), space,
+                                                  node.name)
+            sched.tiles[node.uid] = (node.inputs[0], _align(node.inputs[0].shape, rank,
+                                                            node.inputs[0].name))
+            continue
         if node.op == "Concat":  # read like an input, each element from its piece
             sched.aligned[node.uid] = _check_fits(_align(node.shape, rank, node.name), space,
                                                   node.name)
@@ -183,16 +200,16 @@ def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
 
 
 def _check_concats(nodes: list[Node], reduces: bool) -> None:
-    """A Concat fuses as a read of the kernel's inputs, in a pointwise kernel."""
+    """A Concat or Tile fuses as a read of the kernel's inputs, in a pointwise kernel."""
     in_group = {n.uid for n in nodes}
     for node in nodes:
-        if node.op != "Concat":
+        if node.op not in ("Concat", "Tile"):
             continue
         if reduces:
-            raise NotSchedulable("Concat is read in place only by pointwise kernels")
+            raise NotSchedulable(f"{node.op} is read in place only by pointwise kernels")
         if any(v.uid in in_group for v in node.inputs):
-            raise NotSchedulable("Concat of values computed in the kernel (only the kernel's "
-                                 "inputs are read in place)")
+            raise NotSchedulable(f"{node.op} of values computed in the kernel (only the "
+                                 "kernel's inputs are read in place)")
 
 
 def _pieces(node: Node, rank: int) -> tuple[int, tuple[tuple[Value, int], ...]]:
