@@ -232,6 +232,12 @@ def test_compare_and_measure(rng):
     timing = measure(entry.baseline, [x], repeats=3)
     assert timing.per_call > 0 and len(timing.per_kernel) == 3
     assert all(t > 0 for t in timing.per_kernel)
+    # The kernel table's rows are measured inside the call its footer shows: they add up to
+    # it, so no kernel is shown slower than the call it belongs to.
+    split = timing.breakdown
+    assert all(t <= split.call for t in split.per_kernel)
+    assert split.between >= 0
+    assert sum(split.per_kernel) + split.between == pytest.approx(split.call, rel=1e-9)
 
 
 def test_report_command_over_a_save_graphs_folder(tmp_path):
