@@ -89,6 +89,11 @@ def check_gradients(fn: Callable[..., Any], arrays: list[np.ndarray], rtol: floa
     return [g.asnumpy() for g in grads]
 
 
+def _first_and_last(items: Any) -> Any:
+    """Two items of a Split or Unstack, the middle one unread (its gradient is zeros)."""
+    return items[0] * 2.0 + items[-1]
+
+
 # Every primitive with a gradient rule: how to call it and on what inputs (float64).
 A = _away_from_zero
 POS = _positive
@@ -145,6 +150,33 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[Any, tuple[int, ...]]]]] =
     "Softmax": (lambda x: P.Softmax()(x), [(A, (3, 4))]),
     "LogSoftmax": (lambda x: P.LogSoftmax(axis=0)(x), [(A, (3, 4))]),
     "LayerNorm": (lambda x, g, b: P.LayerNorm()(x, g, b)[0], [(A, (3, 4)), (A, (4,)), (A, (4,))]),
+    # Real-network ops (issue 13): odd shapes, stride 2, asymmetric padding, dilation, groups.
+    "Sin": (lambda x: P.Sin()(x), [(A, (3, 4))]),
+    "Cos": (lambda x: P.Cos()(x), [(A, (3, 4))]),
+    "Expm1": (lambda x: P.Expm1()(x), [(A, (3, 4))]),
+    "Log1p": (lambda x: P.Log1p()(x), [(POS, (3, 4))]),
+    "Erfc": (lambda x: P.Erfc()(x), [(A, (3, 4))]),
+    "Softsign": (lambda x: P.Softsign()(x), [(A, (3, 4))]),
+    "Identity": (lambda x: P.Identity()(x) * x, [(A, (3, 4))]),
+    "Conv2D": (lambda x, w: P.Conv2D(4, (3, 2), pad_mode="pad", pad=(1, 0, 2, 1), stride=2,
+                                     dilation=(2, 1), group=2)(x, w),
+               [(A, (2, 4, 7, 6)), (A, (4, 2, 3, 2))]),
+    "MaxPool": (lambda x: P.MaxPool(kernel_size=3, strides=2)(x), [(A, (2, 3, 7, 6))]),
+    "AvgPool": (lambda x: P.AvgPool(kernel_size=(2, 3), strides=(2, 1))(x), [(A, (2, 3, 5, 6))]),
+    "BatchNorm": (lambda x, s, b, m, v: P.BatchNorm(is_training=True)(x, s, b, m, v)[0],
+                  [(A, (3, 2, 2, 3)), (A, (2,)), (A, (2,)), (A, (2,)), (POS, (2,))]),
+    # Repeated indices accumulate into one row of the table.
+    "Gather": (lambda p: P.Gather()(p, Tensor(np.array([[0, 3], [3, 4], [3, 0]], np.int32)), 0),
+               [(A, (5, 3))]),
+    "Slice": (lambda x: P.Slice()(x, (1, 0, 2), (2, -1, 1)), [(A, (3, 1, 4))]),
+    "StridedSlice": (lambda x: P.StridedSlice(shrink_axis_mask=4)(x, (-1, 0, 1), (0, 5, 2),
+                                                                   (-2, 2, 1)),
+                     [(A, (4, 5, 3))]),
+    "Concat": (lambda x, y: P.Concat(1)((x, y, x)), [(A, (2, 3)), (A, (2, 1))]),
+    "Split": (lambda x: _first_and_last(P.Split(1, 3)(x)), [(A, (2, 6, 1))]),
+    "Stack": (lambda x, y: P.Stack(-1)((x, y * 2.0)), [(A, (2, 3)), (A, (2, 3))]),
+    "Unstack": (lambda x: _first_and_last(P.Unstack(axis=1)(x)), [(A, (2, 3, 4))]),
+    "Dropout": (lambda x: P.Dropout(keep_prob=1.0)(x)[0] * x, [(A, (3, 4))]),
 }
 
 

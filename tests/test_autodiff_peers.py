@@ -69,6 +69,28 @@ TORCH: dict[str, Callable[..., Any]] = {
     "Softmax": lambda x: torch.softmax(x, -1),
     "LogSoftmax": lambda x: torch.log_softmax(x, 0),
     "LayerNorm": lambda x, g, b: F.layer_norm(x, (x.shape[-1],), g, b, eps=1e-7),
+    "Sin": torch.sin,
+    "Cos": torch.cos,
+    "Expm1": torch.expm1,
+    "Log1p": torch.log1p,
+    "Erfc": torch.erfc,
+    "Softsign": F.softsign,
+    "Identity": lambda x: x * x,
+    # MindSpore's pad is (top, bottom, left, right), F.pad's (left, right, top, bottom).
+    "Conv2D": lambda x, w: F.conv2d(F.pad(x, (2, 1, 1, 0)), w, stride=2, dilation=(2, 1),
+                                    groups=2),
+    "MaxPool": lambda x: F.max_pool2d(x, 3, 2),
+    "AvgPool": lambda x: F.avg_pool2d(x, (2, 3), (2, 1)),
+    "BatchNorm": lambda x, s, b, m, v: F.batch_norm(x, None, None, s, b, training=True,
+                                                    eps=1e-5) + 0 * (m.sum() + v.sum()),
+    "Gather": lambda p: p[torch.tensor([[0, 3], [3, 4], [3, 0]])],
+    "Slice": lambda x: x[1:3, :, 2:3],
+    "StridedSlice": lambda x: x.flip(0)[0::2, 0:5:2, 1],
+    "Concat": lambda x, y: torch.cat((x, y, x), 1),
+    "Split": lambda x: x.chunk(3, 1)[0] * 2.0 + x.chunk(3, 1)[2],
+    "Stack": lambda x, y: torch.stack((x, y * 2.0), -1),
+    "Unstack": lambda x: x.unbind(1)[0] * 2.0 + x.unbind(1)[-1],
+    "Dropout": lambda x: x * x,
 }
 
 

@@ -9,6 +9,7 @@ from graphkernel.ir.opdefs import (  # noqa: F401  (each module declares its ops
     math_ops,
     matmul,
     nn,
+    nn_grad,
     optim,
     reduction,
     shape,

@@ -39,6 +39,65 @@ def _same_dtype(op: str, types: tuple[TensorType, ...]) -> np.dtype:
     return types[0].dtype
 
 
+# Gradient rules (OpDef.grad). Joining and splitting are each other's gradients; a slice's
+# gradient writes dy into zeros (StridedSliceGrad) and a Gather's scatter-adds the rows
+# (UnsortedSegmentSum, ir/opdefs/nn_grad.py). An item nothing differentiated reads gets zeros.
+
+def _items_or_zeros(b: Any, n: Any, dout: tuple[Any, ...]) -> list[Any]:
+    return [d if d is not None else b.zeros(t) for d, t in zip(dout, n.type.items)]
+
+
+def _concat_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    axis = attrs["axis"] % len(dy.shape)
+    grads, start = [], 0
+    for x in n.inputs:
+        begin = tuple(start if i == axis else 0 for i in range(len(dy.shape)))
+        grads.append(b("Slice", dy, begin=begin, size=x.shape))
+        start += x.shape[axis]
+    return grads
+
+
+def _stack_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    return list(b.items(b("Unstack", dy, axis=attrs["axis"])))
+
+
+def _split_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]) -> list[Any]:
+    return [b("Concat", *_items_or_zeros(b, n, dout), axis=attrs["axis"])]
+
+
+def _unstack_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]) -> list[Any]:
+    return [b("Stack", *_items_or_zeros(b, n, dout), axis=attrs["axis"])]
+
+
+def _slice_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    x = n.inputs[0]
+    index = _slice_index(x.shape, attrs["begin"], attrs["size"])
+    return [b("StridedSliceGrad", dy, shapex=x.shape, begin=tuple(i.start for i in index),
+              end=tuple(i.stop for i in index), strides=(1,) * len(x.shape))]
+
+
+def _strided_slice_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    masks = {name: attrs[name] for name, _ in _STRIDED_MASKS}
+    return [b("StridedSliceGrad", dy, shapex=n.inputs[0].shape, begin=attrs["begin"],
+              end=attrs["end"], strides=attrs["strides"], **masks)]
+
+
+def _gather_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    """dy's rows added into the table's shape at the indices read (repeats accumulate). Off
+    axis 0 the gathered axes move to the front and the table's axis back after."""
+    params, indices = n.inputs
+    axis, k = attrs["axis"] % len(params.shape), len(indices.shape)
+    if axis:
+        perm = tuple(range(axis, axis + k)) + tuple(range(axis)) + \
+            tuple(range(axis + k, len(dy.shape)))
+        dy = b("Transpose", dy, perm=perm)
+    rows = b("UnsortedSegmentSum", dy, indices, num_segments=params.shape[axis])
+    if axis:
+        back = tuple(range(1, axis + 1)) + (0,) + tuple(range(axis + 1, len(params.shape)))
+        rows = b("Transpose", rows, perm=back)
+    return [rows, None]
+
+
 # -- Concat, Stack, Split, Unstack ------------------------------------------------------------
 
 def _concat_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -62,7 +121,8 @@ def _concat_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Value
 
 declare(OpDef(name="Concat", kind=PatternKind.INJECTIVE, inputs=("xs",), infer=_concat_infer,
               reference=lambda *xs, axis=0: np.concatenate(xs, axis=axis),
-              init_attrs=(("axis", 0),), variadic=True, functional=("concat", "cat")))
+              init_attrs=(("axis", 0),), variadic=True, functional=("concat", "cat"),
+              grad=_concat_grad))
 
 
 def _stack_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -80,7 +140,7 @@ def _stack_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueT
 declare(OpDef(name="Stack", kind=PatternKind.INJECTIVE, inputs=("xs",), infer=_stack_infer,
               reference=lambda *xs, axis=0: np.stack(xs, axis=axis),
               init_attrs=(("axis", 0),), variadic=True, functional=("stack",),
-              aliases=("Pack",)))
+              aliases=("Pack",), grad=_stack_grad))
 
 
 def _split_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -101,7 +161,7 @@ def _split_ref(x: np.ndarray, axis: int = 0, output_num: int = 1) -> tuple[np.nd
 
 declare(OpDef(name="Split", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_split_infer,
               reference=_split_ref, init_attrs=(("axis", 0), ("output_num", 1)),
-              functional=("split",)))
+              functional=("split",), grad=_split_grad))
 
 
 def _unstack_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -124,7 +184,8 @@ def _unstack_ref(x: np.ndarray, axis: int = 0, num: Any = None) -> tuple[np.ndar
 
 declare(OpDef(name="Unstack", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_unstack_infer,
               reference=_unstack_ref, init_attrs=(("axis", 0), ("num", None)),
-              functional=("unstack", "unbind"), aliases=("Unpack",)))
+              functional=("unstack", "unbind"), aliases=("Unpack",),
+              grad=_unstack_grad))
 
 
 # -- Slice and StridedSlice -------------------------------------------------------------------
@@ -170,7 +231,7 @@ def _slice_ref(x: np.ndarray, begin: Any, size: Any) -> np.ndarray:
 
 declare(OpDef(name="Slice", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_slice_infer,
               reference=_slice_ref, call_attrs=(("begin", None), ("size", None)),
-              functional=("slice",)))
+              functional=("slice",), grad=_slice_grad))
 
 
 def strided_slice_index(shape: tuple[int, ...], begin: Any, end: Any, strides: Any,
@@ -237,7 +298,7 @@ def _strided_ref(x: np.ndarray, begin: Any, end: Any, strides: Any, **masks: int
 declare(OpDef(name="StridedSlice", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_strided_infer, reference=_strided_ref, init_attrs=_STRIDED_MASKS,
               call_attrs=(("begin", None), ("end", None), ("strides", None)),
-              functional=("strided_slice",)))
+              functional=("strided_slice",), grad=_strided_slice_grad))
 
 
 # -- Gather and OneHot ------------------------------------------------------------------------
@@ -269,7 +330,8 @@ def _gather_ref(params: np.ndarray, indices: np.ndarray, axis: int = 0,
 
 declare(OpDef(name="Gather", kind=PatternKind.INJECTIVE, inputs=("params", "indices"),
               infer=_gather_infer, reference=_gather_ref, init_attrs=(("batch_dims", 0),),
-              call_attrs=(("axis", 0),), functional=("gather",), aliases=("GatherV2",)))
+              call_attrs=(("axis", 0),), functional=("gather",), aliases=("GatherV2",),
+              grad=_gather_grad))
 
 
 def _scalar_dtype(value: Any) -> np.dtype:

@@ -35,19 +35,43 @@ def _erfc_reference(x: np.ndarray) -> np.ndarray:
     return out.reshape(np.shape(x))
 
 
-_ew("Sin", 1, same(np.sin), "sin{f}({0})", accepts=F, functional=("sin",), **VECTOR_MATH)
-_ew("Cos", 1, same(np.cos), "cos{f}({0})", accepts=F, functional=("cos",), **VECTOR_MATH)
+# Gradient rules (OpDef.grad): elementwise, so the backward fuses like the forward.
+def _unary(rule: Any) -> Any:
+    def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+        return [rule(b, n.inputs[0], n, dy)]
+    return grad
+
+
+def _softsign_grad(b: Any, x: Any, out: Any, dy: Any) -> Any:
+    t = b("Add", b("Abs", x), 1.0)
+    return b("RealDiv", dy, b("Mul", t, t))  # d/dx x / (1 + |x|) = 1 / (1 + |x|)^2
+
+
+def _erfc_grad(b: Any, x: Any, out: Any, dy: Any) -> Any:
+    gauss = b("Exp", b("Neg", b("Mul", x, x)))
+    return b("Mul", dy, b("Mul", gauss, -2 / math.sqrt(math.pi)))
+
+
+_SIN = _unary(lambda b, x, o, dy: b("Mul", dy, b("Cos", x)))
+_COS = _unary(lambda b, x, o, dy: b("Neg", b("Mul", dy, b("Sin", x))))
+_EXPM1 = _unary(lambda b, x, o, dy: b("Mul", dy, b("Add", o, 1.0)))
+_LOG1P = _unary(lambda b, x, o, dy: b("RealDiv", dy, b("Add", x, 1.0)))
+_IDENTITY = _unary(lambda b, x, o, dy: dy)
+
+_ew("Sin", 1, same(np.sin), "sin{f}({0})", accepts=F, functional=("sin",), grad=_SIN, **VECTOR_MATH)
+_ew("Cos", 1, same(np.cos), "cos{f}({0})", accepts=F, functional=("cos",), grad=_COS, **VECTOR_MATH)
 _ew("Erfc", 1, same(_erfc_reference), "erfc{f}({0})", accepts=F, functional=("erfc",),
+    grad=_unary(_erfc_grad), **VECTOR_MATH)
+_ew("Expm1", 1, same(np.expm1), "expm1{f}({0})", accepts=F, functional=("expm1",), grad=_EXPM1,
     **VECTOR_MATH)
-_ew("Expm1", 1, same(np.expm1), "expm1{f}({0})", accepts=F, functional=("expm1",),
-    **VECTOR_MATH)
-_ew("Log1p", 1, same(np.log1p), "log1p{f}({0})", accepts=F, functional=("log1p",),
+_ew("Log1p", 1, same(np.log1p), "log1p{f}({0})", accepts=F, functional=("log1p",), grad=_LOG1P,
     **VECTOR_MATH)
 # Softsign x / (1 + |x|): one elementwise op in MindSpore, one template here.
 _ew("Softsign", 1, same(lambda x: x / (1 + np.abs(x))), "({0} / (1 + fabs{f}({0})))",
-    accepts=F, functional=("softsign",), expensive=True)
+    accepts=F, functional=("softsign",), expensive=True,
+    grad=_unary(_softsign_grad))
 _ew("Identity", 1, same(lambda x: np.array(x, copy=True)), "{0}", accepts=ALL,
-    functional=("identity",))
+    functional=("identity",), grad=_IDENTITY)
 
 # Classification: bool results. Integers and bools are always finite, never NaN or Inf.
 _ew("IsNan", 1, quiet_ref(np.isnan), "((bool)0)", c_float_template="({0} != {0})",

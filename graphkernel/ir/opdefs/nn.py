@@ -75,7 +75,7 @@ def window_output(size: tuple[int, int], kernel: tuple[int, int], stride: tuple[
     return out[0], out[1]
 
 
-def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
+def windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
              dilation: tuple[int, int], out: tuple[int, int]) -> np.ndarray:
     """(N, C, OH, OW, KH, KW) view of every window of a padded NCHW array."""
     span = ((kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1)
@@ -84,7 +84,7 @@ def _windows(x: np.ndarray, kernel: tuple[int, int], stride: tuple[int, int],
     return view[:, :, :out[0], :out[1]]
 
 
-def _wide(x: np.ndarray) -> np.ndarray:
+def wide(x: np.ndarray) -> np.ndarray:
     """float16 computes in float32 (as MindSpore's CPU kernels do), rounded once at the end."""
     return x.astype(np.float32) if x.dtype == np.float16 else x
 
@@ -137,27 +137,45 @@ def _conv_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueTy
     return TensorType((x.shape[0], attrs["out_channel"]) + geo["out"], x.dtype)
 
 
+def conv_columns(win: np.ndarray, group: int) -> np.ndarray:
+    """im2col: the (N, C, OH, OW, KH, KW) windows as one (N*OH*OW, C/g*KH*KW) matrix per
+    group (a copy), so a convolution and its filter gradient are one BLAS product per group."""
+    n, c, oh, ow, kh, kw = win.shape
+    cols = win.reshape(n, group, c // group, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
+    return cols.reshape(group, n * oh * ow, (c // group) * kh * kw)
+
+
 def _conv_ref(x: np.ndarray, w: np.ndarray, **attrs: Any) -> np.ndarray:
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     (t, b), (left, r) = geo["pads"]
-    xp = np.pad(_wide(x), ((0, 0), (0, 0), (t, b), (left, r)))
-    win = _windows(xp, geo["kernel"], geo["stride"], geo["dilation"], geo["out"])
+    xp = np.pad(wide(x), ((0, 0), (0, 0), (t, b), (left, r)))
+    win = windows(xp, geo["kernel"], geo["stride"], geo["dilation"], geo["out"])
     n, c = x.shape[:2]
     g, (oh, ow), (kh, kw) = geo["group"], geo["out"], geo["kernel"]
     o = w.shape[0]
-    # im2col: one (N*OH*OW, C/g*KH*KW) matrix per group, times the group's filters, on BLAS.
-    cols = win.reshape(n, g, c // g, oh, ow, kh, kw).transpose(1, 0, 3, 4, 2, 5, 6)
-    cols = cols.reshape(g, n * oh * ow, (c // g) * kh * kw)
-    filters = _wide(w).reshape(g, o // g, (c // g) * kh * kw)
+    cols = conv_columns(win, g)
+    filters = wide(w).reshape(g, o // g, (c // g) * kh * kw)
     with np.errstate(all="ignore"):
         out = np.matmul(cols, filters.transpose(0, 2, 1))  # (g, N*OH*OW, O/g)
     out = out.reshape(g, n, oh, ow, o // g).transpose(1, 0, 4, 2, 3).reshape(n, o, oh, ow)
     return np.ascontiguousarray(out.astype(x.dtype, copy=False))
 
 
+# Gradient rules (OpDef.grad): the backprops are opaque primitives (ir/opdefs/nn_grad.py).
+def _conv_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {name: attrs[name] for name, _ in _CONV_ATTRS}
+
+
+def _conv_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    x, w = n.inputs
+    conv = _conv_attrs(attrs)
+    return [b("Conv2DBackpropInput", dy, w, input_size=x.shape, **conv),
+            b("Conv2DBackpropFilter", dy, x, filter_size=w.shape, **conv)]
+
+
 declare(OpDef(name="Conv2D", kind=PatternKind.OPAQUE, inputs=("x", "weight"),
               infer=_conv_infer, reference=_conv_ref, init_attrs=_CONV_ATTRS, accepts=FLOATS,
-              functional=("conv2d",)))
+              functional=("conv2d",), grad=_conv_grad))
 
 
 # A convolution with an inference BatchNorm folded into its weights (graph_kernel/bn_fold.py):
@@ -224,7 +242,7 @@ def _max_pool_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     (t, b), (left, r) = geo["pads"]
     fill = -np.inf if T.is_float(x.dtype) else np.iinfo(x.dtype).min
     xp = np.pad(x, ((0, 0), (0, 0), (t, b), (left, r)), constant_values=fill)
-    win = _windows(xp, geo["kernel"], geo["stride"], (1, 1), geo["out"])
+    win = windows(xp, geo["kernel"], geo["stride"], (1, 1), geo["out"])
     return np.ascontiguousarray(win.max(axis=(4, 5)))
 
 
@@ -232,21 +250,28 @@ def _avg_pool_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, "AvgPool")
     (t, b), (left, r) = geo["pads"]
     pads = ((0, 0), (0, 0), (t, b), (left, r))
-    win = _windows(np.pad(_wide(x), pads), geo["kernel"], geo["stride"], (1, 1), geo["out"])
+    win = windows(np.pad(wide(x), pads), geo["kernel"], geo["stride"], (1, 1), geo["out"])
     # 'same' padding is not counted: each window averages the input elements it covers.
     ones = np.pad(np.ones((1, 1) + x.shape[2:], np.float32), pads)
-    count = _windows(ones, geo["kernel"], geo["stride"], (1, 1), geo["out"]).sum(axis=(4, 5))
+    count = windows(ones, geo["kernel"], geo["stride"], (1, 1), geo["out"]).sum(axis=(4, 5))
     with np.errstate(all="ignore"):
         out = win.sum(axis=(4, 5)) / count
     return np.ascontiguousarray(out.astype(x.dtype, copy=False))
 
 
+def _pool_grad(op: str) -> Any:
+    def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+        pool = {name: attrs[name] for name, _ in _POOL_ATTRS}
+        return [b(op, n.inputs[0], n, dy, **pool)]
+    return grad
+
+
 declare(OpDef(name="MaxPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("MaxPool"), reference=_max_pool_ref, init_attrs=_POOL_ATTRS,
-              accepts=FLOATS, functional=("max_pool2d",)))
+              accepts=FLOATS, functional=("max_pool2d",), grad=_pool_grad("MaxPoolGrad")))
 declare(OpDef(name="AvgPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("AvgPool"), reference=_avg_pool_ref, init_attrs=_POOL_ATTRS,
-              accepts=FLOATS, functional=("avg_pool2d",)))
+              accepts=FLOATS, functional=("avg_pool2d",), grad=_pool_grad("AvgPoolGrad")))
 
 
 # -- BatchNorm --------------------------------------------------------------------------------
@@ -295,12 +320,61 @@ def _batch_norm_ref(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np
     return y.astype(x.dtype), m, v, m.copy(), v.copy()
 
 
+def _batch_norm_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]
+                     ) -> list[Any]:
+    """BatchNormGrad (a gradient composite that fuses) for y; in training the batch mean and
+    variance outputs, when something differentiated reads them, add d mean / dx = 1/M and
+    d var / dx = 2 (x - mean) / M; in inference they are the mean and variance inputs, and y
+    depends on those too."""
+    x, scale, _, mean_in, var_in = n.inputs
+    dy, *dstats = dout
+    training, eps = attrs["is_training"], attrs["epsilon"]
+    mean, var = (b.item(n, 1), b.item(n, 2)) if training else (mean_in, var_in)
+    dy = dy if dy is not None else b.zeros(x.tensor_type)
+    dx, dscale, dbias = b.items(b("BatchNormGrad", dy, x, scale, mean, var, var,
+                                  is_training=training, epsilon=eps,
+                                  data_format=attrs["data_format"]))
+    dmean = _total(b, [d for d in (dstats[0], dstats[2]) if d is not None])
+    dvar = _total(b, [d for d in (dstats[1], dstats[3]) if d is not None])
+    rank = len(x.shape)
+    axes = batch_norm_axes(rank)
+    channel = (x.shape[1],) + (1,) * (rank - 2)
+
+    def per_channel(v: Any) -> Any:
+        return b("Reshape", b.cast(v, x.dtype), shape=channel)
+    if training:
+        inv_m = 1.0 / max(1, int(np.prod([x.shape[a] for a in axes])))
+        if dmean is not None:
+            dx = b("Add", dx, b("Mul", per_channel(dmean), inv_m))
+        if dvar is not None:
+            centred = b("Sub", x, per_channel(mean))
+            dx = b("Add", dx, b("Mul", b("Mul", centred, per_channel(dvar)), 2 * inv_m))
+        return [dx, dscale, dbias, None, None]
+    # Inference: y = (x - mean) * scale * rstd + bias, rstd = (var + eps)^-1/2.
+    rstd = b("Rsqrt", b("Add", per_channel(var_in), eps))
+    dxhat = b("Mul", dy, per_channel(scale))
+    g_mean = b("Neg", b("ReduceSum", b("Mul", dxhat, rstd), axis=axes))
+    centred = b("Sub", x, per_channel(mean_in))
+    cube = b("Mul", b("Mul", rstd, rstd), rstd)
+    g_var = b("Mul", b("ReduceSum", b("Mul", b("Mul", dxhat, centred), cube), axis=axes), -0.5)
+    g_mean = g_mean if dmean is None else b("Add", g_mean, b.cast(dmean, g_mean.dtype))
+    g_var = g_var if dvar is None else b("Add", g_var, b.cast(dvar, g_var.dtype))
+    return [dx, dscale, dbias, b.cast(g_mean, mean_in.dtype), b.cast(g_var, var_in.dtype)]
+
+
+def _total(b: Any, terms: list[Any]) -> Any:
+    total = terms[0] if terms else None
+    for term in terms[1:]:
+        total = b("Add", total, term)
+    return total
+
+
 declare(OpDef(name="BatchNorm", kind=PatternKind.OPAQUE,
               inputs=("x", "scale", "bias", "mean", "variance"), infer=_batch_norm_infer,
               reference=_batch_norm_ref, accepts=FLOATS, composite=True,
               init_attrs=(("is_training", False), ("epsilon", 1e-5), ("momentum", 0.1),
                           ("data_format", "NCHW")),
-              functional=("batch_norm",)))
+              functional=("batch_norm",), grad=_batch_norm_grad))
 
 
 # -- Dropout ----------------------------------------------------------------------------------
@@ -335,7 +409,15 @@ def _dropout_ref(x: np.ndarray, keep_prob: float = 0.5, Seed0: int = 0,  # noqa:
     return out, mask
 
 
+def _dropout_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]) -> list[Any]:
+    """The mask the forward drew (its second output), not a new draw."""
+    dy = dout[0]
+    if dy is None:
+        return [None]
+    return [b("DropoutGrad", dy, b.item(n, 1), keep_prob=attrs["keep_prob"])]
+
+
 declare(OpDef(name="Dropout", kind=PatternKind.OPAQUE, inputs=("x",), infer=_dropout_infer,
               reference=_dropout_ref, accepts=FLOATS, stateful=True,
               init_attrs=(("keep_prob", 0.5), ("Seed0", 0), ("Seed1", 0)),
-              functional=("dropout",)))
+              functional=("dropout",), grad=_dropout_grad))
