@@ -2,15 +2,15 @@
 MindSpore user writes it: porting it from MindSpore changes only the imports
 (`import mindspore as ms; from mindspore import Tensor, nn, ops, context`).
 
-Conv2d + BatchNorm2d + ReLU, a residual block, MaxPool2d, Flatten and Dense. Without gradients
-(issue 12 brings them), the convolutions keep their seeded He initialisation, BatchNorm's moving
-statistics are calibrated on the training images, and the Dense readout is fitted by ridge
-regression on the features: random convolutional features with a trained linear head.
+Conv2d + BatchNorm2d + ReLU, a residual block, MaxPool2d, Flatten and Dense, trained end to
+end: nn.SoftmaxCrossEntropyWithLogits, nn.Momentum and nn.TrainOneStepCell (one compiled graph
+per step: forward, backward through every convolution, BatchNorm and pool, the momentum update
+of every parameter, and BatchNorm's moving statistics, written in place). Evaluation runs the
+same network in inference mode (`set_train(False)`: BatchNorm normalises with its moving
+statistics, folded into the convolutions' weights when fusion is on).
 
-    python examples/cnn_digits.py [--train N] [--test N] [--no-fusion]
+    python examples/cnn_digits.py [--train N] [--epochs N] [--no-fusion]
 """
-from __future__ import annotations
-
 import argparse
 import time
 
@@ -82,48 +82,38 @@ def load(n_train: int, n_test: int) -> tuple[np.ndarray, ...]:
     return images[train], labels[train], images[test], labels[test]
 
 
-class _Prefix(nn.Cell):
-    """The features up to one BatchNorm's input (to calibrate it)."""
+class Logits(nn.Cell):
+    """The classifier's logits alone, what the loss reads."""
 
-    def __init__(self, stages: list) -> None:
+    def __init__(self, net: DigitsCNN) -> None:
         super().__init__(auto_prefix=False)
-        self.stages = stages
+        self.net = net
 
     def construct(self, x):
-        for stage in self.stages:
-            x = stage(x)
-        return x
+        logits, _ = self.net(x)
+        return logits
 
 
-def calibrate(net: DigitsCNN, images: np.ndarray) -> None:
-    """BatchNorm's moving statistics from the training images, layer by layer."""
-    f = net.features
-    before = [[f.block1.conv], [f.block1, f.pool1, f.block2.conv],
-              [f.block1, f.pool1, f.block2, f.block3.conv]]
-    norms = [f.block1.bn, f.block2.bn, f.block3.bn]
-    for stages, bn in zip(before, norms):
-        out = _Prefix(stages)(Tensor(images)).asnumpy()
-        bn.moving_mean.set_data(out.mean(axis=(0, 2, 3)))
-        bn.moving_variance.set_data(out.var(axis=(0, 2, 3)))
-
-
-def fit_readout(net: DigitsCNN, images: np.ndarray, labels: np.ndarray, ridge: float = 1e-2
-                ) -> None:
-    feats = net.features(Tensor(images)).asnumpy().astype(np.float64)
-    design = np.hstack([feats, np.ones((len(feats), 1))])
-    targets = np.eye(10)[labels]
-    solution = np.linalg.solve(design.T @ design + ridge * np.eye(design.shape[1]),
-                               design.T @ targets)
-    net.fc.weight.set_data(solution[:-1].T.astype(np.float32))
-    net.fc.bias.set_data(solution[-1].astype(np.float32))
-
-
-def train(n_train: int = 1200, seed: int = 0) -> tuple[DigitsCNN, tuple[np.ndarray, ...]]:
+def train(n_train: int = 1200, seed: int = 0, epochs: int = 6, batch: int = 50,
+          lr: float = 0.05, momentum: float = 0.9) -> tuple[DigitsCNN, tuple[np.ndarray, ...]]:
+    """Train from a seeded initialisation on the first n_train shuffled digits (the rest are
+    held out); the returned net is in inference mode. Its per-step losses: `net.losses`."""
     ms.set_seed(seed)
     net = DigitsCNN()
     data = load(n_train, 1797 - n_train)
-    calibrate(net, data[0])
-    fit_readout(net, data[0], data[1])
+    x_train, y_train = data[0], data[1]
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    optimizer = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=momentum)
+    step = nn.TrainOneStepCell(nn.WithLossCell(Logits(net), loss_fn), optimizer)
+    rng = np.random.default_rng(seed + 1)
+    losses = []
+    for _ in range(epochs):
+        order = rng.permutation(len(x_train))
+        for start in range(0, len(order) - batch + 1, batch):  # full batches: one signature
+            idx = order[start:start + batch]
+            losses.append(float(step(Tensor(x_train[idx]), Tensor(y_train[idx])).asnumpy()))
+    net.set_train(False)
+    net.losses = losses
     return net, data
 
 
@@ -135,14 +125,16 @@ def accuracy(net: DigitsCNN, images: np.ndarray, labels: np.ndarray) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=1200)
+    parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--no-fusion", action="store_true")
     args = parser.parse_args()
     context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=not args.no_fusion)
-    net, (x_train, y_train, x_test, y_test) = train(args.train)
+    net, (x_train, y_train, x_test, y_test) = train(args.train, epochs=args.epochs)
     start = time.perf_counter()
     acc = accuracy(net, x_test, y_test)
     elapsed = time.perf_counter() - start
     compiled = ms.compile(net, x_test)
+    print("loss every 10 steps: " + " ".join(f"{v:.3f}" for v in net.losses[::10]))
     print(f"test accuracy {acc:.3f} on {len(y_test)} digits ({len(y_train)} for training), "
           f"first call {elapsed * 1000:.0f} ms")
     print(compiled.summary())
