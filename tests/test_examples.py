@@ -139,3 +139,36 @@ def test_bert_tiny_matches_numpy_fused_and_not(batch, seq):
     assert counts["on"] < counts["off"]
     seq_out, pooled = net(Tensor(ids), Tensor(mask))
     assert seq_out.shape == (batch, seq, 32) and pooled.shape == (batch, 32)
+
+
+def test_bert_tiny_trains_and_embeddings_get_gradients():
+    bert = load("bert_tiny")
+    config = bert.Config(vocab_size=40, hidden_size=16, num_heads=2, intermediate_size=32,
+                         max_position=8)
+    ids, mask = bert.make_inputs(6, 8, config.vocab_size, seed=3)
+    labels = (ids[:, 1] % 2).astype(np.int32)
+    runs = {}
+    try:
+        for fusion in (False, True):
+            graphkernel.context.set_context(enable_graph_kernel=fusion)
+            graphkernel.set_seed(0)
+            net = bert.BertClassifier(config)
+            table = net.bert.word_embeddings.embedding_table.asnumpy().copy()
+            runs[fusion] = (bert.train_steps(net, ids, mask, labels, steps=8, learning_rate=1e-2),
+                            net, table)
+    finally:
+        graphkernel.context.set_context(enable_graph_kernel=False)
+    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-3, atol=1e-5)
+    losses, net, before = runs[True]
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.5 * losses[0], losses
+    # The word embeddings learned through Gather's gradient (a scatter-add into the table):
+    # the rows of tokens in the batch moved, the rows of tokens never seen did not (Adam's
+    # update is zero where every gradient was), nor did padding's row 0 (the mask keeps the
+    # [CLS] output from reading padded positions).
+    after = net.bert.word_embeddings.embedding_table.asnumpy()
+    seen = np.zeros(config.vocab_size, bool)
+    seen[np.unique(ids[mask == 1])] = True
+    assert not seen[0] and seen.sum() > 10
+    moved = np.abs(after - before).max(axis=1) > 1e-4
+    np.testing.assert_array_equal(moved, seen)
