@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel import nn
+from graphkernel import Tensor, nn
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
@@ -391,3 +391,38 @@ def test_product_of_inf_and_subnormals_is_numpys(dtype):
                               kernel=True, kernels=1)
                 np.testing.assert_array_equal(got, numpy_prod(x, axis),
                                               err_msg=f"{dtype} {shape} axis {axis}")
+
+
+# ---- losses ------------------------------------------------------------------------------
+
+def _softplus64(x):
+    return np.logaddexp(0.0, x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("pos_weight", [None, 3.0])
+@pytest.mark.parametrize("fusion", [True, False])
+def test_bce_with_logits_at_extremes(dtype, pos_weight, fusion):
+    """BCEWithLogitsLoss took log(1 + exp(-|x|)): 0 for |x| > 17 in float32 where the loss is
+    2e-9 (y = 1, x = 20); with pos_weight, (1 - y) x + ... cancelled (y = 0, x = -20 gave 0).
+    Now p y softplus(-x) + (1 - y) softplus(x) with softplus = max(z, 0) + log1p(exp(-|z|))."""
+    info = np.finfo(dtype)
+    xs = np.array([-info.max, -1e4, -100.0, -20.0, -1.0, -info.tiny, -0.0, 0.0,
+                   info.smallest_subnormal, 1.0, 20.0, 100.0, 1e4, info.max], np.float64)
+    xs = xs[np.abs(xs) <= info.max]
+    x = np.repeat(xs, 3).astype(dtype)
+    y = np.tile([0.0, 1.0, 0.5], len(xs)).astype(dtype)
+    pw = None if pos_weight is None else Tensor(np.full(x.shape, pos_weight, dtype))
+    loss = nn.BCEWithLogitsLoss("none", pos_weight=pw)
+    exe = graphkernel.compile(loss, x, y, options=CompileOptions(enable_graph_kernel=fusion))
+    got = exe.run_arrays(x, y)[0].astype(np.float64)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    p = 1.0 if pos_weight is None else pos_weight
+    with np.errstate(over="ignore"):
+        want = p * y64 * _softplus64(-x64) + (1 - y64) * _softplus64(x64)
+        want = want.astype(dtype).astype(np.float64)  # what the dtype holds (3 * max is inf)
+    rtol = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}[dtype]
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf
+        close = np.abs(got - want) <= rtol * np.abs(want) + info.smallest_subnormal
+    bad = ~((got == want) | close)
+    assert not bad.any(), [(x[i], y[i], got[i], want[i]) for i in np.flatnonzero(bad)]

@@ -75,8 +75,12 @@ class L1Loss(LossBase):
 
 
 class BCEWithLogitsLoss(LossBase):
-    """Binary cross entropy on logits: max(x, 0) - x y + log(1 + exp(-|x|)) (exp never
-    overflows); `weight` scales each element, `pos_weight` the positive term, as MindSpore's."""
+    """Binary cross entropy on logits, y softplus(-x) + (1 - y) softplus(x), computed as
+    max(x, 0) - x y + log1p(exp(-|x|)) (exp never overflows; log1p keeps the tail: log(1 + e)
+    was 0 beyond |x| = 17 in float32, where the loss is 2e-9). `weight` scales each element;
+    `pos_weight` p the positive term: p y softplus(-x) + (1 - y) softplus(x), whose terms are
+    never negative, so nothing cancels (MindSpore's (1 - y) x + (1 + (p - 1) y) (log1p(exp(-|x|))
+    + max(-x, 0)) gave 0 for y = 0, x = -20)."""
 
     def __init__(self, reduction: str = "mean", weight: Any = None,
                  pos_weight: Any = None) -> None:
@@ -85,11 +89,11 @@ class BCEWithLogitsLoss(LossBase):
         self.pos_weight = pos_weight
 
     def construct(self, logits: Any, labels: Any) -> Any:
-        soft = P.Log()(P.Exp()(-P.Abs()(logits)) + 1.0)  # log(1 + exp(-|x|)), in (0, log 2]
+        tail = P.Log1p()(P.Exp()(-P.Abs()(logits)))  # log(1 + exp(-|x|)), in (0, log 2]
         if self.pos_weight is None:
-            loss = P.Maximum()(logits, 0.0) - logits * labels + soft
+            loss = P.Maximum()(logits, 0.0) - logits * labels + tail
         else:
-            # (1 - y) x + (1 + (pw - 1) y) * (log(1 + exp(-|x|)) + max(-x, 0))
-            scale = (self.pos_weight - 1.0) * labels + 1.0
-            loss = (1.0 - labels) * logits + scale * (soft + P.Maximum()(-logits, 0.0))
+            positive = P.Maximum()(-logits, 0.0) + tail  # softplus(-x)
+            negative = P.Maximum()(logits, 0.0) + tail  # softplus(x)
+            loss = self.pos_weight * labels * positive + (1.0 - labels) * negative
         return self.get_loss(loss, 1.0 if self.weight is None else self.weight)
