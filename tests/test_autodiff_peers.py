@@ -154,3 +154,30 @@ def test_dense_gelu_layernorm_softmax_block_matches_torch(fusion: bool) -> None:
         return torch.softmax(y, -1) + y * 0.5
 
     compare_with_torch(fn, torch_fn, [x, w, b, g, beta], rtol=1e-3, atol=1e-5)
+
+
+def test_conv_batchnorm_pool_residual_block_matches_torch(fusion: bool) -> None:
+    """A CNN block's gradients (conv, training BatchNorm, ReLU, max pool, grouped strided conv,
+    residual, average pool) for the input and every weight."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 9, 8))
+    w1 = rng.standard_normal((4, 2, 3, 3)) * 0.3
+    gamma, beta = rng.uniform(0.5, 1.5, 4), rng.standard_normal(4)
+    w2 = rng.standard_normal((4, 2, 3, 3)) * 0.3
+
+    def fn(x: Any, w1: Any, gamma: Any, beta: Any, w2: Any) -> Any:
+        h = P.Conv2D(4, 3, pad_mode="same")(x, w1)
+        zeros, ones = Tensor(np.zeros(4, np.float32)), Tensor(np.ones(4, np.float32))
+        h = P.ReLU()(P.BatchNorm(is_training=True)(h, gamma, beta, zeros, ones)[0])
+        h = P.MaxPool(kernel_size=2, strides=2, pad_mode="same")(h)
+        h = P.Conv2D(4, 3, pad_mode="pad", pad=1, group=2)(h, w2) + h
+        return P.AvgPool(kernel_size=2, strides=1)(h)
+
+    def torch_fn(x: Any, w1: Any, gamma: Any, beta: Any, w2: Any) -> Any:
+        h = F.conv2d(x, w1, padding=1)
+        h = F.relu(F.batch_norm(h, None, None, gamma, beta, training=True, eps=1e-5))
+        h = F.max_pool2d(F.pad(h, (0, 0, 0, 1), value=-float("inf")), 2, 2)  # 'same': 9 -> 5
+        h = F.conv2d(h, w2, padding=1, groups=2) + h
+        return F.avg_pool2d(h, 2, 1)
+
+    compare_with_torch(fn, torch_fn, [x, w1, gamma, beta, w2], rtol=1e-3, atol=1e-4)
