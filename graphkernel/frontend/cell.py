@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.errors import GraphModeError, InputError
-from graphkernel.frontend import context
+from graphkernel.frontend import context, guards
 from graphkernel.frontend.compile import compile_cached
 from graphkernel.frontend.signature import input_names
 from graphkernel.frontend.tensor import Parameter, Tensor
@@ -21,11 +21,14 @@ class Cell:
         object.__setattr__(self, "_compiled", {})
         object.__setattr__(self, "_auto_prefix", auto_prefix)
         object.__setattr__(self, "training", False)
+        object.__setattr__(self, "_version", 0)  # bumped on every change: frontend/guards.py
 
     def __setattr__(self, name: str, value: Any) -> None:
         if "_cells" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                  f"before setting attribute {name!r}")
+        self._cells.pop(name, None)  # a sub-cell or weight replaced by something else
+        self._params.pop(name, None)
         if isinstance(value, Cell):
             self._cells[name] = value
             if self._auto_prefix:  # MindSpore's names: a child's weight becomes "fc1.weight"
@@ -36,6 +39,15 @@ class Cell:
                 value.name = name
             self._params[name] = value
         object.__setattr__(self, name, value)
+        object.__setattr__(self, "_version", self._version + 1)
+        guards.counter.value += 1
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        self._cells.pop(name, None)
+        self._params.pop(name, None)
+        object.__setattr__(self, "_version", self._version + 1)
+        guards.counter.value += 1
 
     def construct(self, *inputs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define construct()")

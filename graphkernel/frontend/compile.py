@@ -16,7 +16,7 @@ from graphkernel.errors import (
     ResourceError,
     SourceLocation,
 )
-from graphkernel.frontend import context, primitive, static_inputs
+from graphkernel.frontend import context, guards, primitive, static_inputs
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.signature import CellLike, check_count, input_names, signature
@@ -159,7 +159,8 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None)
         dumper.claim(stage_dump_names(FRONTEND_STAGES + stages) +
                      [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
                       SUMMARY_NAME])
-    graph = trace(cell, types)
+    with guards.recording(cell) as read:
+        graph = trace(cell, types)
     results = run_stages(graph, FRONTEND_STAGES, dumper)
     _check_memory(results[-1].graph, type(cell).__name__)
     results += run_stages(results[-1].graph, stages, dumper)
@@ -175,6 +176,7 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None)
                            rewrites=state.rewrites)
     params = [i.binding for i in final.inputs if i.kind == "weight"]
     compiled = CompiledCell(executable, params, report)
+    compiled.guards = read
     report.compile_seconds = time.perf_counter() - start
     report.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:
@@ -204,7 +206,8 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
 
 
 def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
-    """The executable for this cell, input signature and context (compiled on first use)."""
+    """The executable for this cell, input signature and context (compiled on first use, and
+    again when an attribute its `construct` read has changed: frontend/guards.py)."""
     if static_inputs.has_static(inputs):  # numbers, tuples: constants and tuple inputs
         check_count(inputs, cell)
         names = input_names(cell, len(inputs))
@@ -216,11 +219,17 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
                 compile(bound, *static_inputs.leaves(inputs)))
         return cell._compiled[key]  # type: ignore[no-any-return]
     try:
-        key = (context._generation,) + tuple((a.shape, a.dtype) for a in inputs)
+        key = (context._generation, *[(a.shape, a.dtype) for a in inputs])
     except AttributeError:  # not arrays or tensors: signature() raises the clear error
         signature(inputs, cell)
         raise
     exe = cell._compiled.get(key)
+    if exe is not None and exe.guards.generation != guards.counter.value:
+        stale = exe.guards.changed()  # some cell changed: did this graph read it?
+        if stale is not None:
+            exe = compile(cell, *inputs)
+            exe.report.recompiled_because = stale
+            cell._compiled[key] = exe
     if exe is None:
         exe = compile(cell, *inputs)
         cell._compiled[key] = exe

@@ -26,6 +26,7 @@ class CompileReport:
     rewrites: list[str] = field(default_factory=list)  # e.g. a BatchNorm folded into a conv
     dump_files: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
+    recompiled_because: str | None = None  # the changed attribute (frontend/guards.py)
 
 
 class CompiledCell:
@@ -38,6 +39,7 @@ class CompiledCell:
         self.executable = executable
         self.params = tuple(params)  # in the plan's weight order
         self.report = report
+        self.guards: Any = None  # what it was built from (frontend/guards.py `Guards`)
         runner = executable.runner
         # The per-call path reads these directly: each attribute lookup shows at 4x4.
         self._entry = runner.entry
@@ -144,6 +146,8 @@ class CompiledCell:
             lines.append("ops kept apart:")
             for reason in self.reasons:
                 lines.append(f"  {reason}")
+        if self.report.recompiled_because:
+            lines.append(f"recompiled because {self.report.recompiled_because}")
         for warning in self.warnings:
             lines.append(f"warning: {warning}")
         lines.append("stages: " + ", ".join(self.stages))

@@ -52,8 +52,18 @@ for _key in NO_EFFECT_KEYS:
 # graph-kernel fusion on), O2 (whole-graph sink on Ascend) fuses as O1 does.
 JIT_LEVELS = {"O0": False, "O1": True, "O2": True}
 _settings: dict[str, Any] = dict(_DEFAULTS)
-# Bumped on every change so compiled-graph caches keyed on the context stay exact.
+# Names the settings: compiled-graph caches key on it. Equal settings get the same number, so
+# setting the context back (or to what it was) reuses graphs compiled under it.
 _generation = 0
+_generations: dict[str, int] = {}
+
+
+def _settings_changed() -> None:
+    global _generation
+    _generation = _generations.setdefault(repr(sorted(_settings.items())), len(_generations))
+
+
+_settings_changed()
 
 
 def _validate(key: str, value: Any) -> Any:
@@ -139,7 +149,6 @@ def _jit_config(value: Any) -> dict[str, Any]:
 
 def set_context(**kwargs: Any) -> None:
     """Set compile options; unknown keys or values raise ContextError naming the allowed ones."""
-    global _generation
     unknown = [k for k in kwargs if k not in _DEFAULTS]
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(_DEFAULTS), n=1, cutoff=0.6)
@@ -155,7 +164,7 @@ def set_context(**kwargs: Any) -> None:
                                f"{validated['enable_graph_kernel']} disagree; set one of them")
         validated["enable_graph_kernel"] = fuse
     _settings.update(validated)
-    _generation += 1
+    _settings_changed()
 
 
 def get_context(key: str) -> Any:
@@ -166,10 +175,9 @@ def get_context(key: str) -> Any:
 
 def reset_context() -> None:
     """Back to the defaults (used by tests and the lab runner)."""
-    global _generation
     _settings.clear()
     _settings.update(_DEFAULTS)
-    _generation += 1
+    _settings_changed()
 
 
 def snapshot() -> dict[str, Any]:
@@ -178,10 +186,9 @@ def snapshot() -> dict[str, Any]:
 
 def restore(saved: dict[str, Any]) -> None:
     """Back to what `snapshot()` returned (already validated: no checks, no warnings again)."""
-    global _generation
     _settings.clear()
     _settings.update(saved)
-    _generation += 1
+    _settings_changed()
 
 
 # MindSpore's context also holds the auto-parallel settings (data parallel only here).

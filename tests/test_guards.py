@@ -1,0 +1,155 @@
+"""Guards: a compiled graph records the attributes `construct` read, the Parameter objects it
+captured and the context; a call after one of them changed recompiles, while Parameter data
+changed in place or by set_data is read without recompiling."""
+import numpy as np
+import pytest
+
+from graphkernel import Parameter, Tensor, nn
+from graphkernel.frontend import context
+from graphkernel.ops import operations as P
+
+
+class Scaled(nn.Cell):
+    def __init__(self, shape=(4, 4)):
+        super().__init__()
+        self.scale = 2.0
+        self.offset = (1.0, 3)
+        self.use_relu = False
+        self.w = Parameter(np.ones(shape, np.float32), name="w")
+        self.mul = P.Mul()
+        self.relu = P.ReLU()
+        self.note = "never read by construct"
+
+    def construct(self, x):
+        y = self.mul(x, self.scale) + self.w + self.offset[0] * self.offset[1]
+        if self.use_relu:
+            y = self.relu(y)
+        return y
+
+
+def _expected(net, x):
+    y = x * net.scale + net.w.asnumpy() + net.offset[0] * net.offset[1]
+    return np.maximum(y, 0) if net.use_relu else y
+
+
+@pytest.fixture(params=[True, False], ids=["fused", "unfused"])
+def fusion(request):
+    context.set_context(enable_graph_kernel=request.param)
+    return request.param
+
+
+def _compiled(net):
+    (exe,) = net._compiled.values()
+    return exe
+
+
+def test_changing_a_number_read_by_construct_changes_the_result(fusion, rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    first = _compiled(net)
+    net.scale = 5.0
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    assert _compiled(net) is not first
+    assert _compiled(net).report.recompiled_because == "Scaled.scale changed from 2.0 to 5.0"
+    assert "recompiled because Scaled.scale changed" in _compiled(net).summary()
+
+
+def test_tuples_and_flags_are_guarded_by_value(fusion, rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32) - 3
+    net(Tensor(x))
+    net.offset = (2.0, 3)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    net.use_relu = True
+    out = net(Tensor(x)).asnumpy()
+    np.testing.assert_allclose(out, _expected(net, x), rtol=1e-6)
+    assert (out == 0).any() and "ReLU" in [n.op for n in _compiled(net).stages["0_trace"].nodes]
+
+
+def test_replacing_a_parameter_changes_the_result(fusion, rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    net(Tensor(x))
+    net.w = Parameter(np.full((4, 4), 10.0, np.float32))
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    assert "Scaled.w was replaced by another Parameter" in _compiled(net).report.recompiled_because
+    assert net.trainable_params() == [net.w]
+
+
+def test_replacing_a_sub_cell_recompiles(rng):
+    class Outer(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.inner = Scaled()
+
+        def construct(self, x):
+            return self.inner(x) * 2.0
+    net, x = Outer(), rng.standard_normal((4, 4)).astype(np.float32)
+    net(Tensor(x))
+    net.inner.scale = -1.0  # an attribute of a sub-cell
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), 2 * _expected(net.inner, x), rtol=1e-6)
+    net.inner = Scaled()
+    net.inner.w.set_data(np.full((4, 4), 7.0))
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), 2 * _expected(net.inner, x), rtol=1e-6)
+
+
+def test_parameter_data_is_read_without_recompiling(fusion, rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    net(Tensor(x))
+    first = _compiled(net)
+    net.w.set_data(np.full((4, 4), 3.0))
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    net.w.asnumpy()[0, 0] = 100.0  # in place
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    assert _compiled(net) is first
+
+
+def test_unread_or_unchanged_attributes_do_not_recompile(rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    net(Tensor(x))
+    first = _compiled(net)
+    net.note = "changed, but construct never reads it"
+    net.scale = 2.0  # the same value again
+    net.extra = 1
+    net(Tensor(x))
+    assert _compiled(net) is first
+    assert first.guards.generation != 0  # checked once, then the fast comparison again
+
+
+def test_an_integer_is_not_a_float_of_the_same_value(rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    net(Tensor(x))
+    first = _compiled(net)
+    net.scale = 2  # an int scalar traces as another constant dtype rule
+    net(Tensor(x))
+    assert _compiled(net) is not first
+
+
+def test_an_attribute_construct_looked_up_with_a_default(rng):
+    class Optional(nn.Cell):
+        def construct(self, x):
+            bias = getattr(self, "bias", None)
+            return x if bias is None else x + bias
+    net, x = Optional(), rng.standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), x)
+    net.bias = 1.5
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), x + 1.5, rtol=1e-6)
+    del net.bias
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), x)
+
+
+def test_context_and_flags_are_part_of_the_key(rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    context.set_context(enable_graph_kernel=True)
+    net(Tensor(x))
+    assert _compiled(net).kernel_count == 1
+    context.set_context(graph_kernel_flags="--enable_cluster_ops_only=Mul")
+    net(Tensor(x))
+    assert len(net._compiled) == 2
+    context.set_context(graph_kernel_flags="")  # the same settings as the first call again
+    net(Tensor(x))
+    assert len(net._compiled) == 2
+
+
+def test_tracing_leaves_the_cell_class_alone(rng):
+    net = Scaled()
+    net(Tensor(rng.standard_normal((4, 4)).astype(np.float32)))
+    assert type(net) is Scaled and net._version > 0
