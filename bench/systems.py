@@ -95,10 +95,16 @@ class GraphKernel(System):
     kind = "graphkernel"
     dists = ("graphkernel",)
 
-    def __init__(self, fused: bool) -> None:
-        self.fused = fused
-        self.key = "gk_fused" if fused else "gk_unfused"
-        self.label = "graphkernel fused" if fused else "graphkernel unfused"
+    def __init__(self, fused: bool, generic: bool = False) -> None:
+        self.fused, self.generic = fused, generic
+        self.key = "gk_generic" if generic else "gk_fused" if fused else "gk_unfused"
+        self.label = "graphkernel shape-generic" if generic else \
+            "graphkernel fused" if fused else "graphkernel unfused"
+
+    def supports(self, w: Workload) -> str | None:
+        if self.generic and w.kind in GENERIC_SKIPS:
+            return GENERIC_SKIPS[w.kind]
+        return None
 
     def preload(self) -> None:
         import bench.gk_cells  # noqa: F401  (imports graphkernel, its nn and ops)
@@ -117,7 +123,8 @@ class GraphKernel(System):
         cell = make_cell(w, params)
         arrays = [list(s.values()) for s in sets]
         t0 = time.perf_counter()
-        exe = graphkernel.compile(cell, *arrays[0],
+        types = generic_types(w, arrays[0]) if self.generic else None
+        exe = graphkernel.compile(cell, *arrays[0], types=types,
                                   options=CompileOptions(enable_graph_kernel=self.fused))
         compile_wall = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -138,6 +145,8 @@ class GraphKernel(System):
                 "compile_seconds_reported": exe.compile_seconds, "from_cache": exe.from_cache,
                 "kernel_count": len(exe.kernels), "backends": backends,
                 "warnings": list(exe.warnings)}
+        if types is not None:
+            info["input_types"] = [str(t) for t in types]
         if len(kernels) <= 40:
             info["kernels"] = kernels
         return Prepared(runners, info)
@@ -232,3 +241,25 @@ class NumExpr(System):
         return Prepared([Runner(self.key, FRESH, fresh, n_sets=n),
                          Runner(self.key, PREALLOCATED, into, n_sets=n)],
                         {"expression": expr, "preallocated": "evaluate(..., out=)"})
+
+
+# The shape-generic system compiles the same cells with dynamic input dimensions (one library
+# for every size): the single-input workloads with every axis dynamic (Softmax's row length
+# too), the others with every axis but the last, which meets a weight or a bias.
+GENERIC_SKIPS = {"encoder": "its attention reshapes by the sequence length (a static size)"}
+ALL_AXES = ("basic", "composite", "chain", "softmax")
+
+
+def generic_types(w: Workload, arrays: list[np.ndarray]) -> list[Any]:
+    from graphkernel.frontend.dynamic import symbol_name
+    from graphkernel.ir.types import SymSize, TensorType, to_dtype
+    types, count = [], 0
+    for i, a in enumerate(arrays):
+        dims: list[Any] = list(a.shape)
+        if i == 0:
+            axes = range(a.ndim) if w.kind in ALL_AXES else range(a.ndim - 1)
+            for axis in axes:
+                dims[axis] = SymSize.dim(symbol_name(count))
+                count += 1
+        types.append(TensorType(tuple(dims), to_dtype(a.dtype)))
+    return types

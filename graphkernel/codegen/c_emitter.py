@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from graphkernel.codegen import shape_args as dyn  # sizes known only at run time
 from graphkernel.codegen.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
 from graphkernel.codegen.c_reduce import ReductionEmitter
 from graphkernel.codegen.c_text import c_comment, literal
@@ -266,7 +267,7 @@ class _Emitter(ReductionEmitter):
         """A pointwise loop nest whose innermost loop runs in blocks of STREAM_BLOCK: each
         block is computed into L1 buffers (vectorised), then streamed to the outputs."""
         last, outer = kept[-1], kept[:-1]
-        threads = math.prod(self.sched.space) >= self.threshold
+        threads = dyn.runs_threaded(math.prod(self.sched.space), self.threshold)
         size = dims[last].size
         block = min(STREAM_BLOCK, size)
         indent = self._open_region(threads, "  ")
@@ -297,7 +298,7 @@ class _Emitter(ReductionEmitter):
         is large enough (`worksharing`: inside a parallel region already)."""
         work = math.prod(self.sched.space) if self.sched.space else 1
         for n, i in enumerate(which):
-            threads = parallel and n == 0 and work >= self.threshold
+            threads = parallel and n == 0 and dyn.runs_threaded(work, self.threshold)
             vector = simd is not None and n == len(which) - 1
             if threads and worksharing:
                 self.lines.append(f"{indent}#pragma omp for{' simd' if vector else ''}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from graphkernel.codegen import shape_args as dyn  # sizes known only at run time
 from graphkernel.codegen.c_loops import Buffer, LoopDim
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
@@ -75,7 +76,7 @@ class ReductionEmitter:
         inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
         # Rows are built in stack buffers (the stash too) and streamed out once finished.
         stream = len(reduced) == 1 and self._streams(inner_outputs, dims[reduced[0]], row=True)
-        threads = bool(kept) and math.prod(self.sched.space) >= self.threshold
+        threads = bool(kept) and dyn.runs_threaded(math.prod(self.sched.space), self.threshold)
         indent = "  "
         if stream:
             indent = self._open_region(threads, indent)
@@ -237,9 +238,9 @@ class ReductionEmitter:
         kin = len(dims) - 1
         kout = [i for i, d in enumerate(dims[:-1]) if not d.reduced]
         red = [i for i, d in enumerate(dims) if d.reduced]
-        block = min(COLUMN_BLOCK, dims[kin].size)
+        block = dyn.block_size(COLUMN_BLOCK, dims[kin].size)
         work = math.prod(self.sched.space)
-        threads = work >= self.threshold
+        threads = dyn.runs_threaded(work, self.threshold)
         indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
         if threads and not kout:
             self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.errors import GraphModeError, InputError
-from graphkernel.frontend import context, guards
+from graphkernel.frontend import context, dynamic, guards
 from graphkernel.frontend.compile import compile_cached
 from graphkernel.frontend.signature import input_names
 from graphkernel.frontend.tensor import Parameter, Tensor
@@ -48,6 +48,15 @@ class Cell:
         self._params.pop(name, None)
         object.__setattr__(self, "_version", self._version + 1)
         guards.counter.value += 1
+
+    def set_inputs(self, *inputs: Tensor) -> None:
+        """Declare the inputs' shapes and dtypes, MindSpore's way: a None (or -1) dimension is
+        dynamic, and one compiled graph serves every size of it; a call that does not match
+        is an InputError naming both (frontend/dynamic.py)."""
+        declared = dynamic.declared_types(self, inputs)
+        self.__dict__["_declared_inputs"] = declared
+        self._compiled.clear()
+        self.__dict__.pop("_generic", None)
 
     def construct(self, *inputs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define construct()")

@@ -11,12 +11,13 @@ from typing import Any
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
+    GraphKernelError,
     GraphModeError,
     InputError,
     ResourceError,
     SourceLocation,
 )
-from graphkernel.frontend import context, guards, primitive, static_inputs
+from graphkernel.frontend import context, dynamic, guards, primitive, static_inputs
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.signature import CellLike, check_count, input_names, signature
@@ -117,7 +118,7 @@ def _check_memory(graph: Graph, name: str) -> None:
     upper bound of what one call holds: refuse before any kernel runs rather than swap or die)."""
     have = primitive.physical_memory()
     values = [*graph.nodes, *graph.inputs]  # the largest node, if any, locates the error
-    sizes = sorted(((sum(t.nbytes for t in output_types(v)), v) for v in values),
+    sizes = sorted(((sum(t.nbytes for t in output_types(v) if t.is_static), v) for v in values),
                    key=lambda item: -item[0])
     need = sum(size for size, _ in sizes)
     if not have or need <= have:
@@ -141,15 +142,23 @@ def plan_dump_name(graph_name: str) -> str:
     return os.path.join("kernel_meta", f"{c_identifier(graph_name)}.plan.txt")
 
 
-def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None) -> CompiledCell:
-    """Compile `cell` for the signature of `inputs` with the current context settings."""
+def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
+            types: list[TensorType] | None = None) -> CompiledCell:
+    """Compile `cell` for the signature of `inputs` with the current context settings, or for
+    `types` (which may hold dynamic dimensions: frontend/dynamic.py)."""
     start = time.perf_counter()
     if not callable(getattr(cell, "_traced_call", None)):
         raise InputError(f"graphkernel.compile takes an nn.Cell (an object whose construct "
                          f"method is the program), got a {type(cell).__name__}: define "
                          "`class Net(nn.Cell)` with `def construct(self, ...)` and pass Net()",
                          user_location())
-    types = signature(inputs, cell)
+    declared = getattr(cell, "__dict__", {}).get("_declared_inputs")
+    if types is None and declared is not None:  # set_inputs: the graph serves every size
+        problem = dynamic.mismatch(cell, declared, inputs)
+        if problem is not None:
+            raise InputError(problem, user_location())
+        types = declared
+    types = types if types is not None else signature(inputs, cell)
     options = options or options_from_context()
     folder = _dump_folder()
     state = BackendState()
@@ -207,7 +216,8 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
 
 def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     """The executable for this cell, input signature and context (compiled on first use, and
-    again when an attribute its `construct` read has changed: frontend/guards.py)."""
+    again when an attribute its `construct` read has changed: frontend/guards.py). Each shape a
+    shape-generic graph served is a key of its own, so the per-call path is one lookup."""
     if static_inputs.has_static(inputs):  # numbers, tuples: constants and tuple inputs
         check_count(inputs, cell)
         names = input_names(cell, len(inputs))
@@ -224,13 +234,71 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
         signature(inputs, cell)
         raise
     exe = cell._compiled.get(key)
+    stale = None
     if exe is not None and exe.guards.generation != guards.counter.value:
-        stale = exe.guards.changed()  # some cell changed: did this graph read it?
+        stale = _drop_if_stale(cell, exe)
         if stale is not None:
-            exe = compile(cell, *inputs)
-            exe.report.recompiled_because = stale
-            cell._compiled[key] = exe
+            exe = None
     if exe is None:
-        exe = compile(cell, *inputs)
+        exe = _compile_for(cell, inputs)
+        if stale is not None and exe.report.recompiled_because is None:
+            exe.report.recompiled_because = stale
         cell._compiled[key] = exe
+    return exe
+
+
+def _drop_if_stale(cell: CellLike, exe: CompiledCell) -> str | None:
+    """Why `exe` is stale (and forget it under every key), or None when it still holds."""
+    if exe.guards.generation == guards.counter.value:
+        return None
+    stale: str | None = exe.guards.changed()  # some cell changed: did this graph read it?
+    if stale is not None:
+        for table in (cell._compiled, _generic(cell)):
+            for k in [k for k, v in table.items() if v is exe]:
+                del table[k]
+    return stale
+
+
+def _generic(cell: CellLike) -> dict[tuple[Any, ...], CompiledCell]:
+    """The cell's shape-generic graphs (declared or automatic), by context and types; each
+    call shape they served is also a key of `cell._compiled`."""
+    return cell.__dict__.setdefault("_generic", {})  # type: ignore[attr-defined, no-any-return]
+
+
+def _compile_for(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
+    """A call whose shapes have no executable yet: the declared (set_inputs) graph, a
+    shape-generic graph that fits, or a new compile (shape-generic once a dimension varied)."""
+    signature(inputs, cell)  # clear errors for anything that is not an array
+    generation = context._generation
+    declared = cell.__dict__.get("_declared_inputs")
+    if declared is not None:
+        problem = dynamic.mismatch(cell, declared, inputs)
+        if problem is not None:
+            raise InputError(problem, user_location())
+        key: tuple[Any, ...] = ("declared", generation)
+        exe = _generic(cell).get(key)
+        if exe is None or _drop_if_stale(cell, exe) is not None:
+            exe = _generic(cell)[key] = compile(cell, *inputs, types=declared)
+        return exe
+    for key, exe in list(_generic(cell).items()):
+        if key[:2] == ("automatic", generation) and dynamic.matches(key[2], inputs) and \
+                _drop_if_stale(cell, exe) is None:
+            return exe
+    if not context.get_context("automatic_dynamic_shapes"):
+        return compile(cell, *inputs)
+    family = (generation, dynamic.family(inputs))
+    static_only = cell.__dict__.setdefault("_static_families", set())
+    history = cell.__dict__.setdefault("_shape_history", {}).setdefault(family, [])
+    shapes = tuple(tuple(a.shape) for a in inputs)
+    if shapes not in history:
+        history.append(shapes)
+    types = None if family in static_only else dynamic.automatic_types(history, inputs)
+    if types is None:
+        return compile(cell, *inputs)
+    try:
+        exe = compile(cell, *inputs, types=types)
+    except GraphKernelError:  # cannot be shape-generic (or a user error static shapes repeat)
+        static_only.add(family)
+        return compile(cell, *inputs)
+    _generic(cell)[("automatic", generation, tuple(types))] = exe
     return exe

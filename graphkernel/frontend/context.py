@@ -28,6 +28,9 @@ _DEFAULTS: dict[str, Any] = {
     "deterministic": "OFF",
     "device_id": 0,
     "pynative_synchronize": False,
+    # graphkernel's own: a dimension seen with a second value is compiled as a dynamic one
+    # (frontend/dynamic.py), so further values reuse that graph. False: one graph per shape.
+    "automatic_dynamic_shapes": True,
 }
 
 # MindSpore 2.x set_context keys accepted so its scripts start, with one NoEffectWarning each
@@ -80,7 +83,7 @@ def _validate(key: str, value: Any) -> Any:
             raise ContextError(f"device_target {value!r} is not available on this machine; "
                                f"available targets: {', '.join(AVAILABLE_TARGETS)}")
         return match
-    if key in ("save_graphs", "enable_graph_kernel"):
+    if key in ("save_graphs", "enable_graph_kernel", "automatic_dynamic_shapes"):
         if isinstance(value, bool):
             return value
         if key == "save_graphs" and isinstance(value, int) and 0 <= value <= 3:

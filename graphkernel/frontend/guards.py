@@ -24,7 +24,8 @@ import numpy as np
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
 # The cell's own bookkeeping, and what every construct reads.
 _INTERNAL = frozenset({"_cells", "_params", "_compiled", "_version", "_traced_call",
-                       "construct"})
+                       "construct", "_declared_inputs", "_shape_history", "_static_families",
+                       "_generic"})
 _MISSING = object()
 
 

@@ -36,12 +36,25 @@ class Tensor:
     """An n-dimensional array, MindSpore style."""
 
     __array_priority__ = 100  # numpy defers `ndarray * Tensor` to Tensor.__rmul__
+    # A tensor declared by shape and dtype only (`Tensor(shape=[None, 64], dtype=...)`, for
+    # Cell.set_inputs): its type, None for a dynamic dimension. Others have data or a value.
+    _declared: tuple[tuple[int | None, ...], np.dtype] | None = None
 
-    def __init__(self, input_data: Any = None, dtype: Any = None) -> None:
+    def __init__(self, input_data: Any = None, dtype: Any = None,
+                 shape: Any = None) -> None:
         self._value: Value | None = None
         self._tracer: SymbolicGraph | None = None
+        if input_data is None and shape is not None:
+            self._array = None
+            self._declared = (_declared_shape(shape), T.to_dtype(
+                dtype if dtype is not None else T.float32))
+            return
+        if shape is not None:
+            raise TypeError("Tensor takes data or a shape (with a dtype), not both")
         if input_data is None:
-            raise TypeError("Tensor needs data: an array, a list or a scalar")
+            raise TypeError("Tensor needs data (an array, a list or a scalar), or a shape and "
+                            "a dtype: Tensor(shape=[None, 64], dtype=float32) declares an input "
+                            "for Cell.set_inputs")
         if isinstance(input_data, Tensor):
             input_data = input_data.asnumpy()
         if isinstance(input_data, np.ndarray):
@@ -81,9 +94,11 @@ class Tensor:
         return self._value is not None
 
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[Any, ...]:
         if self._value is not None:
             return self._value.shape
+        if self._array is None and self._declared is not None:  # -1: dynamic, as MindSpore
+            return tuple(-1 if d is None else d for d in self._declared[0])
         assert self._array is not None
         return tuple(self._array.shape)
 
@@ -91,6 +106,8 @@ class Tensor:
     def dtype(self) -> np.dtype:
         if self._value is not None:
             return self._value.dtype
+        if self._array is None and self._declared is not None:
+            return self._declared[1]
         assert self._array is not None
         return self._array.dtype
 
@@ -103,6 +120,9 @@ class Tensor:
         return math.prod(self.shape)
 
     def asnumpy(self) -> np.ndarray:
+        if self._array is None and self._declared is not None:
+            raise InputError(f"this Tensor has no data: it declares a shape and dtype "
+                             f"({self}) for Cell.set_inputs", user_location())
         if self._array is None:
             raise GraphModeError(f"Tensor.asnumpy() (or a numpy function on a tensor) called "
                                  f"while tracing: {_STATIC_GRAPH_HELP}", user_location())
@@ -229,6 +249,9 @@ class Tensor:
     # -- text ---------------------------------------------------------------------------------
     def __repr__(self) -> str:
         dims = ", ".join(str(d) for d in self.shape)
+        if self._array is None and self._declared is not None:
+            dims = ", ".join("None" if d is None else str(d) for d in self._declared[0])
+            return f"Tensor(shape=[{dims}], dtype={self.dtype.name}, no data)"
         if self._array is None:
             return f"Tensor(shape=[{dims}], dtype={self.dtype.name}, symbolic)"
         body = np.array2string(self._array, separator=", ", prefix="       ")
@@ -241,6 +264,15 @@ class Tensor:
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
+
+
+def _declared_shape(shape: Any) -> tuple[int | None, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(
+            d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and
+                          d >= 0) or d == -1 for d in shape):
+        raise InputError(f"Tensor shape must be a list of sizes (None or -1 for a dynamic "
+                         f"dimension), got {shape!r}", user_location())
+    return tuple(None if d is None or d == -1 else int(d) for d in shape)
 
 
 class Parameter(Tensor):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir.graph import Constant, Node, Value
 from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import Dim, SymSize
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,28 @@ class CostModel:
             # fraction of the kernel's work when those inner loops are long.
             varying = max((i for i, d in enumerate(aligned) if d != 1), default=-1)
             loops = math.prod(sched.space[:varying + 1]) if sched.space else 1
+            if isinstance(space, SymSize):  # a dynamic size: repeats may grow without bound
+                times = _times(loops, size)
+                if times is None or (size and times > self.recompute_limit):
+                    return (f"{node.op} on {size} elements would be recomputed "
+                            f"{'N' if times is None else times}x across the iteration space "
+                            f"{sched.space}")
+                continue
             if size and loops // max(size, 1) > self.recompute_limit and \
                     loops * self.recompute_limit > space:
                 return (f"{node.op} on {size} elements would be recomputed "
                         f"{loops // size}x across the iteration space {sched.space}")
         return None
+
+
+def _times(space: Dim, size: Dim) -> int | None:
+    """How often a value of `size` elements repeats over `space`; None when that grows with a
+    dynamic size (unbounded: never worth recomputing an expensive op for)."""
+    if isinstance(space, SymSize) or isinstance(size, SymSize):
+        if isinstance(space, SymSize) and isinstance(size, SymSize) and space.names == size.names:
+            return space.coef // max(size.coef, 1)
+        return None if isinstance(space, SymSize) else 0
+    return space // max(size, 1)
 
 
 DEFAULT_COST_MODEL = CostModel()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphkernel.errors import ShapeError
 from graphkernel.graph_kernel.index_maps import MAPPABLE, IndexMap, group_maps
 from graphkernel.ir.graph import Constant, Node, Value
 from graphkernel.ir.opset import PatternKind, get_op
@@ -88,6 +89,13 @@ def _align(shape: tuple[int, ...], rank: int, what: str) -> tuple[int, ...]:
 
 def analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
     """The schedule of a group of basic ops (in topological order) with the given outputs."""
+    try:
+        return _analyze(nodes, outputs)
+    except ShapeError as exc:  # a dynamic size where this needs a number (ir.types.SymSize)
+        raise NotSchedulable(str(exc).splitlines()[0]) from None
+
+
+def _analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
     for node in nodes:
         if node.subgraph is not None or not fusible_op(node.op):
             raise NotSchedulable(f"{node.op} has no loop-nest code template")

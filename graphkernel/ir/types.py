@@ -49,11 +49,101 @@ def is_int(dt: np.dtype) -> bool:
     return dt in INT_DTYPES
 
 
+class SymSize:
+    """A size known only at run time: `coef` times the product of named dimensions (a shape
+    holds single symbols, `SymSize.dim("N")`; products appear as sizes and strides). Its text is
+    its C expression too: generated kernels read each symbol into a local of that name.
+    Ordering it against a number is undecidable at compile time, so it raises: callers decide
+    at run time instead (an OpenMP `if` clause, a pool keyed on the actual shape)."""
+
+    __slots__ = ("coef", "names")
+
+    def __init__(self, coef: int, names: tuple[str, ...]) -> None:
+        self.coef = coef
+        self.names = tuple(sorted(names))
+
+    @classmethod
+    def dim(cls, name: str) -> SymSize:
+        return cls(1, (name,))
+
+    def __mul__(self, other: object) -> int | SymSize:
+        if isinstance(other, SymSize):
+            return SymSize(self.coef * other.coef, self.names + other.names)
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return 0 if other == 0 else SymSize(self.coef * int(other), self.names)
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: object) -> SymSize:
+        if isinstance(other, int) and other > 0 and self.coef % other == 0:
+            return SymSize(self.coef // other, self.names)
+        raise ShapeError(f"{self} is not a multiple of {other} for every value of "
+                         f"{', '.join(self.names)}")
+
+    def __mod__(self, other: object) -> int:
+        if isinstance(other, int) and other > 0:
+            return self.coef % other
+        raise ShapeError(f"{self} modulo {other} is not known before run time")
+
+    def __rtruediv__(self, other: object) -> float:
+        raise ShapeError(f"dividing by the dynamic size {self}: its value is known only at run "
+                         "time (declare that dimension static)")
+
+    def _undecidable(self, other: object) -> bool:
+        raise ShapeError(f"the dynamic size {self} cannot be compared with {other!r} at compile "
+                        "time")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _undecidable
+
+    def __index__(self) -> int:
+        raise ShapeError(f"the dynamic size {self} has no value while tracing; shape arguments "
+                         "take -1 for a dynamic dimension (Reshape) or static sizes")
+
+    __int__ = __index__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SymSize) and (self.coef, self.names) == (other.coef, other.names)
+
+    def __hash__(self) -> int:
+        return hash((self.coef, self.names))
+
+    def __str__(self) -> str:
+        return "*".join(([str(self.coef)] if self.coef != 1 else []) + list(self.names))
+
+    __repr__ = __str__
+
+    def value(self, sizes: dict[str, int]) -> int:
+        return self.coef * math.prod(sizes[n] for n in self.names)
+
+
+Dim = int | SymSize
+
+
+def is_static(shape: tuple[Dim, ...]) -> bool:
+    return not any(isinstance(d, SymSize) for d in shape)
+
+
+def symbols_of(shape: tuple[Dim, ...]) -> list[str]:
+    """The symbol names a shape mentions, in order of first appearance."""
+    out: list[str] = []
+    for d in shape:
+        if isinstance(d, SymSize):
+            out += [n for n in d.names if n not in out]
+    return out
+
+
+def concrete(shape: tuple[Dim, ...], sizes: dict[str, int]) -> tuple[int, ...]:
+    """A shape with its symbols replaced by their values in one call."""
+    return tuple(d.value(sizes) if isinstance(d, SymSize) else d for d in shape)
+
+
 @dataclass(frozen=True)
 class TensorType:
-    """The static type of a value: its shape and dtype."""
+    """The type of a value: its shape and dtype. A dimension is an int, or a SymSize for a
+    dimension declared dynamic (one compiled graph serves every value of it)."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: np.dtype
 
     @property
@@ -67,6 +157,10 @@ class TensorType:
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+    @property
+    def is_static(self) -> bool:
+        return is_static(self.shape)
 
     def __str__(self) -> str:
         dims = ",".join(str(d) for d in self.shape)
@@ -86,8 +180,9 @@ class TupleType:
 ValueType = TensorType | TupleType
 
 
-def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """NumPy broadcasting; the error names every shape involved."""
+def broadcast_shapes(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """NumPy broadcasting; the error names every shape involved. A dynamic dimension never
+    broadcasts (a size-1 dimension stays static): it matches itself, or a 1."""
     rank = max((len(s) for s in shapes), default=0)
     out: list[int] = []
     for axis in range(rank):
@@ -97,12 +192,18 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
             if dim == 1:
                 continue
             if size not in (1, dim):
-                listed = " and ".join(str(tuple(s)) for s in shapes)
+                listed = " and ".join(_shape_text(s) for s in shapes)
+                dynamic = " (a dynamic dimension matches only itself or 1)" if \
+                    isinstance(size, SymSize) or isinstance(dim, SymSize) else ""
                 raise ShapeError(f"shapes {listed} do not broadcast (axis {axis - rank}: "
-                                 f"{size} vs {dim})")
+                                 f"{size} vs {dim}){dynamic}")
             size = dim
         out.append(size)
     return tuple(out)
+
+
+def _shape_text(shape: tuple[Dim, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def promote(*dtypes: np.dtype) -> np.dtype:

@@ -8,9 +8,10 @@ import warnings
 import numpy as np
 
 from graphkernel.codegen import toolchain
-from graphkernel.codegen.c_emitter import emit_kernel
 from graphkernel.codegen.c_text import c_identifier
+from graphkernel.codegen.generic_kernel import emit_any_kernel
 from graphkernel.codegen.library import build_library
+from graphkernel.codegen.shape_args import kernel_symbols
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.library_views import LibraryViews, library_views
 from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
@@ -27,6 +28,7 @@ from graphkernel.runtime.plan import (
     StepKind,
     bytes_of,
     plan_memory,
+    symbol_bindings,
 )
 from graphkernel.runtime.runner import Runner
 
@@ -182,11 +184,12 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         while cname in used_names:
             cname += "_"
         used_names.add(cname)
-        source = emit_kernel(sub, cname, sched, cost.parallel_threshold, cost.stream_min_bytes)
+        source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
+                                 cost.stream_min_bytes)
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)
         b.steps.append(Step(StepKind.KERNEL, reads=reads + extra, kernel=source, pooled=True,
-                            **common))  # type: ignore[arg-type]
+                            sizes=kernel_symbols(sched.space), **common))  # type: ignore[arg-type]
     outputs = tuple(b.read(v) for v in graph.outputs)
     for i, value in enumerate(graph.outputs):
         if isinstance(value, Constant):  # a fresh copy per call: results are the caller's
@@ -206,7 +209,8 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     release, buffer_of, buffers = plan_memory(slots, b.steps, keep)
     copy_out = _copies(slots, b.steps, outputs)
     plan = ExecutionPlan(name, slots, inputs, weights, outputs, graph.returns_tuple,
-                         tuple(b.steps), tuple(release), tuple(buffers), buffer_of, copy_out)
+                         tuple(b.steps), tuple(release), tuple(buffers), buffer_of, copy_out,
+                         symbol_bindings(slots, inputs))
     return plan, notes
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.plan import ExecutionPlan, SlotRole, StepKind
 
 POOL_DEPTH = 2
@@ -67,7 +68,7 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "static PyArrayObject *gk_take(int slot, int nd, const npy_intp *dims, int type) {",
         f"  for (int k = 0; k < {POOL_DEPTH}; ++k) {{",
         "    PyObject *p = gk_pool[slot][k];",
-        "    if (p != NULL && Py_REFCNT(p) == 1) { Py_INCREF(p); return (PyArrayObject *)p; }",
+        *(_TAKE_SHAPED if plan.symbols else _TAKE_STATIC),
         "  }",
         "  PyObject *p = PyArray_EMPTY(nd, (npy_intp *)dims, type, 0);",
         "  if (p == NULL) return NULL;",
@@ -77,6 +78,7 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "  return (PyArrayObject *)p;",
         "}",
         "",
+        *(_ACCEPT_ANY if plan.symbols else []),
         "static int gk_accept(PyObject *o, int type, int nd, const npy_intp *dims) {",
         "  if (!PyArray_Check(o)) return 0;",
         "  PyArrayObject *a = (PyArrayObject *)o;",
@@ -102,24 +104,38 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
             "}",
             "",
         ]
+    symbol = {name: j for j, (name, _, _) in enumerate(plan.symbols)}
+    dynamic = [s for s in args + produced if not plan.slots[s].type.is_static]
     for s in args + produced:
-        dims = ", ".join(str(d) for d in plan.slots[s].type.shape) or "0"
-        lines.append(f"static const npy_intp gk_dims{vid[s]}[] = {{{dims}}};")
+        if s not in dynamic:
+            dims = ", ".join(str(d) for d in plan.slots[s].type.shape) or "0"
+            lines.append(f"static const npy_intp gk_dims{vid[s]}[] = {{{dims}}};")
     lines += [
         "",
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
     ]
     assigned = {step.reads[1] for step in plan.steps if step.kind is StepKind.ASSIGN}
+    if plan.symbols:
+        lines.append(f"  int64_t gk_size[{len(plan.symbols)}] = {{0}};")
+    bound: set[str] = set()
     for s in args:
         t = plan.slots[s].type
-        lines.append(f"  if (!gk_accept(args[{vid[s]}], {t.dtype.num}, {len(t.shape)}, "
-                     f"gk_dims{vid[s]})) Py_RETURN_NOTIMPLEMENTED;")
+        if s in dynamic:
+            lines += _accept_dynamic(vid[s], t, symbol, bound)
+        else:
+            lines.append(f"  if (!gk_accept(args[{vid[s]}], {t.dtype.num}, {len(t.shape)}, "
+                         f"gk_dims{vid[s]})) Py_RETURN_NOTIMPLEMENTED;")
         if s in assigned:  # written in place after the kernels: must be writeable
             lines.append(f"  if (!PyArray_ISWRITEABLE((PyArrayObject *)args[{vid[s]}])) "
                          "Py_RETURN_NOTIMPLEMENTED;")
         if t.dtype == np.bool_:
             lines.append(f"  if (!gk_bool01(args[{vid[s]}])) Py_RETURN_NOTIMPLEMENTED;")
+    for s in produced:  # this call's shapes of values with dynamic sizes
+        if s in dynamic:
+            dims = ", ".join(f"(npy_intp)({_c_size(d, symbol)})"
+                             for d in plan.slots[s].type.shape)
+            lines.append(f"  const npy_intp gk_dims{vid[s]}[] = {{{dims}}};")
     lines.append(f"  PyArrayObject *v[{nvalues}] = {{0}};")
 
     def data(s: int) -> str:
@@ -146,7 +162,8 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
             lines.append(f"  v[{local[s]}] = gk_take({plan.buffer_of[s]}, {len(t.shape)}, "
                          f"gk_dims{vid[s]}, {t.dtype.num});")
             lines.append(f"  if (v[{local[s]}] == NULL) goto fail;")
-        argv = ", ".join(data(s) for s in step.reads + step.writes)
+        argv = ", ".join([data(s) for s in step.reads + step.writes] +
+                         [f"&gk_size[{symbol[n]}]" for n in step.sizes])
         lines.append(f"  {{ void *argv[] = {{{argv}}}; {step.kernel.name}(argv); }}")
         for s in dead:
             if plan.buffer_of.get(s) in later_buffers:
@@ -180,3 +197,48 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+_ACCEPT_ANY = [
+    "static int gk_accept_any(PyObject *o, int type, int nd) {",
+    "  if (!PyArray_Check(o)) return 0;",
+    "  PyArrayObject *a = (PyArrayObject *)o;",
+    "  if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd) return 0;",
+    "  return PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a);",
+    "}",
+    "",
+]
+_TAKE_STATIC = [
+    "    if (p != NULL && Py_REFCNT(p) == 1) { Py_INCREF(p); return (PyArrayObject *)p; }",
+]
+# Dynamic sizes: a free pooled array of another shape is dropped to make room.
+_TAKE_SHAPED = [
+    "    if (p == NULL || Py_REFCNT(p) != 1) continue;",
+    "    if (PyArray_NDIM((PyArrayObject *)p) == nd && memcmp(PyArray_DIMS((PyArrayObject *)p),",
+    "        dims, nd * sizeof(npy_intp)) == 0) { Py_INCREF(p); return (PyArrayObject *)p; }",
+    "    Py_DECREF(p); gk_pool[slot][k] = NULL;",
+]
+
+
+def _c_size(dim: object, symbol: dict[str, int]) -> str:
+    """A dimension as C: a number, or the product of this call's sizes."""
+    if not isinstance(dim, SymSize):
+        return str(dim)
+    return " * ".join([str(dim.coef)] + [f"gk_size[{symbol[n]}]" for n in dim.names])
+
+
+def _accept_dynamic(arg: int, t: TensorType, symbol: dict[str, int], bound: set[str]
+                    ) -> list[str]:
+    """The checks of an argument with dynamic sizes: dtype, rank and layout, each static
+    dimension, and each dynamic one read (its first appearance) or compared with that."""
+    lines = [f"  if (!gk_accept_any(args[{arg}], {t.dtype.num}, {len(t.shape)})) "
+             "Py_RETURN_NOTIMPLEMENTED;",
+             f"  {{ const npy_intp *have = PyArray_DIMS((PyArrayObject *)args[{arg}]);"]
+    for axis, dim in enumerate(t.shape):
+        if isinstance(dim, SymSize) and dim.names[0] not in bound:
+            bound.add(dim.names[0])
+            lines.append(f"    gk_size[{symbol[dim.names[0]]}] = have[{axis}];")
+        else:
+            lines.append(f"    if (have[{axis}] != {_c_size(dim, symbol)}) "
+                         "Py_RETURN_NOTIMPLEMENTED;")
+    return lines + ["  }"]

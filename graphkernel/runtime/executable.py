@@ -11,6 +11,7 @@ import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.errors import InputError
+from graphkernel.ir.types import SymSize
 from graphkernel.runtime.plan import ExecutionPlan
 from graphkernel.runtime.runner import Runner
 
@@ -73,6 +74,7 @@ class Executable:
             raise InputError(f"{plan.name} takes {len(plan.inputs)} input(s) "
                              f"({', '.join(names)}), got {len(arrays)}")
         out = []
+        sizes: dict[str, int] = {}  # dynamic sizes bound by earlier inputs
         for array, name, slot in zip(arrays, names, plan.inputs):
             if not isinstance(array, np.ndarray):
                 raise InputError(f"{plan.name} input {name!r} must be a Tensor or a numpy "
@@ -82,7 +84,7 @@ class Executable:
                 array = array.astype(expected.dtype)  # byte-swapped: the kernels read native
             if array.dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
                 array = array.view(np.uint8) != 0  # bytes other than 0/1: numpy's truth value
-            if tuple(array.shape) != expected.shape or array.dtype != expected.dtype:
+            if not _fits(array.shape, expected.shape, sizes) or array.dtype != expected.dtype:
                 raise InputError(
                     f"{plan.name} input {name!r} is {array.dtype.name}{list(array.shape)} but "
                     f"this executable was compiled for {expected.dtype.name}"
@@ -107,3 +109,17 @@ class Executable:
                 repeats: int = 20) -> list[float]:
         """Median seconds each kernel takes within one call (steps timed one by one)."""
         return self.runner.profile(self.check_inputs(arrays), weights, repeats)
+
+
+def _fits(shape: tuple[int, ...], expected: tuple[Any, ...], sizes: dict[str, int]) -> bool:
+    """Whether an array's shape is the expected one: static dims equal, each dynamic size the
+    same wherever it appears (bound in `sizes` by its first appearance)."""
+    if len(shape) != len(expected):
+        return False
+    for have, want in zip(shape, expected):
+        if isinstance(want, SymSize):
+            if sizes.setdefault(want.names[0], have) != have:
+                return False
+        elif have != want:
+            return False
+    return True

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from graphkernel.ir.types import is_static
+
 # Arrays one buffer keeps; while the caller holds more results than this, fresh ones are made.
 KEEP_PER_BUFFER = 4
 # Buffers smaller than this are not touched ahead of the first call: too few pages to matter.
@@ -44,6 +46,25 @@ class BufferPool:
             arrays.append(array)
         return array
 
+    def take_shaped(self, buffer: int, shape: tuple[int, ...]) -> np.ndarray:
+        """`take` for a buffer of dynamic shape: this call's `shape`. A free array of another
+        shape makes room for the new one, so the pool follows the sizes a caller uses."""
+        arrays = self._arrays[buffer]
+        for k, array in enumerate(arrays):
+            if sys.getrefcount(array) == 3:
+                if array.shape == shape:
+                    return array
+                spare = k
+                break
+        else:
+            spare = -1
+        array = np.empty(shape, self.buffers[buffer][1])
+        if spare >= 0:
+            arrays[spare] = array
+        elif len(arrays) < self._keep:
+            arrays.append(array)
+        return array
+
     def arrays(self, buffer: int) -> list[np.ndarray]:
         """The arrays the pool keeps for one buffer (for tests and reports)."""
         return list(self._arrays[buffer])
@@ -56,8 +77,8 @@ class BufferPool:
         """Allocate and touch one array per large buffer on a background thread: the first call
         finds them ready instead of faulting in fresh pages while it computes. Compiling leaves
         the other core idle; numpy writes the pages without the GIL."""
-        wanted = [b for b, (shape, dtype) in enumerate(self.buffers)
-                  if dtype.itemsize * math.prod(shape) >= PREFAULT_MIN_BYTES]
+        wanted = [b for b, (shape, dtype) in enumerate(self.buffers) if is_static(shape) and
+                  dtype.itemsize * math.prod(shape) >= PREFAULT_MIN_BYTES]
         if not wanted:
             return None
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from graphkernel.codegen.c_emitter import KernelSource
 from graphkernel.ir.graph import Graph
-from graphkernel.ir.types import TensorType
+from graphkernel.ir.types import SymSize, TensorType
 
 
 class StepKind(Enum):
@@ -73,7 +73,8 @@ class Step:
     out_types: tuple[TensorType, ...]
     op: str = ""  # LIBRARY/VIEW: the op whose numpy reference (or ufunc, or BLAS) runs
     attrs: Mapping[str, Any] = field(default_factory=dict)
-    kernel: KernelSource | None = None  # KERNEL: argv = reads, then writes
+    kernel: KernelSource | None = None  # KERNEL: argv = reads, then writes, then `sizes`
+    sizes: tuple[str, ...] = ()  # KERNEL: its dynamic sizes, one int64_t * each (shape_args)
     subgraph: Graph | None = None  # INTERPRETED: the group run op by op
     pooled: bool = False  # its results are written into pooled buffers (see Slot buffers)
     aliases: bool = False  # a result may be a view of something it reads
@@ -107,6 +108,9 @@ class ExecutionPlan:
     buffers: tuple[tuple[tuple[int, ...], np.dtype], ...]  # buffer id -> (shape, dtype)
     buffer_of: Mapping[int, int]  # slot -> buffer id, for pooled results
     copy_out: tuple[bool, ...]  # per output: copied before it is returned
+    # Dynamic sizes (ir.types.SymSize) as (name, input number, axis): where each is read from
+    # in a call. Buffer shapes may hold them; kernels take them after their buffers.
+    symbols: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def input_names(self) -> list[str]:
@@ -124,7 +128,9 @@ class ExecutionPlan:
             s = self.slots[slot]
             buffer = self.buffer_of.get(slot)
             return f"${slot}:{s.name}" + (f"@b{buffer}" if buffer is not None else "")
-        lines = [f"plan {self.name}: inputs {[name(s) for s in self.inputs]}, weights "
+        sizes = ", ".join(f"{n} = input {i} axis {a}" for n, i, a in self.symbols)
+        lines = [f"plan {self.name}" + (f" (dynamic sizes: {sizes})" if sizes else "") +
+                 f": inputs {[name(s) for s in self.inputs]}, weights "
                  f"{[name(s) for s in self.weights]}"]
         for i, (step, dead) in enumerate(zip(self.steps, self.release)):
             flags = (" aliases" if step.aliases else "") + \
@@ -140,7 +146,21 @@ class ExecutionPlan:
 
 
 def bytes_of(types: tuple[TensorType, ...]) -> int:
+    """Bytes of these values (0 when one has a dynamic size: unknown until it runs)."""
+    if not all(t.is_static for t in types):
+        return 0
     return sum(math.prod(t.shape) * t.dtype.itemsize for t in types)
+
+
+def symbol_bindings(slots: tuple[Slot, ...], inputs: tuple[int, ...]
+                    ) -> tuple[tuple[str, int, int], ...]:
+    """Each dynamic size of the inputs' types, with the first input and axis that holds it."""
+    out: list[tuple[str, int, int]] = []
+    for number, slot in enumerate(inputs):
+        for axis, dim in enumerate(slots[slot].type.shape):
+            if isinstance(dim, SymSize) and dim.names[0] not in [n for n, _, _ in out]:
+                out.append((dim.names[0], number, axis))
+    return tuple(out)
 
 
 def plan_memory(slots: tuple[Slot, ...], steps: list[Step], keep: set[int]

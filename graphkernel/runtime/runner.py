@@ -20,6 +20,7 @@ import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import concrete, is_static
 from graphkernel.runtime.blas import blas_threads
 from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
@@ -35,6 +36,9 @@ class Runner:
     def __init__(self, plan: ExecutionPlan, prefault: bool = True) -> None:
         self.plan = plan
         self.pool = BufferPool([(shape, dtype) for shape, dtype in plan.buffers])
+        # This call's dynamic sizes (plan.symbols order): kernels read them by pointer.
+        self.sizes = np.zeros(max(len(plan.symbols), 1), np.int64)
+        self.size_of: dict[str, int] = {}
         self.entry: Any = None  # the compiled CPython `run`, when the plan has one
         self.entry_constants: tuple[np.ndarray, ...] = ()
         self._template: list[Any] = [None] * len(plan.slots)
@@ -70,6 +74,8 @@ class Runner:
             self.prefaulting.join()
             self.prefaulting = None
         plan = self.plan
+        if plan.symbols:
+            self.bind_sizes(arrays)
         slots = list(self._template)
         for s, array in zip(plan.inputs, arrays):
             slots[s] = array
@@ -86,6 +92,8 @@ class Runner:
                 repeats: int) -> list[float]:
         """Median seconds of each launching step within a call, over `repeats` calls."""
         plan = self.plan
+        if plan.symbols:
+            self.bind_sizes(arrays)
         marks = [step.launches_kernel for step in plan.steps]
         samples: list[list[float]] = [[] for _ in range(sum(marks))]
         for _ in range(max(1, repeats)):
@@ -105,6 +113,11 @@ class Runner:
                     samples[index].append(elapsed)
                     index += 1
         return [statistics.median(s) for s in samples]
+
+    def bind_sizes(self, arrays: Sequence[np.ndarray]) -> None:
+        """Read this call's dynamic sizes from its (checked) input arrays."""
+        for j, (name, number, axis) in enumerate(self.plan.symbols):
+            self.sizes[j] = self.size_of[name] = arrays[number].shape[axis]
 
     # -- steps ----------------------------------------------------------------------------
     def _step_fn(self, step: Step) -> StepFn:
@@ -126,12 +139,19 @@ class Runner:
     def _take(self, step: Step) -> Callable[[], list[np.ndarray]]:
         take = self.pool.take
         buffers = [self.plan.buffer_of[s] for s in step.writes]
-        return lambda: [take(b) for b in buffers]
+        if all(is_static(self.plan.buffers[b][0]) for b in buffers):
+            return lambda: [take(b) for b in buffers]
+        shaped, sizes = self.pool.take_shaped, self.size_of
+        shapes = [self.plan.buffers[b][0] for b in buffers]
+        return lambda: [shaped(b, concrete(shape, sizes)) for b, shape in zip(buffers, shapes)]
 
     def _kernel_fn(self, step: Step) -> StepFn:
         assert step.kernel is not None
         fn = self._functions[step.kernel.name]
-        argv_type = ctypes.c_void_p * (len(step.reads) + len(step.writes))
+        # The kernel's dynamic sizes follow its buffers: pointers into self.sizes.
+        index = {name: j for j, (name, _, _) in enumerate(self.plan.symbols)}
+        size_ptrs = [self.sizes.ctypes.data + 8 * index[n] for n in step.sizes]
+        argv_type = ctypes.c_void_p * (len(step.reads) + len(step.writes) + len(size_ptrs))
         reads, writes, take = step.reads, step.writes, self._take(step)
         dense = np.ascontiguousarray
 
@@ -140,7 +160,8 @@ class Runner:
             # Kernels index dense C-order buffers; a view step may leave a strided array
             # (BroadcastTo's zero strides, Transpose): copied here, a no-op when dense.
             ins = [dense(slots[s]) for s in reads]
-            fn(argv_type(*[a.ctypes.data for a in ins], *[o.ctypes.data for o in outs]))
+            fn(argv_type(*[a.ctypes.data for a in ins], *[o.ctypes.data for o in outs],
+                         *size_ptrs))
             for s, out in zip(writes, outs):
                 slots[s] = out
         return kernel

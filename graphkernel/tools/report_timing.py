@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.frontend.compiled import CompiledCell as Executable
+from graphkernel.ir.types import TensorType, concrete, symbols_of
 
 # A call is dispatch-bound when its data could move in under this share of its time and it is
 # no longer than DISPATCH_PER_LAUNCH per kernel launch (a Python step costs a few microseconds
@@ -73,13 +74,20 @@ class Timing:
         return self.breakdown.per_kernel
 
 
+DYNAMIC_SIZE = 128
+
+
 def random_inputs(exe: Executable, rng: np.random.Generator) -> list[np.ndarray]:
-    """Random arrays of the shapes and dtypes the executable was compiled for."""
+    """Random arrays of the shapes and dtypes the executable was compiled for (a dynamic size,
+    `float32[N,64]`, is timed at DYNAMIC_SIZE)."""
     arrays = []
     for inp in exe.graph.inputs:
         if inp.kind != "input":
             continue
         t = inp.tensor_type
+        if not t.is_static:
+            sizes = dict.fromkeys(symbols_of(t.shape), DYNAMIC_SIZE)
+            t = TensorType(concrete(t.shape, sizes), t.dtype)
         if t.dtype == np.bool_:
             arrays.append(rng.random(t.shape) < 0.5)
         elif np.issubdtype(t.dtype, np.integer):

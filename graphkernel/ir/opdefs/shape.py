@@ -23,7 +23,7 @@ def _reshape_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Valu
         if known == 0 or x.size % known:
             raise ShapeError(f"Reshape: cannot reshape {x.shape} into {shape}")
         shape = tuple(x.size // known if d == -1 else d for d in shape)
-    if any(d < 0 for d in shape) or math.prod(shape) != x.size:
+    if any(isinstance(d, int) and d < 0 for d in shape) or math.prod(shape) != x.size:
         raise ShapeError(f"Reshape: cannot reshape {x.shape} ({x.size} elements) into {shape}")
     return TensorType(shape, x.dtype)
 

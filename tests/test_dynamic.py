@@ -1,0 +1,273 @@
+"""Dynamic dimensions: set_inputs with None dimensions and automatic dynamic shapes build one
+shape-generic library that serves every size, equal to numpy; mismatching calls are clear
+errors; dumps and summary() show the symbols."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Parameter, Tensor, nn
+from graphkernel.errors import InputError, ShapeError
+from graphkernel.frontend import context
+from graphkernel.ops import operations as P
+
+BATCHES = (1, 3, 17, 64, 129, 1000)
+
+
+@pytest.fixture
+def cache_folder(tmp_path, monkeypatch):
+    folder = str(tmp_path / "kernels")
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", folder)
+    return folder
+
+
+def libraries(folder):
+    return sorted(glob.glob(os.path.join(folder, "*.so")))
+
+
+class Pointwise(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(np.linspace(-1, 1, 64).astype(np.float32), name="w")
+
+    def construct(self, x):
+        return P.Tanh()(x * 2.0 + self.w) * x
+
+
+def pointwise_ref(net, x):
+    return np.tanh(x * 2 + net.w.asnumpy()) * x
+
+
+class LayerNormSoftmax(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm((64,))
+        self.sm = nn.Softmax()
+
+    def construct(self, x):
+        return self.sm(self.ln(x))
+
+
+def ln_softmax_ref(x):
+    x = x.astype(np.float64)
+    mean = x.mean(-1, keepdims=True)
+    y = (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-7)
+    e = np.exp(y - y.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def generic(net):
+    exes = {id(v): v for v in net._compiled.values()}
+    return list(exes.values())
+
+
+def test_declared_batch_builds_one_library_for_every_size(cache_folder, rng):
+    context.set_context(enable_graph_kernel=True)
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    for b in BATCHES:
+        x = rng.standard_normal((b, 64)).astype(np.float32)
+        out = net(Tensor(x)).asnumpy()
+        assert out.shape == (b, 64)
+        np.testing.assert_allclose(out, pointwise_ref(net, x), rtol=2e-6, atol=1e-6)
+    assert len(libraries(cache_folder)) == 1
+    (exe,) = generic(net)
+    assert exe.entry is not None and exe.kernel_count == 1
+    assert "float32[N,64]" in exe.summary()
+    assert "const int64_t N = " in exe.kernels[0].source  # the size is an argument
+    assert "< N;" in exe.kernels[0].source
+
+
+def test_declared_sequence_length_layernorm_softmax(cache_folder, rng):
+    context.set_context(enable_graph_kernel=True)
+    net = LayerNormSoftmax()
+    net.set_inputs(Tensor(shape=[2, None, 64], dtype=graphkernel.float32))
+    for s in BATCHES:
+        x = rng.standard_normal((2, s, 64)).astype(np.float32) * 3
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), ln_softmax_ref(x), rtol=1e-5,
+                                   atol=1e-6)
+    assert len(libraries(cache_folder)) == 1
+    (exe,) = generic(net)
+    assert exe.kernel_count == 1 and "Softmax" in exe.kernels[0].name
+
+
+def test_dynamic_row_length_reduction(cache_folder, rng):
+    """The reduced axis itself dynamic: the row loop runs to a run-time length."""
+    context.set_context(enable_graph_kernel=True)
+    net = nn.Softmax()
+    net.set_inputs(Tensor(shape=[4, None], dtype=graphkernel.float32))
+    for n in (1, 7, 100, 3000):
+        x = rng.standard_normal((4, n)).astype(np.float32)
+        e = np.exp(x - x.max(-1, keepdims=True))
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), e / e.sum(-1, keepdims=True),
+                                   rtol=1e-5, atol=1e-7)
+    assert len(libraries(cache_folder)) == 1
+
+
+def test_column_reduction_over_a_dynamic_axis(rng):
+    class ColumnSum(nn.Cell):
+        def construct(self, x):
+            return P.ReduceSum()(x * x, 0)
+    context.set_context(enable_graph_kernel=True)
+    net = ColumnSum()
+    net.set_inputs(Tensor(shape=[None, None], dtype=graphkernel.float32))
+    for shape in ((3, 5), (1000, 700), (2, 1)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), (x.astype(np.float64) ** 2).sum(0),
+                                   rtol=1e-4)
+    (exe,) = generic(net)
+    assert exe.kernels[0].output == "float32[M]"
+
+
+def test_a_call_that_does_not_match_the_declaration_names_both(rng):
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    with pytest.raises(InputError, match=r"input 0 is float32\[3, 32\] but set_inputs declared "
+                                         r"float32\[N, 64\]"):
+        net(Tensor(np.ones((3, 32), np.float32)))
+    with pytest.raises(InputError, match=r"float64\[3, 64\].*declared float32\[N, 64\]"):
+        net(Tensor(np.ones((3, 64), np.float64)))
+
+
+def test_one_symbol_in_two_inputs_must_agree(rng):
+    class Two(nn.Cell):
+        def construct(self, x, y):
+            return x * y
+    net = Two()
+    net.set_inputs(Tensor(shape=[None, 8], dtype=graphkernel.float32),
+                   Tensor(shape=[None, 8], dtype=graphkernel.float32))
+    # Two None dims are two symbols: they may differ, so they do not broadcast together.
+    with pytest.raises(ShapeError, match="dynamic dimension"):
+        net(Tensor(np.ones((3, 8), np.float32)), Tensor(np.ones((3, 8), np.float32)))
+
+
+def test_declared_tensor_has_no_data():
+    t = Tensor(shape=[None, 64], dtype=graphkernel.float32)
+    assert t.shape == (-1, 64) and t.dtype == np.float32
+    assert "no data" in repr(t)
+    with pytest.raises(InputError, match="no data"):
+        t.asnumpy()
+    with pytest.raises(InputError, match="Tensor shape"):
+        Tensor(shape=["a"], dtype=graphkernel.float32)
+
+
+def test_python_runner_follows_dynamic_sizes(rng):
+    """Strided inputs skip the compiled entry: the step runner binds sizes and pools by
+    shape."""
+    context.set_context(enable_graph_kernel=True)
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    for b in (5, 9, 5):
+        x = rng.standard_normal((b, 128)).astype(np.float32)[:, ::2]
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), pointwise_ref(net, x), rtol=2e-6,
+                                   atol=1e-6)
+
+
+def test_automatic_dynamic_builds_at_most_two_libraries(cache_folder, rng):
+    context.set_context(enable_graph_kernel=True)
+    net = Pointwise()
+    for b in (3, 17, 64, 129, 1000, 1):
+        x = rng.standard_normal((b, 64)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), pointwise_ref(net, x), rtol=2e-6,
+                                   atol=1e-6)
+    assert len(libraries(cache_folder)) == 2  # static for 3, then one for N
+    shapes = sorted(str(e.kernels[0].output) for e in generic(net))
+    assert shapes == ["float32[3,64]", "float32[N,64]"]
+
+
+def test_automatic_dynamic_shares_a_symbol_between_inputs(rng):
+    class Two(nn.Cell):
+        def construct(self, x, y):
+            return x * y + 1.0
+    net = Two()
+    for b in (2, 5, 11):
+        x, y = (rng.standard_normal((b, 8)).astype(np.float32) for _ in range(2))
+        np.testing.assert_allclose(net(Tensor(x), Tensor(y)).asnumpy(), x * y + 1, rtol=1e-6)
+    assert len(generic(net)) == 2
+
+
+def test_automatic_dynamic_off(cache_folder, rng):
+    context.set_context(enable_graph_kernel=True, automatic_dynamic_shapes=False)
+    net = Pointwise()
+    for b in (3, 17, 64):
+        net(Tensor(rng.standard_normal((b, 64)).astype(np.float32)))
+    assert len(libraries(cache_folder)) == 3
+
+
+def test_a_graph_that_cannot_be_generic_stays_static(rng):
+    class Mean(nn.Cell):
+        def construct(self, x):
+            return P.ReduceMean()(x, 0)  # divides by the dynamic size
+    context.set_context(enable_graph_kernel=True)
+    net = Mean()
+    for b in (2, 3, 4):
+        x = rng.standard_normal((b, 8)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), x.mean(0), rtol=1e-5)
+    assert len(generic(net)) == 3
+
+
+def test_dumps_show_symbolic_shapes(tmp_path, rng):
+    context.set_context(enable_graph_kernel=True, save_graphs=True,
+                        save_graphs_path=str(tmp_path))
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    net(Tensor(rng.standard_normal((5, 64)).astype(np.float32)))
+    text = (tmp_path / "hwopt_d_end.ir").read_text()
+    assert "float32[N,64]" in text
+
+
+def test_reshape_with_minus_one_keeps_the_dynamic_size(rng):
+    class Rows(nn.Cell):
+        def construct(self, x):
+            y = P.Reshape()(x * 2.0, (-1, 8))
+            return P.ReduceSum(keep_dims=True)(y, -1) + 1.0
+    context.set_context(enable_graph_kernel=True)
+    net = Rows()
+    net.set_inputs(Tensor(shape=[None, 16], dtype=graphkernel.float32))
+    for b in (1, 5, 9):
+        x = rng.standard_normal((b, 16)).astype(np.float32)
+        want = (x * 2).reshape(-1, 8).sum(-1, keepdims=True) + 1
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), want, rtol=1e-5, atol=1e-6)
+    (exe,) = generic(net)
+    assert "float32[2*N,1]" in exe.summary()
+
+
+def test_a_dynamic_size_used_as_a_number_is_a_clear_error():
+    class Fixed(nn.Cell):
+        def construct(self, x):
+            return P.Reshape()(x, (x.shape[0], 4, 4))
+    net = Fixed()
+    net.set_inputs(Tensor(shape=[None, 16], dtype=graphkernel.float32))
+    with pytest.raises(ShapeError, match=r"(?s)dynamic size N has no value while tracing.*"
+                                         r"line \d+, in construct"):
+        net(Tensor(np.ones((2, 16), np.float32)))
+
+
+def test_guards_hold_for_shape_generic_graphs(rng):
+    context.set_context(enable_graph_kernel=True)
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    net(Tensor(rng.standard_normal((3, 64)).astype(np.float32)))
+    net.w = Parameter(np.full(64, 2.0, np.float32))
+    for b in (3, 7):
+        x = rng.standard_normal((b, 64)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), pointwise_ref(net, x), rtol=2e-6,
+                                   atol=1e-6)
+    (exe,) = generic(net)
+    assert "Pointwise.w was replaced" in exe.report.recompiled_because
+
+
+def test_compile_and_report_of_a_declared_cell_show_symbols(tmp_path, rng):
+    from graphkernel.tools.report import compare, write_report
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    exe = graphkernel.compile(net, x)
+    assert str(exe.graph.inputs[0].tensor_type) == "float32[N,64]"
+    with pytest.raises(InputError, match="declared float32"):
+        graphkernel.compile(net, np.ones((5, 63), np.float32))
+    out = tmp_path / "report.html"
+    write_report(compare(net, x), str(out))
+    assert "float32[N,64]" in out.read_text()
