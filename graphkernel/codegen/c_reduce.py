@@ -62,11 +62,13 @@ class ReductionEmitter:
             for buf in inner_outputs:
                 if buf.value.dtype == node.dtype:
                     return node, buf
+        if not shared:
+            return None
         row = math.prod(self.sched.space[a] for a in self.sched.reduce_axes)
-        if shared and row * (8 if T.C_COMPUTE[shared[-1].dtype] == "double" else 4) <= \
-                STASH_ROW_BYTES:
+        itemsize = 8 if T.C_COMPUTE[shared[-1].dtype] == "double" else 4
+        if not dyn.is_dynamic(row) and row * itemsize <= STASH_ROW_BYTES:
             return shared[-1], None
-        return None
+        return None  # a row of run-time length has no stack stash: the epilogue recomputes
 
     def _emit_reduction(self, dims: list[LoopDim], kept: list[int], reduced: list[int],
                         outputs: list[Buffer]) -> None:
@@ -176,7 +178,8 @@ class ReductionEmitter:
     def _blocked_row_sums(self, dims: list[LoopDim], reduced: list[int],
                           reductions: list[Node]) -> list[Node]:
         """The float sums of a pass over more than ROW_BLOCK elements: they sum in blocks."""
-        if math.prod(dims[i].size for i in reduced) <= ROW_BLOCK:
+        row = math.prod(dims[i].size for i in reduced)
+        if not dyn.is_dynamic(row) and row <= ROW_BLOCK:
             return []
         return [r for r in reductions if _is_float_sum(r)]
 
@@ -189,11 +192,11 @@ class ReductionEmitter:
         if not blocked:
             return self._open_loops(dims, reduced, indent, clauses, False)
         last, size = reduced[-1], dims[reduced[-1]].size
-        if size <= ROW_BLOCK and ROW_BLOCK // size > 1:
+        if _runs_per_block(size) > 1:
             self.lines.append(f"{indent}int64_t run{phase} = 0;")
         indent = self._open_loops(dims, reduced[:-1], indent, None, False)
         start, end = "0", str(size)
-        if size > ROW_BLOCK:
+        if _in_blocks(size):
             self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {ROW_BLOCK}) {{")
             indent += "  "
             self.lines.append(f"{indent}const int64_t ke = kb + {ROW_BLOCK} < {size} ? "
@@ -213,14 +216,14 @@ class ReductionEmitter:
             return
         indent = self._close_loops(1, indent)
         size = dims[reduced[-1]].size
-        runs = ROW_BLOCK // size if size <= ROW_BLOCK else 1
+        runs = _runs_per_block(size)
         flush = " ".join(f"gk_pairwise_push(&pw{self.local[r.uid]}, acc{self.local[r.uid]}); "
                          f"acc{self.local[r.uid]} = 0;" for r in blocked)
         if runs > 1:
             self.lines.append(f"{indent}if (++run{phase} == {runs}) {{ {flush} run{phase} = 0; }}")
         else:
             self.lines.append(f"{indent}{flush}")
-        if size > ROW_BLOCK:
+        if _in_blocks(size):
             indent = self._close_loops(1, indent)
         indent = self._close_loops(len(reduced) - 1, indent)
         if runs > 1:
@@ -284,8 +287,9 @@ class ReductionEmitter:
                 if self._tracks_nan(red_node):
                     self.lines.append(f"{indent}int nan{self.local[red_node.uid]}[{block}];")
                     init_body.append(f"nan{self.local[red_node.uid]}[j] = 0;")
+            rows = math.prod(dims[i].size for i in red)  # dynamic: blocked for any count
             blocked = [r for r in reductions if _is_float_sum(r)] \
-                if math.prod(dims[i].size for i in red) > COLUMN_RUN else []
+                if dyn.is_dynamic(rows) or rows > COLUMN_RUN else []
             for red_node in blocked:
                 self.lines.append(f"{indent}double tot{self.local[red_node.uid]}[{block}];")
                 init_body.append(f"tot{self.local[red_node.uid]}[j] = 0;")
@@ -380,3 +384,15 @@ def _is_float_sum(red: Node) -> bool:
 
 def _is_float_product(red: Node) -> bool:
     return _reduction(red).omp_operator == "*" and T.is_float(red.dtype)
+
+
+def _in_blocks(size: T.Dim) -> bool:
+    """Whether a row pass over `size` elements walks them in blocks of ROW_BLOCK. A row length
+    known only at run time always does (a shorter row is one partial block)."""
+    return dyn.is_dynamic(size) or size > ROW_BLOCK
+
+
+def _runs_per_block(size: T.Dim) -> int:
+    """How many whole runs of a short static row one block sum covers (1: every run or block
+    is pushed to the pairwise total)."""
+    return 1 if _in_blocks(size) else ROW_BLOCK // size

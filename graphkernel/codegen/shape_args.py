@@ -39,6 +39,11 @@ def runs_threaded(work: Dim, threshold: int) -> bool:
     return work >= threshold
 
 
+def is_dynamic(size: Dim) -> bool:
+    """Whether a size is known only at run time."""
+    return isinstance(size, SymSize)
+
+
 def block_size(block: int, size: Dim) -> int:
     """Lanes per block of a loop of `size` (a dynamic loop takes whole blocks)."""
     return block if isinstance(size, SymSize) else min(block, size)
