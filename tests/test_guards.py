@@ -153,3 +153,60 @@ def test_tracing_leaves_the_cell_class_alone(rng):
     net = Scaled()
     net(Tensor(rng.standard_normal((4, 4)).astype(np.float32)))
     assert type(net) is Scaled and net._version > 0
+
+
+# -- training loops: the optimizer's step count, rates and moments live in Parameters the graph
+# writes (Graph.assigns), so a loop of steps reads no changed attribute and compiles once.
+
+class _Mlp(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(8, 16, activation="relu")
+        self.fc2 = nn.Dense(16, 2)
+
+    def construct(self, x):
+        return self.fc2(self.fc1(x))
+
+
+def _optimizers(params):
+    schedule = nn.ExponentialDecayLR(0.05, 0.5, decay_steps=2, is_stair=True)
+    return {"Adam+ExponentialDecayLR": nn.Adam(params, schedule),
+            "Momentum+per-step rates": nn.Momentum(params, [0.05, 0.04, 0.03, 0.02], 0.9),
+            "SGD": nn.SGD(params, 0.05)}
+
+
+@pytest.mark.parametrize("which", ["Adam+ExponentialDecayLR", "Momentum+per-step rates", "SGD"])
+def test_a_training_loop_compiles_once(which, fusion, rng, tmp_path, monkeypatch):
+    import glob
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(tmp_path / "kernels"))
+    net = _Mlp()
+    optimizer = _optimizers(net.trainable_params())[which]
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    y = np.stack([x[:, :4].sum(1), x[:, 4:].sum(1)], 1).astype(np.float32)
+    w0 = net.fc1.weight.asnumpy().copy()
+    losses, first = [], None
+    for i in range(8):
+        losses.append(float(step(Tensor(x), Tensor(y)).asnumpy()))
+        (exe,) = step._compiled.values()
+        first = first or exe
+        assert exe is first, f"step {i} recompiled: {exe.report.recompiled_because}"
+    assert losses[-1] < losses[0] and not np.array_equal(net.fc1.weight.asnumpy(), w0)
+    if optimizer.dynamic_lr:
+        assert float(optimizer.global_step.asnumpy()) == 8  # the count moved, in the graph
+    libraries = glob.glob(str(tmp_path / "kernels" / "*.so"))
+    # One library for all eight steps (or, unfused, none when numpy runs every op).
+    assert len(libraries) == 1 if fusion else len(libraries) <= 1
+
+
+def test_changing_an_optimizer_setting_between_steps_recompiles(rng):
+    net = _Mlp()
+    optimizer = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    x, y = rng.standard_normal((4, 8)).astype(np.float32), np.zeros((4, 2), np.float32)
+    step(Tensor(x), Tensor(y))
+    first = _compiled(step)
+    optimizer.momentum = 0.0  # a float construct reads: baked into the graph, so guarded
+    step(Tensor(x), Tensor(y))
+    assert _compiled(step) is not first
+    assert _compiled(step).report.recompiled_because == "Momentum.momentum changed from 0.9 to 0.0"
