@@ -104,6 +104,8 @@ class GraphKernel(System):
     def supports(self, w: Workload) -> str | None:
         if self.generic and w.kind in GENERIC_SKIPS:
             return GENERIC_SKIPS[w.kind]
+        if self.generic and w.kind in TRAIN_KINDS:
+            return "the training step is measured with static shapes only"
         return None
 
     def preload(self) -> None:
@@ -245,9 +247,12 @@ class NumExpr(System):
 
 # The shape-generic system compiles the same cells with dynamic input dimensions (one library
 # for every size): the single-input workloads with every axis dynamic (Softmax's row length
-# too), the others with every axis but the last, which meets a weight or a bias.
-GENERIC_SKIPS = {"encoder": "its attention reshapes by the sequence length (a static size)"}
+# too), the CNN with a dynamic batch (its channels meet the convolution's weights), the others
+# with every axis but the last, which meets a weight or a bias.
+GENERIC_SKIPS = {"encoder": "its attention reshapes by the sequence length (a static size)",
+                 "bert": "its attention reshapes by the batch and sequence sizes (static sizes)"}
 ALL_AXES = ("basic", "composite", "chain", "softmax")
+BATCH_ONLY = ("cnn",)
 
 
 def generic_types(w: Workload, arrays: list[np.ndarray]) -> list[Any]:
@@ -257,7 +262,8 @@ def generic_types(w: Workload, arrays: list[np.ndarray]) -> list[Any]:
     for i, a in enumerate(arrays):
         dims: list[Any] = list(a.shape)
         if i == 0:
-            axes = range(a.ndim) if w.kind in ALL_AXES else range(a.ndim - 1)
+            axes = range(a.ndim) if w.kind in ALL_AXES else range(1) \
+                if w.kind in BATCH_ONLY else range(a.ndim - 1)
             for axis in axes:
                 dims[axis] = SymSize.dim(symbol_name(count))
                 count += 1

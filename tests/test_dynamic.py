@@ -271,3 +271,48 @@ def test_compile_and_report_of_a_declared_cell_show_symbols(tmp_path, rng):
     out = tmp_path / "report.html"
     write_report(compare(net, x), str(out))
     assert "float32[N,64]" in out.read_text()
+
+
+def test_large_calls_of_a_generic_kernel_stream_their_outputs(cache_folder, rng):
+    """The dispatcher picks the variant with non-temporal stores when this call's outputs reach
+    CostModel.stream_min_bytes (16 MiB), as the static emitter does for a known size."""
+    class Basic(nn.Cell):
+        def construct(self, x):
+            return (x * 2.0 + 1.0) * 3.0
+
+    class Norm(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm((1024,))
+
+        def construct(self, x):
+            return self.ln(x)
+    context.set_context(enable_graph_kernel=True)
+    for net, ref in ((Basic(), lambda x: (x * 2 + 1) * 3), (Norm(), None)):
+        net.set_inputs(Tensor(shape=[None, 1024], dtype=graphkernel.float32))
+        for rows in (3, 4096 + 5):  # 12 KiB of output, then just over 16 MiB
+            x = rng.standard_normal((rows, 1024)).astype(np.float32)
+            if ref is None:
+                mean = x.astype(np.float64).mean(-1, keepdims=True)
+                var = ((x - mean) ** 2).mean(-1, keepdims=True)
+                want = (x - mean) / np.sqrt(var + 1e-7)
+            else:
+                want = ref(x)
+            np.testing.assert_allclose(net(Tensor(x)).asnumpy(), want, rtol=1e-5, atol=2e-5)
+        (exe,) = generic(net)
+        source = exe.kernels[0].source
+        assert "_stream(args);" in source and "gk_stream(&out0" in source
+    assert len(libraries(cache_folder)) == 2  # one per cell, for both sizes
+
+
+@pytest.mark.parametrize("length", [5, 1024, 1025, 3 * 1024 + 7, 100_000])
+def test_a_dynamic_row_sums_as_the_static_kernel_does(length, rng):
+    """A row of run-time length is summed in the same order as a static row of that length
+    (one accumulator up to ROW_BLOCK, blocks combined pairwise beyond): equal bit for bit."""
+    x = (1 + 1e-3 * rng.standard_normal((3, length))).astype(np.float32)
+    context.set_context(enable_graph_kernel=True)
+    static = nn.Softmax()(Tensor(x)).asnumpy()
+    net = nn.Softmax()
+    net.set_inputs(Tensor(shape=[None, None], dtype=graphkernel.float32))
+    np.testing.assert_array_equal(net(Tensor(x)).asnumpy(), static)
+    assert "float32[N,M]" in generic(net)[0].summary()

@@ -44,6 +44,7 @@ class _Emitter(ReductionEmitter):
         self.sched = sched
         self.threshold = threshold
         self.stream_min_bytes = stream_min_bytes
+        self.stream_bytes: str | None = None  # see KernelSource.stream_bytes
         self.lines: list[str] = []
         self.var: dict[int, str] = {}
         self.buffers: list[Buffer] = []
@@ -217,17 +218,23 @@ class _Emitter(ReductionEmitter):
         """Whether these outputs are written through an L1 buffer and non-temporal stores:
         large in all (they will not be read back from cache), each contiguous along `dim`,
         the innermost loop (a row of a row reduction: short enough for the stack)."""
-        if self.stream_min_bytes is None or not buffers or dim.size < 64:
+        if self.stream_min_bytes is None or not buffers or \
+                (not dyn.is_dynamic(dim.size) and dim.size < 64):
             return False
         # Only bandwidth-bound kernels gain: in one that calls vector math (exp, tanh, ...),
         # the streaming stores stall the arithmetic (Softmax ran 15% slower with them here).
         if self._calls_vector_math():
             return False
-        total = sum(math.prod(b.value.shape) * b.value.dtype.itemsize for b in buffers)
-        if total < self.stream_min_bytes or any(dim.strides[id(b)] != 1 for b in buffers):
+        if any(dim.strides[id(b)] != 1 for b in buffers):
             return False
-        return not row or all(dim.size * b.value.dtype.itemsize <= STREAM_ROW_BYTES
-                              for b in buffers)
+        if row and (dyn.is_dynamic(dim.size) or any(
+                dim.size * b.value.dtype.itemsize > STREAM_ROW_BYTES for b in buffers)):
+            return False  # a row of run-time length is not put on the stack
+        sizes = [math.prod(b.value.shape) * b.value.dtype.itemsize for b in buffers]
+        if any(dyn.is_dynamic(s) for s in sizes):  # decided per call (generic_kernel.py)
+            self.stream_bytes = " + ".join(f"(int64_t)({s})" for s in sizes)
+            return True
+        return sum(sizes) >= self.stream_min_bytes
 
     def _calls_vector_math(self) -> bool:
         return any(get_op(node.op).vector_math for node in self.graph.nodes)
@@ -269,7 +276,7 @@ class _Emitter(ReductionEmitter):
         last, outer = kept[-1], kept[:-1]
         threads = dyn.runs_threaded(math.prod(self.sched.space), self.threshold)
         size = dims[last].size
-        block = min(STREAM_BLOCK, size)
+        block = dyn.block_size(STREAM_BLOCK, size)
         indent = self._open_region(threads, "  ")
         self._declare_blocks(outputs, "blk", block, indent)
         indent = self._open_loops(dims, outer, indent, None, threads, worksharing=True)
@@ -348,4 +355,5 @@ class _Emitter(ReductionEmitter):
         else:
             self._emit_reduction(dims, kept, reduced, outputs)
         self.lines.append("}")
-        return KernelSource(self.name, "\n".join(self.lines) + "\n", self.buffers)
+        return KernelSource(self.name, "\n".join(self.lines) + "\n", self.buffers,
+                            self.stream_bytes)

@@ -38,6 +38,9 @@ class KernelSource:
     name: str
     source: str
     buffers: list[Buffer]  # in argument order: inputs, constants, outputs
+    # A kernel over a dynamic space that streams its outputs: the C expression of the bytes
+    # streamed, which the shape-generic dispatcher compares with the threshold per call.
+    stream_bytes: str | None = None
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> list[int]:

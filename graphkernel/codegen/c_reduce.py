@@ -219,7 +219,12 @@ class ReductionEmitter:
         runs = _runs_per_block(size)
         flush = " ".join(f"gk_pairwise_push(&pw{self.local[r.uid]}, acc{self.local[r.uid]}); "
                          f"acc{self.local[r.uid]} = 0;" for r in blocked)
-        if runs > 1:
+        # A row of run-time length: its last block stays in the accumulator, so a row of one
+        # block (up to ROW_BLOCK) is summed as a static short row is, with no pairwise total.
+        one_block_rows = dyn.is_dynamic(size) and len(reduced) == 1
+        if one_block_rows:
+            self.lines.append(f"{indent}if (ke < {size}) {{ {flush} }}")
+        elif runs > 1:
             self.lines.append(f"{indent}if (++run{phase} == {runs}) {{ {flush} run{phase} = 0; }}")
         else:
             self.lines.append(f"{indent}{flush}")
@@ -230,8 +235,10 @@ class ReductionEmitter:
             self.lines.append(f"{indent}{flush}")  # the last, partial block
         for red in blocked:
             k = self.local[red.uid]
-            self.lines.append(f"{indent}acc{k} = ({T.C_COMPUTE[red.dtype]})"
-                              f"gk_pairwise_total(&pw{k});")
+            total = f"acc{k} = ({T.C_COMPUTE[red.dtype]})gk_pairwise_total(&pw{k});"
+            if one_block_rows:
+                total = f"if (pw{k}.count) {{ gk_pairwise_push(&pw{k}, acc{k}); {total} }}"
+            self.lines.append(f"{indent}{total}")
 
     # -- column reductions ------------------------------------------------------------------
     def _emit_column_reduction(self, dims: list[LoopDim], outputs: list[Buffer]) -> None:

@@ -1,6 +1,8 @@
 """A fused group's C, static or shape-generic (codegen/shape_args.py says how sizes are
-passed): a group over a dynamic iteration space is emitted twice, on OpenMP threads and on the
-calling thread, with a dispatcher that picks by this call's size."""
+passed): a group over a dynamic iteration space is emitted as variants (on OpenMP threads, on
+the calling thread, and, for a bandwidth-bound group, on threads with non-temporal stores) and
+a dispatcher that picks one by this call's size, the choices the static emitter makes from the
+sizes it knows."""
 from __future__ import annotations
 
 import math
@@ -14,20 +16,26 @@ from graphkernel.ir.types import symbols_of
 
 def emit_any_kernel(graph: Graph, name: str, sched: Schedule, threshold: int,
                     stream_min_bytes: int | None = None) -> KernelSource:
-    """`c_emitter.emit_kernel`, or for a dynamic iteration space: a threaded and a
-    single-thread variant and `name` choosing between them by this call's size."""
+    """`c_emitter.emit_kernel`, or for a dynamic iteration space: the variants and `name`
+    choosing between them by this call's size."""
     if not symbols_of(sched.space):
         return emit_kernel(graph, name, sched, threshold, stream_min_bytes)
-    # No non-temporal stores (stream_min_bytes None): their size test is static.
     threads = emit_kernel(graph, f"{name}_threads", sched, THREADS)
     one = emit_kernel(graph, f"{name}_one", sched, ONE_THREAD)
+    variants = [threads, one]
+    stream = None if stream_min_bytes is None else \
+        emit_kernel(graph, f"{name}_stream", sched, THREADS, stream_min_bytes)
     sizes = "\n".join(read_sizes(kernel_symbols(sched.space), len(threads.buffers)))
     work = math.prod(sched.space)
-    dispatch = [f"void {name}(void *const *args) {{", sizes,
-                f"  if ({work} >= {threshold}) {threads.name}(args); else {one.name}(args);",
-                "}"]
+    choose = f"  if ({work} >= {threshold}) {threads.name}(args); else {one.name}(args);"
+    if stream is not None and stream.stream_bytes is not None:
+        # Streaming stores pay only when the outputs will not be read back from the cache.
+        variants.append(stream)
+        choose = (f"  if ({stream.stream_bytes} >= {stream_min_bytes}) {stream.name}(args);\n"
+                  f"  else{choose[1:]}")
+    dispatch = [f"void {name}(void *const *args) {{", sizes, choose, "}"]
     # The variants are this file's own; only the dispatcher is looked up by name.
     header = "void {}(void *const *args) {{"
     source = "".join(v.source.replace(header.format(v.name), "static " + header.format(v.name) +
-                                      "\n" + sizes, 1) for v in (threads, one))
+                                      "\n" + sizes, 1) for v in variants)
     return KernelSource(name, source + "\n".join(dispatch) + "\n", threads.buffers)

@@ -99,7 +99,11 @@ class Flatten(Cell):
             raise ShapeError(f"Flatten: start_dim {self.start_dim} is after end_dim "
                              f"{self.end_dim} for shape {x.shape}")
         merged = math.prod(x.shape[start:end + 1])
-        return self.reshape(x, tuple(x.shape[:start]) + (merged,) + tuple(x.shape[end + 1:]))
+        target = tuple(x.shape[:start]) + (merged,) + tuple(x.shape[end + 1:])
+        dynamic = [i for i, d in enumerate(target) if not isinstance(d, (int, np.integer))]
+        if len(dynamic) == 1:  # a dynamic size (set_inputs): Reshape infers it from -1
+            target = target[:dynamic[0]] + (-1,) + target[dynamic[0] + 1:]
+        return self.reshape(x, target)
 
 
 class Dropout(Cell):
