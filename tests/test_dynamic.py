@@ -316,3 +316,27 @@ def test_a_dynamic_row_sums_as_the_static_kernel_does(length, rng):
     net.set_inputs(Tensor(shape=[None, None], dtype=graphkernel.float32))
     np.testing.assert_array_equal(net(Tensor(x)).asnumpy(), static)
     assert "float32[N,M]" in generic(net)[0].summary()
+
+
+def test_the_digits_cnn_with_a_dynamic_batch_matches_its_static_graphs(rng):
+    """Convolutions, folded BatchNorms, pools, Flatten and Dense over a batch symbol: one
+    generic graph for three batch sizes, equal to a static compile of each (library calls
+    through views need static strides: those layout ops run as numpy steps here)."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "cnn_digits.py"
+    spec = importlib.util.spec_from_file_location("example_cnn_digits_dynamic", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    net = module.DigitsCNN()
+    net.set_train(False)
+    options = graphkernel.graph_kernel.pipeline.CompileOptions(enable_graph_kernel=True)
+    x = rng.standard_normal((2, 1, 8, 8)).astype(np.float32)
+    exe = graphkernel.compile(net, x, types=[graphkernel.ir.types.TensorType(
+        (graphkernel.ir.types.SymSize.dim("N"), 1, 8, 8), np.dtype(np.float32))],
+        options=options)
+    assert "float32[N,10]" in exe.summary()
+    for batch in (1, 7, 33):
+        x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
+        static = graphkernel.compile(net, x, options=options).run_arrays(x)[0]
+        np.testing.assert_allclose(exe.run_arrays(x)[0], static, rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from graphkernel.graph_kernel.index_maps import MAPPABLE, IndexMap, _reshape, apply, dense
 from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.types import is_static
 
 LIBRARY_OPS = ("MatMul", "BatchMatMul")
 NOTE = "layout_folded"  # Node.notes key on a library node that reads or writes through views
@@ -115,7 +116,7 @@ def _operand_view(value: Value, users: dict[int, list[Node]], results: set[int],
             continue
         chain = [n for node in outer[start:] for n in layout_chain(node) or []]
         mapped = _map_through(chain, dense(source))
-        if mapped is None or 0 in source.shape:
+        if mapped is None or 0 in source.shape or not is_static(tuple(source.shape)):
             continue
         strides = _unit_axes(tuple(value.shape), mapped.strides)
         if _blas_layout(tuple(value.shape), strides, result=False):
@@ -171,8 +172,9 @@ def library_views(graph: Graph, marked_only: bool = True) -> dict[int, LibraryVi
     for node in graph.nodes:
         if node.op not in LIBRARY_OPS or node.subgraph is not None or \
                 (marked_only and NOTE not in node.notes) or \
-                any(v.dtype != node.dtype for v in node.inputs):  # numpy writes in place
-            continue
+                any(v.dtype != node.dtype for v in node.inputs) or \
+                not all(is_static(tuple(v.shape)) for v in [*node.inputs, node]):
+            continue  # numpy writes in place; views have static strides (not dynamic shapes)
         operands = {}
         for position, value in enumerate(node.inputs):
             view = _operand_view(value, users, results, taken)
