@@ -240,7 +240,9 @@ def test_a_dynamic_size_used_as_a_number_is_a_clear_error():
             return P.Reshape()(x, (x.shape[0], 4, 4))
     net = Fixed()
     net.set_inputs(Tensor(shape=[None, 16], dtype=graphkernel.float32))
-    with pytest.raises(ShapeError, match=r"(?s)dynamic size N has no value while tracing.*"
+    with pytest.raises(InputError, match=r"(?s)Reshape: shape must be a tuple of integers, "
+                                         r"got \(N, 4, 4\) \(N: a dynamic size has no value "
+                                         r"while tracing; give -1 for it\).*"
                                          r"line \d+, in construct"):
         net(Tensor(np.ones((2, 16), np.float32)))
 

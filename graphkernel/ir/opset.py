@@ -141,8 +141,12 @@ class OpDef:
                     isinstance(value, (tuple, list)) and
                     all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
                         for v in value)):
+                dynamic = [str(v) for v in value if isinstance(v, T.SymSize)] \
+                    if isinstance(value, (tuple, list)) else []
+                hint = (f" ({', '.join(dynamic)}: a dynamic size has no value while tracing; "
+                        "give -1 for it)") if dynamic else ""
                 raise InputError(f"{self.name}: {name} must be a tuple of integers, got "
-                                 f"{value!r}")
+                                 f"{value!r}{hint}")
 
 
 # MindSpore 2.x's functional names of the ops declared before `OpDef.functional` existed (new
