@@ -218,6 +218,13 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     """The executable for this cell, input signature and context (compiled on first use, and
     again when an attribute its `construct` read has changed: frontend/guards.py). Each shape a
     shape-generic graph served is a key of its own, so the per-call path is one lookup."""
+    try:  # the per-call path: Tensors holding arrays, a graph compiled for them, no guard moved
+        key = (context._generation, *[(a._array.shape, a._array.dtype) for a in inputs])
+        exe = cell._compiled.get(key)
+        if exe is not None and exe.guards.generation == guards.counter.value:
+            return exe
+    except AttributeError:  # arrays, numbers, symbolic or declared tensors: the full path
+        pass
     if static_inputs.has_static(inputs):  # numbers, tuples: constants and tuple inputs
         check_count(inputs, cell)
         names = input_names(cell, len(inputs))

@@ -32,6 +32,11 @@ _STATIC_GRAPH_HELP = (
     "run op by op with context.set_context(mode=context.PYNATIVE_MODE)")
 
 
+# Arrays of these dtypes (supported, native byte order, not bool: a bool array may hold bytes
+# other than 0 and 1) are held as they are.
+_TAKEN_AS_IS = frozenset(d for d in T.SUPPORTED_DTYPES if d.isnative and d != np.bool_)
+
+
 class Tensor:
     """An n-dimensional array, MindSpore style."""
 
@@ -44,6 +49,10 @@ class Tensor:
                  shape: Any = None) -> None:
         self._value: Value | None = None
         self._tracer: SymbolicGraph | None = None
+        if type(input_data) is np.ndarray and dtype is None and shape is None and \
+                input_data.dtype in _TAKEN_AS_IS:
+            self._array = input_data  # the per-call path, `net(Tensor(x))`: nothing to convert
+            return
         if input_data is None and shape is not None:
             self._array = None
             self._declared = (_declared_shape(shape), T.to_dtype(
