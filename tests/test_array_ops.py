@@ -5,25 +5,14 @@ import itertools
 
 import numpy as np
 import pytest
+from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, nn, ops
 from graphkernel.errors import DTypeError, InputError, ShapeError
-from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
-ON = CompileOptions(enable_graph_kernel=True)
-OFF = CompileOptions(enable_graph_kernel=False)
 DTYPES = ["float16", "float32", "float64", "int32", "int64", "bool"]
-
-
-class Fn(nn.Cell):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def construct(self, *xs):
-        return self.fn(*xs)
 
 
 def both(fn, *arrays):

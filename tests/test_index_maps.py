@@ -7,24 +7,11 @@ import pathlib
 
 import numpy as np
 import pytest
+from cells import OFF, ON, Fn
 
 import graphkernel
-from graphkernel import nn
 from graphkernel.graph_kernel.index_maps import IndexMap, _reshape
-from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
-
-ON = CompileOptions(enable_graph_kernel=True)
-OFF = CompileOptions(enable_graph_kernel=False)
-
-
-class Fn(nn.Cell):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def construct(self, *xs):
-        return self.fn(*xs)
 
 
 def fused(fn, *arrays):

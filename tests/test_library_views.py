@@ -4,27 +4,15 @@ nothing. Fused against unfused against numpy on odd shapes, launches counted, an
 must stay a step of their own (a reversed slice, a transposed result, a second reader)."""
 import numpy as np
 import pytest
+from cells import OFF, ON, Fn
 
 import graphkernel
-from graphkernel import nn
 from graphkernel.graph_kernel.library_views import NOTE
-from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.printer import print_graph
 from graphkernel.ops import operations as P
 
-ON = CompileOptions(enable_graph_kernel=True)
-OFF = CompileOptions(enable_graph_kernel=False)
 LAYOUT = {"Transpose", "Reshape", "Slice", "StridedSlice", "BroadcastTo", "ExpandDims",
           "Squeeze"}
-
-
-class Fn(nn.Cell):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def construct(self, *xs):
-        return self.fn(*xs)
 
 
 def check(fn, want, *arrays):

@@ -5,23 +5,10 @@ input's length); a Gather of data stays a library call. Fused against unfused ag
 odd shapes, kernels counted."""
 import numpy as np
 import pytest
+from cells import OFF, ON, Fn
 
 import graphkernel
-from graphkernel import nn
-from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
-
-ON = CompileOptions(enable_graph_kernel=True)
-OFF = CompileOptions(enable_graph_kernel=False)
-
-
-class Fn(nn.Cell):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def construct(self, *xs):
-        return self.fn(*xs)
 
 
 def check(fn, want, *arrays):
