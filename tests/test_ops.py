@@ -367,3 +367,17 @@ def test_integer_abs_wraps_at_the_minimum_like_numpy(dtype):
                                   options=CompileOptions(enable_graph_kernel=fusion))
         for got, expect in zip(exe.run_arrays(x), want):
             np.testing.assert_array_equal(got, expect)
+
+
+def test_float16_select_compiles_on_every_cpu():
+    """gcc 12 on an AVX512-FP16 CPU emitted a masked `vmovsh` for this select that binutils
+    2.40 rejects: the toolchain probe now finds that and builds without AVX512-FP16."""
+    class Net(nn.Cell):
+        def construct(self, a, b):
+            return P.Select()(P.Less()(a, b), a, 0.0)
+
+    for a, b in [(1.0, 2.0), (3.0, 2.0)]:
+        x, y = np.array(a, np.float16), np.array(b, np.float16)
+        for options in (ON, OFF):
+            out = graphkernel.compile(Net(), x, y, options=options).run_arrays(x, y)[0]
+            assert out.dtype == np.float16 and out == np.where(x < y, x, np.float16(0))

@@ -37,6 +37,10 @@ class Toolchain:
     avx512: bool = False
     # The folder holding LLVM's libomp.so when kernels link to it; "" for GCC's libgomp.
     openmp_lib: str = ""
+    # gcc 12 on an AVX512-FP16 CPU emits masked `vmovsh` moves for float16 selects that
+    # binutils 2.40 rejects ("unsupported masking"): such a toolchain builds without
+    # AVX512-FP16 (float16 math is done in float32 anyway).
+    no_avx512fp16: bool = False
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -48,7 +52,8 @@ class Toolchain:
         # into vector blends; results stay IEEE-exact (it is not -ffast-math).
         # -ffp-contract=off: no fused multiply-adds, so each op rounds as in numpy (and as with
         # fusion off); gcc's GNU C default contracts x * y + z into one fma.
-        return ("-O3", "-march=native", *wide, "-fPIC", "-shared", "-std=gnu11",
+        fp16 = ("-mno-avx512fp16",) if self.no_avx512fp16 else ()
+        return ("-O3", "-march=native", *wide, *fp16, "-fPIC", "-shared", "-std=gnu11",
                 "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv", omp)
 
     @property
@@ -162,8 +167,17 @@ _OMP_PROBE = """void f(float *x, long n) {
 }
 """
 
+# A float16 select as kernels write it (a masked scalar move on AVX512-FP16).
+_FP16_PROBE = """void f(void **argv) {
+  const _Float16 *a = argv[0], *b = argv[1];
+  _Float16 *out = argv[2];
+  out[0] = a[0] < b[0] ? a[0] : (_Float16)0.0f;
+}
+"""
+_FP16_FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-ffp-contract=off"]
+
 # Bump when the probe or the Toolchain fields change, so saved probes are redone.
-_PROBE_VERSION = 5
+_PROBE_VERSION = 6
 
 
 def find_compiler() -> str | None:
@@ -273,8 +287,13 @@ def _probe(compiler: str, libomp: str | None) -> Toolchain:
                                      "<numpy/arrayobject.h>\n",
                                      [f"-I{d}" for d in includes]):
         includes = ()
-    avx512 = "avx512f" in cpu_signature().split()
-    return Toolchain(compiler, version, openmp, libmvec, includes, avx512, openmp_lib)
+    cpu = cpu_signature().split()
+    avx512 = "avx512f" in cpu
+    no_fp16 = ("avx512_fp16" in cpu or "avx512fp16" in cpu) and \
+        not _try_compile(compiler, _FP16_PROBE, _FP16_FLAGS) and \
+        _try_compile(compiler, _FP16_PROBE, [*_FP16_FLAGS, "-mno-avx512fp16"])
+    return Toolchain(compiler, version, openmp, libmvec, includes, avx512, openmp_lib,
+                     no_fp16)
 
 
 _guarded_fork = False
