@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 GK = "gk_fused"
-OURS = {"gk_fused", "gk_unfused"}
+OURS = {"gk_fused", "gk_unfused", "gk_generic"}  # graphkernel itself, never a peer
 
 
 def _median(w: dict[str, Any], system: str, mode: str = "fresh") -> float | None:
@@ -91,6 +91,15 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
             rows.append(("6. training step: fusion launches fewer kernels", w["key"],
                          None if not known else counts["gk_fused"] < counts["gk_unfused"],
                          f"{counts['gk_fused']} kernels fused, {counts['gk_unfused']} unfused"))
+    for w in workloads:
+        # Shape-generic kernels (sizes passed at run time) against the static ones, same run.
+        if w["kind"] in ("basic", "composite", "layernorm", "softmax"):
+            static, generic = _median(w, GK), _median(w, "gk_generic")
+            known = static is not None and generic is not None
+            rows.append(("7. shape-generic <= 1.1x static", w["key"],
+                         None if not known else generic <= 1.1 * static,
+                         "-" if not known else f"generic {_fmt(generic)}, static {_fmt(static)} "
+                         f"(ratio {generic / static:.2f})"))
     compiles = results.get("compile_times", {}).get("workloads", {})
     by_key = {w["key"]: w for w in workloads}
     for key, per_system in compiles.items():
