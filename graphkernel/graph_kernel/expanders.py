@@ -16,10 +16,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from graphkernel.ir import types as T
-from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.build import GraphBuilder
+from graphkernel.ir.graph import Graph, Input, Node, Value
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TupleType
 
@@ -40,26 +39,14 @@ def expander(op_name: str, float16_in_float32: bool = False
     return register
 
 
-class Builder:
-    """Appends basic-op nodes to a graph; Python numbers become scalar constants of the dtype of
-    the first tensor operand (weak typing)."""
+class Builder(GraphBuilder):
+    """Appends basic-op nodes to an expansion's graph, at the expanded node's line of
+    `construct`; Python numbers become scalar constants of the dtype of the first tensor operand
+    (weak typing)."""
 
     def __init__(self, graph: Graph, source: Node) -> None:
-        self.graph = graph
+        super().__init__(graph, source.loc)
         self.source = source
-
-    def const(self, value: float, like: Value) -> Constant:
-        return Constant(np.asarray(value, dtype=like.dtype), "const")
-
-    def __call__(self, op: str, *operands: Value | float, **attrs: Any) -> Value:
-        like = next(v for v in operands if isinstance(v, Value))
-        values = [v if isinstance(v, Value) else self.const(v, like) for v in operands]
-        opdef = get_op(op)
-        full = {**opdef.attr_defaults, **attrs}
-        type_ = opdef.infer(tuple(v.tensor_type for v in values), full)
-        node = Node(op, values, attrs, type_, op, self.source.loc)
-        self.graph.nodes.append(node)
-        return node
 
 
 def expand_node(node: Node) -> Node:
