@@ -14,7 +14,7 @@ import pytest
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
-from graphkernel.errors import FormatError, InputError
+from graphkernel.errors import FormatError, InputError, UnsupportedError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.graph import Constant, Graph, Input, Node
@@ -312,3 +312,19 @@ def test_export_refuses_other_formats_and_foreign_files(tmp_path, rng):
     assert mine.read_text() == "my notes"
     first = graphkernel.export(mlp(), x, file_name=str(tmp_path / "n"))
     assert graphkernel.export(mlp(), x, file_name=first) == first  # an export is replaced
+
+
+def test_a_graph_with_symbolic_dimensions_is_refused_clearly(tmp_path):
+    class Net(nn.Cell):
+        def construct(self, x):
+            return P.Softmax()(x * 2.0)
+
+    net = Net()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    x = np.ones((5, 64), np.float32)
+    with pytest.raises(UnsupportedError, match=r"symbolic dimensions \(x float32\[N, ?64\]"):
+        graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "net"))
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    path = graphkernel.export(Net(), Tensor(x), file_name=str(tmp_path / "static"))
+    np.testing.assert_allclose(nn.GraphCell(graphkernel.load(path))(Tensor(x)).asnumpy(),
+                               Net()(Tensor(x)).asnumpy())

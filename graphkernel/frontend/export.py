@@ -34,7 +34,7 @@ import numpy as np
 from graphkernel._version import __version__
 from graphkernel.codegen import cache
 from graphkernel.codegen.library import library_key
-from graphkernel.errors import FormatError, GraphKernelError, InputError
+from graphkernel.errors import FormatError, GraphKernelError, InputError, UnsupportedError
 from graphkernel.frontend.compile import _check_memory, compile, options_from_context
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
 from graphkernel.frontend.signature import CellLike
@@ -115,6 +115,14 @@ def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
                    include_library: bool = True) -> str:
     """Write an already compiled graph (see `export`)."""
     graph = compiled.graph
+    symbolic = [f"{i.name} {i.type}" for i in graph.inputs
+                if isinstance(i.type, TensorType) and
+                not all(isinstance(d, int) for d in i.type.shape)]
+    if symbolic:  # the format stores sizes as numbers; size symbols are not written yet
+        raise UnsupportedError(
+            f"export writes graphs of static shapes, and {compiled.name} has symbolic "
+            f"dimensions ({', '.join(symbolic)}, from Cell.set_inputs): export a cell without "
+            "set_inputs, compiled for the input shapes it will run on")
     data, arrays = graph_to_data(graph)
     weights = [i for i in graph.inputs if i.kind == "weight"]
     for i, param in enumerate(compiled.params):  # the plan's weight order is the graph's
