@@ -22,7 +22,7 @@ import numpy as np
 from graphkernel.errors import InputError
 from graphkernel.frontend.location import user_location
 from graphkernel.ir import types as T
-from graphkernel.ir.types import SymSize, TensorType
+from graphkernel.ir.types import SymSize, TensorType, shape_fits
 
 SYMBOL_NAMES = ("N", "M", "K", "L", "P", "Q", "R", "S")
 
@@ -119,13 +119,5 @@ def automatic_types(history: list[tuple[tuple[int, ...], ...]], inputs: Sequence
 def matches(types: Sequence[TensorType], inputs: Sequence[Any]) -> bool:
     """Whether a call's arrays fit these (possibly symbolic) types."""
     sizes: dict[str, int] = {}
-    for t, a in zip(types, inputs):
-        if np.dtype(a.dtype) != t.dtype or len(a.shape) != len(t.shape):
-            return False
-        for want, have in zip(t.shape, a.shape):
-            if isinstance(want, SymSize):
-                if sizes.setdefault(want.names[0], have) != have:
-                    return False
-            elif want != have:
-                return False
-    return True
+    return all(np.dtype(a.dtype) == t.dtype and shape_fits(tuple(a.shape), t.shape, sizes)
+               for t, a in zip(types, inputs))

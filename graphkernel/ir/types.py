@@ -253,3 +253,18 @@ def normalize_axes(axis: int | tuple[int, ...] | list[int] | None, rank: int) ->
     if len(set(out)) != len(out):
         raise ShapeError(f"axis {axis!r} repeats an axis")
     return tuple(sorted(out))
+
+
+def shape_fits(shape: tuple[int, ...], expected: tuple[int | SymSize, ...],
+               sizes: dict[str, int]) -> bool:
+    """Whether an array's shape is the expected one: static dims equal, each dynamic size the
+    same wherever it appears (bound in `sizes` by its first appearance)."""
+    if len(shape) != len(expected):
+        return False
+    for have, want in zip(shape, expected):
+        if isinstance(want, SymSize):
+            if sizes.setdefault(want.names[0], have) != have:
+                return False
+        elif have != want:
+            return False
+    return True

@@ -11,7 +11,7 @@ import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.errors import InputError
-from graphkernel.ir.types import SymSize
+from graphkernel.ir.types import shape_fits
 from graphkernel.runtime.plan import ExecutionPlan
 from graphkernel.runtime.runner import Runner
 
@@ -84,7 +84,7 @@ class Executable:
                 array = array.astype(expected.dtype)  # byte-swapped: the kernels read native
             if array.dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
                 array = array.view(np.uint8) != 0  # bytes other than 0/1: numpy's truth value
-            if not _fits(array.shape, expected.shape, sizes) or array.dtype != expected.dtype:
+            if not shape_fits(array.shape, expected.shape, sizes) or array.dtype != expected.dtype:
                 raise InputError(
                     f"{plan.name} input {name!r} is {array.dtype.name}{list(array.shape)} but "
                     f"this executable was compiled for {expected.dtype.name}"
@@ -109,17 +109,3 @@ class Executable:
                 repeats: int = 20) -> list[float]:
         """Median seconds each kernel takes within one call (steps timed one by one)."""
         return self.runner.profile(self.check_inputs(arrays), weights, repeats)
-
-
-def _fits(shape: tuple[int, ...], expected: tuple[Any, ...], sizes: dict[str, int]) -> bool:
-    """Whether an array's shape is the expected one: static dims equal, each dynamic size the
-    same wherever it appears (bound in `sizes` by its first appearance)."""
-    if len(shape) != len(expected):
-        return False
-    for have, want in zip(shape, expected):
-        if isinstance(want, SymSize):
-            if sizes.setdefault(want.names[0], have) != have:
-                return False
-        elif have != want:
-            return False
-    return True
