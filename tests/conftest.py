@@ -58,3 +58,11 @@ def rng():
 def user_cache_dir() -> str:
     """The kernel cache folder the user's own runs use (which the suite must leave alone)."""
     return _USER_CACHE
+
+
+@pytest.fixture
+def cache_folder(tmp_path, monkeypatch) -> str:
+    """A kernel cache of the test's own (GRAPHKERNEL_CACHE_DIR)."""
+    folder = str(tmp_path / "kernels")
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", folder)
+    return folder
