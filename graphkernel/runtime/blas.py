@@ -20,6 +20,9 @@ _state: dict[str, Any] = {}
 
 def _controllers() -> list[Any]:
     """The BLAS libraries loaded in this process (found once, after numpy loaded its own)."""
+    found = _state.get("blas")
+    if found is not None:  # every small product asks: no lock once found
+        return found
     with _lock:
         if "blas" not in _state:
             from threadpoolctl import ThreadpoolController
