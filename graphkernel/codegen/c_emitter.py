@@ -204,6 +204,22 @@ class _Emitter(ReductionEmitter):
             stack.extend(v.uid for v in node.inputs)
         return [n for n in self.graph.nodes if n.uid in needed]
 
+    def _invariant(self, nodes: list[Node], dims: list[LoopDim], dim: int) -> list[Node]:
+        """The nodes (in order) whose value does not change along loop `dim`: each input a
+        scalar, a buffer read with stride 0 along it, or such a node."""
+        fixed: set[int] = set()
+        for node in nodes:
+            if all(self._fixed_along(v, dims[dim], fixed) for v in node.inputs):
+                fixed.add(node.uid)
+        return [n for n in nodes if n.uid in fixed]
+
+    def _fixed_along(self, value: Value, dim: LoopDim, fixed: set[int]) -> bool:
+        if isinstance(value, Constant) and value.is_scalar or value.uid in fixed:
+            return True
+        buf = self.buffer_of.get(value.uid)
+        return buf is not None and value.uid not in self.concat_loads and not buf.modulo and \
+            dim.strides.get(id(buf)) == 0
+
     def _store(self, buf: Buffer, dims: list[LoopDim], inner: bool, indent: str,
                into: str | None = None) -> None:
         """Store an output's value at its offset, or at `into` (a block or row buffer)."""
@@ -345,8 +361,15 @@ class _Emitter(ReductionEmitter):
                                                                    row=False):
             self._emit_pointwise_streaming(dims, kept, outputs)
         elif not self.sched.is_reduction:
-            indent = self._open_loops(dims, kept, "  ", "" if kept else None, parallel=True)
-            self._compute(self._inner_closure([b.value for b in outputs]), dims, True, indent)
+            nodes = self._inner_closure([b.value for b in outputs])
+            # Values the innermost loop does not change (a per-channel scale over H*W) are
+            # computed once outside it: gcc does not hoist them out of an `omp simd` loop.
+            hoisted = self._invariant(nodes, dims, kept[-1]) if len(kept) > 1 else []
+            indent = self._open_loops(dims, kept[:-1], "  ", None, parallel=True)
+            self._compute(hoisted, dims, True, indent)
+            indent = self._open_loops(dims, kept[-1:], indent, "" if kept else None,
+                                      parallel=len(kept) == 1)
+            self._compute([n for n in nodes if n not in hoisted], dims, True, indent)
             for buf in outputs:
                 self._store(buf, dims, True, indent)
             self._close_loops(len(kept), indent)

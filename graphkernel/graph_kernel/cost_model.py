@@ -30,6 +30,9 @@ class CostModel:
     # save on a small product (a training step of a 32x64x256 MLP: 56 ms with numpy's default
     # OpenBLAS threads on a loaded 2-core machine, 1.4 ms on one). None: BLAS decides always.
     blas_parallel_min_mnk: int | None = 1 << 22
+    # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
+    # on OpenMP threads (codegen/c_window.py): ~20 us of one thread's work, well above a fork.
+    window_parallel_min_macs: int = 1 << 20
 
     def decline(self, nodes: list[Node], inputs: list[Value], sched: Schedule) -> str | None:
         """A reason not to fuse, or None when fusing pays."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from graphkernel.codegen import toolchain
 from graphkernel.codegen.c_text import c_identifier
+from graphkernel.codegen.c_window import emit_window_kernel, window_kernel
 from graphkernel.codegen.generic_kernel import emit_any_kernel
 from graphkernel.codegen.library import build_library
 from graphkernel.codegen.shape_args import kernel_symbols
@@ -133,6 +134,19 @@ def _flat(nodes: tuple[Node, ...]) -> list[Node]:
             for n in (node.subgraph.nodes if node.subgraph is not None else [node])]
 
 
+def _unique(cname: str, used: set[str]) -> str:
+    while cname in used:
+        cname += "_"
+    used.add(cname)
+    return cname
+
+
+def _bytes_moved(node: Node) -> int:
+    return bytes_of(tuple(v.tensor_type for v in node.inputs
+                          if not (isinstance(v, Constant) and v.is_scalar))) + \
+        bytes_of(output_types(node))
+
+
 def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                ) -> tuple[ExecutionPlan, list[str]]:
     """The plan of `graph`; composites that can be one loop nest get their C source here, and
@@ -159,6 +173,15 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         reads = tuple(b.read(v) for v in node.inputs)
         writes = b.write(node)
         sub, sched = node.subgraph, node.schedule  # planned once, by the last backend stage
+        if sub is None and compiler and window_kernel(node) is None:
+            # A convolution or a pool: its own generated C (codegen/c_window.py).
+            cname = _unique(c_identifier(node.name), used_names)
+            source = emit_window_kernel(node, cname, cost.window_parallel_min_macs)
+            b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
+                                output_types(node), kernel=source, pooled=True,
+                                sizes=kernel_symbols(tuple(node.inputs[0].shape)),
+                                bytes_moved=_bytes_moved(node)))
+            continue
         if sub is None:
             group = single_op_group(node) if compiler and runs_as_kernel(node) else None
             if group is None:
@@ -166,9 +189,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                 continue
             sub, sched = group  # one op, one generated kernel (graph_kernel/single_op.py)
         types = output_types(node)
-        moved = bytes_of(tuple(v.tensor_type for v in node.inputs
-                               if not (isinstance(v, Constant) and v.is_scalar))) + \
-            bytes_of(types)
+        moved = _bytes_moved(node)
         op_names = (node.op,) if node.subgraph is None else _flat_op_names(sub)
         common = dict(name=node.name, op_names=op_names, writes=writes,
                       out_types=types, bytes_moved=moved)
@@ -180,10 +201,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
             b.steps.append(Step(StepKind.INTERPRETED, reads=reads, subgraph=sub, aliases=True,
                                 note=reason, **common))  # type: ignore[arg-type]
             continue
-        cname = c_identifier(node.name)
-        while cname in used_names:
-            cname += "_"
-        used_names.add(cname)
+        cname = _unique(c_identifier(node.name), used_names)
         source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
                                  cost.stream_min_bytes)
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.

@@ -1,0 +1,199 @@
+"""Convolutions and pools as generated C (codegen/c_window.py): random geometries (odd sizes,
+strides, dilation, every pad mode, groups, more channels than one vector holds, pixel counts
+that leave a short block) against the ops' numpy references, fusion on and off; NaN and
+infinities; float16 rounding once; a dynamic batch; the plan runs each as one native kernel.
+Also: a per-channel epilogue computes its per-channel values outside the vector loop."""
+import numpy as np
+import pytest
+from cells import OFF, ON, Fn
+
+import graphkernel
+from graphkernel import Tensor, context, nn
+from graphkernel.ir.opset import get_op
+from graphkernel.ops import operations as P
+
+
+def compiled(fn, *arrays, options=ON):
+    return graphkernel.compile(Fn(fn), *arrays, options=options)
+
+
+def reference(op, *arrays, **attrs):
+    opdef = get_op(op)
+    return opdef.reference(*arrays, **{**opdef.attr_defaults, **attrs})
+
+
+def native_ops(exe):
+    return [tuple(k.op_names) for k in exe.kernels if k.backend == "native"]
+
+
+def random_conv(rng):
+    """A random valid Conv2D geometry: (x shape, weight shape, attrs)."""
+    while True:
+        group = int(rng.choice([1, 1, 2, 3]))
+        c = group * int(rng.integers(1, 6))
+        o = group * int(rng.integers(1, 12))
+        kernel = (int(rng.integers(1, 5)), int(rng.integers(1, 5)))
+        stride = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        dilation = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+        mode = str(rng.choice(["valid", "same", "pad"]))
+        pad = tuple(int(p) for p in rng.integers(0, 3, 4)) if mode == "pad" else 0
+        h, w = int(rng.integers(1, 14)), int(rng.integers(1, 14))
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation)]
+        padded = (h + (sum(pad[:2]) if mode == "pad" else 0),
+                  w + (sum(pad[2:]) if mode == "pad" else 0))
+        if mode != "same" and (padded[0] < span[0] or padded[1] < span[1]):
+            continue
+        attrs = dict(out_channel=o, kernel_size=kernel, pad_mode=mode, pad=pad,
+                     stride=stride, dilation=dilation, group=group)
+        n = int(rng.integers(1, 4))
+        return (n, c, h, w), (o, c // group) + kernel, attrs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_random_convolutions_match_the_reference(dtype, rng):
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    for _ in range(12):
+        xs, ws, attrs = random_conv(rng)
+        x = rng.standard_normal(xs).astype(dtype)
+        w = rng.standard_normal(ws).astype(dtype)
+        conv = P.Conv2D(**attrs)
+        want = reference("Conv2D", x, w, **attrs)
+        outs = []
+        for options in (ON, OFF):
+            exe = compiled(lambda a, b, f=conv: f(a, b), x, w, options=options)
+            assert native_ops(exe) == [("Conv2D",)], (attrs, exe.kernels)
+            outs.append(exe.run_arrays(x, w)[0])
+            scale = max(1.0, float(np.abs(want).max()))
+            np.testing.assert_allclose(outs[-1], want, rtol=tol, atol=tol * scale,
+                                       err_msg=str((xs, ws, attrs)))
+        np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_wide_convolution_blocks_channels_and_pixels(rng):
+    """More output channels than a vector holds, pixels that leave a short last block."""
+    x = rng.standard_normal((3, 20, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((37, 20, 3, 3)).astype(np.float32)
+    conv = P.Conv2D(37, 3, pad_mode="same")
+    exe = compiled(lambda a, b: conv(a, b), x, w)
+    want = reference("Conv2D", x.astype(np.float64), w.astype(np.float64),
+                                      out_channel=37, kernel_size=3, pad_mode="same")
+    np.testing.assert_allclose(exe.run_arrays(x, w)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_convolution_propagates_nan_and_infinity(rng):
+    x = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    x[0, 1, 2, 2] = np.nan
+    x[1, 0, 0, 0] = np.inf
+    conv = P.Conv2D(3, 3, pad_mode="same")
+    out = compiled(lambda a, b: conv(a, b), x, w).run_arrays(x, w)[0]
+    want = reference("Conv2D", x, w, out_channel=3, kernel_size=3, pad_mode="same")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(np.isposinf(out), np.isposinf(want))
+    np.testing.assert_allclose(out[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_float16_convolution_and_pools_round_once(rng):
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float16)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float16)
+    conv = P.Conv2D(5, 3, pad_mode="same")
+    exe = compiled(lambda a, b: conv(a, b), x, w)
+    assert native_ops(exe) == [("Conv2D",)]
+    out = exe.run_arrays(x, w)[0]
+    assert out.dtype == np.float16
+    wide = reference("Conv2D", x.astype(np.float32), w.astype(np.float32),
+                                      out_channel=5, kernel_size=3, pad_mode="same")
+    # One rounding of a float32 sum: within one float16 unit of the wide result.
+    np.testing.assert_allclose(out.astype(np.float32), wide, rtol=1e-3, atol=2e-3)
+    for prim in (P.MaxPool(3, 2, pad_mode="same"), P.AvgPool(3, 2, pad_mode="same")):
+        exe = compiled(lambda a, p=prim: p(a), x)
+        assert native_ops(exe) == [(type(prim).__name__,)]
+        ref = reference(type(prim).__name__, x, kernel_size=3, strides=2,
+                                                    pad_mode="same")
+        np.testing.assert_array_equal(exe.run_arrays(x)[0], ref)
+
+
+@pytest.mark.parametrize("kind", ["MaxPool", "AvgPool"])
+def test_random_pools_match_the_reference_with_nan_and_infinity(kind, rng):
+    for _ in range(10):
+        kernel = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        stride = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        mode = str(rng.choice(["valid", "same"]))
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 5)),
+                 int(rng.integers(kernel[0], 11)), int(rng.integers(kernel[1], 11)))
+        x = rng.standard_normal(shape).astype(np.float32)
+        flat = x.reshape(-1)
+        picks = rng.integers(0, flat.size, 3)
+        flat[picks[0]], flat[picks[1]], flat[picks[2]] = np.nan, np.inf, -np.inf
+        attrs = dict(kernel_size=kernel, strides=stride, pad_mode=mode)
+        prim = getattr(P, kind)(**attrs)
+        exe = compiled(lambda a, f=prim: f(a), x)
+        assert native_ops(exe) == [(kind,)]
+        out = exe.run_arrays(x)[0]
+        want = reference(kind, x, **attrs)
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6,
+                                   err_msg=str((shape, attrs)))
+        off = compiled(lambda a, f=prim: f(a), x, options=OFF).run_arrays(x)[0]
+        np.testing.assert_array_equal(out, off)
+
+
+class ConvPool(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, pad_mode="same", has_bias=True)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(kernel_size=2, stride=2)
+
+    def construct(self, x):
+        return self.pool(self.relu(self.bn(self.conv(x))))
+
+
+def conv_pool_reference(net, x):
+    """The ConvPool net in numpy (the ops' references), from its parameters."""
+    p = {k: v.asnumpy() for k, v in net.parameters_dict().items()}
+    y = reference("Conv2D", x, p["conv.weight"], out_channel=8, kernel_size=3,
+                                   pad_mode="same") + p["conv.bias"].reshape(-1, 1, 1)
+    y = (y - p["bn.moving_mean"].reshape(-1, 1, 1)) / np.sqrt(
+        p["bn.moving_variance"].reshape(-1, 1, 1) + 1e-5) * p["bn.gamma"].reshape(-1, 1, 1) + \
+        p["bn.beta"].reshape(-1, 1, 1)
+    return reference("MaxPool", np.maximum(y, 0), kernel_size=2, strides=2)
+
+
+def test_a_dynamic_batch_passes_its_size_to_the_kernels(rng):
+    context.set_context(enable_graph_kernel=True)
+    net = ConvPool()
+    net.bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, 8).astype(np.float32)))
+    net.bn.moving_mean.set_data(Tensor(rng.standard_normal(8).astype(np.float32)))
+    net.set_inputs(Tensor(shape=[None, 3, 6, 6], dtype=graphkernel.float32))
+    for b in (1, 5, 3):
+        x = rng.standard_normal((b, 3, 6, 6)).astype(np.float32)
+        out = net(Tensor(x)).asnumpy()
+        assert out.shape == (b, 8, 3, 3)
+        np.testing.assert_allclose(out, conv_pool_reference(net, x), rtol=1e-5, atol=1e-5)
+    (generic,) = {id(v): v for v in net._compiled.values()}.values()
+    windows = [k for k in generic.kernels
+               if tuple(k.op_names) in (("Conv2DFoldedBN",), ("MaxPool",))]
+    assert [k.backend for k in windows] == ["native", "native"]
+    assert all("const int64_t N = " in k.source for k in windows)
+
+
+def test_folded_convolution_is_one_native_kernel_and_its_epilogue_hoists_the_scale(rng):
+    net = ConvPool()
+    net.bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, 8).astype(np.float32)))
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    exe = graphkernel.compile(net, x, options=ON)
+    names = [tuple(k.op_names) for k in exe.kernels]
+    assert names[0] == ("Conv2DFoldedBN",) and names[-1] == ("MaxPool",)
+    assert all(k.backend == "native" for k in exe.kernels)
+    assert len(exe.kernels) == 3  # conv, the per-channel shift + ReLU, pool
+    epilogue = exe.kernels[1].source
+    # The per-channel shift (it reads the BatchNorm's parameters) is computed once per channel,
+    # before the vector loop over the pixels.
+    body = epilogue[epilogue.index("#pragma omp simd"):]
+    assert "sqrtf" not in body and "sqrtf" in epilogue
+    want = conv_pool_reference(net, x)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-5, atol=1e-5)
+    off = graphkernel.compile(net, x, options=OFF)
+    np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=1e-5, atol=1e-5)
