@@ -52,6 +52,9 @@ class _Emitter(ReductionEmitter):
         # C names number nodes by position, not by their process-wide uid: the same kernel then
         # has the same source (and compilation cache key) in every graph and process.
         self.local = {node.uid: i for i, node in enumerate(graph.nodes)}
+        # Loop index -> the C name a load uses for it, where not `i<k>` (a pipelined row
+        # reduction reads the next row's elements at `rn`: codegen/c_reduce.py).
+        self.index_names: dict[int, str] = {}
 
     # -- buffers and loops ---------------------------------------------------------------
     def _collect_buffers(self) -> None:
@@ -116,9 +119,9 @@ class _Emitter(ReductionEmitter):
             if dim.reduced and not upto_reduced:
                 continue
             stride = dim.strides[id(buf)]
-            index = f"i{i}"
+            index = self.index_names.get(i, f"i{i}")
             if buf.modulo and dim.axis in buf.modulo:  # a Tile's repeated axis
-                index = f"(i{i} % {buf.modulo[dim.axis]})"
+                index = f"({index} % {buf.modulo[dim.axis]})"
             if stride:
                 terms.append(index if stride == 1 else f"{index} * {stride}")
         return " + ".join(terms + [str(buf.offset)] * bool(buf.offset)) or "0"
@@ -141,7 +144,8 @@ class _Emitter(ReductionEmitter):
         Concat's axis (a chain of conditionals; only the chosen piece is read)."""
         axis, _ = self.sched.concats[value.uid]
         pieces = self.concat_loads[value.uid]
-        at = next((f"i{i}" for i, d in enumerate(dims) if d.axis == axis), "0")
+        at = next((self.index_names.get(i, f"i{i}") for i, d in enumerate(dims)
+                   if d.axis == axis), "0")
         cast = "(float)" if value.dtype == T.float16 else ""
         loads = [f"{cast}{buf.name}[{self._offset(buf, dims, inner)}]" for buf, _ in pieces]
         expr = loads[-1]

@@ -31,6 +31,9 @@ COLUMN_RUN = 64
 ROW_BLOCK = 1024
 # The longest row a reduction keeps its stash in on the stack (see _choose_stash).
 STASH_ROW_BYTES = 64 << 10
+# Rows per chunk of a pipelined row reduction (see _pipelines): each chunk's first row has its
+# first pass on its own, the others have it overlapped with the row before.
+PIPELINE_ROWS = 32
 
 
 class ReductionEmitter:
@@ -42,6 +45,8 @@ class ReductionEmitter:
     var: dict[int, str]
     local: dict[int, int]
     threshold: int
+    index_names: dict[int, str]
+    _pipelined_row: int
 
     def _choose_stash(self, outputs: list[Buffer]) -> tuple[Node, Buffer | None] | None:
         """A value the last reduction pass computes and the epilogue needs again (Softmax's
@@ -79,13 +84,17 @@ class ReductionEmitter:
         # Rows are built in stack buffers (the stash too) and streamed out once finished.
         stream = len(reduced) == 1 and self._streams(inner_outputs, dims[reduced[0]], row=True)
         threads = bool(kept) and dyn.runs_threaded(math.prod(self.sched.space), self.threshold)
+        pipelined = self._pipelines(kept, reduced)
         indent = "  "
         if stream:
             indent = self._open_region(threads, indent)
-            indent = self._open_loops(dims, kept, indent, None, parallel=True, worksharing=True)
-            self._declare_blocks(inner_outputs, "row", dims[reduced[0]].size, indent)
+        if pipelined:
+            indent = self._open_pipelined_rows(dims, kept[0], reduced, indent, threads, stream)
         else:
-            indent = self._open_loops(dims, kept, indent, None, parallel=True)
+            indent = self._open_loops(dims, kept, indent, None, parallel=True,
+                                      worksharing=stream)
+        if stream:
+            self._declare_blocks(inner_outputs, "row", dims[reduced[0]].size, indent)
 
         if stash is not None and stash[1] is None:
             self.lines.append(f"{indent}{T.C_COMPUTE[stash[0].dtype]} srow"
@@ -100,7 +109,16 @@ class ReductionEmitter:
                        get_op(n.op).kind != PatternKind.REDUCE]
         self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == 0], dims,
                       False, indent)
+        last_phase = len(self.sched.phases)
         for phase, reductions in enumerate(self.sched.phases, start=1):
+            if pipelined and phase == 1:  # summed while the row before was in its last pass
+                for red in reductions:
+                    k = self.local[red.uid]
+                    self.lines.append(f"{indent}{T.C_COMPUTE[red.dtype]} acc{k} = nacc{k};")
+                    if self._tracks_nan(red):
+                        self.lines.append(f"{indent}int nan{k} = nnan{k};")
+                self._finish_phase(reductions, dims, indent, outer_nodes, phase)
+                continue
             clauses = []
             for red in reductions:
                 acc = f"acc{self.local[red.uid]}"
@@ -111,6 +129,8 @@ class ReductionEmitter:
                 if self._tracks_nan(red):
                     self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
                     clauses.append(f" reduction(|:nan{self.local[red.uid]})")
+            if pipelined and phase == last_phase:
+                clauses += self._next_row_start(indent)
             blocked = self._blocked_row_sums(dims, reduced, reductions)
             for red in blocked:
                 self.lines.append(f"{indent}gk_pairwise pw{self.local[red.uid]};")
@@ -136,16 +156,10 @@ class ReductionEmitter:
                 if self._tracks_nan(red):
                     self.lines.append(f"{inner_indent}nan{self.local[red.uid]} |= ({v} != {v});")
             self.var = saved
+            if pipelined and phase == last_phase:
+                self._next_row_body(dims, inner_indent)
             self._close_row_pass(dims, reduced, inner_indent, blocked, phase)
-            for red in reductions:
-                acc = f"acc{self.local[red.uid]}"
-                if self._tracks_nan(red):
-                    self.lines.append(f"{indent}if (nan{self.local[red.uid]}) {acc} = NAN;")
-                if red.dtype == T.float16:
-                    self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")
-                self.var[red.uid] = acc
-            self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase],
-                          dims, False, indent)
+            self._finish_phase(reductions, dims, indent, outer_nodes, phase)
         if inner_outputs:
             inner_indent = self._open_loops(dims, reduced, indent, "", False)
             saved = dict(self.var)
@@ -170,9 +184,114 @@ class ReductionEmitter:
         for buf in outputs:
             if self.sched.is_outer(buf.value):
                 self._store(buf, dims, False, indent)
-        indent = self._close_loops(len(kept), indent)
+        indent = self._close_loops(2 if pipelined else len(kept), indent)
         if stream:
             self._close_region(threads, indent)
+
+    def _finish_phase(self, reductions: list[Node], dims: list[LoopDim], indent: str,
+                      outer_nodes: list[Node], phase: int) -> None:
+        """After a phase's pass: NaN and float16 rounding of its accumulators, then the outer
+        values computed from them."""
+        for red in reductions:
+            acc = f"acc{self.local[red.uid]}"
+            if self._tracks_nan(red):
+                self.lines.append(f"{indent}if (nan{self.local[red.uid]}) {acc} = NAN;")
+            if red.dtype == T.float16:
+                self.lines.append(f"{indent}{acc} = (float)(_Float16){acc};")
+            self.var[red.uid] = acc
+        self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == phase],
+                      dims, False, indent)
+
+    # -- pipelined rows ---------------------------------------------------------------------
+    def _pipelines(self, kept: list[int], reduced: list[int]) -> bool:
+        """Whether the row reduction is pipelined: the first pass over row i+1 (the one that
+        reads it from memory: Softmax's max) runs inside the last reduction pass over row i
+        (Softmax's exp and sum, on a row already in L1), so the loads of one row overlap the
+        arithmetic of the other. Only where the first pass's reductions do not depend on their
+        order (max, min, integer sums: the same bits in any loop), and no value per row is
+        computed before it."""
+        phases = self.sched.phases
+        if not PIPELINE_ROWS or len(phases) < 2 or len(kept) != 1 or len(reduced) != 1:
+            return False
+        if any(_is_float_product(r) for r in phases[0]):
+            return False
+        row = self.sched.space[self.sched.reduce_axes[-1]] if len(self.sched.reduce_axes) == 1 \
+            else None
+        if any(_is_float_sum(r) for r in phases[0]) and (
+                row is None or dyn.is_dynamic(row) or row > ROW_BLOCK):
+            return False  # its sum would be blocked (not carried from row to row)
+        if any(_is_float_product(r) for r in phases[-1]):
+            return False  # its pass is not a simd loop
+        return not any(self.sched.outer_phase[n.uid] == 0 for n in self.graph.nodes
+                       if self.sched.is_outer(n) and get_op(n.op).kind != PatternKind.REDUCE)
+
+    def _open_pipelined_rows(self, dims: list[LoopDim], row: int, reduced: list[int],
+                             indent: str, threads: bool, worksharing: bool) -> str:
+        """The kept loop as chunks of PIPELINE_ROWS rows (shared out among the threads); each
+        chunk runs the first pass of its first row into the carried accumulators `nacc`, then
+        its rows, and the row loop is left open."""
+        self._pipelined_row = row
+        size = dims[row].size
+        chunks = f"(({size}) + {PIPELINE_ROWS - 1}) / {PIPELINE_ROWS}" if dyn.is_dynamic(size) \
+            else str(-(-size // PIPELINE_ROWS))
+        if threads:
+            self.lines.append(f"{indent}#pragma omp {'for' if worksharing else 'parallel for'}"
+                              f" schedule(static)")
+        self.lines.append(f"{indent}for (int64_t rc = 0; rc < {chunks}; ++rc) {{")
+        indent += "  "
+        self.lines.append(f"{indent}const int64_t rlo = rc * {PIPELINE_ROWS}, rhi = rlo + "
+                          f"{PIPELINE_ROWS} < {size} ? rlo + {PIPELINE_ROWS} : {size};")
+        clauses = []
+        for red in self.sched.phases[0]:
+            k = self.local[red.uid]
+            self.lines.append(f"{indent}{T.C_COMPUTE[red.dtype]} nacc{k};")
+            clauses.append(f" reduction({_reduction(red).omp_operator}:nacc{k})")
+            if self._tracks_nan(red):
+                self.lines.append(f"{indent}int nnan{k};")
+                clauses.append(f" reduction(|:nnan{k})")
+        self.lines.append(f"{indent}{{")
+        self.lines.append(f"{indent}  const int64_t rn = rlo;")
+        self._next_row_start(indent + "  ")
+        inner = self._open_loops(dims, reduced, indent + "  ", "".join(clauses), False)
+        self._next_row_body(dims, inner)
+        self._close_loops(len(reduced), inner)
+        self.lines.append(f"{indent}}}")
+        self.lines.append(f"{indent}for (int64_t i{row} = rlo; i{row} < rhi; ++i{row}) {{")
+        indent += "  "
+        # The last row of a chunk reads itself again (from L1) as its "next" row.
+        self.lines.append(f"{indent}const int64_t rn = i{row} + 1 < rhi ? i{row} + 1 : i{row};")
+        return indent
+
+    def _next_row_start(self, indent: str) -> list[str]:
+        """Reset the next row's first-pass accumulators; their reduction clauses."""
+        clauses = []
+        for red in self.sched.phases[0]:
+            k = self.local[red.uid]
+            self.lines.append(f"{indent}nacc{k} = {self._reduce_init(red)};")
+            clauses.append(f" reduction({_reduction(red).omp_operator}:nacc{k})")
+            if self._tracks_nan(red):
+                self.lines.append(f"{indent}nnan{k} = 0;")
+                clauses.append(f" reduction(|:nnan{k})")
+        return clauses
+
+    def _next_row_body(self, dims: list[LoopDim], indent: str) -> None:
+        """One element of the next row's first pass (row `rn`), in a block of its own: its
+        values never mix with the current row's."""
+        saved = dict(self.var)
+        self.index_names = {self._pipelined_row: "rn"}
+        self.lines.append(f"{indent}{{")
+        inner = indent + "  "
+        reductions = self.sched.phases[0]
+        self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True, inner)
+        for red in reductions:
+            k = self.local[red.uid]
+            v = self._operand(red.inputs[0], dims, True)
+            self.lines.append(f"{inner}nacc{k} = {self._combine(red, f'nacc{k}', v)};")
+            if self._tracks_nan(red):
+                self.lines.append(f"{inner}nnan{k} |= ({v} != {v});")
+        self.lines.append(f"{indent}}}")
+        self.index_names = {}
+        self.var = saved
 
     # -- blocked float sums of a row pass ---------------------------------------------------
     def _blocked_row_sums(self, dims: list[LoopDim], reduced: list[int],
