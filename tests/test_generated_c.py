@@ -14,7 +14,7 @@ from graphkernel.graph_kernel.schedule import analyze
 from graphkernel.ir.graph import Input, Node
 from graphkernel.ir.types import TensorType
 
-EXP_CALL = re.compile(r"\bexpf?\s*\(")
+EXP_CALL = re.compile(r"\b(?:gkm_)?expf?\s*\(")
 
 
 def softmax_source(shape: tuple[int, ...], dtype: type) -> str:

@@ -333,7 +333,8 @@ def test_functional_forms_share_the_declaration(rng):
 
 def test_typed_declarations_agree_with_the_c_they_emit():
     """OpDef.vector_math says whether an op's C calls a function the prelude declares for
-    libmvec; a declaration that forgets the flag (or claims it wrongly) fails here."""
+    libmvec or defines itself (gkm_expf); a declaration that forgets the flag (or claims it
+    wrongly) fails here."""
     import re
 
     from graphkernel.codegen.c_text import PRELUDE
@@ -341,9 +342,13 @@ def test_typed_declarations_agree_with_the_c_they_emit():
 
     libmvec = set(re.findall(r"^double (\w+)\(", PRELUDE, re.M))
     assert libmvec, "the prelude declares no vector math"
+    # graphkernel's own inlined vector math (gkm_expf: float; gkm_exp: double, libmvec's exp).
+    own = set(re.findall(r"^static inline float (gkm_\w+)f\(", PRELUDE, re.M))
+    assert own == {"gkm_exp"}, own
     for op in OPS.values():
         templates = (op.c_template or "") + (op.c_float_template or "")
-        calls = any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates) for name in libmvec)
+        calls = any(re.search(rf"\b{name}(f|\{{f\}})?\(", templates)
+                    for name in libmvec | own)
         assert op.vector_math == calls, op.name
         assert not op.vector_math or op.expensive, op.name
         assert (op.reduction is not None) == (op.kind.name == "REDUCE"), op.name

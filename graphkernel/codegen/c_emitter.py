@@ -3,8 +3,9 @@
 Pointwise groups are one loop nest whose innermost loop is `#pragma omp simd`; reduction groups
 loop over the kept axes outside (OpenMP-parallel above a size threshold) and over the reduced
 axes inside, once per reduction phase, then once more for the epilogue. Transcendentals are
-declared `omp declare simd` so gcc calls glibc's vector math library (libmvec); the C text
-every kernel shares, and how names and values are spelled in C, are in `codegen/c_text.py`.
+declared `omp declare simd` so gcc calls glibc's vector math library (libmvec); float exp is
+graphkernel's own `gkm_expf`, inlined. The C text every kernel shares, and how names and values
+are spelled in C, are in `codegen/c_text.py`.
 """
 from __future__ import annotations
 

@@ -105,7 +105,9 @@ _ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=F,
     **EXPENSIVE)
 _ew("Reciprocal", 1, same(lambda x: 1 / x), "(1 / {0})", accepts=F, grad=_RECIPROCAL,
     **EXPENSIVE)
-_ew("Exp", 1, same(np.exp), "exp{f}({0})", accepts=F, grad=_EXP, **VECTOR_MATH)
+# gkm_expf: graphkernel's own inlined float exp (codegen/c_text.py, at most 1.04 ulp);
+# gkm_exp is libm's (libmvec's) double exp.
+_ew("Exp", 1, same(np.exp), "gkm_exp{f}({0})", accepts=F, grad=_EXP, **VECTOR_MATH)
 _ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, grad=_LOG, **VECTOR_MATH)
 _ew("Tanh", 1, same(np.tanh), "tanh{f}({0})", accepts=F, grad=_TANH, **VECTOR_MATH)
 _ew("Erf", 1, same(lambda x: erf_reference(x)), "erf{f}({0})", accepts=F, grad=_ERF,
