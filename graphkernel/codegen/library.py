@@ -31,6 +31,7 @@ class BuiltLibrary:
     from_cache: bool
     functions: dict[str, KernelFn]
     entry: Any = None  # the graph's CPython `run`, when it has one
+    entry_module: Any = None  # the module holding `run` and `call` (runtime/c_entry.py)
 
 
 def translation_unit(kernels: list[KernelSource], with_libmvec: bool) -> str:
@@ -86,12 +87,13 @@ def build_library(kernels: list[KernelSource],
         fn.restype = None
         functions[k.name] = fn
     try:
-        entry = _load_entry(load_name, module) if module else None
+        entry_module = _load_entry(load_name, module) if module else None
+        entry = entry_module.run if entry_module is not None else None
     finally:
         if load_name != path:
             with contextlib.suppress(OSError):
                 os.unlink(load_name)
-    return BuiltLibrary(path, source, from_cache, functions, entry)
+    return BuiltLibrary(path, source, from_cache, functions, entry, entry_module)
 
 
 def _key(tc: toolchain.Toolchain, source: str, flags: tuple[str, ...], with_entry: bool) -> str:
@@ -146,4 +148,4 @@ def _load_entry(path: str, module: str) -> Any:
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
-    return mod.run
+    return mod

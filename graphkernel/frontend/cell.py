@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.errors import GraphModeError, InputError
-from graphkernel.frontend import context, dynamic, guards
+from graphkernel.frontend import context, dynamic, guards, symbolic
 from graphkernel.frontend.compile import compile_cached
+from graphkernel.frontend.compiled import CompiledCell
 from graphkernel.frontend.signature import input_names
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.frontend.tracing import Tracer, current_tracer, user_location
@@ -56,6 +57,7 @@ class Cell:
         declared = dynamic.declared_types(self, inputs)
         self.__dict__["_declared_inputs"] = declared
         self._compiled.clear()
+        self.__dict__.pop("_last_call", None)
         self.__dict__.pop("_generic", None)
 
     def construct(self, *inputs: Any) -> Any:
@@ -98,14 +100,31 @@ class Cell:
             if cell.training != mode:
                 object.__setattr__(cell, "training", mode)
                 cell._compiled.clear()
+                cell.__dict__.pop("_last_call", None)
         return self
 
     def __call__(self, *inputs: Any) -> Any:
+        # The per-call path: the graph this cell ran last, if the context and every guard
+        # still hold and nothing is being traced; its entry returns NotImplemented for inputs
+        # of another shape or dtype, and the full path below decides.
+        last = self.__dict__.get("_last_call")
+        if last is not None and last[0] == context._generation and not symbolic.recording \
+                and last[1].guards.generation == guards.counter.value:
+            out = last[2](last[3], *inputs)
+            if out is not NotImplemented:
+                return out
         if current_tracer() is not None:
             return self._traced_call(inputs)
         if context.get_context("mode") == context.PYNATIVE_MODE:
             return self.construct(*inputs)
-        return compile_cached(self, inputs)(*inputs)
+        exe = compile_cached(self, inputs)
+        out = exe(*inputs)
+        fast = exe.fast_call if isinstance(exe, CompiledCell) else None  # not a StaticCall
+        if fast is not None:
+            self.__dict__["_last_call"] = (context._generation, exe, *fast)
+        else:  # no compiled entry (numpy steps, number inputs): every call takes this path
+            self.__dict__.pop("_last_call", None)
+        return out
 
     def _traced_call(self, inputs: tuple[Any, ...]) -> Any:
         # A plain Cell inside a traced construct is inlined.

@@ -45,17 +45,22 @@ class CompiledCell:
         self._entry = runner.entry
         self._entry_constants = runner.entry_constants
         self._returns_tuple = executable.plan.returns_tuple
+        # The compiled entry's `call` with this cell's Parameters and the graph's constants:
+        # Tensors in, Tensors out, no Python in between (runtime/c_entry.py).
+        self.fast_call: tuple[Any, tuple[Any, ...]] | None = None
+        module = runner.entry_module
+        if module is not None:
+            module.set_tensor_type(Tensor)
+            self.fast_call = (module.call, (*self.params, *runner.entry_constants))
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
-        arrays = [a._array if type(a) is Tensor else a for a in args]
-        entry = self._entry
-        if entry is not None:  # the fast path, spelled out: this is the per-call cost
-            out = entry(*arrays, *[p._array for p in self.params], *self._entry_constants)
+        fast = self.fast_call
+        if fast is not None:  # the per-call path: one C call
+            out = fast[0](fast[1], *args)
             if out is not NotImplemented:
-                if type(out) is tuple:
-                    return tuple(Tensor._wrap(o) for o in out)
-                return Tensor._wrap(out)
+                return out
+        arrays = [a._array if isinstance(a, Tensor) else a for a in args]
         outs = [Tensor._wrap(a) for a in self.run_arrays(*arrays)]
         if self._returns_tuple or len(outs) != 1:
             return tuple(outs)

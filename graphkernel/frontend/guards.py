@@ -25,7 +25,7 @@ _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
 # The cell's own bookkeeping, and what every construct reads.
 _INTERNAL = frozenset({"_cells", "_params", "_compiled", "_version", "_traced_call",
                        "construct", "_declared_inputs", "_shape_history", "_static_families",
-                       "_generic"})
+                       "_generic", "_last_call"})
 _MISSING = object()
 
 

@@ -17,6 +17,10 @@ from graphkernel.ir.graph import Graph, Input, Node, Value
 from graphkernel.ir.types import TensorType, ValueType
 
 _state = threading.local()
+# Graphs being recorded, in all threads: a Cell call takes its per-call fast path only at 0
+# (frontend/cell.py), so a cell called inside a `construct` is always traced.
+recording = 0
+_recording_lock = threading.Lock()
 
 
 class Weight(Protocol):
@@ -51,14 +55,20 @@ class SymbolicGraph:
         self.names: dict[str, int] = {}
 
     def __enter__(self) -> SymbolicGraph:
+        global recording
         stack = getattr(_state, "stack", None)
         if stack is None:
             stack = _state.stack = []
         stack.append(self)
+        with _recording_lock:
+            recording += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        global recording
         _state.stack.pop()
+        with _recording_lock:
+            recording -= 1
 
     def unique(self, base: str) -> str:
         count = self.names.get(base, 0)

@@ -44,11 +44,12 @@ class Tensor:
     # A tensor declared by shape and dtype only (`Tensor(shape=[None, 64], dtype=...)`, for
     # Cell.set_inputs): its type, None for a dynamic dimension. Others have data or a value.
     _declared: tuple[tuple[int | None, ...], np.dtype] | None = None
+    # A result made by a compiled entry (runtime/c_entry.py `call`) sets only `_array`.
+    _value: Value | None = None
+    _tracer: SymbolicGraph | None = None
 
     def __init__(self, input_data: Any = None, dtype: Any = None,
                  shape: Any = None) -> None:
-        self._value: Value | None = None
-        self._tracer: SymbolicGraph | None = None
         if type(input_data) is np.ndarray and dtype is None and shape is None and \
                 input_data.dtype in _TAKEN_AS_IS:
             self._array = input_data  # the per-call path, `net(Tensor(x))`: nothing to convert
@@ -93,8 +94,6 @@ class Tensor:
     def _wrap(cls, array: np.ndarray) -> Tensor:
         t = cls.__new__(cls)
         t._array = array
-        t._value = None
-        t._tracer = None
         return t
 
     # -- properties ------------------------------------------------------------------------

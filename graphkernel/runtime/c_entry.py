@@ -186,18 +186,102 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "  return NULL;",
         "}",
         "",
+        *_CALL.replace("NARGS", str(nargs)).replace("ARRAYS", str(max(nargs, 1))).split("\n"),
         "static PyMethodDef gk_methods[] = {",
         '  {"run", (PyCFunction)(void (*)(void))gk_run, METH_FASTCALL, "run the graph"},',
+        '  {"call", (PyCFunction)(void (*)(void))gk_call, METH_FASTCALL,',
+        '   "call(fixed, *inputs): Tensors or arrays in, Tensors out"},',
+        '  {"set_tensor_type", gk_set_tensor_type, METH_O, "the class `call` reads and makes"},',
         "  {NULL, NULL, 0, NULL}};",
         f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '
         "gk_methods};",
         f"PyMODINIT_FUNC PyInit_{module}(void) {{",
         "  import_array();",
+        '  gk_array_name = PyUnicode_InternFromString("_array");',
+        "  if (gk_array_name == NULL) return NULL;",
         "  return PyModule_Create(&gk_module);",
         "}",
     ]
     return "\n".join(lines) + "\n"
 
+
+# `call(fixed, *inputs)`: a Cell's per-call path with no Python frame between the user's call
+# and the kernels. Inputs are Tensors (their `_array` is read here) or arrays; `fixed` is the
+# tuple of the cell's Parameters (read on every call: set_data replaces an array) and the
+# graph's constants; results come back as Tensors. Anything `run` would not take as is makes it
+# return NotImplemented, and the caller takes the full path.
+_CALL = """static PyTypeObject *gk_tensor_type = NULL;
+static PyObject *gk_array_name = NULL;
+
+static PyObject *gk_set_tensor_type(PyObject *self, PyObject *type) {
+  if (!PyType_Check(type)) {
+    PyErr_SetString(PyExc_TypeError, "set_tensor_type takes a class");
+    return NULL;
+  }
+  Py_INCREF(type);
+  Py_XDECREF((PyObject *)gk_tensor_type);
+  gk_tensor_type = (PyTypeObject *)type;
+  Py_RETURN_NONE;
+}
+
+/* A new reference to the array behind `o`, or NULL when `o` is neither an array nor a Tensor
+   holding one (a symbolic Tensor being traced, a number, ...). */
+static PyObject *gk_unwrap(PyObject *o) {
+  if (PyArray_Check(o)) { Py_INCREF(o); return o; }
+  if (!PyObject_TypeCheck(o, gk_tensor_type)) return NULL;
+  PyObject *a = PyObject_GetAttr(o, gk_array_name);
+  if (a == NULL) { PyErr_Clear(); return NULL; }
+  if (!PyArray_Check(a)) { Py_DECREF(a); return NULL; }
+  return a;
+}
+
+/* A Tensor holding `array` (a reference stolen), as Tensor._wrap makes one. */
+static PyObject *gk_wrap(PyObject *array) {
+  PyObject *t = gk_tensor_type->tp_alloc(gk_tensor_type, 0);
+  if (t == NULL || PyObject_GenericSetAttr(t, gk_array_name, array) < 0) {
+    Py_XDECREF(t);
+    Py_DECREF(array);
+    return NULL;
+  }
+  Py_DECREF(array);
+  return t;
+}
+
+static PyObject *gk_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs < 1 || !PyTuple_CheckExact(args[0]) || gk_tensor_type == NULL)
+    Py_RETURN_NOTIMPLEMENTED;
+  Py_ssize_t ninputs = nargs - 1;
+  if (ninputs + PyTuple_GET_SIZE(args[0]) != NARGS) Py_RETURN_NOTIMPLEMENTED;
+  PyObject *arrays[ARRAYS];
+  PyObject *result = NULL;
+  Py_ssize_t n = 0;
+  for (; n < NARGS; ++n) {
+    PyObject *o = n < ninputs ? args[1 + n] : PyTuple_GET_ITEM(args[0], n - ninputs);
+    arrays[n] = gk_unwrap(o);
+    if (arrays[n] == NULL) { Py_INCREF(Py_NotImplemented); result = Py_NotImplemented; goto done; }
+  }
+  result = gk_run(self, arrays, NARGS);
+  if (result == NULL || result == Py_NotImplemented) goto done;
+  if (PyTuple_CheckExact(result)) {
+    Py_ssize_t k = PyTuple_GET_SIZE(result);
+    PyObject *wrapped = PyTuple_New(k);
+    for (Py_ssize_t i = 0; wrapped != NULL && i < k; ++i) {
+      PyObject *item = PyTuple_GET_ITEM(result, i);
+      Py_INCREF(item);
+      PyObject *t = gk_wrap(item);
+      if (t == NULL) { Py_CLEAR(wrapped); break; }
+      PyTuple_SET_ITEM(wrapped, i, t);
+    }
+    Py_DECREF(result);
+    result = wrapped;
+  } else {
+    result = gk_wrap(result);
+  }
+done:
+  for (Py_ssize_t i = 0; i < n; ++i) Py_DECREF(arrays[i]);
+  return result;
+}
+"""
 
 _ACCEPT_ANY = [
     "static int gk_accept_any(PyObject *o, int type, int nd) {",

@@ -41,6 +41,7 @@ class Runner:
         self.size_of: dict[str, int] = {}
         self.entry: Any = None  # the compiled CPython `run`, when the plan has one
         self.entry_constants: tuple[np.ndarray, ...] = ()
+        self.entry_module: Any = None  # its module: `call` takes and returns Tensors
         self._template: list[Any] = [None] * len(plan.slots)
         for slot in plan.constant_slots():
             self._template[slot.index] = slot.constant
@@ -56,6 +57,7 @@ class Runner:
     def load(self, library: BuiltLibrary) -> None:
         self._functions = library.functions
         self.entry = library.entry
+        self.entry_module = library.entry_module
         if self.entry is not None:
             self.entry_constants = tuple(
                 np.ascontiguousarray(self.plan.slots[s].constant)  # type: ignore[arg-type]
