@@ -210,6 +210,24 @@ def test_first_call_buffers_are_readied_ahead_without_duplicates(rng):
     assert len(_pooled(exe, (128, 128))) == ready
 
 
+def test_the_compiled_entry_takes_the_buffers_readied_ahead(rng):
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
+    runner = exe.executable.runner
+    assert runner.entry_module is not None and runner.prefaulting is not None
+    runner.prefaulting.join()
+    (ready,) = [id(a) for b in range(len(runner.plan.buffers)) for a in runner.pool.arrays(b)]
+    out = exe(Tensor(x))  # the first call: its result is written into the warm array
+    assert runner.prefaulting is None
+    assert id(out.asnumpy()) == ready  # (the pool kept it alive: its id is still its own)
+    assert not any(runner.pool.arrays(b) for b in range(len(runner.plan.buffers)))
+    np.testing.assert_allclose(out.asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
+    kept = out.asnumpy()
+    second = exe(Tensor(x))  # the first result is still held: a new buffer
+    assert second.asnumpy() is not kept
+    np.testing.assert_array_equal(second.asnumpy(), kept)
+
+
 class AddTimesTwo(nn.Cell):
     def __init__(self):
         super().__init__()

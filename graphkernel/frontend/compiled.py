@@ -40,7 +40,7 @@ class CompiledCell:
         self.params = tuple(params)  # in the plan's weight order
         self.report = report
         self.guards: Any = None  # what it was built from (frontend/guards.py `Guards`)
-        runner = executable.runner
+        runner = self._runner = executable.runner
         # The per-call path reads these directly: each attribute lookup shows at 4x4.
         self._entry = runner.entry
         self._entry_constants = runner.entry_constants
@@ -57,6 +57,8 @@ class CompiledCell:
     def __call__(self, *args: Any) -> Any:
         fast = self.fast_call
         if fast is not None:  # the per-call path: one C call
+            if self._runner.prefaulting is not None:  # the first call: take the warm pages
+                self._runner.finish_prefault()
             out = fast[0](fast[1], *args)
             if out is not NotImplemented:
                 return out

@@ -186,12 +186,15 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "  return NULL;",
         "}",
         "",
+        *_SEED.replace("NBUFFERS", str(nbuffers)).split("\n"),
         *_CALL.replace("NARGS", str(nargs)).replace("ARRAYS", str(max(nargs, 1))).split("\n"),
         "static PyMethodDef gk_methods[] = {",
         '  {"run", (PyCFunction)(void (*)(void))gk_run, METH_FASTCALL, "run the graph"},',
         '  {"call", (PyCFunction)(void (*)(void))gk_call, METH_FASTCALL,',
         '   "call(fixed, *inputs): Tensors or arrays in, Tensors out"},',
         '  {"set_tensor_type", gk_set_tensor_type, METH_O, "the class `call` reads and makes"},',
+        '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
+        '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         "  {NULL, NULL, 0, NULL}};",
         f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '
         "gk_methods};",
@@ -204,6 +207,30 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
     ]
     return "\n".join(lines) + "\n"
 
+
+# `seed(buffer, array)`: the runner hands the arrays its prefault thread touched to the pool
+# (runtime/runner.py `finish_prefault`), so the first call writes into warm pages. The runner
+# checks the array's shape and dtype against the plan's buffer.
+_SEED = """static PyObject *gk_seed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyLong_Check(args[0]) || !PyArray_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "seed takes a buffer number and an array");
+    return NULL;
+  }
+  long slot = PyLong_AsLong(args[0]);
+  if (slot < 0 || slot >= NBUFFERS) {
+    PyErr_SetString(PyExc_ValueError, "seed: no such buffer");
+    return NULL;
+  }
+  for (int k = 0; k < POOL_DEPTH_; ++k) {
+    if (gk_pool[slot][k] == NULL) {
+      Py_INCREF(args[1]);
+      gk_pool[slot][k] = args[1];
+      Py_RETURN_TRUE;
+    }
+  }
+  Py_RETURN_FALSE;
+}
+""".replace("POOL_DEPTH_", str(POOL_DEPTH))
 
 # `call(fixed, *inputs)`: a Cell's per-call path with no Python frame between the user's call
 # and the kernels. Inputs are Tensors (their `_array` is read here) or arrays; `fixed` is the

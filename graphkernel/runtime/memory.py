@@ -69,6 +69,10 @@ class BufferPool:
         """The arrays the pool keeps for one buffer (for tests and reports)."""
         return list(self._arrays[buffer])
 
+    def forget(self, buffer: int, array: np.ndarray) -> None:
+        """Stop keeping `array` (handed to another owner: the compiled entry's pool)."""
+        self._arrays[buffer] = [a for a in self._arrays[buffer] if a is not array]
+
     @property
     def held_bytes(self) -> int:
         return sum(a.nbytes for arrays in self._arrays for a in arrays)

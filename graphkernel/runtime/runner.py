@@ -48,6 +48,7 @@ class Runner:
         self._functions: dict[str, Any] = {}
         self.step_fns: list[StepFn] = []
         self.prefaulting: threading.Thread | None = None
+        self._prefault_lock = threading.Lock()
         if not any(step.kind is StepKind.KERNEL for step in plan.steps):
             self._bind()  # no library to wait for
         if prefault:
@@ -60,7 +61,7 @@ class Runner:
         self.entry_module = library.entry_module
         if self.entry is not None:
             self.entry_constants = tuple(
-                np.ascontiguousarray(self.plan.slots[s].constant)  # type: ignore[arg-type]
+                np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d
                 for s in entry_arguments(self.plan)[len(self.plan.inputs) +
                                                     len(self.plan.weights):])
         self._bind()
@@ -69,12 +70,29 @@ class Runner:
         self.step_fns = [self._step_fn(step) for step in self.plan.steps]
 
     # -- running --------------------------------------------------------------------------
+    def finish_prefault(self) -> None:
+        """Wait for the prefault thread (its buffers are nearly ready: waiting beats faulting
+        fresh pages in while computing), and hand its arrays to the compiled entry's own pool
+        when there is an entry: each array then lives in one pool only."""
+        with self._prefault_lock:
+            thread = self.prefaulting
+            if thread is None:
+                return
+            thread.join()
+            module = self.entry_module
+            if module is not None:
+                for b, (shape, dtype) in enumerate(self.plan.buffers):
+                    for array in self.pool.arrays(b):
+                        if array.shape == tuple(shape) and array.dtype == dtype and \
+                                module.seed(b, array):
+                            self.pool.forget(b, array)
+            self.prefaulting = None
+
     def run(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray]
             ) -> list[np.ndarray]:
         """Run on checked, C-contiguous input arrays and the weights' own arrays."""
-        if self.prefaulting is not None:  # its buffers are nearly ready: wait, not duplicate
-            self.prefaulting.join()
-            self.prefaulting = None
+        if self.prefaulting is not None:
+            self.finish_prefault()
         plan = self.plan
         if plan.symbols:
             self.bind_sizes(arrays)
