@@ -108,7 +108,8 @@ def test_a_read_only_cache_folder_still_loads_hits_and_builds_elsewhere(tmp_path
     fused_on, fused_off, other_on, other_off = (line.split() for line in lines)
     assert fused_on[2:] == [fused_path, "True"]  # the hit loads from the read-only folder
     assert other_on[3] == "False" and not other_on[2].startswith(folder)  # built elsewhere
-    assert fused_off[2] == other_off[2] == "None"  # fusion off works too
+    for off in (fused_off, other_off):  # fusion off (one kernel per op) is built elsewhere too
+        assert off[3] == "False" and not off[2].startswith(folder)
     assert err.count("cannot write to the kernel cache folder") == 1, err
     assert f"cannot write to the kernel cache folder {folder}" in err
     assert "private temporary folder for this process" in err
@@ -122,7 +123,8 @@ def test_fusion_off_in_an_empty_read_only_cache_folder_works(tmp_path: Any) -> N
     folder.mkdir(mode=0o700)
     with read_only(str(folder)):
         lines, err = _hostile_run(str(folder), tmp_path, "off")  # toolchain.json is not written
-    assert [line.split()[2] for line in lines] == ["None", "None"]
+    paths = [line.split()[2] for line in lines]  # one kernel per op: built elsewhere
+    assert len(paths) == 2 and all(p != "None" and not p.startswith(str(folder)) for p in paths)
     assert os.listdir(folder) == []
     assert err.count("cannot write to the kernel cache folder") == 1, err
 

@@ -1,16 +1,15 @@
 """One op as one generated kernel: how an op runs when it is not fused with others.
 
 With fusion off (or for an op fusion left alone) MindSpore still runs each op as one kernel of
-its own. Here an op whose numpy form is slow gets the same: a composite op (GeLU, Softmax,
-LayerNorm, ...) runs its expansion as one loop nest instead of numpy op by op, and an
-elementwise op without a numpy ufunc (Erf, Rsqrt, Select, comparisons, ...) runs its C
-template. Ops numpy runs at full speed (ufuncs, reductions, MatMul, views) stay numpy calls.
+its own, and so does graphkernel: a composite op (GeLU, Softmax, LayerNorm, ...) runs its
+expansion as one loop nest instead of numpy op by op, and an elementwise or broadcasting op
+(ufuncs included) runs its C template. A ufunc would be as fast per element, but only a plan
+of generated kernels gets the compiled entry (runtime/c_entry.py): a small unfused graph then
+costs one C call, not a Python step per op. Reductions, MatMul and views stay numpy calls.
 The unfused baseline in reports and the bench then differs from the fused graph by fusion
-alone, not by Python-level references.
+alone, not by Python-level references or a Python runner.
 """
 from __future__ import annotations
-
-import numpy as np
 
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
 from graphkernel.graph_kernel.schedule import NotSchedulable, Schedule, analyze, fusible_op
@@ -25,8 +24,10 @@ def runs_as_kernel(node: Node) -> bool:
         return False  # nothing to compute
     if opdef.composite:
         return node.op in EXPANDERS
-    fast_numpy = isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc)
-    return opdef.kind == PatternKind.ELEMWISE and fusible_op(node.op) and not fast_numpy
+    # Elementwise and broadcasting ops, ufuncs included: a ufunc call is as fast per element,
+    # but a plan of generated kernels only gets the compiled entry (runtime/c_entry.py), so a
+    # small unfused graph pays one C call instead of a Python step per op.
+    return opdef.kind <= PatternKind.BROADCAST and fusible_op(node.op)
 
 
 def single_op_group(node: Node) -> tuple[Graph, Schedule] | None:
