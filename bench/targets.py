@@ -80,7 +80,7 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
     for w in workloads:
         if w.get("overhead"):
             ours, npy = _median(w, GK), _median(w, "numpy")
-            rows.append(("4. per call <= numpy eager", w["key"],
+            rows.append(("4. per call, net(Tensor(x)), <= numpy eager", w["key"],
                          None if ours is None or npy is None else ours <= npy,
                          f"graphkernel {_fmt(ours)}, numpy {_fmt(npy)}"))
     for w in workloads:
@@ -100,6 +100,14 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
                          None if not known else generic <= 1.1 * static,
                          "-" if not known else f"generic {_fmt(generic)}, static {_fmt(static)} "
                          f"(ratio {generic / static:.2f})"))
+    for w in workloads:
+        # Fusion off runs one kernel per op: no op slower than numpy eager runs it (issue #15
+        # item 4), so fused-vs-unfused shows what fusion alone buys.
+        unfused, npy = _median(w, "gk_unfused"), _median(w, "numpy")
+        if unfused is not None and npy is not None:
+            rows.append(("8. unfused <= 1.2x numpy eager", w["key"], unfused <= 1.2 * npy,
+                         f"unfused {_fmt(unfused)}, numpy {_fmt(npy)} "
+                         f"(ratio {unfused / npy:.2f})"))
     compiles = results.get("compile_times", {}).get("workloads", {})
     by_key = {w["key"]: w for w in workloads}
     for key, per_system in compiles.items():
@@ -122,6 +130,13 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
                      f"(compile {_fmt(warm.get('compile_seconds_reported'))},"
                      f" from cache: {warm.get('from_cache')}; "
                      f"first call {_fmt(warm.get('first_call_s'))}{call})"))
+        first = warm.get("first_call_s")
+        dims = by_key[key].get("dims", {}) if key in by_key else {}
+        if steady is not None and first is not None and dims.get("rows") == 4096 and \
+                dims.get("cols") == 4096:
+            rows.append(("9. warm first call <= 2x a steady call", key, first <= 2 * steady,
+                         f"first call {_fmt(first)}, steady {_fmt(steady)} "
+                         f"(ratio {first / steady:.2f})"))
     if not compiles:
         rows.append(("5. compile times", "all", None, "the run skipped the compile probes"))
     return rows

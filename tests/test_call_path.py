@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from cells import Fn
 
 from graphkernel import Parameter, Tensor, context, nn, ops
 from graphkernel.tools.lab import NetBasicFuse
@@ -113,8 +114,9 @@ def test_context_changes_and_set_train_leave_the_last_graph(rng) -> None:
     net(Tensor(x))
     assert net.__dict__["_last_call"][1].kernel_count == 1
     context.set_context(enable_graph_kernel=False)
-    net(Tensor(x))  # three numpy calls: no compiled entry, so no per-call path
-    assert "_last_call" not in net.__dict__ and len(net._compiled) == 2
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
+    assert net.__dict__["_last_call"][1].kernel_count == 3  # one kernel per op
+    assert len(net._compiled) == 2
     context.set_context(enable_graph_kernel=True)
     net(Tensor(x))
     assert net.__dict__["_last_call"][1].kernel_count == 1
@@ -124,6 +126,15 @@ def test_context_changes_and_set_train_leave_the_last_graph(rng) -> None:
     context.set_context(mode=context.GRAPH_MODE)
     net.set_train(True)
     assert "_last_call" not in net.__dict__
+
+
+def test_a_graph_without_entry_leaves_no_last_call(rng) -> None:
+    net = Fn(lambda a: ops.ReduceSum()(a * 2.0, 1))  # a numpy reduction step: no C entry
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    context.set_context(enable_graph_kernel=False)
+    for _ in range(2):
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), (x * 2).sum(1), rtol=1e-5)
+        assert "_last_call" not in net.__dict__
 
 
 def test_a_changed_attribute_recompiles(rng) -> None:

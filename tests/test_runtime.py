@@ -1,5 +1,6 @@
 """Runtime behaviour: the compiled entry, output buffers, inputs of every layout, weights."""
 import numpy as np
+from cells import Fn
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
@@ -307,7 +308,7 @@ def test_assigns_write_weights_in_place_fused_and_unfused(rng):
         own = param.asnumpy()
         exe = compile_graph(_graph_with_assign(param), "Accumulate",
                             CompileOptions(enable_graph_kernel=fusion))
-        assert (exe.entry is not None) == fusion  # kernels + an assign: the C entry runs it
+        assert exe.entry is not None  # kernels (one per op unfused) + an assign: the C entry
         assert "assign" in exe.plan.describe() and "overwrites" in exe.plan.describe()
         first = exe(Tensor(x)).asnumpy()
         np.testing.assert_allclose(first, (start + x) * 2, rtol=1e-6)
@@ -331,23 +332,32 @@ def test_parameters_own_their_arrays():
 
 
 def test_unfused_ops_run_one_kernel_each(rng):
-    """Fusion off: a composite op (GeLU) and an elementwise op without a numpy ufunc (Erf) run
-    as one generated kernel each; an op numpy runs at full speed (Add, a ufunc) stays numpy."""
+    """Fusion off: a composite op (GeLU), an elementwise op without a numpy ufunc (Erf) and one
+    with (Add) run as one generated kernel each, so the plan has the compiled entry; a
+    reduction stays a numpy call."""
     class Ops(nn.Cell):
         def __init__(self):
             super().__init__()
             self.gelu, self.erf, self.add = P.GeLU(approximate="none"), P.Erf(), P.Add()
+            self.sum = P.ReduceSum(keep_dims=True)
 
         def construct(self, x):
-            return self.add(self.erf(self.gelu(x)), 1.0)
+            y = self.add(self.erf(self.gelu(x)), 1.0)
+            return y, self.sum(y, 1)
     x = rng.standard_normal((64, 48)).astype(np.float32)
     off = graphkernel.compile(Ops(), x, options=CompileOptions(enable_graph_kernel=False))
     assert [(k.op_names, k.backend) for k in off.kernels] == [
-        (["GeLU"], "native"), (["Erf"], "native"), (["Add"], "library")]
-    assert [n.op for n in off.graph.nodes] == ["GeLU", "Erf", "Add"]  # the graph is unchanged
+        (["GeLU"], "native"), (["Erf"], "native"), (["Add"], "native"),
+        (["ReduceSum"], "library")]
+    assert [n.op for n in off.graph.nodes] == ["GeLU", "Erf", "Add", "ReduceSum"]
     from graphkernel.runtime.reference import run_reference_graph
-    want = run_reference_graph(off.graph, [x])[0]
-    np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=2e-6, atol=2e-6)
+    want = run_reference_graph(off.graph, [x])
+    for got, ref in zip(off.run_arrays(x), want):
+        np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-5)
+    assert off.entry is None  # the numpy step: the Python runner
+    alone = graphkernel.compile(Fn(lambda v: P.Add()(P.Erf()(v), 1.0)), x,
+                                options=CompileOptions(enable_graph_kernel=False))
+    assert alone.kernel_count == 2 and alone.entry is not None
 
 
 class TwoProducts(nn.Cell):
