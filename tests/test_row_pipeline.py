@@ -12,8 +12,9 @@ import pytest
 from cells import ON, Fn
 
 import graphkernel
-from graphkernel import ops
+from graphkernel import Tensor, context, ops
 from graphkernel.codegen import c_reduce
+from graphkernel.ops import operations as P
 
 SHAPES = [(1, 7), (5, 33), (31, 1024), (33, 1000), (65, 1), (200, 1025), (300, 700),
           (3, 4, 5000)]
@@ -99,9 +100,10 @@ def test_layer_norm_pipelined_equals_unpipelined_and_numpy(shape, rng, monkeypat
     beta = rng.standard_normal(shape[-1]).astype(np.float32)
     got, source = _both(lambda v, g, b: ops.layer_norm(v, (shape[-1],), g, b, 1e-5),
                         x, gamma, beta, monkeypatch=monkeypatch)
-    # Rows up to ROW_BLOCK carry their mean from row to row; longer rows sum in blocks and
-    # are not pipelined.
-    assert ("nacc" in source) == (shape[0] > 1 and shape[-1] <= c_reduce.ROW_BLOCK), source
+    # Rows up to ROW_BLOCK carry their mean from row to row; longer rows sum the next row in
+    # blocks, with a pairwise total of its own.
+    assert ("nacc" in source) == (shape[0] > 1), source
+    assert ("npw" in source) == (shape[0] > 1 and shape[-1] > c_reduce.ROW_BLOCK), source
     x64 = x.astype(np.float64)
     mean = x64.mean(-1, keepdims=True)
     want = (x64 - mean) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * gamma + beta
@@ -131,3 +133,40 @@ def test_without_the_pipeline_the_max_has_a_pass_of_its_own(monkeypatch):
     source = softmax_source((8192, 1024), np.float32)
     assert "nacc" not in source and not re.search(r"\brn\b", source)
     assert source.count("#pragma omp simd") == 3
+
+
+class _Normalize(graphkernel.nn.Cell):
+    """d = x - sum(x), d / sqrt(sum(d d)) over the last axis (sums: a mean would divide by the
+    run-time length): a first pass that is a float sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sum = P.ReduceSum(keep_dims=True)
+        self.rsqrt = P.Rsqrt()
+
+    def construct(self, x):
+        d = x - self.sum(x, -1)
+        return d * self.rsqrt(self.sum(d * d, -1))
+
+
+@pytest.mark.parametrize("rows, width", [(5, 3000), (40, 700), (33, 1024)])
+def test_a_row_of_run_time_length_is_pipelined_with_its_sums_in_blocks(rows, width, rng):
+    """A normalisation over [N, M] declared dynamic: the generic kernel carries the next row's
+    sum in blocks with a pairwise total of its own, and equals the static kernel bit for
+    bit (which sums a row up to ROW_BLOCK in one accumulator, as a dynamic row's last
+    block does)."""
+    x = (rng.standard_normal((rows, width)) * 3 + 1).astype(np.float32)
+    context.set_context(enable_graph_kernel=True)
+    static = _Normalize()(Tensor(x)).asnumpy()
+    net = _Normalize()
+    net.set_inputs(Tensor(shape=[None, None], dtype=graphkernel.float32))
+    got = net(Tensor(x)).asnumpy()
+    (exe,) = {id(v): v for v in net._compiled.values()}.values()
+    assert exe.kernel_count == 1, exe.summary()
+    source = exe.kernels[0].source
+    assert "nacc" in source and "npw" in source and "const int64_t rn = " in source, source
+    np.testing.assert_array_equal(got, static)
+    x64 = x.astype(np.float64)
+    d = x64 - x64.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, d / np.sqrt((d * d).sum(-1, keepdims=True)), rtol=1e-4,
+                               atol=1e-6)

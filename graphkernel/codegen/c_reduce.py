@@ -13,6 +13,9 @@ min are exact; float products multiply in numpy's order, one accumulator and no 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from graphkernel.codegen import shape_args as dyn  # sizes known only at run time
 from graphkernel.codegen.c_loops import Buffer, LoopDim
@@ -47,6 +50,7 @@ class ReductionEmitter:
     threshold: int
     index_names: dict[int, str]
     _pipelined_row: int
+    _next_row_blocked: bool
 
     def _choose_stash(self, outputs: list[Buffer]) -> tuple[Node, Buffer | None] | None:
         """A value the last reduction pass computes and the epilogue needs again (Softmax's
@@ -131,10 +135,13 @@ class ReductionEmitter:
                     clauses.append(f" reduction(|:nan{self.local[red.uid]})")
             if pipelined and phase == last_phase:
                 clauses += self._next_row_start(indent)
-            blocked = self._blocked_row_sums(dims, reduced, reductions)
-            for red in blocked:
-                self.lines.append(f"{indent}gk_pairwise pw{self.local[red.uid]};")
-                self.lines.append(f"{indent}pw{self.local[red.uid]}.count = 0;")
+            blocked = [_Sum(f"acc{self.local[r.uid]}", f"pw{self.local[r.uid]}", r.dtype)
+                       for r in self._blocked_row_sums(dims, reduced, reductions)]
+            for acc_sum in blocked:
+                self.lines.append(f"{indent}gk_pairwise {acc_sum.pairwise};")
+                self.lines.append(f"{indent}{acc_sum.pairwise}.count = 0;")
+            if pipelined and phase == last_phase:
+                blocked += self._next_row_sums(dims, reduced)
             # A float product multiplies in numpy's order, one factor after the other: vector
             # lanes would round their own partial products (subnormals to 0, then 0 * inf =
             # NaN where numpy's product is inf), so its pass is not a simd loop.
@@ -207,19 +214,15 @@ class ReductionEmitter:
         """Whether the row reduction is pipelined: the first pass over row i+1 (the one that
         reads it from memory: Softmax's max) runs inside the last reduction pass over row i
         (Softmax's exp and sum, on a row already in L1), so the loads of one row overlap the
-        arithmetic of the other. Only where the first pass's reductions do not depend on their
-        order (max, min, integer sums: the same bits in any loop), and no value per row is
-        computed before it."""
+        arithmetic of the other. The next row's first-pass accumulators are carried to it
+        (float sums in blocks and pairwise totals of their own where its row is blocked). Not
+        for float products (their pass is not a simd loop), nor where a value per row is
+        computed before the first pass."""
         phases = self.sched.phases
         if not PIPELINE_ROWS or len(phases) < 2 or len(kept) != 1 or len(reduced) != 1:
             return False
         if any(_is_float_product(r) for r in phases[0]):
             return False
-        row = self.sched.space[self.sched.reduce_axes[-1]] if len(self.sched.reduce_axes) == 1 \
-            else None
-        if any(_is_float_sum(r) for r in phases[0]) and (
-                row is None or dyn.is_dynamic(row) or row > ROW_BLOCK):
-            return False  # its sum would be blocked (not carried from row to row)
         if any(_is_float_product(r) for r in phases[-1]):
             return False  # its pass is not a simd loop
         return not any(self.sched.outer_phase[n.uid] == 0 for n in self.graph.nodes
@@ -249,12 +252,15 @@ class ReductionEmitter:
             if self._tracks_nan(red):
                 self.lines.append(f"{indent}int nnan{k};")
                 clauses.append(f" reduction(|:nnan{k})")
+        sums = self._next_row_sums(dims, reduced)
+        for acc_sum in sums:
+            self.lines.append(f"{indent}gk_pairwise {acc_sum.pairwise};")
         self.lines.append(f"{indent}{{")
         self.lines.append(f"{indent}  const int64_t rn = rlo;")
         self._next_row_start(indent + "  ")
-        inner = self._open_loops(dims, reduced, indent + "  ", "".join(clauses), False)
+        inner = self._open_row_pass(dims, reduced, indent + "  ", "".join(clauses), sums, 0)
         self._next_row_body(dims, inner)
-        self._close_loops(len(reduced), inner)
+        self._close_row_pass(dims, reduced, inner, sums, 0)
         self.lines.append(f"{indent}}}")
         self.lines.append(f"{indent}for (int64_t i{row} = rlo; i{row} < rhi; ++i{row}) {{")
         indent += "  "
@@ -272,7 +278,18 @@ class ReductionEmitter:
             if self._tracks_nan(red):
                 self.lines.append(f"{indent}nnan{k} = 0;")
                 clauses.append(f" reduction(|:nnan{k})")
+            if _is_float_sum(red) and self._next_row_blocked:
+                self.lines.append(f"{indent}npw{k}.count = 0;")
         return clauses
+
+    def _next_row_sums(self, dims: list[LoopDim], reduced: list[int]) -> list[_Sum]:
+        """The next row's float sums where its row sums in blocks (longer than ROW_BLOCK, or
+        of run-time length): their block sums go to pairwise totals `npw` as a row's own."""
+        self._next_row_blocked = _in_blocks(dims[reduced[-1]].size)
+        if not self._next_row_blocked:
+            return []
+        return [_Sum(f"nacc{self.local[r.uid]}", f"npw{self.local[r.uid]}", r.dtype)
+                for r in self.sched.phases[0] if _is_float_sum(r)]
 
     def _next_row_body(self, dims: list[LoopDim], indent: str) -> None:
         """One element of the next row's first pass (row `rn`), in a block of its own: its
@@ -303,7 +320,7 @@ class ReductionEmitter:
         return [r for r in reductions if _is_float_sum(r)]
 
     def _open_row_pass(self, dims: list[LoopDim], reduced: list[int], indent: str,
-                       clauses: str | None, blocked: list[Node], phase: int) -> str:
+                       clauses: str | None, blocked: list[_Sum], phase: int) -> str:
         """Open the loops of one pass over the reduced axes (the innermost a simd loop with
         `clauses`, a plain one when None); with blocked sums, the innermost reduced loop runs
         in blocks of ROW_BLOCK (or whole, when shorter, a block then being several runs of
@@ -327,7 +344,7 @@ class ReductionEmitter:
         return indent + "  "
 
     def _close_row_pass(self, dims: list[LoopDim], reduced: list[int], indent: str,
-                        blocked: list[Node], phase: int) -> None:
+                        blocked: list[_Sum], phase: int) -> None:
         """Close what `_open_row_pass` opened; each finished block's sums go to their pairwise
         totals, and after the last block the totals become the accumulators."""
         if not blocked:
@@ -336,8 +353,8 @@ class ReductionEmitter:
         indent = self._close_loops(1, indent)
         size = dims[reduced[-1]].size
         runs = _runs_per_block(size)
-        flush = " ".join(f"gk_pairwise_push(&pw{self.local[r.uid]}, acc{self.local[r.uid]}); "
-                         f"acc{self.local[r.uid]} = 0;" for r in blocked)
+        flush = " ".join(f"gk_pairwise_push(&{b.pairwise}, {b.acc}); {b.acc} = 0;"
+                         for b in blocked)
         # A row of run-time length: its last block stays in the accumulator, so a row of one
         # block (up to ROW_BLOCK) is summed as a static short row is, with no pairwise total.
         one_block_rows = dyn.is_dynamic(size) and len(reduced) == 1
@@ -352,11 +369,11 @@ class ReductionEmitter:
         indent = self._close_loops(len(reduced) - 1, indent)
         if runs > 1:
             self.lines.append(f"{indent}{flush}")  # the last, partial block
-        for red in blocked:
-            k = self.local[red.uid]
-            total = f"acc{k} = ({T.C_COMPUTE[red.dtype]})gk_pairwise_total(&pw{k});"
+        for b in blocked:
+            total = f"{b.acc} = ({T.C_COMPUTE[b.dtype]})gk_pairwise_total(&{b.pairwise});"
             if one_block_rows:
-                total = f"if (pw{k}.count) {{ gk_pairwise_push(&pw{k}, acc{k}); {total} }}"
+                total = f"if ({b.pairwise}.count) {{ gk_pairwise_push(&{b.pairwise}, {b.acc}); " \
+                    f"{total} }}"
             self.lines.append(f"{indent}{total}")
 
     # -- column reductions ------------------------------------------------------------------
@@ -496,6 +513,15 @@ class ReductionEmitter:
     @staticmethod
     def _combine(red: Node, acc: str, v: str) -> str:
         return _reduction(red).combine.format(acc=acc, v=v)
+
+
+@dataclass
+class _Sum:
+    """A float sum of a row pass that sums in blocks: its accumulator and pairwise total."""
+
+    acc: str
+    pairwise: str
+    dtype: np.dtype
 
 
 def _reduction(red: Node) -> Reduction:
