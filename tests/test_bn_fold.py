@@ -86,9 +86,11 @@ def test_folded_conv_bn_relu_matches_unfolded_and_numpy(name, dtype, rng):
     np.testing.assert_allclose(folded, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(unfolded, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(folded, unfolded, rtol=tol, atol=tol)
-    # The convolution plus one kernel: bias, BatchNorm's shift, residual add and ReLU.
-    assert len(on.kernels) == 2 and on.kernels[0].op_names == ["Conv2DFoldedBN"], on.summary()
-    assert on.kernels[1].backend == "native" and {"Rsqrt", "Maximum"} <= set(on.kernels[1].op_names)
+    # One kernel (codegen/c_conv_block.py): the convolution, then over each image's tile the
+    # bias, BatchNorm's shift, residual add and ReLU.
+    (kernel,) = on.kernels
+    assert kernel.op_names[0] == "Conv2DFoldedBN" and kernel.backend == "native", on.summary()
+    assert {"Rsqrt", "Maximum"} <= set(kernel.op_names)
     assert on.report.rewrites == [
         "BatchNorm folded into Conv2D's weights (inference BatchNorm: the convolution computes "
         "with weight * gamma / sqrt(variance + 0.001), the kernel after it adds the per-channel "

@@ -173,27 +173,96 @@ def test_a_dynamic_batch_passes_its_size_to_the_kernels(rng):
         assert out.shape == (b, 8, 3, 3)
         np.testing.assert_allclose(out, conv_pool_reference(net, x), rtol=1e-5, atol=1e-5)
     (generic,) = {id(v): v for v in net._compiled.values()}.values()
-    windows = [k for k in generic.kernels
-               if tuple(k.op_names) in (("Conv2DFoldedBN",), ("MaxPool",))]
-    assert [k.backend for k in windows] == ["native", "native"]
-    assert all("const int64_t N = " in k.source for k in windows)
+    (block,) = [k for k in generic.kernels if k.op_names[0] == "Conv2DFoldedBN"]
+    assert block.backend == "native" and block.op_names[-1] == "MaxPool"
+    assert "const int64_t N = " in block.source
 
 
-def test_folded_convolution_is_one_native_kernel_and_its_epilogue_hoists_the_scale(rng):
+def test_conv_bn_relu_pool_is_one_kernel_image_by_image(rng):
     net = ConvPool()
     net.bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, 8).astype(np.float32)))
-    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    x = rng.standard_normal((5, 3, 6, 6)).astype(np.float32)
     exe = graphkernel.compile(net, x, options=ON)
-    names = [tuple(k.op_names) for k in exe.kernels]
-    assert names[0] == ("Conv2DFoldedBN",) and names[-1] == ("MaxPool",)
-    assert all(k.backend == "native" for k in exe.kernels)
-    assert len(exe.kernels) == 3  # conv, the per-channel shift + ReLU, pool
-    epilogue = exe.kernels[1].source
-    # The per-channel shift (it reads the BatchNorm's parameters) is computed once per channel,
-    # before the vector loop over the pixels.
-    body = epilogue[epilogue.index("#pragma omp simd"):]
-    assert "sqrtf" not in body and "sqrtf" in epilogue
+    (kernel,) = exe.kernels
+    assert kernel.backend == "native"
+    assert kernel.op_names[0] == "Conv2DFoldedBN" and kernel.op_names[-1] == "MaxPool"
+    assert "Maximum" in kernel.op_names  # the ReLU
+    conv = next(n for n in exe.graph.nodes if n.op == "Conv2DFoldedBN")
+    assert conv.notes["conv_block"].startswith("one kernel with")
     want = conv_pool_reference(net, x)
     np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-5, atol=1e-5)
     off = graphkernel.compile(net, x, options=OFF)
+    assert len(off.kernels) > 1
     np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_random_blocks_with_a_residual_and_per_channel_epilogue(dtype, rng):
+    """conv -> + bias per channel, * scale per channel, + residual, ReLU (-> pool)."""
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    for trial in range(6):
+        c = int(rng.integers(1, 6))
+        o = c if trial % 2 == 0 else int(rng.integers(1, 20))  # residual only when o == c
+        h, w = int(rng.integers(2, 11)), int(rng.integers(2, 11))
+        x = rng.standard_normal((int(rng.integers(1, 4)), c, h, w)).astype(dtype)
+        wt = rng.standard_normal((o, c, 3, 3)).astype(dtype)
+        bias = rng.standard_normal((o, 1, 1)).astype(dtype)
+        scale = rng.standard_normal((1, o, 1, 1)).astype(dtype)
+        conv = P.Conv2D(o, 3, pad_mode="same", stride=1)
+        pool = [None, P.MaxPool(2, 2), P.AvgPool(3, 1, pad_mode="same")][trial % 3]
+        residual = o == c
+
+        def fn(a, k, b, s, conv=conv, pool=pool, residual=residual):
+            y = conv(a, k) + b
+            y = y * s + a if residual else y * s
+            y = P.ReLU()(y)
+            return pool(y) if pool is not None else y
+
+        exe = compiled(fn, x, wt, bias, scale)
+        assert len(exe.kernels) == 1 and exe.kernels[0].op_names[0] == "Conv2D", exe.kernels
+        y = reference("Conv2D", x, wt, out_channel=o, kernel_size=3, pad_mode="same") + bias
+        y = np.maximum(y * scale + x if residual else y * scale, 0)
+        if pool is not None:
+            attrs = ({"kernel_size": 2, "strides": 2} if trial % 3 == 1 else
+                     {"kernel_size": 3, "strides": 1, "pad_mode": "same"})
+            y = reference(type(pool).__name__, y, **attrs)
+        out = exe.run_arrays(x, wt, bias, scale)[0]
+        np.testing.assert_allclose(out, y, rtol=tol, atol=tol * max(1.0, np.abs(y).max()))
+        off = compiled(fn, x, wt, bias, scale, options=OFF).run_arrays(x, wt, bias, scale)[0]
+        np.testing.assert_allclose(out, off, rtol=tol, atol=tol * max(1.0, np.abs(y).max()))
+
+
+def test_a_convolution_read_twice_keeps_its_own_kernel_and_says_why(rng):
+    x = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    conv = P.Conv2D(4, 3, pad_mode="same")
+
+    def fn(a, k):
+        y = conv(a, k)
+        return P.ReLU()(y * 2.0), y
+
+    exe = compiled(fn, x, wt)
+    assert [k.op_names[0] for k in exe.kernels][0] == "Conv2D"
+    assert len(exe.kernels) == 2
+    node = next(n for n in exe.graph.nodes if n.op == "Conv2D")
+    assert "a kernel of its own" in node.notes["conv_block"]
+    y = reference("Conv2D", x, wt, out_channel=4, kernel_size=3, pad_mode="same")
+    relu, raw = exe.run_arrays(x, wt)
+    np.testing.assert_allclose(raw, y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(relu, np.maximum(y * 2, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_per_channel_epilogue_hoists_its_scale_out_of_the_vector_loop(rng):
+    bn = nn.BatchNorm2d(6)
+    bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, 6).astype(np.float32)))
+    bn.set_train(False)
+    x = rng.standard_normal((3, 6, 7, 5)).astype(np.float32)
+    exe = graphkernel.compile(bn, x, options=ON)
+    (kernel,) = exe.kernels
+    # The per-channel scale (sqrt of the variance) is computed once per channel, before the
+    # vector loop over the pixels.
+    body = kernel.source[kernel.source.index("#pragma omp simd"):]
+    assert "sqrtf" not in body and "sqrtf" in kernel.source
+    off = graphkernel.compile(bn, x, options=OFF)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], off.run_arrays(x)[0], rtol=1e-5,
+                               atol=1e-6)

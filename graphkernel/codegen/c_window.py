@@ -18,6 +18,7 @@ Only the batch axis may be dynamic (its size is an argument, codegen/shape_args.
 else stays the op's numpy reference (`window_kernel` says why)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ WINDOW_OPS = ("Conv2D", "Conv2DFoldedBN", "MaxPool", "AvgPool")
 
 # Shared by every window kernel of a translation unit: the vector width and pixel block (16
 # accumulators of 16 floats fill half of AVX-512's registers; AVX2 has 16 registers of 8).
-_TYPES = """\
+WINDOW_TYPES = """\
 #ifndef GK_WINDOW_TYPES
 #define GK_WINDOW_TYPES
 #include <stdlib.h>
@@ -83,7 +84,7 @@ def emit_window_kernel(node: Node, name: str, threshold: int) -> KernelSource:
         lines = _pool(node, name, attrs, threshold)
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(node.inputs)]
     buffers.append(Buffer(node, tuple(node.shape), True, 0))
-    return KernelSource(name, _TYPES + "\n".join(lines) + "\n", buffers)
+    return KernelSource(name, WINDOW_TYPES + "\n".join(lines) + "\n", buffers)
 
 
 def _batch(node: Node) -> tuple[str, list[str]]:
@@ -93,7 +94,7 @@ def _batch(node: Node) -> tuple[str, list[str]]:
     return str(n), read_sizes(symbols, len(node.inputs) + 1)
 
 
-def _images(call: str, batch: str, per_image: int, threshold: int,
+def image_loop(call: str, batch: str, per_image: int, threshold: int,
             scratch: list[str], free: list[str]) -> list[str]:
     """The loop over images: on threads (each with its own scratch) above `threshold`
     multiply-adds, else on the calling thread (an OpenMP `if` clause still enters the runtime)."""
@@ -112,7 +113,48 @@ def _images(call: str, batch: str, per_image: int, threshold: int,
 
 # -- convolution ----------------------------------------------------------------------------
 
+@dataclass
+class ConvParts:
+    """A convolution's C in pieces, for its own kernel and for a block (c_conv_block.py)."""
+
+    statics: list[str]  # the taps table, the per-image functions
+    reads: list[str]  # binding x, w (scale, var) from args[0..]
+    repack: list[str]  # filling `wt` (vector type `vt`, `wt_count` vectors) from w
+    wt_count: str
+    vt: str
+    ct: str
+    st: str
+    image: str  # the per-image call, {xn} and {on} to fill; needs wt and xp
+    direct: str  # the slow per-image loop, {xn} and {on} to fill; needs nothing
+    scratch: int  # elements of the zero-bordered copy xp
+    macs: int  # multiply-adds per image
+    in_size: int  # elements per input image
+    out_size: int  # elements per output image
+
+
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+    parts = conv_parts(node, name, attrs)
+    batch, sizes = _batch(node)
+    vt, st = parts.vt, parts.st
+    xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
+    lines = parts.statics + ["", f"void {name}(void *const *args) {{", *parts.reads,
+                             f"  {st} *restrict out = ({st} *)args[{len(node.inputs)}];",
+                             *sizes,
+                             f"  {vt} *wt = ({vt} *)malloc(sizeof({vt}) * {parts.wt_count});",
+                             "  if (wt == NULL) {",
+                             f"    for (int64_t n = 0; n < {batch}; ++n) "
+                             f"{parts.direct.format(xn=xn, on=on)}",
+                             "    return;",
+                             "  }", *parts.repack]
+    scratch = [f"  {parts.ct} *xp = ({parts.ct} *)calloc({parts.scratch}, sizeof({parts.ct}));"]
+    call = f"if (xp != NULL) {parts.image.format(xn=xn, on=on)} else " \
+        f"{parts.direct.format(xn=xn, on=on)}"
+    lines += image_loop(call, batch, parts.macs, threshold, scratch, ["  free(xp);"])
+    lines += ["  free(wt);", "}"]
+    return lines
+
+
+def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     st, ct = T.C_STORAGE[x.dtype], T.C_COMPUTE[x.dtype]
@@ -127,7 +169,6 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
     hp, wp = h + pt + pb, wd + pl + pr
     taps = cg * kh * kw
     p = oh * ow
-    batch, sizes = _batch(node)
     folded = node.op == "Conv2DFoldedBN"
     params = "w, scale, var" if folded else "w"
     param_decl = f"const {st} *restrict w" + (
@@ -150,8 +191,7 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
         f"{name}_OC = ({og} + {name}_VL - 1) / {name}_VL }};",
         f"static const int32_t {name}_taps[{taps}] = {{{tap_offsets}}};",
         # The slow loop for an image whose scratch plane could not be allocated.
-        f"static void {direct}(const {st} *restrict x, {param_decl}, {st} *restrict out, "
-        "int64_t n) {",
+        f"static void {direct}(const {st} *restrict xn, {param_decl}, {st} *restrict on) {{",
         f"  for (int64_t ch = 0; ch < {o}; ++ch) {{",
         f"    const int64_t gi = ch / {og};",
         f"    const {ct} s = {scale};",
@@ -164,10 +204,10 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
         f"              const int64_t r = i * {sh} + a * {dh} - {pt}, q = j * {sw} + b * {dw}"
         f" - {pl};",
         f"              if (r < 0 || r >= {h} || q < 0 || q >= {wd}) continue;",
-        f"              acc += ({ct})x[((n * {c} + gi * {cg} + ci) * {h} + r) * {wd} + q] *",
+        f"              acc += ({ct})xn[((gi * {cg} + ci) * {h} + r) * {wd} + q] *",
         f"                     (({ct})w[((ch * {cg} + ci) * {kh} + a) * {kw} + b] * s);",
         "            }",
-        f"        out[((n * {o} + ch) * {oh} + i) * {ow} + j] = ({st})acc;",
+        f"        on[(ch * {oh} + i) * {ow} + j] = ({st})acc;",
         "      }",
         "  }",
         "}",
@@ -177,14 +217,12 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
         "#pragma GCC push_options",
         '#pragma GCC optimize("fp-contract=fast")',
         "#endif",
-        f"static void {image}(const {st} *restrict x, const {vt} *restrict wt, "
-        f"{st} *restrict out, int64_t n, {ct} *restrict xp) {{",
+        f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
+        f"{st} *restrict on, {ct} *restrict xp) {{",
         "#if defined(__clang__)",
         "#pragma clang fp contract(fast)",
         "#endif",
         f"  enum {{ VL = {name}_VL, OC = {name}_OC, PB = GK_PB }};",
-        f"  const {st} *xn = x + n * {c * h * wd}LL;",
-        f"  {st} *on = out + n * {o * p}LL;",
         f"  for (int64_t ci = 0; ci < {c}; ++ci)",
         f"    for (int64_t i = 0; i < {h}; ++i) {{",
         f"      {ct} *row = xp + (ci * {hp} + i + {pt}) * {wp} + {pl};",
@@ -221,21 +259,14 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
         "#if defined(__GNUC__) && !defined(__clang__)",
         "#pragma GCC pop_options",
         "#endif",
-        "",
-        f"void {name}(void *const *args) {{",
-        f"  const {st} *restrict x = (const {st} *)args[0];",
-        f"  const {st} *restrict w = (const {st} *)args[1];"]
+    ]
+    reads = [f"  const {st} *restrict x = (const {st} *)args[0];",
+             f"  const {st} *restrict w = (const {st} *)args[1];"]
     if folded:
-        lines += [f"  const {st} *restrict scale = (const {st} *)args[2];",
+        reads += [f"  const {st} *restrict scale = (const {st} *)args[2];",
                   f"  const {st} *restrict var = (const {st} *)args[3];"]
-    lines += [f"  {st} *restrict out = ({st} *)args[{4 if folded else 2}];", *sizes]
     # Repacked weights: [group][tap][channel block], lanes past the group's channels zero.
-    lines += [
-        f"  {vt} *wt = ({vt} *)malloc(sizeof({vt}) * {g * taps}LL * {name}_OC);",
-        "  if (wt == NULL) {",
-        f"    for (int64_t n = 0; n < {batch}; ++n) {direct}(x, {params}, out, n);",
-        "    return;",
-        "  }",
+    repack = [
         f"  for (int64_t gi = 0; gi < {g}; ++gi)",
         f"    for (int64_t oc = 0; oc < {name}_OC; ++oc)",
         f"      for (int64_t l = 0; l < {name}_VL; ++l) {{",
@@ -245,16 +276,30 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
         f"          wt[(gi * {taps} + t) * {name}_OC + oc][l] =",
         f"              oi < {og} ? ({ct})w[ch * {taps}LL + t] * s : 0;",
         "      }"]
-    scratch = [f"  {ct} *xp = ({ct} *)calloc({c * hp * wp}, sizeof({ct}));"]
-    call = f"if (xp != NULL) {image}(x, wt, out, n, xp); else {direct}(x, {params}, out, n);"
-    lines += _images(call, batch, o * p * taps, threshold, scratch, ["  free(xp);"])
-    lines += ["  free(wt);", "}"]
-    return lines
+    return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
+                     f"{image}({{xn}}, wt, {{on}}, xp);", f"{direct}({{xn}}, {params}, {{on}});",
+                     c * hp * wp, o * p * taps, c * h * wd, o * p)
 
 
 # -- pools ------------------------------------------------------------------------------------
 
 def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+    statics, image, in_size, out_size, reads = pool_parts(node, name, attrs)
+    batch, sizes = _batch(node)
+    st = T.C_STORAGE[node.dtype]
+    lines = statics + ["", f"void {name}(void *const *args) {{",
+                       f"  const {st} *restrict x = (const {st} *)args[0];",
+                       f"  {st} *restrict out = ({st} *)args[1];", *sizes]
+    call = image.format(xn=f"x + n * {in_size}LL", on=f"out + n * {out_size}LL")
+    lines += image_loop(call, batch, reads, threshold, [], [])
+    lines.append("}")
+    return lines
+
+
+def pool_parts(node: Node, name: str, attrs: dict[str, Any]
+               ) -> tuple[list[str], str, int, int, int]:
+    """A pool's per-image function, its call ({xn}, {on} to fill), the elements of an input
+    and an output image, and the reads per image."""
     x = node.inputs[0].tensor_type
     geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
     st, ct = T.C_STORAGE[x.dtype], T.C_COMPUTE[x.dtype]
@@ -262,7 +307,6 @@ def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
     (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
     (pt, _), (pl, _) = geo["pads"]
     oh, ow = geo["out"]
-    batch, sizes = _batch(node)
     is_max = node.op == "MaxPool"
     inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
     start = f"{ct} m = -{inf};" if is_max else f"{ct} m = 0; int64_t count = 0;"
@@ -274,10 +318,10 @@ def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
     image = f"{name}_image"
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
-        f"static void {image}(const {st} *restrict x, {st} *restrict out, int64_t n) {{",
+        f"static void {image}(const {st} *restrict xn, {st} *restrict on) {{",
         f"  for (int64_t ci = 0; ci < {c}; ++ci) {{",
-        f"    const {st} *plane = x + (n * {c} + ci) * {h * wd}LL;",
-        f"    {st} *o = out + (n * {c} + ci) * {oh * ow}LL;",
+        f"    const {st} *plane = xn + ci * {h * wd}LL;",
+        f"    {st} *o = on + ci * {oh * ow}LL;",
         f"    for (int64_t i = 0; i < {oh}; ++i)",
         f"      for (int64_t j = 0; j < {ow}; ++j) {{",
         f"        {start}",
@@ -295,10 +339,5 @@ def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
         "      }",
         "  }",
         "}",
-        "",
-        f"void {name}(void *const *args) {{",
-        f"  const {st} *restrict x = (const {st} *)args[0];",
-        f"  {st} *restrict out = ({st} *)args[1];", *sizes]
-    lines += _images(f"{image}(x, out, n);", batch, c * oh * ow * kh * kw, threshold, [], [])
-    lines.append("}")
-    return lines
+    ]
+    return lines, f"{image}({{xn}}, {{on}});", c * h * wd, c * oh * ow, c * oh * ow * kh * kw

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from graphkernel.codegen import toolchain
+from graphkernel.codegen.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.c_window import emit_window_kernel, window_kernel
 from graphkernel.codegen.generic_kernel import emit_any_kernel
@@ -157,11 +158,31 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     used_names: set[str] = set()
     views = library_views(graph)  # marked by the last backend stage when fusion is on
     folded = {n.uid for v in views.values() for n in v.folded}
+    # codegen/c_conv_block.py; planned where its last member is (its inputs are ready there).
+    blocks = {block.last.uid: block for block in (conv_blocks(graph) if compiler else {}).values()}
+    folded |= {m.uid for block in blocks.values() for m in block.members[:-1]}
     for node in graph.nodes:
         if node.op == "GetItem":
             b.getitem(node)
             continue
         if node.uid in folded:  # read or written by a library call through a strided view
+            continue
+        block = blocks.get(node.uid)
+        if block is not None:  # a convolution, its fused epilogue (and pool): one kernel
+            reads = tuple(b.read(v) for v in block.reads)
+            writes = b.write(node)
+            conv = block.conv
+            cname = _unique(c_identifier(conv.name + "_block"), used_names)
+            source = emit_conv_block(block, cname, cost.window_parallel_min_macs)
+            assert block.epilogue.subgraph is not None
+            ops = (conv.op,) + _flat_op_names(block.epilogue.subgraph) + \
+                ((block.pool.op,) if block.pool is not None else ())
+            moved = bytes_of(tuple(v.tensor_type for v in block.reads)) + \
+                bytes_of(output_types(node))
+            b.steps.append(Step(StepKind.KERNEL, conv.name + "_block", ops, reads, writes,
+                                output_types(node), kernel=source, pooled=True,
+                                sizes=kernel_symbols(tuple(conv.inputs[0].shape)),
+                                bytes_moved=moved))
             continue
         mine = views.get(node.uid)
         if mine is not None:

@@ -1,0 +1,257 @@
+"""A convolution, the fused pointwise kernel after it and the pool after that, as one kernel
+that works image by image in cache (fusion on).
+
+A conv-BatchNorm-ReLU(-pool) block otherwise writes the convolution's result to memory, reads
+it back in the fused kernel (per-channel shift, residual add, ReLU), writes that, and reads it
+again in the pool: at batch 256 of a small CNN those are megabytes that leave the L2 cache
+between the steps (each step ran at half its cache-hot speed in sequence). Here each image's
+convolution goes to a tile on the thread's stack, the epilogue runs over the tile, the pool
+reads the tile, and only the block's result reaches memory. The epilogue's per-channel values
+(the folded BatchNorm's shift) are computed once per call.
+
+`conv_blocks` decides, from the final graph: a Conv2D/Conv2DFoldedBN with a window kernel
+whose only reader is a fused pointwise group of its shape, float32 or float64, whose ops are
+elementwise over the convolution's result, tensors of its shape (a residual), per-channel
+values and scalars; then a MaxPool/AvgPool that alone reads the group joins too. Each
+convolution's decision is a note on its node (`conv_block`, in the dumps)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from graphkernel.codegen.c_loops import Buffer, KernelSource
+from graphkernel.codegen.c_text import c_comment, literal
+from graphkernel.codegen.c_window import (
+    WINDOW_TYPES,
+    conv_parts,
+    image_loop,
+    pool_parts,
+    window_kernel,
+)
+from graphkernel.codegen.shape_args import kernel_symbols, read_sizes
+from graphkernel.ir import types as T
+from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opset import PatternKind, get_op
+
+NOTE = "conv_block"
+RELABELS = ("Reshape", "ExpandDims", "Squeeze")
+STACK_BYTES = 48 << 10  # per scratch array on a thread's stack (OpenMP threads have >= 2 MiB)
+
+
+@dataclass(frozen=True)
+class ConvBlock:
+    conv: Node
+    epilogue: Node  # a fused pointwise group: its subgraph reads the convolution's result
+    pool: Node | None
+
+    @property
+    def last(self) -> Node:
+        return self.pool if self.pool is not None else self.epilogue
+
+    @property
+    def members(self) -> tuple[Node, ...]:
+        return (self.conv, self.epilogue) + ((self.pool,) if self.pool is not None else ())
+
+    @property
+    def reads(self) -> list[Value]:
+        """The step's inputs: the convolution's, then the epilogue's other inputs."""
+        return list(self.conv.inputs) + [v for v in self.epilogue.inputs if v is not self.conv]
+
+
+def conv_blocks(graph: Graph) -> dict[int, ConvBlock]:
+    """Convolution uid -> its block, for every convolution that makes one; each convolution
+    gets a note saying what joined it or why nothing did."""
+    users = graph.users()
+    results = {v.uid for v in graph.results()}
+    found: dict[int, ConvBlock] = {}
+    for conv in graph.nodes:
+        if conv.op not in ("Conv2D", "Conv2DFoldedBN") or conv.subgraph is not None:
+            continue
+        block, why = _block(conv, users, results)
+        if block is None:
+            conv.notes[NOTE] = f"a kernel of its own: {why}"
+            continue
+        found[conv.uid] = block
+        pool = f" and {block.pool.name}" if block.pool is not None else ""
+        conv.notes[NOTE] = f"one kernel with {block.epilogue.name}{pool}, image by image"
+    return found
+
+
+def _only_reader(node: Node, users: dict[int, list[Node]], results: set[int]) -> Node | None:
+    readers = users.get(node.uid, [])
+    if node.uid in results or len(readers) != 1 or readers[0].inputs.count(node) != 1:
+        return None
+    return readers[0]
+
+
+def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
+           ) -> tuple[ConvBlock | None, str]:
+    why = window_kernel(conv)
+    if why is not None:
+        return None, why
+    if conv.dtype not in (T.float32, T.float64):
+        return None, f"{conv.dtype.name} (the block computes float32 and float64)"
+    epilogue = _only_reader(conv, users, results)
+    if epilogue is None or epilogue.subgraph is None or epilogue.schedule is None or \
+            epilogue.schedule.is_reduction or len(epilogue.subgraph.outputs) != 1 or \
+            epilogue.type != conv.type:
+        return None, "its result is not read by one pointwise fused group of its shape alone"
+    problem = _epilogue_plan(conv, epilogue)[1]
+    if problem is not None:
+        return None, problem
+    parts = conv_parts(conv, "probe", {**get_op(conv.op).attr_defaults, **conv.attrs})
+    itemsize = conv.dtype.itemsize
+    if max(parts.scratch, parts.out_size) * itemsize > STACK_BYTES or \
+            conv.inputs[1].tensor_type.nbytes * 2 > STACK_BYTES:
+        return None, f"an image's scratch exceeds {STACK_BYTES >> 10} KiB of stack"
+    pool = _only_reader(epilogue, users, results)
+    if pool is None or pool.op not in ("MaxPool", "AvgPool") or window_kernel(pool) is not None:
+        pool = None
+    return ConvBlock(conv, epilogue, pool), ""
+
+
+# -- the epilogue's expressions ------------------------------------------------------------
+
+def _kind(value: Value, conv: Node) -> str | None:
+    """How a value of the epilogue varies over the convolution's output (N, O, H, W): 'one'
+    (a scalar), 'chan' (per output channel, shape (1, O, 1, 1) right-aligned), 'vec' (an
+    (O,) vector, before its Reshape to a channel), 'full' (the output's shape); None otherwise."""
+    shape = tuple(value.shape)
+    o = conv.shape[1]
+    if shape == tuple(conv.shape):
+        return "full"
+    if all(isinstance(d, int) for d in shape) and math.prod(shape) == 1:  # type: ignore
+        return "one"
+    padded = (1,) * (4 - len(shape)) + shape if len(shape) <= 4 else shape
+    if padded == (1, o, 1, 1):
+        return "chan"
+    return "vec" if shape == (o,) else None
+
+
+@dataclass
+class _Plan:
+    """The epilogue as C definitions in order: per-channel ones ('pre': computed once per call
+    for every channel o) and per-element ones ('full'), each a local named by `names`."""
+
+    pre: list[tuple[str, str]]  # (name, expression in o and the inputs)
+    full: list[tuple[str, str]]  # (name, expression in o, p, n, the tile and the pre names)
+    result: str  # the name of the epilogue's result
+    inputs: dict[int, int]  # subgraph input position -> its argument index
+
+
+def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None]:
+    """The epilogue over a tile, or the reason it cannot run over one."""
+    sub = epilogue.subgraph
+    assert sub is not None
+    ct = T.C_COMPUTE[conv.dtype]
+    others = [v for v in epilogue.inputs if v is not conv]
+    plan = _Plan([], [], "", {})
+    ref: dict[int, tuple[str, str]] = {}  # value uid -> (kind, C text)
+    for k, (inner, outer) in enumerate(zip(sub.inputs, epilogue.inputs)):
+        if outer is conv:
+            ref[inner.uid] = ("full", "tile[o * P + p]")
+            continue
+        plan.inputs[k] = len(conv.inputs) + others.index(outer)
+        kind = _kind(inner, conv)
+        if kind is None or inner.dtype != conv.dtype:
+            return None, f"{epilogue.name} reads {outer.name} ({inner.tensor_type}) along " \
+                         "axes other than the channel"
+        if kind == "full":
+            ref[inner.uid] = ("full", f"(({ct})in{k}[n * (O * P) + o * P + p])")
+        else:
+            ref[inner.uid] = (kind, f"(({ct})in{k}[{'0' if kind == 'one' else 'o'}])")
+    for node in sub.nodes:
+        kind = _kind(node, conv)
+        operands = []
+        for v in node.inputs:
+            if isinstance(v, Constant) and v.is_scalar:
+                operands.append(("one", literal(v.value.astype(conv.dtype))))
+            elif v.uid in ref:
+                operands.append(ref[v.uid])
+            else:
+                return None, f"{epilogue.name} reads a constant array"
+        if kind is None or node.dtype != conv.dtype:
+            return None, f"{node.name} ({node.op}) is not per element or per channel"
+        kinds = {k for k, _ in operands} - {"one"}
+        if node.op in RELABELS and kind != "full" and kinds <= {"chan", "vec"}:
+            ref[node.uid] = (kind, operands[0][1])  # the same o-th element
+            continue
+        opdef = get_op(node.op)
+        if opdef.kind != PatternKind.ELEMWISE or opdef.c_template is None or \
+                any(v.dtype != conv.dtype for v in node.inputs):
+            return None, f"{node.name} ({node.op}) is not an elementwise op of the dtype"
+        if kind == "full" and not kinds <= {"chan", "full"} or \
+                kind != "full" and not kinds <= {kind}:
+            return None, f"{node.name} broadcasts other than per channel"
+        template = opdef.c_float_template or opdef.c_template
+        suffix = "f" if ct == "float" else ""
+        text = f"(({ct}){template.format(*[e for _, e in operands], f=suffix)})"
+        defs = plan.full if kind == "full" else plan.pre
+        local = f"{'v' if kind == 'full' else 'c'}{len(defs)}"
+        defs.append((local, text))
+        ref[node.uid] = (kind, local)
+    kind, plan.result = ref.get(sub.outputs[0].uid, ("", ""))
+    if kind != "full":
+        return None, f"{epilogue.name}'s result does not read the convolution"
+    return plan, None
+
+
+# -- the kernel ------------------------------------------------------------------------------
+
+def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource:
+    """One kernel for the block; argv: `block.reads`, the result, then the batch size when it is
+    dynamic."""
+    conv, pool = block.conv, block.pool
+    plan, problem = _epilogue_plan(conv, block.epilogue)
+    assert plan is not None, problem
+    parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs})
+    ct, st, vt = parts.ct, parts.st, parts.vt
+    o = conv.shape[1]
+    reads = block.reads
+    n = conv.inputs[0].shape[0]
+    batch, sizes = str(n), read_sizes(kernel_symbols((n,)), len(reads) + 1)
+    lines = [*parts.statics]
+    out_size = parts.out_size
+    if pool is not None:
+        pool_attrs = {**get_op(pool.op).attr_defaults, **pool.attrs}
+        statics, pool_call, _, out_size, _ = pool_parts(pool, f"{name}_pool", pool_attrs)
+        lines += statics
+    npre = max(len(plan.pre), 1)
+    inputs = [f"  const {st} *restrict in{k} = (const {st} *)args[{a}];"
+              for k, a in plan.inputs.items()]
+    # The epilogue over one image's tile, in place; per-channel values from `pre`.
+    lines += [f"/* {c_comment(name)}: {c_comment(block.epilogue.name)} over each image */",
+              f"static void {name}_epilogue({ct} *restrict tile, int64_t n, "
+              f"void *const *args, const {ct} *restrict pre) {{",
+              f"  enum {{ O = {o}, P = {parts.out_size // o} }};", *inputs,
+              "  (void)n; (void)args; (void)pre;",
+              "  for (int64_t o = 0; o < O; ++o) {"]
+    lines += [f"    const {ct} {local} = pre[o * {npre} + {j}];"
+              for j, (local, _) in enumerate(plan.pre)]
+    lines += ["    #pragma omp simd", "    for (int64_t p = 0; p < P; ++p) {"]
+    lines += [f"      const {ct} {local} = {text};" for local, text in plan.full]
+    lines += [f"      tile[o * P + p] = {plan.result};", "    }", "  }", "}", ""]
+    # The kernel: weights repacked and per-channel values computed once, then image by image.
+    lines += [f"void {name}(void *const *args) {{", *parts.reads,
+              f"  {st} *restrict out = ({st} *)args[{len(reads)}];", *sizes,
+              f"  {vt} wt[{parts.wt_count}];", *parts.repack,
+              f"  {ct} pre[{o * npre}];", *inputs,
+              f"  enum {{ O = {o} }};",
+              "  for (int64_t o = 0; o < O; ++o) {"]
+    for j, (local, text) in enumerate(plan.pre):
+        lines += [f"    const {ct} {local} = {text};", f"    pre[o * {npre} + {j}] = {local};"]
+    lines.append("  }")
+    xn, dst = f"x + n * {parts.in_size}LL", f"out + n * {out_size}LL"
+    if pool is not None:
+        call = f"{{ {parts.image.format(xn=xn, on='tile')} " \
+            f"{name}_epilogue(tile, n, args, pre); {pool_call.format(xn='tile', on=dst)} }}"
+        scratch = [f"  {ct} xp[{parts.scratch}] = {{0}};", f"  {ct} tile[{parts.out_size}];"]
+    else:
+        call = f"{{ {ct} *tile = {dst}; {parts.image.format(xn=xn, on='tile')} " \
+            f"{name}_epilogue(tile, n, args, pre); }}"
+        scratch = [f"  {ct} xp[{parts.scratch}] = {{0}};"]
+    lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
+    lines.append("}")
+    buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(reads)]
+    buffers.append(Buffer(block.last, tuple(block.last.shape), True, 0))
+    return KernelSource(name, WINDOW_TYPES + "\n".join(lines) + "\n", buffers)
