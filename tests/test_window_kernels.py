@@ -266,3 +266,16 @@ def test_a_per_channel_epilogue_hoists_its_scale_out_of_the_vector_loop(rng):
     off = graphkernel.compile(bn, x, options=OFF)
     np.testing.assert_allclose(exe.run_arrays(x)[0], off.run_arrays(x)[0], rtol=1e-5,
                                atol=1e-6)
+
+
+def test_weights_too_large_for_the_stack_keep_the_kernels_apart(rng):
+    x = rng.standard_normal((2, 64, 5, 5)).astype(np.float32)
+    wt = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)  # 147 KiB repacked
+    conv = P.Conv2D(64, 3, pad_mode="same")
+    exe = compiled(lambda a, k: P.ReLU()(conv(a, k)), x, wt)
+    assert len(exe.kernels) == 2 and exe.kernels[0].op_names[0] == "Conv2D", exe.kernels
+    node = next(n for n in exe.graph.nodes if n.op == "Conv2D")
+    assert "KiB of stack" in node.notes["conv_block"]
+    y = reference("Conv2D", x, wt, out_channel=64, kernel_size=3, pad_mode="same")
+    np.testing.assert_allclose(exe.run_arrays(x, wt)[0], np.maximum(y, 0), rtol=1e-4,
+                               atol=1e-4)

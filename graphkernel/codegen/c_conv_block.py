@@ -101,9 +101,13 @@ def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
         return None, problem
     parts = conv_parts(conv, "probe", {**get_op(conv.op).attr_defaults, **conv.attrs})
     itemsize = conv.dtype.itemsize
-    if max(parts.scratch, parts.out_size) * itemsize > STACK_BYTES or \
-            conv.inputs[1].tensor_type.nbytes * 2 > STACK_BYTES:
-        return None, f"an image's scratch exceeds {STACK_BYTES >> 10} KiB of stack"
+    # The repacked weights: a vector (at most 64 bytes) per channel block of a group, per tap.
+    o, (_, cg, kh, kw) = conv.shape[1], conv.inputs[1].shape
+    groups = conv.inputs[0].shape[1] // cg
+    lanes = 64 // itemsize
+    weights = groups * cg * kh * kw * -(-(o // groups) // lanes) * 64
+    if max(parts.scratch, parts.out_size) * itemsize > STACK_BYTES or weights > STACK_BYTES:
+        return None, f"an image's scratch or the weights exceed {STACK_BYTES >> 10} KiB of stack"
     pool = _only_reader(epilogue, users, results)
     if pool is None or pool.op not in ("MaxPool", "AvgPool") or window_kernel(pool) is not None:
         pool = None
