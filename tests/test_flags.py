@@ -110,8 +110,9 @@ def test_enable_cluster_ops_only_keeps_other_ops_apart(rng):
               mul=P.Mul())
     exe = _compile(cell, x, "--enable_cluster_ops_only=Add,Mul")
     assert sorted(k.op_names for k in exe.kernels) == [["Add"], ["Add", "Mul"], ["Exp"]]
-    assert {r.rule for r in exe.reasons} == {"flag"}
-    assert all("--enable_cluster_ops_only" in r.detail for r in exe.reasons)
+    # (parallel fusion also keeps Add(x, 1) apart from its sibling: Exp lies between them)
+    assert {r.rule for r in exe.reasons if not r.parallel} == {"flag"}
+    assert all("--enable_cluster_ops_only" in r.detail for r in exe.reasons if not r.parallel)
     assert len(_compile(cell, x, "").kernels) == 1
 
 

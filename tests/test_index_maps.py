@@ -10,7 +10,9 @@ import pytest
 from cells import OFF, ON, Fn
 
 import graphkernel
+from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.index_maps import IndexMap, _reshape
+from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
 
@@ -125,7 +127,9 @@ def _encoder(options):
 
 
 def test_encoder_layout_launches_counted():
-    on, inputs = _encoder(ON)
+    # Counted before parallel fusion, which then launches independent kernels together.
+    on, inputs = _encoder(CompileOptions(enable_graph_kernel=True,
+                                         flags=parse_flags("--enable_parallel_fusion=false")))
     # No launch of the encoder is a layout op alone: head splits fuse with their bias add,
     # each head merge (Transpose + Reshape) is written in place by the BatchMatMul before it,
     # and x[:, 0] (the [CLS] row) is read as a strided matrix by the pooler's MatMul.
@@ -144,5 +148,8 @@ def test_encoder_layout_launches_counted():
     assert on.kernel_count == 35, on.summary()
     off, _ = _encoder(OFF)
     assert off.kernel_count == 72, off.summary()
-    for a, b in zip(on.run_arrays(*inputs), off.run_arrays(*inputs)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    parallel, _ = _encoder(ON)  # the mask's kernel and siblings share launches
+    assert parallel.kernel_count < on.kernel_count, parallel.summary()
+    for exe in (on, parallel):
+        for a, b in zip(exe.run_arrays(*inputs), off.run_arrays(*inputs)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

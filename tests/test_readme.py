@@ -113,9 +113,9 @@ CHECKS = {
         all(abs(float(v) - 1) < 1e-4 for v in out.strip().splitlines()[-1].strip("[]").split())),
     # three training steps on one batch: the loss (near ln 10 at the start) goes down
     "nn.TrainOneStepCell": lambda out, err, cwd: _losses_fall(out),
-    "enable_parallel_fusion": lambda out, err, cwd: (
+    "enable_stitch_fusion": lambda out, err, cwd: (
         out.strip() == "True" and
-        "--enable_parallel_fusion has no effect in graphkernel" in err),
+        "--enable_stitch_fusion has no effect in graphkernel" in err),
 }
 
 

@@ -148,7 +148,7 @@ class Clusterer:
                 if producer is None:
                     continue
                 self._try_merge(producer, node)
-        return ClusterResult(self._materialise(), self._final_reasons())
+        return ClusterResult(self.materialise(), self._final_reasons())
 
     def _producer(self, value: Value) -> Node | None:
         node = self.by_uid.get(value.uid)
@@ -252,7 +252,12 @@ class Clusterer:
                 out.append(reason)
         return out
 
-    def _materialise(self) -> Graph:
+    def materialise(self, prefix: str = "Fused",
+                    made: dict[int, tuple[Node, list[Value], list[tuple[Node, Value]]]] | None
+                    = None) -> Graph:
+        """The graph with each group of two or more units replaced by one composite named
+        `prefix` and its members' labels. `made`, when given, receives for each group (by its
+        first unit's uid) the composite, its outputs and (unit, flat value) pairs exported."""
         groups: dict[int, Group] = {}
         for group in self.group_of.values():
             groups[id(group)] = group
@@ -269,7 +274,8 @@ class Clusterer:
             outer_to_inner = {v.uid: s for v, s in zip(inputs, sub_inputs)}
             for node in nodes:
                 node.inputs = [outer_to_inner.get(v.uid, v) for v in node.inputs]
-            name = fused_name([label for u in real for label in unit_labels(u)], taken_names)
+            name = fused_name([label for u in real for label in unit_labels(u)], taken_names,
+                              prefix)
             taken_names.add(name)
             sub = Graph(name, sub_inputs, nodes, outputs)
             type_ = outputs[0].type if len(outputs) == 1 else TupleType(
@@ -278,6 +284,8 @@ class Clusterer:
             fused.notes["members"] = [u.name for u in real]
             fused.notes["fused_from"] = [label for u in real for label in unit_labels(u)]
             replacement[group.units[0].uid] = fused
+            if made is not None:
+                made[real[0].uid] = (fused, outputs, exported)
             fused_units.update(u.uid for u in group.units)
             for unit, flat in exported:
                 index = outputs.index(flat)
@@ -342,11 +350,11 @@ def unit_labels(unit: Node) -> list[str]:
     return [n.op for n in flat_ops(unit)]
 
 
-def fused_name(ops: list[str], taken: set[str]) -> str:
+def fused_name(ops: list[str], taken: set[str], prefix: str = "Fused") -> str:
     if len(ops) <= 8:
-        base = "Fused_" + "_".join(ops)
+        base = f"{prefix}_" + "_".join(ops)
     else:
-        base = "Fused_" + "_".join(ops[:4]) + f"_and_{len(ops) - 4}_more"
+        base = f"{prefix}_" + "_".join(ops[:4]) + f"_and_{len(ops) - 4}_more"
     name, n = base, 1
     while name in taken:
         name = f"{base}_{n}"

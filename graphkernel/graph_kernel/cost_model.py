@@ -33,6 +33,13 @@ class CostModel:
     # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
     # on OpenMP threads (codegen/c_window.py): ~20 us of one thread's work, well above a fork.
     window_parallel_min_macs: int = 1 << 20
+    # Parallel (horizontal) fusion (graph_kernel/parallel_fusion.py): independent groups of a
+    # graph launched as one kernel. A loop nest moving more than `parallel_max_bytes` is large:
+    # its memory traffic (~100 us per MiB here) dwarfs a launch (~1-2 us through the Python
+    # runner, ~0.1 us from the C entry), so two large nests gain nothing from sharing one.
+    parallel_max_bytes: int = 1 << 20
+    # Groups one parallel kernel holds at most.
+    parallel_max_groups: int = 32
 
     def decline(self, nodes: list[Node], inputs: list[Value], sched: Schedule) -> str | None:
         """A reason not to fuse, or None when fusing pays."""
@@ -64,6 +71,26 @@ class CostModel:
                 return (f"{node.op} on {size} elements would be recomputed "
                         f"{loops // size}x across the iteration space {sched.space}")
         return None
+
+
+def parallel_decline(cost: CostModel, nest_bytes: list[int], interleaved: bool,
+                     shared_bytes: int) -> str | None:
+    """A reason not to launch independent groups as one kernel, or None when it pays.
+    `nest_bytes`: bytes each loop nest of the merged kernel would move; `interleaved`: the
+    newcomer shares a loop nest with a group already there, which reads `shared_bytes` of the
+    same inputs (read once instead of twice)."""
+    limit = cost.parallel_max_bytes
+    if interleaved:
+        if shared_bytes or sum(nest_bytes) <= limit:
+            return None
+        return (f"one loop nest would move {sum(nest_bytes)} bytes and read no input of the "
+                f"other group: it already saturates memory (parallel_max_bytes={limit})")
+    large = [b for b in nest_bytes if b > limit]
+    if len(large) >= 2:
+        return (f"loop nests of {' and '.join(str(b) for b in large[:2])} bytes each already "
+                f"saturate memory (parallel_max_bytes={limit}): one launch saved is a small "
+                "part of their time")
+    return None
 
 
 def _times(space: Dim, size: Dim) -> int | None:

@@ -69,7 +69,8 @@ MINDSPORE_FLAGS: dict[str, str] = {
 # The flags that change what graphkernel does (the fields of GraphKernelFlags).
 IMPLEMENTED = ("opt_level", "dump_as_text", "composite_op_limit_size", "enable_expand_ops",
                "enable_expand_ops_only", "disable_expand_ops", "enable_cluster_ops",
-               "enable_cluster_ops_only", "disable_cluster_ops", "enable_pass", "disable_pass")
+               "enable_cluster_ops_only", "disable_cluster_ops", "enable_pass", "disable_pass",
+               "enable_parallel_fusion")
 KNOWN_FLAGS = IMPLEMENTED  # kept for callers that list what acts
 
 _OP_LISTS = ("enable_expand_ops", "enable_expand_ops_only", "disable_expand_ops",
@@ -89,7 +90,10 @@ class GraphKernelFlags:
     trade accuracy or memory for speed).
     `*_only` lists replace the default choice (the plain enable/disable lists are then ignored,
     as in MindSpore). enable_pass/disable_pass name backend stages (`hwopt_2_basic_op_fusion`
-    or `basic_op_fusion`). `no_effect` lists the MindSpore flags given that do nothing here.
+    or `basic_op_fusion`). enable_parallel_fusion (on by default, from opt_level 1): independent
+    fused groups and siblings of one input launched as one kernel where the cost model says it
+    pays (graph_kernel/parallel_fusion.py); `--enable_parallel_fusion=false` turns it off.
+    `no_effect` lists the MindSpore flags given that do nothing here.
     """
 
     opt_level: int = 2
@@ -103,6 +107,7 @@ class GraphKernelFlags:
     disable_pass: frozenset[str] = field(default_factory=frozenset)
     composite_op_limit_size: int = DEFAULT_OP_LIMIT
     dump_as_text: bool = False
+    enable_parallel_fusion: bool = True
     no_effect: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  # given, but overridden by a *_only flag
 

@@ -18,10 +18,11 @@ from graphkernel.graph_kernel.bn_fold import fold_batch_norms
 from graphkernel.graph_kernel.cluster import cluster
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
-from graphkernel.graph_kernel.flags import GraphKernelFlags
+from graphkernel.graph_kernel.flags import GraphKernelFlags, short_stage_name
 from graphkernel.graph_kernel.index_maps import sink_views
 from graphkernel.graph_kernel.library_views import folded_names, mark_library_views
 from graphkernel.graph_kernel.lower_layout import lower_to_views
+from graphkernel.graph_kernel.parallel_fusion import LOOP_NESTS, parallel_fuse, parallel_schedule
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
@@ -60,7 +61,7 @@ class BackendState:
     """What backend stages learn along the way (the reasons fusion refused an edge)."""
 
     def __init__(self) -> None:
-        self.reasons: list[FusionReason] = []
+        self.reasons: list[FusionReason] = []  # vertical fusion's, then parallel fusion's
         self.rewrites: list[str] = []  # graph rewrites a user should know of (BatchNorm folds)
 
 
@@ -154,6 +155,11 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
         state.reasons = list(result.reasons)
         return result.graph
 
+    def parallel_fusion(graph: Graph) -> Graph:
+        graph, reasons = parallel_fuse(graph, flags, options.cost, names.PARALLEL_FUSION)
+        state.reasons = [r for r in state.reasons if not r.parallel] + reasons
+        return graph
+
     stages = [
         Stage(names.EXPAND, expand,
               "composite ops (GeLU, Softmax, LayerNorm, ...) expanded into basic ops; inference "
@@ -165,10 +171,17 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
         # MindSpore runs simplification from opt_level 2.
         Stage(names.SIMPLIFY, simplify_composites,
               "constant folding, common subexpressions and identities inside each kernel", 2),
+        Stage(names.PARALLEL_FUSION, parallel_fusion,
+              "independent groups and siblings of one input launched as one kernel where it "
+              "pays (--enable_parallel_fusion)", 1),
     ]
     # enable_pass and disable_pass override a stage's opt_level by its name.
     known = [s.name for s in stages]
-    return [s for s in stages if flags.stage_runs(s.name, s.opt_level, known)] + [end]
+    runs = [s for s in stages if flags.stage_runs(s.name, s.opt_level, known)]
+    if not flags.enable_parallel_fusion and not {names.PARALLEL_FUSION, short_stage_name(
+            names.PARALLEL_FUSION)} & flags.enable_pass:
+        runs = [s for s in runs if s.name != names.PARALLEL_FUSION]
+    return runs + [end]
 
 
 def schedule_composites(graph: Graph) -> Graph:
@@ -180,7 +193,10 @@ def schedule_composites(graph: Graph) -> Graph:
         if node.subgraph is None:
             continue
         try:
-            node.schedule = analyze(node.subgraph.nodes, node.subgraph.outputs)
+            if LOOP_NESTS in node.notes:  # a parallel kernel: one loop nest or several
+                node.schedule = parallel_schedule(node)
+            else:
+                node.schedule = analyze(node.subgraph.nodes, node.subgraph.outputs)
         except NotSchedulable as exc:
             node.schedule = None
             node.notes["not_one_kernel"] = str(exc)

@@ -1,4 +1,6 @@
-"""Why two adjacent ops ended up in different kernels (the WhyNoFuse of this compiler)."""
+"""Why two ops ended up in different kernels (the WhyNoFuse of this compiler): a producer and
+its consumer left apart by vertical fusion, or two independent groups left as two launches by
+parallel (horizontal) fusion."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,13 +24,19 @@ RULES = tuple(FuseRule)  # in the order reports list them
 
 @dataclass(frozen=True)
 class FusionReason:
-    """`producer` feeds `consumer`; `rule` says which rule refused; `detail` says it in words."""
+    """`producer` feeds `consumer`; `rule` says which rule refused; `detail` says it in words.
+    A `parallel` reason is about two groups with no edge between them (parallel fusion would
+    have launched them as one kernel): `producer` is the earlier, `consumer` the later."""
 
     stage: str
     producer: str
     consumer: str
     rule: FuseRule
     detail: str
+    parallel: bool = False
 
     def __str__(self) -> str:
+        if self.parallel:
+            return (f"{self.producer} || {self.consumer}: not one launch ({self.rule}): "
+                    f"{self.detail}")
         return f"{self.producer} -> {self.consumer}: not fused ({self.rule}): {self.detail}"

@@ -10,6 +10,7 @@ EXPAND = "hwopt_1_graph_kernel_expand"
 BASIC_FUSION = "hwopt_2_basic_op_fusion"
 COMPOSITE_FUSION = "hwopt_3_composite_op_fusion"
 SIMPLIFY = "hwopt_4_graph_kernel_simplify"
+PARALLEL_FUSION = "hwopt_5_parallel_fusion"  # independent groups launched as one kernel
 END = "hwopt_d_end"  # the graph that runs
 
 INITIAL, FINAL = VALIDATE, END

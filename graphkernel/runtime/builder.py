@@ -13,9 +13,11 @@ from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.c_window import emit_window_kernel, window_kernel
 from graphkernel.codegen.generic_kernel import emit_any_kernel
 from graphkernel.codegen.library import build_library
+from graphkernel.codegen.parallel_kernel import emit_parallel_kernel
 from graphkernel.codegen.shape_args import kernel_symbols
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.library_views import LibraryViews, library_views
+from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
@@ -223,12 +225,18 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                                 note=reason, **common))  # type: ignore[arg-type]
             continue
         cname = _unique(c_identifier(node.name), used_names)
-        source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
-                                 cost.stream_min_bytes)
+        if isinstance(sched, ParallelSchedule):  # independent groups, a loop nest each
+            source = emit_parallel_kernel(sub, cname, sched, cost.parallel_threshold,
+                                          cost.stream_min_bytes)
+            sizes: tuple[str, ...] = ()  # parallel fusion merges static groups only
+        else:
+            source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
+                                     cost.stream_min_bytes)
+            sizes = kernel_symbols(sched.space)
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)
         b.steps.append(Step(StepKind.KERNEL, reads=reads + extra, kernel=source, pooled=True,
-                            sizes=kernel_symbols(sched.space), **common))  # type: ignore[arg-type]
+                            sizes=sizes, **common))  # type: ignore[arg-type]
     outputs = tuple(b.read(v) for v in graph.outputs)
     for i, value in enumerate(graph.outputs):
         if isinstance(value, Constant):  # a fresh copy per call: results are the caller's
