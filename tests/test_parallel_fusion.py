@@ -11,7 +11,7 @@ import graphkernel
 from graphkernel import Tensor, nn
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.cost_model import CostModel
-from graphkernel.graph_kernel.flags import parse_flags
+from graphkernel.graph_kernel.flags import flags_text, parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 from graphkernel.passes import stage_names
@@ -168,6 +168,9 @@ def test_flag_turns_it_off_and_on():
                                                         flags=parse_flags(flags)))
         assert len(exe.kernels) == count, flags
         assert (stage_names.PARALLEL_FUSION in exe.stages) == (count == 1), flags
+    off = parse_flags("--enable_parallel_fusion=false", warn=True)  # acts: no NoEffectWarning
+    assert off.no_effect == () and flags_text(off) == "--enable_parallel_fusion=false"
+    assert flags_text(parse_flags("--enable_parallel_fusion")) == ""  # the default
 
 
 def test_dumps_show_the_merged_group(tmp_path, rng):
@@ -264,3 +267,18 @@ def test_training_step_merges_optimizer_updates(rng):
     for a, b, c in zip(weights_on, weights_apart, weights_off):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
+
+
+def test_exported_parallel_kernel_loads_with_its_loop_nests(tmp_path, rng):
+    context.set_context(enable_graph_kernel=True)
+    net = Fn(lambda x, y: (tanh(y), P.ReduceSum()(mul(x, x), 1)))
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    y = rng.standard_normal(4).astype(np.float32)
+    expected = [o.asnumpy() for o in net(Tensor(x), Tensor(y))]
+    path = graphkernel.export(net, Tensor(x), Tensor(y), file_name=str(tmp_path / "net"))
+    cell = nn.GraphCell(graphkernel.load(path))
+    got = [o.asnumpy() for o in cell(Tensor(x), Tensor(y))]
+    assert cell.compiled.kernel_count == 1
+    assert cell.compiled.kernels[0].source.count("static void") == 2
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)

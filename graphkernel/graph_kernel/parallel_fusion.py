@@ -150,6 +150,7 @@ class ParallelFuser:
                 j = self.pos[user.uid]
                 bits |= (1 << j) | self.desc[j]
             self.desc[i] = bits
+        self.graph_desc = list(self.desc)  # the graph's own, for naming a path's ends
         self.getitems: dict[int, list[Node]] = {}
         for node in graph.nodes:
             if node.op == "GetItem":
@@ -195,23 +196,9 @@ class ParallelFuser:
                 "kernel would wait for its own result")
 
     def _reaching(self, kernel: _Kernel, unit: _Unit) -> Node:
-        direct = [m for m in kernel.members if self._reaches(m.pos, unit.pos)]
+        """A member with a path to `unit` in the original graph (else through merges)."""
+        direct = [m for m in kernel.members if self.graph_desc[m.pos] >> unit.pos & 1]
         return (direct or kernel.members)[0].node
-
-    def _reaches(self, i: int, j: int) -> bool:
-        """Through the original graph only (for naming a path's end)."""
-        users = self.graph.users()
-        stack, seen = [self.graph.nodes[i]], set()
-        while stack:
-            node = stack.pop()
-            for user in users.get(node.uid, []):
-                if user.uid in seen:
-                    continue
-                if self.pos[user.uid] == j:
-                    return True
-                seen.add(user.uid)
-                stack.append(user)
-        return False
 
     def _join_refusal(self, unit: _Unit, kernel: _Kernel) -> tuple[FuseRule, str] | None:
         """Why `unit` may not join `kernel` (legality, then cost); None: it joins (the kernel
