@@ -92,9 +92,10 @@ def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
     if conv.dtype not in (T.float32, T.float64):
         return None, f"{conv.dtype.name} (the block computes float32 and float64)"
     epilogue = _only_reader(conv, users, results)
+    # (a parallel kernel's ParallelSchedule, several loop nests, is no epilogue either)
     if epilogue is None or epilogue.subgraph is None or epilogue.schedule is None or \
-            epilogue.schedule.is_reduction or len(epilogue.subgraph.outputs) != 1 or \
-            epilogue.type != conv.type:
+            getattr(epilogue.schedule, "is_reduction", True) or \
+            len(epilogue.subgraph.outputs) != 1 or epilogue.type != conv.type:
         return None, "its result is not read by one pointwise fused group of its shape alone"
     problem = _epilogue_plan(conv, epilogue)[1]
     if problem is not None:
