@@ -244,20 +244,17 @@ class ReductionEmitter:
         indent += "  "
         self.lines.append(f"{indent}const int64_t rlo = rc * {PIPELINE_ROWS}, rhi = rlo + "
                           f"{PIPELINE_ROWS} < {size} ? rlo + {PIPELINE_ROWS} : {size};")
-        clauses = []
         for red in self.sched.phases[0]:
             k = self.local[red.uid]
             self.lines.append(f"{indent}{T.C_COMPUTE[red.dtype]} nacc{k};")
-            clauses.append(f" reduction({_reduction(red).omp_operator}:nacc{k})")
             if self._tracks_nan(red):
                 self.lines.append(f"{indent}int nnan{k};")
-                clauses.append(f" reduction(|:nnan{k})")
         sums = self._next_row_sums(dims, reduced)
         for acc_sum in sums:
             self.lines.append(f"{indent}gk_pairwise {acc_sum.pairwise};")
         self.lines.append(f"{indent}{{")
         self.lines.append(f"{indent}  const int64_t rn = rlo;")
-        self._next_row_start(indent + "  ")
+        clauses = self._next_row_start(indent + "  ")
         inner = self._open_row_pass(dims, reduced, indent + "  ", "".join(clauses), sums, 0)
         self._next_row_body(dims, inner)
         self._close_row_pass(dims, reduced, inner, sums, 0)
