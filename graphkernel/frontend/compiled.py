@@ -41,9 +41,7 @@ class CompiledCell:
         self.report = report
         self.guards: Any = None  # what it was built from (frontend/guards.py `Guards`)
         runner = self._runner = executable.runner
-        # The per-call path reads these directly: each attribute lookup shows at 4x4.
         self._entry = runner.entry
-        self._entry_constants = runner.entry_constants
         self._returns_tuple = executable.plan.returns_tuple
         # The compiled entry's `call` with this cell's Parameters and the graph's constants:
         # Tensors in, Tensors out, no Python in between (runtime/c_entry.py).
