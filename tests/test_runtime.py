@@ -391,3 +391,50 @@ def test_small_products_run_blas_on_one_thread_and_leave_blas_as_it_was(rng):
         assert blas_threads() == before  # put back after the product
         np.testing.assert_allclose(a.asnumpy(), np.maximum(x @ small, 0), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(b.asnumpy(), y @ large, rtol=1e-5, atol=1e-4)
+
+
+def test_an_nd_operand_times_a_matrix_is_one_gemm_over_all_its_rows(rng):
+    from graphkernel.ir.opdefs.matmul import as_rows, matmul_into
+
+    b = rng.standard_normal((48, 40)).astype(np.float32)
+    dense = rng.standard_normal((3, 5, 7, 48)).astype(np.float32)
+    rows = as_rows(dense)
+    assert rows is not None and rows.shape == (105, 48) and np.shares_memory(rows, dense)
+    np.testing.assert_allclose(matmul_into(dense, b), np.matmul(dense, b), rtol=1e-5, atol=1e-5)
+    # Rows that do not merge in place (every other row, a transposed view) stay batched; unit
+    # axes never block a merge; results written through a strided view land where they belong.
+    for a in (dense[:, :, ::2], dense.transpose(1, 0, 2, 3)):
+        assert as_rows(a) is None
+        np.testing.assert_allclose(matmul_into(a, b), np.matmul(a, b), rtol=1e-5, atol=1e-5)
+    assert as_rows(dense[:, None]) is not None and as_rows(dense[:1, 2:3]) is not None
+    for big, window, merges in ((np.zeros((3, 5, 7, 80), np.float32), np.s_[:, :], True),
+                                (np.zeros((3, 10, 7, 80), np.float32), np.s_[:, ::2], False)):
+        out = big[window][..., 20:60]
+        assert (as_rows(out) is not None) == merges  # a column window keeps one row stride
+        matmul_into(dense, b, out=out)
+        np.testing.assert_allclose(out, np.matmul(dense, b), rtol=1e-5, atol=1e-5)
+        assert not big[..., :20].any() and not big[..., 60:].any()
+        assert np.count_nonzero(big) == np.count_nonzero(out)
+
+
+class Dense3d(nn.Cell):
+    def __init__(self, w: np.ndarray) -> None:
+        super().__init__()
+        self.dense = nn.Dense(w.shape[1], w.shape[0], weight_init=Tensor(w), has_bias=False)
+
+    def construct(self, x):
+        return P.ReLU()(self.dense(x))
+
+
+def test_a_dense_over_3d_input_counts_all_rows_when_choosing_blas_threads(rng):
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    x = rng.standard_normal((8, 128, 64)).astype(np.float32)  # 8*128 rows x 64 x 64 >= 2^22
+    for fusion in (True, False):
+        exe = graphkernel.compile(Dense3d(w), Tensor(x),
+                                  options=CompileOptions(enable_graph_kernel=fusion))
+        (step,) = [s for s in exe.plan.steps if s.op == "MatMul"]
+        assert step.blas_threads is None  # one GEMM of 1024 rows: BLAS's own threads
+        np.testing.assert_allclose(exe(Tensor(x)).asnumpy(), np.maximum(x @ w.T, 0),
+                                   rtol=1e-5, atol=1e-5)
+    small = graphkernel.compile(Dense3d(w), Tensor(x[:2]))  # 256 rows: below the threshold
+    assert [s.blas_threads for s in small.plan.steps if s.op == "MatMul"] == [1]

@@ -3,6 +3,7 @@ of the execution plan (runtime/plan.py), fused groups get their C from codegen, 
 compiled once, and the runners take the plan from there."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -89,14 +90,17 @@ class _PlanBuilder:
 
 
 def gemm_mnk(node: Node) -> int | None:
-    """Multiply-adds of one GEMM of a MatMul/BatchMatMul (per batch entry); None when a size is
-    not a number."""
+    """Multiply-adds of one GEMM of a MatMul/BatchMatMul (per batch entry; an N-d operand
+    times a matrix is one GEMM over all its rows, ir/opdefs/matmul.py `matmul_into`); None
+    when a size is not a number."""
     a = node.inputs[0].tensor_type.shape
     k = a[-2] if node.attrs.get("transpose_a") else a[-1]
-    m, n = output_types(node)[0].shape[-2:]
-    if not all(isinstance(d, int) for d in (m, n, k)):
+    out = output_types(node)[0].shape
+    merged = node.inputs[1].tensor_type.rank == 2 and not node.attrs.get("transpose_a")
+    rows = out[:-1] if merged else out[-2:-1]
+    if not all(isinstance(d, int) for d in (*rows, out[-1], k)):
         return None
-    return m * n * k
+    return math.prod(rows) * out[-1] * k  # type: ignore[arg-type]
 
 
 def _blas_threads(node: Node, cost: CostModel) -> int | None:

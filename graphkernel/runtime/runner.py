@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
+from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import concrete, is_static
 from graphkernel.runtime.blas import blas_threads
@@ -207,7 +208,7 @@ class Runner:
             result = out if write_view is None else _strided(out, 0, *write_view)
             # NaN/Inf in, NaN/Inf out, as in kernels
             with np.errstate(all="ignore"), blas_threads(threads):
-                np.matmul(a, b, out=result)
+                matmul_into(a, b, out=result)
             slots[target] = out
         return matmul
 
