@@ -1,5 +1,8 @@
 """Runtime behaviour: the compiled entry, output buffers, inputs of every layout, weights."""
+import os
+
 import numpy as np
+import pytest
 from cells import Fn
 
 import graphkernel
@@ -438,3 +441,26 @@ def test_a_dense_over_3d_input_counts_all_rows_when_choosing_blas_threads(rng):
                                    rtol=1e-5, atol=1e-5)
     small = graphkernel.compile(Dense3d(w), Tensor(x[:2]))  # 256 rows: below the threshold
     assert [s.blas_threads for s in small.plan.steps if s.op == "MatMul"] == [1]
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux's /proc only")
+@pytest.mark.parametrize("way", ["madvise", "touch"])
+def test_populate_makes_a_fresh_array_resident_without_writing_it(way, monkeypatch):
+    from graphkernel.runtime import memory
+
+    if way == "touch":  # a kernel without MADV_POPULATE_WRITE: one element per page written
+        monkeypatch.setitem(memory._populate_state, "fn", None)
+    # 72 MiB: above glibc's largest mmap threshold, so fresh pages; the middle third is not
+    # page-aligned at its start (the mapping's header) nor at its end.
+    array = np.empty((3, 6 << 20), np.float32)[1]
+    before = _resident_bytes()
+    taken = memory.populate(array)
+    if way == "madvise" and taken != "madvise":
+        pytest.skip(f"this kernel refuses MADV_POPULATE_WRITE ({os.uname().release})")
+    assert taken == way
+    assert _resident_bytes() - before >= 0.9 * array.nbytes

@@ -9,7 +9,9 @@ pages took 80 ms).
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -24,6 +26,48 @@ KEEP_PER_BUFFER = 4
 PREFAULT_MIN_BYTES = 64 << 10
 
 Key = tuple[tuple[int, ...], np.dtype]
+
+# madvise(2) advice: fault in every page of a range, writable, without writing to it (Linux 5.14).
+_MADV_POPULATE_WRITE = 23
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_populate_state: dict[str, object] = {}
+
+
+def _madvise() -> object | None:
+    """libc's madvise through ctypes (which releases the GIL around the call), or None."""
+    if "fn" not in _populate_state:
+        fn = None
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):  # no C library to ask (Windows)
+            fn = None
+        _populate_state["fn"] = fn
+    return _populate_state["fn"]
+
+
+def populate(array: np.ndarray) -> str:
+    """Fault in the pages of a fresh C-contiguous array ahead of its first use; the way taken.
+
+    The kernel zeroes each fresh page as it maps it, so writing zeros over the array as well
+    (what `array[...] = 0` does) pays for the memory twice: MADV_POPULATE_WRITE maps the pages
+    in one system call that writes nothing (4-5 ms for 64 MiB here, against 6-15 ms for the
+    fill), with the GIL released. Where the kernel refuses it (before Linux 5.14, another OS),
+    one element per page is written instead."""
+    madvise = _madvise()
+    start = -(-array.ctypes.data // _PAGE) * _PAGE  # whole pages inside the array
+    end = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
+    if madvise is not None and end > start and \
+            madvise(start, end - start, _MADV_POPULATE_WRITE) == 0:  # type: ignore[operator]
+        flat = array.reshape(-1)
+        flat[:1] = 0  # the partial pages at both ends
+        flat[-1:] = 0
+        return "madvise"
+    flat = array.reshape(-1)
+    flat[::max(1, _PAGE // array.itemsize)] = 0
+    flat[-1:] = 0
+    return "touch"
 
 
 class BufferPool:
@@ -90,7 +134,7 @@ class BufferPool:
             for b in wanted:
                 shape, dtype = self.buffers[b]
                 array = np.empty(shape, dtype)
-                array[...] = 0
+                populate(array)
                 if not self._arrays[b]:
                     self._arrays[b].append(array)
 
