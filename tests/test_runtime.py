@@ -464,3 +464,30 @@ def test_populate_makes_a_fresh_array_resident_without_writing_it(way, monkeypat
         pytest.skip(f"this kernel refuses MADV_POPULATE_WRITE ({os.uname().release})")
     assert taken == way
     assert _resident_bytes() - before >= 0.9 * array.nbytes
+
+
+def test_populate_stops_when_asked(monkeypatch):
+    import threading
+
+    from graphkernel.runtime import memory
+
+    stop = threading.Event()
+    stop.set()
+    array = np.empty(48 << 20, np.uint8)
+    if memory._madvise() is None:
+        pytest.skip("no madvise here")
+    assert memory.populate(array, stop) == "stopped"
+
+
+def test_a_first_call_during_the_prefault_stops_it_and_is_right(rng):
+    # The first call does not wait for the buffers readied ahead: it stops the thread where it
+    # is, takes what it readied, and its kernels fault in the rest.
+    x = rng.standard_normal((2048, 2048)).astype(np.float32)
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
+    runner = exe.executable.runner
+    assert runner.prefaulting is not None
+    out = exe(Tensor(x))
+    assert runner.prefaulting is None
+    np.testing.assert_allclose(out.asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
+    del out
+    np.testing.assert_allclose(exe(Tensor(x + 1)).asnumpy(), ((x + 1) * 2 + 1) * 3, rtol=1e-6)

@@ -72,13 +72,15 @@ class Runner:
 
     # -- running --------------------------------------------------------------------------
     def finish_prefault(self) -> None:
-        """Wait for the prefault thread (its buffers are nearly ready: waiting beats faulting
-        fresh pages in while computing), and hand its arrays to the compiled entry's own pool
-        when there is an entry: each array then lives in one pool only."""
+        """Stop the prefault thread where it is (the pages it faulted in stay ready; the
+        kernels fault in the rest as they write, on all their threads) and hand its arrays to
+        the compiled entry's own pool when there is an entry: each array then lives in one pool
+        only."""
         with self._prefault_lock:
             thread = self.prefaulting
             if thread is None:
                 return
+            self.pool.stop_prefault()
             thread.join()
             module = self.entry_module
             if module is not None:
