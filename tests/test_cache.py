@@ -436,3 +436,85 @@ class ScaleShift(nn.Cell):
 
     def construct(self, x: Any) -> Any:
         return x * self.k + 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# One library from several translation units, compiled at once
+
+def _kernel(name: str, size: int) -> Any:
+    from graphkernel.codegen.c_loops import KernelSource
+
+    body = f"/* {name} */\nvoid {name}(void *const *args) {{\n" + \
+        "  /* pad */\n" * (size // 12) + "}\n"
+    return KernelSource(name, body, [])
+
+
+def test_a_large_library_is_dealt_into_units_balanced_by_size() -> None:
+    from graphkernel.codegen.library import ENTRY_WEIGHT, translation_units
+
+    kernels = [_kernel(f"gk_k{i}", size) for i, size in enumerate([9000, 7000, 5000, 3000, 800])]
+    units = translation_units(kernels, True, "/* the entry */\n", workers=2)
+    assert len(units) == 2
+    for k in kernels:  # each kernel in exactly one unit
+        assert sum(u.count(f"void {k.name}(void *const *args) {{") for u in units) == 1
+    (entry_unit,) = [u for u in units if "/* the entry */" in u]
+    for k in kernels:  # the entry's unit declares every kernel it calls
+        assert f"void {k.name}(void *const *args);" in entry_unit
+    weights = sorted(sum(len(k.source) for k in kernels if k.name + "(void *const *args) {" in u)
+                     + (ENTRY_WEIGHT if "/* the entry */" in u else 0) for u in units)
+    assert weights[1] - weights[0] <= 2000  # within the smallest kernel but one
+
+
+@pytest.mark.parametrize("kernels, workers", [
+    ([4000, 3000], 2),  # too small to pay for a second compiler and a link
+    ([30000, 40000], 1),  # one core
+    ([60000, 300], 2),  # one kernel outweighs the rest
+])
+def test_one_unit_when_splitting_cannot_pay(kernels: list[int], workers: int) -> None:
+    from graphkernel.codegen.library import translation_units
+
+    assert translation_units([_kernel(f"gk_k{i}", n) for i, n in enumerate(kernels)], True,
+                             None, workers) == []
+
+
+class ManyKernels(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.matmul = P.MatMul()
+
+    def construct(self, x: Any, w: Any) -> Any:
+        # MatMuls between pointwise groups: each group is a kernel of its own.
+        a = self.matmul(P.Tanh()(x * 2.0 + 1.0), w)
+        b = self.matmul(P.Exp()(a * 0.1) - a, w)
+        c = self.matmul(P.Sigmoid()(b) * b + 1.0, w)
+        return P.Softmax()(c) + P.ReduceSum(keep_dims=True)(c * c, -1)
+
+
+@needs_cc
+def test_a_library_built_from_units_runs_like_one_built_whole(
+        cache_folder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphkernel.codegen import library
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    w = (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)
+    seen: list[int] = []
+    real = cache.build
+
+    def build(*args: Any) -> str:
+        seen.append(len(args[6]) if len(args) > 6 else 0)
+        return real(*args)
+
+    monkeypatch.setattr(cache, "build", build)
+    whole = graphkernel.compile(ManyKernels(), x, w,
+                                options=CompileOptions(enable_graph_kernel=True))
+    monkeypatch.setattr(library, "SPLIT_MIN_WEIGHT", 0)
+    monkeypatch.setattr(library, "compile_workers", lambda: 3)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", os.path.join(cache_folder, "split"))
+    split = graphkernel.compile(ManyKernels(), x, w,
+                                options=CompileOptions(enable_graph_kernel=True))
+    assert seen[0] == 0 and seen[-1] >= 2  # the whole, then the same program in units
+    assert split.library_path != whole.library_path
+    np.testing.assert_array_equal(split.run_arrays(x, w)[0], whole.run_arrays(x, w)[0])
+    names = os.listdir(os.path.dirname(split.library_path))
+    assert not [n for n in names if n.endswith((".c", ".o")) or ".tmp." in n]

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from graphkernel.errors import CacheError, CompileError, ToolchainError
 
@@ -260,18 +260,20 @@ def _key_lock(folder: str, key: str) -> Iterator[None]:
 
 
 def build(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
-          libs: tuple[str, ...]) -> str:
+          libs: tuple[str, ...], units: Sequence[str] = ()) -> str:
     """Compile `source` into the cache under `key`; safe when processes race on the same key:
     a lock file serialises builders, and the loser finds the winner's library. When `folder`
-    cannot take the library, it is built in this process's temporary cache instead."""
+    cannot take the library, it is built in this process's temporary cache instead. `units`,
+    when there are two or more: the same program cut into translation units that the compiler
+    builds at once, one process each, then links (`source` still names the library)."""
     try:
-        return _build_in(folder, key, source, compiler, flags, libs)
+        return _build_in(folder, key, source, compiler, flags, libs, units)
     except OSError as exc:
         if not _is_write_failure(exc):
             raise
         spare = cannot_write(folder, exc)
     try:
-        return _build_in(spare, key, source, compiler, flags, libs)
+        return _build_in(spare, key, source, compiler, flags, libs, units)
     except OSError as again:
         raise CacheError(f"cannot write a compiled kernel to the cache folder {folder} nor to "
                          f"the temporary folder {spare}: {again}. Free some disk space, or set "
@@ -279,12 +281,12 @@ def build(folder: str, key: str, source: str, compiler: str, flags: tuple[str, .
 
 
 def _build_in(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
-              libs: tuple[str, ...]) -> str:
+              libs: tuple[str, ...], units: Sequence[str] = ()) -> str:
     with _key_lock(folder, key):
         found = _lookup_in(folder, key)
         if found is not None:
             return found
-        built = _build_locked(folder, key, source, compiler, flags, libs)
+        built = _build_locked(folder, key, source, compiler, flags, libs, units)
     trim(folder, max_bytes(), keep=key)
     return built
 
@@ -455,30 +457,30 @@ def _compiler_fails_on_trivial_code(compiler: str) -> str | None:
 
 
 def _build_locked(folder: str, key: str, source: str, compiler: str, flags: tuple[str, ...],
-                  libs: tuple[str, ...]) -> str:
+                  libs: tuple[str, ...], units: Sequence[str] = ()) -> str:
     lib = os.path.join(folder, key + LIBRARY_SUFFIX)
     fd, tmp_src = tempfile.mkstemp(prefix=key + ".", suffix=".c", dir=folder)
     tmp_lib = tmp_src[:-2] + ".tmp.so"
     sums_tmp = tmp_lib + ".sha256"
+    pieces: list[str] = []  # the units' sources and objects
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(source)
-        cmd = [compiler, *flags, tmp_src, "-o", tmp_lib, *libs]
-        try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
-        except OSError as exc:  # not executable, vanished: the compiler's problem, not ours
-            raise ToolchainError(f"cannot run the C compiler {compiler}: {exc}. Set CC to a "
-                                 "working gcc or clang") from exc
-        if result.returncode != 0:
-            write_failure = _write_failure_in(result.stderr)
-            if write_failure is not None:
-                raise write_failure
-            broken = _compiler_fails_on_trivial_code(compiler)
-            if broken is not None:
-                raise ToolchainError(f"the C compiler {compiler} fails even on a one-line C file "
-                                     f"({broken}); set CC to a working gcc or clang")
-            raise CompileError("the C compiler rejected generated code (a graphkernel bug):\n"
-                               f"$ {' '.join(cmd)}\n{result.stderr[-4000:]}")
+            if len(units) < 2:
+                fh.write(source)
+        if len(units) < 2:
+            _run_compiler(compiler, [compiler, *flags, tmp_src, "-o", tmp_lib, *libs])
+        else:
+            objects = []
+            for k, unit in enumerate(units):
+                unit_src = f"{tmp_src[:-2]}.{k}.c"
+                pieces += [unit_src, unit_src[:-2] + ".o"]
+                objects.append(unit_src[:-2] + ".o")
+                with open(unit_src, "w", encoding="utf-8") as fh:
+                    fh.write(unit)
+            compile_only = [f for f in flags if f != "-shared"]
+            _run_compilers(compiler, [[compiler, *compile_only, "-c", src, "-o", obj]
+                                      for src, obj in zip(pieces[::2], objects)])
+            _run_compiler(compiler, [compiler, *flags, *objects, "-o", tmp_lib, *libs])
         if not os.path.isfile(tmp_lib):
             raise ToolchainError(f"the C compiler {compiler} exited with status 0 but wrote no "
                                  f"library ({tmp_lib}); set CC to a working gcc or clang")
@@ -492,6 +494,47 @@ def _build_locked(folder: str, key: str, source: str, compiler: str, flags: tupl
         os.replace(tmp_lib, lib)
         return lib
     finally:
-        for path in (tmp_src, tmp_lib, sums_tmp):
+        for path in (tmp_src, tmp_lib, sums_tmp, *pieces):
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def _run_compiler(compiler: str, cmd: list[str]) -> None:
+    _run_compilers(compiler, [cmd])
+
+
+def _run_compilers(compiler: str, cmds: list[list[str]]) -> None:
+    """Run the compiler commands at once, one process each; raise on the first that failed,
+    saying whose problem it is (a full disk, a broken compiler, or generated code it rejects)."""
+    procs = []
+    try:
+        for cmd in cmds:
+            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True)))
+    except OSError as exc:  # not executable, vanished: the compiler's problem, not ours
+        for _, proc in procs:
+            proc.kill()
+            proc.wait()
+        raise ToolchainError(f"cannot run the C compiler {compiler}: {exc}. Set CC to a "
+                             "working gcc or clang") from exc
+    results = []
+    for cmd, proc in procs:
+        try:
+            _, stderr = proc.communicate(timeout=COMPILE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for _, other in procs:
+                other.kill()
+            raise
+        results.append((cmd, proc.returncode, stderr))
+    for cmd, returncode, stderr in results:
+        if returncode == 0:
+            continue
+        write_failure = _write_failure_in(stderr)
+        if write_failure is not None:
+            raise write_failure
+        broken = _compiler_fails_on_trivial_code(compiler)
+        if broken is not None:
+            raise ToolchainError(f"the C compiler {compiler} fails even on a one-line C file "
+                                 f"({broken}); set CC to a working gcc or clang")
+        raise CompileError("the C compiler rejected generated code (a graphkernel bug):\n"
+                           f"$ {' '.join(cmd)}\n{stderr[-4000:]}")
