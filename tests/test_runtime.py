@@ -491,3 +491,21 @@ def test_a_first_call_during_the_prefault_stops_it_and_is_right(rng):
     np.testing.assert_allclose(out.asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
     del out
     np.testing.assert_allclose(exe(Tensor(x + 1)).asnumpy(), ((x + 1) * 2 + 1) * 3, rtol=1e-6)
+
+
+def test_the_blas_lookup_runs_while_the_plan_compiles(rng, monkeypatch):
+    import threading
+
+    from graphkernel.runtime import blas
+
+    monkeypatch.setattr(blas, "_state", {})  # as in a new process
+    x = rng.standard_normal((128, 128)).astype(np.float32)
+    w = rng.standard_normal((128, 128)).astype(np.float32) * 0.1
+    exe = graphkernel.compile(MatMulChain(), x, w, options=ON)
+    assert any(step.blas_threads is not None for step in exe.executable.runner.plan.steps)
+    for thread in threading.enumerate():
+        if thread.name == "graphkernel-blas-lookup":
+            thread.join()
+    assert "blas" in blas._state  # found before the first call asked
+    flat, last = exe.run_arrays(x, w)
+    np.testing.assert_allclose(last, _chain_reference(x, w)[1], rtol=1e-4, atol=1e-6)

@@ -31,6 +31,18 @@ def _controllers() -> list[Any]:
         return _state["blas"]
 
 
+def find_in_background() -> None:
+    """Look the BLAS libraries up on a daemon thread: threadpoolctl's scan of the loaded
+    libraries takes 6-7 ms here, which the first call of a plan with products to pin would
+    otherwise pay; started while the plan compiles (a caller that needs them meanwhile waits
+    on the lock)."""
+    with _lock:
+        if "blas" in _state or "finding" in _state:
+            return
+        _state["finding"] = True
+    threading.Thread(target=_controllers, name="graphkernel-blas-lookup", daemon=True).start()
+
+
 @contextlib.contextmanager
 def blas_threads(count: int | None) -> Iterator[None]:
     """Run the body with BLAS on `count` threads (None: as it is)."""

@@ -22,7 +22,7 @@ from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import concrete, is_static
-from graphkernel.runtime.blas import blas_threads
+from graphkernel.runtime.blas import blas_threads, find_in_background
 from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
@@ -55,6 +55,8 @@ class Runner:
         if prefault:
             # Started before the library is built, so that the page faults overlap the compile.
             self.prefaulting = self.pool.prefault()
+        if any(step.blas_threads is not None for step in plan.steps):
+            find_in_background()  # likewise: its first product does not wait for the lookup
 
     def load(self, library: BuiltLibrary) -> None:
         self._functions = library.functions
