@@ -1,10 +1,14 @@
-"""Outputs written with non-temporal stores (codegen's gk_stream): which kernels get them, and
-that they give the same answers as ordinary stores at every size, offset, dtype and layout.
-The byte threshold is lowered so small arrays take the streaming path."""
+"""Outputs written with non-temporal stores (codegen's gk_stream_line and gk_stream): which
+kernels get them, and that they give the same answers as ordinary stores at every size, offset,
+alignment, dtype and layout. The byte threshold is lowered so small arrays take the streaming
+path."""
+import ctypes
+
 import numpy as np
 import pytest
 
 import graphkernel
+from graphkernel.codegen.c_text import c_identifier
 from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.nn import Cell
@@ -70,7 +74,9 @@ def test_pointwise_streams_match_ordinary_stores(rng, shape, dtype, threads):
     b = (rng.standard_normal(shape[-1:]) * 100).astype(dtype)
     streamed = graphkernel.compile(ScaleShift(), x, b, options=options(True, threads))
     plain = graphkernel.compile(ScaleShift(), x, b, options=options(False, threads))
-    assert "gk_stream(" in sources(streamed) and "gk_stream(" not in sources(plain)
+    # Pointwise kernels stream each line from registers: no block in between.
+    assert "gk_stream_line(" in sources(streamed) and "blk0[" not in sources(streamed)
+    assert "gk_stream" not in sources(plain)
     if threads:
         assert "gk_stream_fence();" in sources(streamed) and "#pragma omp for" in \
             sources(streamed)
@@ -87,6 +93,7 @@ def test_streamed_outputs_of_two_dtypes(rng):
     x = rng.standard_normal((300, 70)).astype(np.float32)
     y = rng.standard_normal((300, 70)).astype(np.float32)
     exe = graphkernel.compile(TwoOutputs(), x, y, options=options(True, threads=True))
+    # Outputs of two widths share no line: their blocks are copied out.
     assert exe.kernel_count == 1 and "_Float16 blk1[" in sources(exe)
     s, d = exe.run_arrays(x, y)
     np.testing.assert_array_equal(s, x * y)
@@ -105,6 +112,66 @@ def test_row_reductions_stream_whole_rows(rng, shape, threads):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_allclose(got[0], x / x.sum(-1, keepdims=True), rtol=2e-6)
     np.testing.assert_allclose(got[1], x - x.mean(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def call_kernel(exe, *arrays: np.ndarray) -> None:
+    """Run the compiled cell's one kernel on these arrays (inputs, then outputs) as they are,
+    at the addresses they have: the runtime would hand it buffers of its own choosing."""
+    (kernel,) = exe.kernels
+    fn = exe.executable.library.functions[c_identifier(kernel.name)]
+    fn((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]))
+
+
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("shape", [(1000,), (7, 67), (3, 161), (2, 3, 129)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_streamed_lines_at_every_alignment(rng, shape, dtype, threads):
+    """Outputs and inputs at every element offset within a cache line (numpy's large arrays
+    are seldom 64-byte aligned; a view is anywhere): the elements before the first line and
+    after the last take ordinary stores, and nothing outside the output is written."""
+    x0 = (rng.standard_normal(shape) * 10).astype(dtype)
+    b0 = (rng.standard_normal(shape[-1:]) * 10).astype(dtype)
+    exe = graphkernel.compile(ScaleShift(), x0, b0, options=options(True, threads))
+    source = sources(exe)
+    assert "gk_stream_line(" in source and "gk_line_head(" in source
+    size, n = int(np.prod(shape)), 64 // np.dtype(dtype).itemsize
+    want = (x0 * dtype(3) + b0).astype(dtype)
+    for shift in range(n + 1):
+        x_store = np.empty(size + n, dtype)
+        x = x_store[(shift * 5) % n:][:size].reshape(shape)
+        x[...] = x0
+        store = np.full(size + 2 * n, 7, dtype)
+        out = store[shift:shift + size].reshape(shape)
+        call_kernel(exe, x, b0, out)
+        np.testing.assert_array_equal(out, want)
+        assert (store[:shift] == 7).all() and (store[shift + size:] == 7).all()
+
+
+class Pair(Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mul, self.sub = P.Mul(), P.Sub()
+
+    def construct(self, x, y):
+        return self.mul(x, y), self.sub(x, y)
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_two_outputs_at_different_offsets_within_a_line(rng, threads):
+    """The first output's lines decide the loop; a second output at another offset within its
+    lines stores each line with ordinary stores, still whole and in place."""
+    x = rng.standard_normal((9, 301)).astype(np.float32)
+    y = rng.standard_normal((9, 301)).astype(np.float32)
+    exe = graphkernel.compile(Pair(), x, y, options=options(True, threads))
+    assert "gk_stream_line(&out1" in sources(exe) and "al1" in sources(exe)
+    for a, b in ((0, 0), (0, 3), (5, 0), (2, 9), (15, 15)):
+        s1, s2 = np.zeros(x.size + 32, np.float32), np.zeros(x.size + 32, np.float32)
+        o1, o2 = s1[a:a + x.size].reshape(x.shape), s2[b:b + x.size].reshape(x.shape)
+        call_kernel(exe, x, y, o1, o2)
+        np.testing.assert_array_equal(o1, x * y)
+        np.testing.assert_array_equal(o2, x - y)
+        assert not s1[:a].any() and not s1[a + x.size:].any()
+        assert not s2[:b].any() and not s2[b + x.size:].any()
 
 
 def test_rows_too_long_for_the_stack_use_ordinary_stores(rng):

@@ -26,6 +26,8 @@ __all__ = ["Buffer", "KernelSource", "LoopDim", "emit_kernel"]
 # Elements a streaming pointwise kernel computes into an L1 block before copying it out with
 # non-temporal stores; and the longest row a streaming row reduction keeps on the stack.
 STREAM_BLOCK = 1024
+# A cache line: what one non-temporal store of a pointwise kernel writes (gk_stream_line).
+LINE_BYTES = 64
 STREAM_ROW_BYTES = 64 << 10
 
 
@@ -319,6 +321,75 @@ class _Emitter(ReductionEmitter):
         indent = self._close_loops(len(outer), indent)
         self._close_region(threads, indent)
 
+    def _emit_pointwise_lines(self, dims: list[LoopDim], kept: list[int],
+                              outputs: list[Buffer]) -> None:
+        """A streaming pointwise loop nest whose innermost loop runs over whole 64-byte lines of
+        the first output: each line computed in registers (an unrolled simd loop) and stored
+        with one non-temporal store per output, with nothing written to L1 in between (the
+        block scheme measured 4.3 ms on ((x*2)+1)*3 over 4096x4096 floats, this one 2.4 ms, a
+        streaming copy 2.3 ms). The elements before the first line boundary and after the last
+        whole line (per row) take ordinary stores; an output not aligned as the first is (two
+        outputs at other offsets within their lines) stores its lines ordinarily too."""
+        last, outer = kept[-1], kept[:-1]
+        threads = dyn.runs_threaded(math.prod(self.sched.space), self.threshold)
+        size = dims[last].size
+        itemsize = outputs[0].value.dtype.itemsize
+        lanes = LINE_BYTES // itemsize
+        indent = self._open_region(threads, "  ")
+        indent = self._open_loops(dims, outer, indent, None, threads, worksharing=True)
+        # Where this row of each output starts, and how many elements precede its first line.
+        self.index_names[last] = "0"
+        starts = {b.index: f"&{b.name}[{self._offset(b, dims, True)}]" for b in outputs}
+        del self.index_names[last]
+        first = outputs[0]
+        self.lines.append(f"{indent}const int64_t hd = gk_line_head({starts[first.index]}, "
+                          f"{size}, {itemsize});")
+        self.lines.append(f"{indent}const int64_t nl = ({size} - hd) / {lanes};")
+        for buf in outputs[1:]:
+            self.lines.append(f"{indent}const bool al{buf.index} = (((uintptr_t)("
+                              f"{starts[buf.index]} + hd)) & {LINE_BYTES - 1}) == 0;")
+        if threads and not outer:
+            self.lines.append(f"{indent}#pragma omp for schedule(static) nowait")
+        self.lines.append(f"{indent}for (int64_t c = 0; c < nl; ++c) {{")
+        body = indent + "  "
+        self.lines.append(f"{body}const int64_t kb = hd + c * {lanes};")
+        for buf in outputs:
+            self.lines.append(f"{body}{T.C_STORAGE[buf.value.dtype]} ln{buf.index}[{lanes}] "
+                              f"__attribute__((aligned({LINE_BYTES})));")
+        self.lines.append(f"{body}#pragma omp simd")
+        self.lines.append(f"{body}for (int64_t j = 0; j < {lanes}; ++j) {{")
+        inner = body + "  "
+        self.lines.append(f"{inner}const int64_t i{last} = kb + j;")
+        computed = dict(self.var)
+        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, inner)
+        for buf in outputs:
+            self._store(buf, dims, True, inner, into=f"ln{buf.index}[j]")
+        self.lines.append(f"{body}}}")
+        self.lines.append(f"{body}{{")
+        self.lines.append(f"{body}  const int64_t i{last} = kb;")
+        for buf in outputs:
+            aligned = "true" if buf is first else f"al{buf.index}"
+            self.lines.append(f"{body}  gk_stream_line(&{buf.name}[{self._offset(buf, dims, True)}"
+                              f"], ln{buf.index}, {aligned});")
+        self.lines.append(f"{body}}}")
+        self.lines.append(f"{indent}}}")
+        # The head and the tail: a single thread's when the lines were shared out.
+        if threads and not outer:
+            self.lines.append(f"{indent}#pragma omp single nowait")
+        self.lines.append(f"{indent}for (int p = 0; p < 2; ++p) {{")
+        self.lines.append(f"{indent}  const int64_t lo = p ? hd + nl * {lanes} : 0, "
+                          f"hi = p ? {size} : hd;")
+        self.lines.append(f"{indent}  #pragma omp simd")
+        self.lines.append(f"{indent}  for (int64_t i{last} = lo; i{last} < hi; ++i{last}) {{")
+        self.var = computed  # the values are computed again, in this loop
+        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, indent + "    ")
+        for buf in outputs:
+            self._store(buf, dims, True, indent + "    ")
+        self.lines.append(f"{indent}  }}")
+        self.lines.append(f"{indent}}}")
+        indent = self._close_loops(len(outer), indent)
+        self._close_region(threads, indent)
+
     # -- loop nests ---------------------------------------------------------------------------
     def _open_loops(self, dims: list[LoopDim], which: list[int], indent: str,
                     simd: str | None, parallel: bool, worksharing: bool = False) -> str:
@@ -364,7 +435,10 @@ class _Emitter(ReductionEmitter):
         outputs = [b for b in self.buffers if b.is_output]
         if not self.sched.is_reduction and kept and self._streams(outputs, dims[kept[-1]],
                                                                    row=False):
-            self._emit_pointwise_streaming(dims, kept, outputs)
+            if len({b.value.dtype.itemsize for b in outputs}) == 1:
+                self._emit_pointwise_lines(dims, kept, outputs)
+            else:  # outputs of two widths have no common line: blocks copied out
+                self._emit_pointwise_streaming(dims, kept, outputs)
         elif not self.sched.is_reduction:
             nodes = self._inner_closure([b.value for b in outputs])
             # Values the innermost loop does not change (a per-channel scale over H*W) are

@@ -55,6 +55,35 @@ static inline void gk_stream(void *restrict dst, const void *restrict src, size_
 #endif
   memcpy(d, s, n);
 }
+/* One 64-byte line, whole, to a line-aligned address: with a non-temporal store where `stream`
+   (the output is aligned), else ordinary stores. A pointwise kernel computes the line in
+   registers (gcc keeps `s`, a local array filled by an unrolled simd loop, in them) and stores
+   it so, with no block in L1 in between (codegen/c_emitter.py). */
+typedef long long gk_line_vec __attribute__((vector_size(64)));
+static inline void gk_stream_line(void *restrict d, const void *restrict s, bool stream) {
+#if defined(GK_STREAMS)
+  if (stream) {
+#if defined(__AVX512F__) && !defined(__clang__)
+    gk_line_vec v;
+    memcpy(&v, s, 64);
+    __builtin_ia32_movntdq512((gk_line_vec *)d, v);
+#else
+    for (int k = 0; k < 64; k += GK_STREAM_BYTES)
+      gk_stream_vec((char *)d + k, (const char *)s + k);
+#endif
+    return;
+  }
+#endif
+  (void)stream;
+  memcpy(d, s, 64);
+}
+/* Elements of `size` bytes before the first 64-byte boundary at or after p, at most n (all n
+   when p is not element aligned: no element then starts a line). */
+static inline int64_t gk_line_head(const void *p, int64_t n, int64_t size) {
+  const uintptr_t a = (uintptr_t)p;
+  const int64_t h = a % (uintptr_t)size ? n : (int64_t)(((0 - a) & 63) / (uintptr_t)size);
+  return h < n ? h : n;
+}
 /* Non-temporal stores are weakly ordered: each thread fences before the region ends. */
 static inline void gk_stream_fence(void) {
 #if defined(GK_STREAMS)
