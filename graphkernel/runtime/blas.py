@@ -10,8 +10,11 @@ outside graphkernel sees BLAS as it was.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import itertools
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 _lock = threading.Lock()
@@ -66,3 +69,44 @@ def describe() -> list[str]:
     """One line per BLAS library numpy uses: its name, version, threads (for `doctor`)."""
     return [f"{lib.internal_api} {lib.version}: {lib.num_threads} thread(s), {lib.filepath}"
             for lib in _controllers()]
+
+
+@dataclass(frozen=True)
+class CBlas:
+    """numpy's own OpenBLAS as C function addresses, for the compiled entry's MatMul steps
+    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, and its get/set-threads functions."""
+
+    sgemm: int
+    dgemm: int
+    get_threads: int
+    set_threads: int
+    int64: bool  # an ILP64 build (numpy's scipy_openblas64_): BLAS integers are int64_t
+
+    @property
+    def addresses(self) -> tuple[int, int, int, int]:
+        return self.sgemm, self.dgemm, self.get_threads, self.set_threads
+
+
+def cblas() -> CBlas | None:
+    """numpy's BLAS as C functions (found once), or None when it is not an OpenBLAS on its own
+    pthreads (MKL, BLIS, an OpenMP build: the Python runner calls numpy there)."""
+    if "cblas" in _state:
+        return _state["cblas"]  # type: ignore[no-any-return]
+    found = None
+    for lib in _controllers():
+        if lib.internal_api != "openblas" or getattr(lib, "threading_layer", "") != "pthreads":
+            continue
+        dynlib = lib.dynlib
+        # numpy's wheels rename the symbols (scipy_ prefix, 64_ suffix for 64-bit integers)
+        for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+            names = [f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix}",
+                     f"{prefix}openblas_get_num_threads{suffix}",
+                     f"{prefix}openblas_set_num_threads{suffix}"]
+            if all(hasattr(dynlib, n) for n in names):
+                found = CBlas(*(ctypes.cast(getattr(dynlib, n), ctypes.c_void_p).value or 0
+                                for n in names), int64=suffix != "")
+                break
+        if found is not None:
+            break
+    _state["cblas"] = found
+    return found

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 
 from graphkernel.codegen import toolchain
+from graphkernel.codegen.c_argmax import argmax_kernel, emit_argmax_kernel
 from graphkernel.codegen.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.c_window import emit_window_kernel, window_kernel
@@ -208,6 +209,13 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                                 output_types(node), kernel=source, pooled=True,
                                 sizes=kernel_symbols(tuple(node.inputs[0].shape)),
                                 bytes_moved=_bytes_moved(node)))
+            continue
+        if sub is None and compiler and argmax_kernel(node) is None:
+            # a classifier's Argmax as C (codegen/c_argmax.py): the plan keeps the C entry
+            cname = _unique(c_identifier(node.name), used_names)
+            b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
+                                output_types(node), kernel=emit_argmax_kernel(node, cname),
+                                pooled=True, bytes_moved=_bytes_moved(node)))
             continue
         if sub is None:
             group = single_op_group(node) if compiler and runs_as_kernel(node) else None

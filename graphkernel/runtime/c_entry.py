@@ -20,20 +20,29 @@ from collections.abc import Callable
 import numpy as np
 
 from graphkernel.ir.types import SymSize, TensorType
+from graphkernel.runtime.blas import CBlas, cblas
+from graphkernel.runtime.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
 from graphkernel.runtime.plan import ExecutionPlan, SlotRole, StepKind
 
 POOL_DEPTH = 2
 
 
 def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
-    """The entry module's C, given its module name; None when some step is not a kernel or a
-    result would alias an argument (the Python runner handles those)."""
+    """The entry module's C, given its module name; None when some step is neither a kernel
+    nor a product BLAS takes as is (runtime/c_gemm.py), or a result would alias an argument
+    (the Python runner handles those)."""
     kinds = {s.kind for s in plan.steps}
-    if StepKind.KERNEL not in kinds or not kinds <= {StepKind.KERNEL, StepKind.ASSIGN}:
+    if StepKind.KERNEL not in kinds or any(plan.copy_out):
         return None
-    if any(plan.copy_out):
+    gemms = {i: gemm_call(plan, step) for i, step in enumerate(plan.steps)
+             if step.kind is StepKind.LIBRARY}
+    if any(call is None for call in gemms.values()) or \
+            not kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY}:
         return None
-    return lambda module: _emit(plan, module)
+    blas = cblas() if gemms else None
+    if gemms and blas is None:
+        return None
+    return lambda module: _emit(plan, module, gemms, blas)  # type: ignore[arg-type]
 
 
 def entry_arguments(plan: ExecutionPlan) -> list[int]:
@@ -47,7 +56,8 @@ def entry_arguments(plan: ExecutionPlan) -> list[int]:
     return args
 
 
-def _emit(plan: ExecutionPlan, module: str) -> str:
+def _emit(plan: ExecutionPlan, module: str, gemms: dict[int, GemmCall],
+          blas: CBlas | None) -> str:
     args = entry_arguments(plan)
     nargs = len(args)
     vid = {s: i for i, s in enumerate(args)}  # the entry numbers values: arguments first
@@ -91,6 +101,8 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "}",
         "",
     ]
+    if blas is not None:
+        lines += [*prelude(blas.int64), ""]
     if any(plan.slots[s].type.dtype == np.bool_ for s in args):
         lines += [
             "/* bool arguments hold 0 or 1 in each byte; any other byte (a uint8 view) goes to the",
@@ -115,6 +127,8 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
     ]
+    if blas is not None:  # the Python runner until the loader hands over numpy's BLAS
+        lines.append("  if (gk_sgemm == NULL) Py_RETURN_NOTIMPLEMENTED;")
     assigned = {step.reads[1] for step in plan.steps if step.kind is StepKind.ASSIGN}
     if plan.symbols:
         lines.append(f"  int64_t gk_size[{len(plan.symbols)}] = {{0}};")
@@ -150,21 +164,24 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         taken_after.append(set(later))
         later |= {plan.buffer_of[s] for s in step.writes if s in plan.buffer_of}
     taken_after.reverse()
-    for step, dead, later_buffers in zip(plan.steps, plan.release, taken_after):
+    for i, (step, dead, later_buffers) in enumerate(zip(plan.steps, plan.release, taken_after)):
         if step.kind is StepKind.ASSIGN:  # the value into the weight's own array
             source, target = step.reads
             nbytes = plan.slots[target].type.nbytes
             lines.append(f"  memmove({data(target)}, {data(source)}, {nbytes});")
             continue
-        assert step.kernel is not None
         for s in step.writes:
             t = plan.slots[s].type
             lines.append(f"  v[{local[s]}] = gk_take({plan.buffer_of[s]}, {len(t.shape)}, "
                          f"gk_dims{vid[s]}, {t.dtype.num});")
             lines.append(f"  if (v[{local[s]}] == NULL) goto fail;")
-        argv = ", ".join([data(s) for s in step.reads + step.writes] +
-                         [f"&gk_size[{symbol[n]}]" for n in step.sizes])
-        lines.append(f"  {{ void *argv[] = {{{argv}}}; {step.kernel.name}(argv); }}")
+        if i in gemms:  # a matrix product: numpy's BLAS, called from here
+            lines += emit_gemm(gemms[i], {s: data(s) for s in step.reads + step.writes})
+        else:
+            assert step.kernel is not None
+            argv = ", ".join([data(s) for s in step.reads + step.writes] +
+                             [f"&gk_size[{symbol[n]}]" for n in step.sizes])
+            lines.append(f"  {{ void *argv[] = {{{argv}}}; {step.kernel.name}(argv); }}")
         for s in dead:
             if plan.buffer_of.get(s) in later_buffers:
                 lines.append(f"  Py_CLEAR(v[{local[s]}]);")
@@ -195,6 +212,9 @@ def _emit(plan: ExecutionPlan, module: str) -> str:
         '  {"set_tensor_type", gk_set_tensor_type, METH_O, "the class `call` reads and makes"},',
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
+        *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',
+           '   "set_blas(sgemm, dgemm, get_threads, set_threads): numpy\'s BLAS by address"},']
+          if blas is not None else []),
         "  {NULL, NULL, 0, NULL}};",
         f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '
         "gk_methods};",

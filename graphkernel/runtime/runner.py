@@ -22,7 +22,7 @@ from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import concrete, is_static
-from graphkernel.runtime.blas import blas_threads, find_in_background
+from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
 from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
@@ -62,6 +62,10 @@ class Runner:
         self._functions = library.functions
         self.entry = library.entry
         self.entry_module = library.entry_module
+        if hasattr(self.entry_module, "set_blas"):  # its MatMul steps call numpy's BLAS
+            blas = cblas()
+            assert blas is not None  # the entry calls BLAS only where it was found
+            self.entry_module.set_blas(*blas.addresses)
         if self.entry is not None:
             self.entry_constants = tuple(
                 np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d

@@ -1,0 +1,227 @@
+"""MatMul and BatchMatMul steps as BLAS calls from the compiled entry (runtime/c_entry.py).
+
+A plan whose only non-kernel steps are matrix products still runs as one C call: the entry calls
+numpy's own OpenBLAS (runtime/blas.py `cblas`) through function pointers handed to the module
+once it is loaded (`set_blas`), instead of a Python step per product. Each product is decided
+here, at plan time, from the step's static layout: its operands and result as strided matrices
+of their slots' dense buffers (the read and write views of folded layout ops,
+graph_kernel/library_views.py, as the Python runner makes them), batch axes broadcast by zero
+strides, and an N-d operand times a matrix merged into one GEMM over all its rows where the
+rows merge in place (as ir/opdefs/matmul.py `matmul_into` does). A product BLAS cannot take as
+strided matrices (no unit stride on either axis, a result not row-major), an empty one, another
+dtype or a dynamic size is None, and the plan keeps the Python runner.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.ir.types import is_static
+from graphkernel.runtime.plan import ExecutionPlan, Step
+
+GEMM_OPS = ("MatMul", "BatchMatMul")
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # the CBLAS enum values
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One operand or the result of a GEMM call, in elements of its slot's dense buffer."""
+
+    slot: int
+    offset: int
+    batch_strides: tuple[int, ...]  # one per batch axis of the result (0: broadcast)
+    trans: bool  # BLAS reads it transposed (its columns are contiguous)
+    ld: int  # leading dimension
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    m: int
+    n: int
+    k: int
+    batch: tuple[int, ...]  # the result's batch axes (a GEMM per index)
+    a: Matrix
+    b: Matrix
+    c: Matrix
+    double: bool
+    one_thread: bool  # Step.blas_threads == 1
+
+
+def _layout(strides: tuple[int, ...], rows: int, cols: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols matrix with these element strides, as
+    BLAS takes it, or None."""
+    rs, cs = strides[-2], strides[-1]
+    if cs == 1 or cols == 1:
+        ld = rs if rows > 1 else cols
+        if ld >= max(1, cols):
+            return False, ld
+    if rs == 1 or rows == 1:
+        ld = cs if cols > 1 else rows
+        if ld >= max(1, rows):
+            return True, ld
+    return None
+
+
+def _batch_strides(shape: tuple[int, ...], strides: tuple[int, ...], batch: tuple[int, ...]
+                   ) -> tuple[int, ...]:
+    """The strides of a matrix stack's batch axes, right-aligned to the result's batch axes;
+    a missing or size-1 axis is broadcast (stride 0)."""
+    own = len(shape) - 2
+    out = []
+    for i in range(len(batch)):
+        j = i - (len(batch) - own)
+        out.append(strides[j] if j >= 0 and shape[j] != 1 else 0)
+    return tuple(out)
+
+
+def _merged_row_stride(batch: tuple[int, ...], strides: tuple[int, ...], rows: int,
+                       row_stride: int) -> int | None:
+    """The row stride when the batch axes and the rows of a matrix stack merge into one run of
+    rows (each axis' stride is the next one's span), else None."""
+    lead = [(n, s) for n, s in zip(batch + (rows,), strides + (row_stride,)) if n != 1]
+    for (_, outer), (n, inner) in zip(lead, lead[1:]):
+        if outer != n * inner:
+            return None
+    return lead[-1][1] if lead else row_stride
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(acc)
+        acc *= dim
+    return tuple(reversed(strides))
+
+
+def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
+    """The BLAS call of a MatMul/BatchMatMul step, or None when BLAS cannot take it as is."""
+    if step.op not in GEMM_OPS or not step.pooled:
+        return None
+    dtype = step.out_types[0].dtype
+    if dtype not in (np.float32, np.float64):
+        return None
+    types = [plan.slots[s].type for s in (*step.reads, *step.writes)]
+    if not all(is_static(t.shape) for t in types) or any(t.dtype != dtype for t in types):
+        return None
+    views = dict(step.attrs.get("read_views", {}))
+
+    def operand(k: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        slot = step.reads[k]
+        if k in views:
+            offset, shape, strides = views[k]
+        else:
+            offset, shape = 0, tuple(plan.slots[slot].type.shape)
+            strides = _contiguous(shape)
+        shape, strides = tuple(shape), tuple(strides)
+        if step.attrs.get(("transpose_a", "transpose_b")[k]):
+            shape = shape[:-2] + (shape[-1], shape[-2])
+            strides = strides[:-2] + (strides[-1], strides[-2])
+        return offset, shape, strides
+
+    (a_off, a_shape, a_strides), (b_off, b_shape, b_strides) = operand(0), operand(1)
+    (target,) = step.writes
+    write_view = step.attrs.get("write_view")
+    if write_view is None:
+        c_shape = tuple(plan.slots[target].type.shape)
+        c_strides = _contiguous(c_shape)
+    else:
+        c_shape, c_strides = tuple(write_view[0]), tuple(write_view[1])
+    batch, (m, n), k = c_shape[:-2], c_shape[-2:], a_shape[-1]
+    if 0 in (m, n, k) or 0 in batch:
+        return None
+    a_batch = _batch_strides(a_shape, a_strides, batch)
+    b_batch = _batch_strides(b_shape, b_strides, batch)
+    c_batch = c_strides[:-2]
+    a_rows, c_rows = a_strides[-2], c_strides[-2]
+    if batch and not any(b_batch):  # a stack times one matrix: one GEMM over all rows?
+        a_merged = _merged_row_stride(batch, a_batch, m, a_rows)
+        c_merged = _merged_row_stride(batch, c_batch, m, c_rows)
+        if a_merged is not None and c_merged is not None:
+            m, a_rows, c_rows = m * math.prod(batch), a_merged, c_merged
+            batch, a_batch, b_batch, c_batch = (), (), (), ()
+    a_layout = _layout((a_rows, a_strides[-1]), m, k)
+    b_layout = _layout(b_strides, k, n)
+    c_layout = _layout((c_rows, c_strides[-1]), m, n)
+    if a_layout is None or b_layout is None or c_layout is None or c_layout[0]:
+        return None
+    return GemmCall(m, n, k, batch,
+                    Matrix(step.reads[0], a_off, a_batch, *a_layout),
+                    Matrix(step.reads[1], b_off, b_batch, *b_layout),
+                    Matrix(target, 0, tuple(c_batch), *c_layout),
+                    dtype == np.float64, step.blas_threads == 1)
+
+
+# The entry's BLAS: function pointers set once the module is loaded (`set_blas`). BLASINT is
+# the library's integer (int64_t for numpy's ILP64 OpenBLAS).
+PRELUDE = """typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
+  const float *, BLASINT, const float *, BLASINT, float, float *, BLASINT);
+typedef void (*gk_dgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, double,
+  const double *, BLASINT, const double *, BLASINT, double, double *, BLASINT);
+static gk_sgemm_t gk_sgemm = NULL;
+static gk_dgemm_t gk_dgemm = NULL;
+static int (*gk_blas_get_threads)(void) = NULL;
+static void (*gk_blas_set_threads)(int) = NULL;
+
+/* set_blas(sgemm, dgemm, get_threads, set_threads): numpy's OpenBLAS functions by address
+   (runtime/blas.py `cblas`); until then `run` returns NotImplemented. */
+static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "set_blas takes four function addresses");
+    return NULL;
+  }
+  void *p[4];
+  for (int i = 0; i < 4; ++i) {
+    p[i] = PyLong_AsVoidPtr(args[i]);
+    if (p[i] == NULL) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "set_blas: a NULL address");
+      return NULL;
+    }
+  }
+  gk_sgemm = (gk_sgemm_t)p[0];
+  gk_dgemm = (gk_dgemm_t)p[1];
+  gk_blas_get_threads = (int (*)(void))p[2];
+  gk_blas_set_threads = (void (*)(int))p[3];
+  Py_RETURN_NONE;
+}
+"""
+
+
+def prelude(int64: bool) -> list[str]:
+    return PRELUDE.replace("BLASINT", "int64_t" if int64 else "int").split("\n")
+
+
+def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
+    """The C lines of one product inside the entry's `gk_run`; `data` gives each slot's
+    pointer expression."""
+    ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
+    lines = ["  {"]
+    for name, mat, const in (("A", call.a, "const "), ("B", call.b, "const "),
+                             ("C", call.c, "")):
+        lines.append(f"    {const}{ctype} *gk_{name} = ({const}{ctype} *){data[mat.slot]} + "
+                     f"{mat.offset};")
+    if call.one_thread:  # a small product: BLAS on one thread, put back after it
+        lines += ["    int gk_threads = gk_blas_get_threads();",
+                  "    if (gk_threads != 1) gk_blas_set_threads(1);"]
+    indent = "    "
+    offsets = {"A": [], "B": [], "C": []}  # type: dict[str, list[str]]
+    for axis, size in enumerate(call.batch):
+        lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {size}; "
+                     f"++gk_i{axis}) {{")
+        indent += "  "
+        for name, mat in (("A", call.a), ("B", call.b), ("C", call.c)):
+            if mat.batch_strides[axis]:
+                offsets[name].append(f" + gk_i{axis} * {mat.batch_strides[axis]}")
+    a, b, c = ("gk_" + name + "".join(offsets[name]) for name in "ABC")
+    trans = {False: _NO_TRANS, True: _TRANS}
+    lines.append(f"{indent}{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, "
+                 f"{call.m}, {call.n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, "
+                 f"{c}, {call.c.ld});")
+    for _ in call.batch:
+        indent = indent[:-2]
+        lines.append(f"{indent}}}")
+    if call.one_thread:
+        lines.append("    if (gk_threads != 1) gk_blas_set_threads(gk_threads);")
+    lines.append("  }")
+    return lines

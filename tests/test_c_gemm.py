@@ -1,0 +1,154 @@
+"""MatMul and BatchMatMul called from the compiled entry (runtime/c_gemm.py) and Argmax as a
+generated kernel (codegen/c_argmax.py): a plan of kernels and products is one C call. Each case
+runs through the entry and through the Python runner (numpy's BLAS) and both are compared with
+numpy on random inputs, fused and unfused; layouts BLAS cannot take keep the Python runner."""
+import numpy as np
+import pytest
+from cells import OFF, ON, Fn
+
+import graphkernel
+from graphkernel import Tensor
+from graphkernel.ops import operations as P
+from graphkernel.runtime import c_entry
+from graphkernel.runtime.c_gemm import gemm_call
+
+
+def relu(x):
+    return P.ReLU()(x)  # a kernel after the product: the plan has a library to hold the entry
+
+
+def run_both(exe, *arrays):
+    """The results through the compiled entry and through the Python runner's steps."""
+    ex = exe.executable
+    by_entry = exe(*map(Tensor, arrays))
+    by_entry = [t.asnumpy() for t in (by_entry if isinstance(by_entry, tuple) else (by_entry,))]
+    by_steps = ex.runner.run(ex.check_inputs(list(arrays)), exe._weights())
+    return by_entry, by_steps
+
+
+CASES = {
+    "2d": (lambda a, b: relu(P.MatMul()(a, b)), lambda a, b: np.maximum(a @ b, 0),
+           [(7, 5), (5, 3)]),
+    "transposes": (lambda a, b: relu(P.MatMul(transpose_a=True, transpose_b=True)(a, b)),
+                   lambda a, b: np.maximum(a.T @ b.T, 0), [(5, 7), (3, 5)]),
+    "dense over 3d": (lambda a, b: relu(P.MatMul(transpose_b=True)(a, b)),
+                      lambda a, b: np.maximum(a @ b.T, 0), [(4, 6, 5), (3, 5)]),
+    "3d transposed": (lambda a, b: relu(P.MatMul(transpose_a=True)(a, b)),
+                      lambda a, b: np.maximum(np.swapaxes(a, -1, -2) @ b, 0),
+                      [(4, 5, 6), (5, 3)]),
+    "batch broadcast": (lambda a, b: relu(P.BatchMatMul(transpose_b=True)(a, b)),
+                        lambda a, b: np.maximum(a @ np.swapaxes(b, -1, -2), 0),
+                        [(2, 3, 4, 5), (3, 6, 5)]),
+    "matrix times stack": (lambda a, b: relu(P.BatchMatMul()(a, b)),
+                           lambda a, b: np.maximum(a @ b, 0), [(4, 5), (3, 5, 2)]),
+    "row of 3d": (lambda a, b: relu(P.MatMul(transpose_b=True)(a[:, 0], b)),
+                  lambda a, b: np.maximum(a[:, 0] @ b.T, 0), [(3, 5, 7), (4, 7)]),
+    "slice": (lambda a, b: relu(P.MatMul(transpose_a=True)(P.Slice()(a, (2, 1), (5, 6)), b)),
+              lambda a, b: np.maximum(a[2:7, 1:7].T @ b, 0), [(9, 11), (5, 3)]),
+    "head merge": (lambda a, b, c: relu(P.MatMul()(P.Reshape()(P.Transpose()(
+        P.BatchMatMul()(a, b), (0, 2, 1, 3)), (2, 7, 15)), c)),
+        lambda a, b, c: np.maximum((a @ b).transpose(0, 2, 1, 3).reshape(2, 7, 15) @ c, 0),
+        [(2, 5, 7, 7), (2, 5, 7, 3), (15, 4)]),
+}
+
+
+LAYOUT_CASES = ("row of 3d", "slice", "head merge")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_products_run_from_the_entry_as_numpy_does(case, dtype, rng):
+    fn, want, shapes = CASES[case]
+    arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    expected = want(*arrays)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for options in (ON, OFF):
+        exe = graphkernel.compile(Fn(fn), *arrays, options=options)
+        products = [s for s in exe.plan.steps if s.op in ("MatMul", "BatchMatMul")]
+        assert products and all(gemm_call(exe.plan, s) is not None for s in products)
+        # Unfused, a layout op is a numpy view step of its own: that plan keeps the Python
+        # runner; fused, the product reads and writes through it.
+        views = any(s.kind.value == "view" for s in exe.plan.steps)
+        assert views == (options is OFF and case in LAYOUT_CASES), exe.plan.describe()
+        assert (exe.executable.runner.entry is not None) == (not views), exe.plan.describe()
+        by_entry, by_steps = run_both(exe, *arrays)
+        for got in (by_entry[0], by_steps[0]):
+            assert got.dtype == dtype
+            np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+
+
+def test_the_row_merge_and_the_blas_layouts_of_a_step(rng):
+    a = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 5)).astype(np.float32)
+    exe = graphkernel.compile(Fn(CASES["dense over 3d"][0]), a, b, options=ON)
+    (step,) = [s for s in exe.plan.steps if s.op == "MatMul"]
+    call = gemm_call(exe.plan, step)
+    assert call is not None and (call.m, call.n, call.k, call.batch) == (24, 3, 5, ())
+    assert (call.a.trans, call.a.ld, call.b.trans, call.b.ld, call.c.ld) == (False, 5, True, 5, 3)
+    p = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    q = rng.standard_normal((3, 6, 5)).astype(np.float32)
+    exe = graphkernel.compile(Fn(CASES["batch broadcast"][0]), p, q, options=ON)
+    (step,) = [s for s in exe.plan.steps if s.op == "BatchMatMul"]
+    call = gemm_call(exe.plan, step)
+    assert call is not None and call.batch == (2, 3) and (call.m, call.n, call.k) == (4, 6, 5)
+    assert call.b.batch_strides == (0, 30)  # q's one stack, read again for each p[i]
+
+
+def test_layouts_blas_cannot_take_keep_the_python_runner(rng):
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    ints = graphkernel.compile(Fn(lambda t, v: relu(P.MatMul()(t, v))), x.astype(np.int32),
+                               w.astype(np.int32), options=ON)
+    assert ints.executable.runner.entry is None  # no integer GEMM in BLAS
+    np.testing.assert_array_equal(ints(Tensor(x.astype(np.int32)), Tensor(w.astype(np.int32)))
+                                  .asnumpy(), np.maximum(x.astype(np.int32) @
+                                                         w.astype(np.int32), 0))
+
+
+def test_without_numpys_openblas_the_python_runner_calls_numpy(monkeypatch, rng):
+    monkeypatch.setattr(c_entry, "cblas", lambda: None)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in [(7, 5), (5, 3)])
+    exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
+    assert exe.executable.runner.entry is None
+    np.testing.assert_allclose(exe(Tensor(a), Tensor(b)).asnumpy(), np.maximum(a @ b, 0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_product_from_the_entry_leaves_blas_threads_as_they_were(rng):
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in [(32, 64), (64, 16)])
+    exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
+    assert [s.blas_threads for s in exe.plan.steps if s.op == "MatMul"] == [1]
+    assert exe.executable.runner.entry is not None
+    before = blas_threads()
+    exe(Tensor(a), Tensor(b))
+    assert blas_threads() == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("shape,axis", [((7, 10), -1), ((3, 5, 4), 1), ((6,), 0),
+                                        ((4, 3, 2), 0)])
+def test_argmax_is_a_kernel_and_returns_numpys_index(shape, axis, dtype, rng):
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    if x.dtype.kind == "f":  # the first NaN wins, as in numpy; ties go to the first maximum
+        x.flat[::7] = np.nan
+        x.flat[3::11] = np.inf
+    else:
+        x.flat[1::5] = x.max()
+    for options in (ON, OFF):
+        exe = graphkernel.compile(Fn(lambda v: P.Argmax(axis=axis)(v)), x, options=options)
+        assert [s.kind.value for s in exe.plan.steps] == ["kernel"]
+        got = exe(Tensor(x)).asnumpy()
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, np.argmax(x, axis=axis))
+
+
+def test_a_large_argmax_stays_numpys(rng):
+    x = rng.standard_normal((64, 1024)).astype(np.float32)
+    exe = graphkernel.compile(Fn(lambda v: P.Argmax()(v)), x, options=ON)
+    assert [s.kind.value for s in exe.plan.steps] == ["library"]
+    np.testing.assert_array_equal(exe(Tensor(x)).asnumpy(), np.argmax(x, axis=-1))
