@@ -128,10 +128,12 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
             op_names += tuple(n.op for n in _flat(views.result.folded))
     moved = bytes_of(tuple(v.tensor_type for v in node.inputs)) + bytes_of(types)
     shape_op = opdef.kind in (PatternKind.INJECTIVE, PatternKind.BROADCAST)
-    # numpy writes into a pooled buffer: BLAS, and ufuncs whose inputs share the result's dtype.
+    # numpy writes into a pooled buffer: BLAS, ufuncs whose inputs share the result's dtype,
+    # and a Gather (np.take into the buffer; the compiled entry copies the rows itself).
     same_dtype = len(types) == 1 and all(v.dtype == types[0].dtype for v in node.inputs)
     pooled = same_dtype and (node.op in ("MatMul", "BatchMatMul") or
-                             isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc))
+                             isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc)) or \
+        (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype)
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
                 writes, types, op=node.op, attrs=attrs, pooled=pooled, aliases=not pooled,
                 bytes_moved=moved, blas_threads=_blas_threads(node, cost))

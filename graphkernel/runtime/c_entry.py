@@ -21,6 +21,7 @@ import numpy as np
 
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.blas import CBlas, cblas
+from graphkernel.runtime.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.runtime.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
 from graphkernel.runtime.plan import ExecutionPlan, SlotRole, StepKind
 
@@ -34,15 +35,18 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     kinds = {s.kind for s in plan.steps}
     if StepKind.KERNEL not in kinds or any(plan.copy_out):
         return None
-    gemms = {i: gemm_call(plan, step) for i, step in enumerate(plan.steps)
-             if step.kind is StepKind.LIBRARY}
-    if any(call is None for call in gemms.values()) or \
-            not kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY}:
+    if not kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY, StepKind.VIEW}:
         return None
+    calls = {i: gemm_call(plan, step) or gather_call(plan, step)
+             for i, step in enumerate(plan.steps)
+             if step.kind in (StepKind.LIBRARY, StepKind.VIEW)}
+    if any(call is None for call in calls.values()):
+        return None
+    gemms = any(isinstance(call, GemmCall) for call in calls.values())
     blas = cblas() if gemms else None
     if gemms and blas is None:
         return None
-    return lambda module: _emit(plan, module, gemms, blas)  # type: ignore[arg-type]
+    return lambda module: _emit(plan, module, calls, blas)  # type: ignore[arg-type]
 
 
 def entry_arguments(plan: ExecutionPlan) -> list[int]:
@@ -56,7 +60,7 @@ def entry_arguments(plan: ExecutionPlan) -> list[int]:
     return args
 
 
-def _emit(plan: ExecutionPlan, module: str, gemms: dict[int, GemmCall],
+def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCall],
           blas: CBlas | None) -> str:
     args = entry_arguments(plan)
     nargs = len(args)
@@ -145,6 +149,9 @@ def _emit(plan: ExecutionPlan, module: str, gemms: dict[int, GemmCall],
                          "Py_RETURN_NOTIMPLEMENTED;")
         if t.dtype == np.bool_:
             lines.append(f"  if (!gk_bool01(args[{vid[s]}])) Py_RETURN_NOTIMPLEMENTED;")
+    for call in calls.values():  # every index in range before anything runs
+        if isinstance(call, GatherCall):
+            lines += emit_check(call, f"PyArray_DATA((PyArrayObject *)args[{vid[call.indices]}])")
     for s in produced:  # this call's shapes of values with dynamic sizes
         if s in dynamic:
             dims = ", ".join(f"(npy_intp)({_c_size(d, symbol)})"
@@ -175,8 +182,11 @@ def _emit(plan: ExecutionPlan, module: str, gemms: dict[int, GemmCall],
             lines.append(f"  v[{local[s]}] = gk_take({plan.buffer_of[s]}, {len(t.shape)}, "
                          f"gk_dims{vid[s]}, {t.dtype.num});")
             lines.append(f"  if (v[{local[s]}] == NULL) goto fail;")
-        if i in gemms:  # a matrix product: numpy's BLAS, called from here
-            lines += emit_gemm(gemms[i], {s: data(s) for s in step.reads + step.writes})
+        call = calls.get(i)
+        if isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
+            lines += emit_gemm(call, {s: data(s) for s in step.reads + step.writes})
+        elif isinstance(call, GatherCall):
+            lines += emit_gather(call, {s: data(s) for s in step.reads + step.writes})
         else:
             assert step.kernel is not None
             argv = ", ".join([data(s) for s in step.reads + step.writes] +

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
+from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import concrete, is_static
@@ -220,6 +221,20 @@ class Runner:
             slots[target] = out
         return matmul
 
+    def _gather_fn(self, step: Step) -> StepFn:
+        """Gather into a pooled buffer: its indices checked as the reference does, then rows
+        taken straight into the buffer (mode "clip": nothing left to check, no staging)."""
+        (params, indices), (target,), take = step.reads, step.writes, self._take(step)
+        axis = step.attrs["axis"] % self.plan.slots[params].type.rank
+
+        def gather(slots: list[Any]) -> None:
+            table, ids = slots[params], slots[indices]
+            check_indices(ids, table.shape[axis], "Gather", axis)
+            (out,) = take()
+            np.take(table, ids, axis=axis, out=out, mode="clip")
+            slots[target] = out
+        return gather
+
     def _library_fn(self, step: Step) -> StepFn:
         opdef = get_op(step.op)
         reads, writes, attrs = step.reads, step.writes, dict(step.attrs)
@@ -227,6 +242,8 @@ class Runner:
             (target,), take = writes, self._take(step)
             if step.op in ("MatMul", "BatchMatMul"):
                 return self._matmul_fn(step)
+            if step.op == "Gather":
+                return self._gather_fn(step)
             ufunc = opdef.reference.ufunc  # type: ignore[attr-defined]
 
             def elementwise(slots: list[Any]) -> None:

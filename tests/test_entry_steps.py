@@ -1,7 +1,8 @@
-"""MatMul and BatchMatMul called from the compiled entry (runtime/c_gemm.py) and Argmax as a
-generated kernel (codegen/c_argmax.py): a plan of kernels and products is one C call. Each case
-runs through the entry and through the Python runner (numpy's BLAS) and both are compared with
-numpy on random inputs, fused and unfused; layouts BLAS cannot take keep the Python runner."""
+"""MatMul and BatchMatMul called from the compiled entry (runtime/c_gemm.py), Gather copied by
+it (runtime/c_gather.py) and Argmax as a generated kernel (codegen/c_argmax.py): a plan of
+kernels, products and lookups is one C call. Each case runs through the entry and through the
+Python runner (numpy) and both are compared with numpy on random inputs, fused and unfused;
+layouts BLAS cannot take and indices the entry cannot check keep the Python runner."""
 import numpy as np
 import pytest
 from cells import OFF, ON, Fn
@@ -152,3 +153,42 @@ def test_a_large_argmax_stays_numpys(rng):
     exe = graphkernel.compile(Fn(lambda v: P.Argmax()(v)), x, options=ON)
     assert [s.kind.value for s in exe.plan.steps] == ["library"]
     np.testing.assert_array_equal(exe(Tensor(x)).asnumpy(), np.argmax(x, axis=-1))
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_gather_of_input_indices_runs_in_the_entry(axis, index_dtype, rng):
+    table = rng.standard_normal((6, 5, 4)).astype(np.float32)
+    ids = rng.integers(0, table.shape[axis], (3, 2)).astype(index_dtype)
+
+    def fn(t, i):
+        return relu(P.Gather()(t, i, axis))
+
+    want = np.maximum(np.take(table, ids, axis=axis), 0)
+    exe = graphkernel.compile(Fn(fn), table, ids, options=ON)
+    (step,) = [s for s in exe.plan.steps if s.op == "Gather"]
+    assert step.pooled and exe.executable.runner.entry is not None
+    for got in run_both(exe, table, ids):
+        np.testing.assert_array_equal(got[0], want)
+
+
+def test_an_index_out_of_range_is_the_same_error_through_the_entry(rng):
+    from graphkernel.errors import ShapeError
+
+    table = rng.standard_normal((6, 4)).astype(np.float32)
+    exe = graphkernel.compile(Fn(lambda t, i: relu(P.Gather()(t, i, 0))), table,
+                              np.array([1, 2], np.int32), options=ON)
+    assert exe.executable.runner.entry is not None
+    for bad in (6, -1):
+        with pytest.raises(ShapeError, match=f"index {bad} is out of range"):
+            exe(Tensor(table), Tensor(np.array([1, bad], np.int32)))
+
+
+def test_indices_computed_in_the_graph_keep_the_python_runner(rng):
+    table = rng.standard_normal((6, 4)).astype(np.float32)
+    ids = np.array([[0, 2], [5, 1]], np.int32)
+    exe = graphkernel.compile(Fn(lambda t, i: relu(P.Gather()(t, P.Add()(i, 0), 0))), table,
+                              ids, options=ON)
+    assert exe.executable.runner.entry is None
+    np.testing.assert_array_equal(exe(Tensor(table), Tensor(ids)).asnumpy(),
+                                  np.maximum(table[ids], 0))
