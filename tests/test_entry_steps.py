@@ -42,6 +42,9 @@ CASES = {
                         [(2, 3, 4, 5), (3, 6, 5)]),
     "matrix times stack": (lambda a, b: relu(P.BatchMatMul()(a, b)),
                            lambda a, b: np.maximum(a @ b, 0), [(4, 5), (3, 5, 2)]),
+    "attention heads": (lambda a, b: relu(P.BatchMatMul(transpose_b=True)(a, b)),
+                        lambda a, b: np.maximum(a @ np.swapaxes(b, -1, -2), 0),
+                        [(4, 8, 64, 40), (4, 8, 64, 40)]),
     "row of 3d": (lambda a, b: relu(P.MatMul(transpose_b=True)(a[:, 0], b)),
                   lambda a, b: np.maximum(a[:, 0] @ b.T, 0), [(3, 5, 7), (4, 7)]),
     "slice": (lambda a, b: relu(P.MatMul(transpose_a=True)(P.Slice()(a, (2, 1), (5, 6)), b)),
@@ -93,6 +96,18 @@ def test_the_row_merge_and_the_blas_layouts_of_a_step(rng):
     call = gemm_call(exe.plan, step)
     assert call is not None and call.batch == (2, 3) and (call.m, call.n, call.k) == (4, 6, 5)
     assert call.b.batch_strides == (0, 30)  # q's one stack, read again for each p[i]
+
+
+def test_many_small_products_split_their_batch_over_threads(rng):
+    a, b = (rng.standard_normal((4, 8, 64, 40)).astype(np.float32) for _ in range(2))
+    exe = graphkernel.compile(Fn(CASES["attention heads"][0]), a, b, options=ON)
+    (step,) = [s for s in exe.plan.steps if s.op == "BatchMatMul"]
+    call = gemm_call(exe.plan, step)
+    assert call is not None and call.one_thread and call.batch == (4, 8)
+    source = exe.executable.library.source
+    assert "for (int64_t gk_b = 0; gk_b < 32; ++gk_b)" in source  # one loop, on threads
+    small = graphkernel.compile(Fn(CASES["attention heads"][0]), a[:1], b[:1], options=ON)
+    assert "gk_b = 0" not in small.executable.library.source  # 8 products: the calling thread
 
 
 def test_layouts_blas_cannot_take_keep_the_python_runner(rng):

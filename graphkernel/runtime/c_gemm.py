@@ -22,6 +22,9 @@ from graphkernel.ir.types import is_static
 from graphkernel.runtime.plan import ExecutionPlan, Step
 
 GEMM_OPS = ("MatMul", "BatchMatMul")
+# Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
+# split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
+PARALLEL_BATCH_MIN_MNK = 1 << 22
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # the CBLAS enum values
 
 
@@ -204,23 +207,38 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     if call.one_thread:  # a small product: BLAS on one thread, put back after it
         lines += ["    int gk_threads = gk_blas_get_threads();",
                   "    if (gk_threads != 1) gk_blas_set_threads(1);"]
-    indent = "    "
     offsets = {"A": [], "B": [], "C": []}  # type: dict[str, list[str]]
-    for axis, size in enumerate(call.batch):
-        lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {size}; "
-                     f"++gk_i{axis}) {{")
-        indent += "  "
+    for axis in range(len(call.batch)):
         for name, mat in (("A", call.a), ("B", call.b), ("C", call.c)):
             if mat.batch_strides[axis]:
                 offsets[name].append(f" + gk_i{axis} * {mat.batch_strides[axis]}")
     a, b, c = ("gk_" + name + "".join(offsets[name]) for name in "ABC")
     trans = {False: _NO_TRANS, True: _TRANS}
-    lines.append(f"{indent}{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, "
-                 f"{call.m}, {call.n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, "
-                 f"{c}, {call.c.ld});")
-    for _ in call.batch:
-        indent = indent[:-2]
-        lines.append(f"{indent}}}")
+    gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {call.m}, "
+            f"{call.n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
+    total = math.prod(call.batch)
+    if call.batch and call.one_thread and total * call.m * call.n * call.k >= \
+            PARALLEL_BATCH_MIN_MNK:
+        # Small products, many of them (attention's heads): one BLAS thread each, the batch
+        # split over OpenMP's threads (BLAS on one thread runs on its caller).
+        lines += ["    #pragma omp parallel for schedule(static)",
+                  f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
+                  "      int64_t gk_r = gk_b;"]
+        for axis in reversed(range(len(call.batch))):
+            size = call.batch[axis]
+            rest = f"gk_r % {size}; gk_r /= {size};" if axis else "gk_r;"
+            lines.append(f"      const int64_t gk_i{axis} = {rest}")
+        lines += [f"      {gemm}", "    }"]
+    else:
+        indent = "    "
+        for axis, size in enumerate(call.batch):
+            lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {size}; "
+                         f"++gk_i{axis}) {{")
+            indent += "  "
+        lines.append(indent + gemm)
+        for _ in call.batch:
+            indent = indent[:-2]
+            lines.append(f"{indent}}}")
     if call.one_thread:
         lines.append("    if (gk_threads != 1) gk_blas_set_threads(gk_threads);")
     lines.append("  }")
