@@ -280,6 +280,28 @@ def test_column_reductions_across_blocks_keep_nan_and_outputs(rng):
     np.testing.assert_allclose(centred, z - z.mean(0, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def test_column_reduction_with_a_full_size_result_is_one_pass(rng):
+    """A bias gradient beside its activation's gradient (dz = dy * (1 - tanh(x)^2), db = sum of
+    dz over rows): one kernel, dz stored by the pass that sums it; both equal numpy's, across
+    column blocks and with NaN (codegen/c_reduce.py)."""
+    def grad(s, x, dy):
+        t = s.tanh(x)
+        dz = s.mul(dy, s.sub(1.0, s.mul(t, t)))
+        return dz, s.sum(dz, 0)
+    cell = Fn(grad, tanh=P.Tanh(), mul=P.Mul(), sub=P.Sub(), sum=P.ReduceSum(keep_dims=False))
+    for shape in ((37, 1030), (512, 64), (3, 5)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        dy = rng.standard_normal(shape).astype(np.float32)
+        dy[1, 2] = np.nan
+        on, _ = run_both(cell, x, dy)
+        assert len(on.kernels) == 1
+        dz, db = on.run_arrays(x, dy)
+        want = dy.astype(np.float64) * (1 - np.tanh(x.astype(np.float64)) ** 2)
+        np.testing.assert_allclose(dz, want, rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(db, want.sum(0), rtol=1e-5, atol=1e-5)
+        assert np.isnan(db[2]) and np.isnan(dz[1, 2])
+
+
 def test_broadcast_and_unit_dim_views_join_kernels(rng):
     x = rng.standard_normal((4, 6)).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32)

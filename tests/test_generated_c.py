@@ -57,3 +57,44 @@ def test_without_the_stash_the_epilogue_would_call_exp_again(monkeypatch: pytest
     source = softmax_source((8, 64), np.float32)
     assert len(exp_calls(source)) == 2
     assert "stash" not in source
+
+
+def column_grad_source(shape: tuple[int, int]) -> str:
+    """dz = dy * tanh(x) and its column sum (a bias gradient beside its activation's): one
+    group, a column reduction with a full-size result."""
+    from graphkernel.ir.graph import Graph
+    t = TensorType(shape, np.dtype(np.float32))
+    x, dy = Input(t, "x"), Input(t, "dy")
+    th = Node("Tanh", [x], {}, t)
+    dz = Node("Mul", [dy, th], {}, t)
+    db = Node("ReduceSum", [dz], {"axis": (np.int64(0),), "keep_dims": np.bool_(False)},
+              TensorType(shape[1:], t.dtype))
+    sub = Graph("g", [x, dy], [th, dz, db], [dz, db])
+    sched = analyze(sub.nodes, sub.outputs)
+    return emit_kernel(sub, "gk_ColumnGrad", sched, DEFAULT_COST_MODEL.parallel_threshold,
+                       DEFAULT_COST_MODEL.stream_min_bytes).source
+
+
+@pytest.mark.parametrize("shape", [(8, 64), (512, 4096), (100, 3)])
+def test_column_reduction_stores_its_full_size_result_in_the_summing_pass(
+        shape: tuple[int, int]) -> None:
+    # dz needs no reduction: the pass that sums it stores it too, so tanh runs once per
+    # element and no epilogue pass reads x and dy again.
+    source = column_grad_source(shape)
+    tanh = [line.strip() for line in source.splitlines() if "tanhf(" in line]
+    assert len(tanh) == 1, source
+    lines = source.splitlines()
+    store = next(i for i, line in enumerate(lines) if line.strip().startswith("out0["))
+    accumulate = next(i for i, line in enumerate(lines) if re.search(r"acc\d+\[j\] = acc", line))
+    assert abs(store - accumulate) == 1, source  # in the same lanes loop
+
+
+def test_column_reduction_without_the_early_store_recomputes(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    # The check above can fail: every node counted as reading a reduction, the epilogue pass
+    # computes tanh again.
+    from graphkernel.codegen.c_reduce import ReductionEmitter
+    monkeypatch.setattr(ReductionEmitter, "_reduction_dependent",
+                        lambda self: {n.uid for n in self.graph.nodes})
+    source = column_grad_source((8, 64))
+    assert len([line for line in source.splitlines() if "tanhf(" in line]) == 2

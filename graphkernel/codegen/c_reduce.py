@@ -417,6 +417,12 @@ class ReductionEmitter:
             lanes(body, indent)
 
         outer_values(0)
+        # Full-space results that need no reduction (GeLUGrad's dz beside BiasAddGrad's sum of
+        # it) are stored by the first pass, which computes them anyway: an epilogue pass would
+        # read the inputs again and recompute them (tanh and all).
+        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        after = self._reduction_dependent()
+        early = [b for b in inner_outputs if b.value.uid not in after]
         for phase, reductions in enumerate(self.sched.phases, start=1):
             init_body = []
             for red_node in reductions:
@@ -439,8 +445,12 @@ class ReductionEmitter:
             inner_indent = self._open_loops(dims, red, indent, None, False)
             saved = dict(self.var)
             mark = len(self.lines)
-            self._compute(self._inner_closure([r.inputs[0] for r in reductions]), dims, True,
+            stored = early if phase == 1 else []
+            self._compute(self._inner_closure([r.inputs[0] for r in reductions] +
+                                              [b.value for b in stored]), dims, True,
                           inner_indent + "  ")
+            for buf in stored:
+                self._store(buf, dims, True, inner_indent)
             body = [line.strip() for line in self.lines[mark:]]
             del self.lines[mark:]
             for red_node in reductions:
@@ -470,7 +480,7 @@ class ReductionEmitter:
             if final_body:
                 lanes(final_body, indent)
             outer_values(phase)
-        inner_outputs = [b for b in outputs if not self.sched.is_outer(b.value)]
+        inner_outputs = [b for b in inner_outputs if b not in early]
         if inner_outputs:
             inner_indent = self._open_loops(dims, red, indent, None, False)
             saved = dict(self.var)
@@ -495,6 +505,15 @@ class ReductionEmitter:
         indent = indent[:-2]
         self.lines.append(f"{indent}}}")
         self._close_loops(len(kout), indent)
+
+    def _reduction_dependent(self) -> set[int]:
+        """uids of the group's nodes that read a reduction's result, directly or not."""
+        dependent: set[int] = set()
+        for node in self.graph.nodes:
+            if get_op(node.op).kind == PatternKind.REDUCE or \
+                    any(v.uid in dependent for v in node.inputs):
+                dependent.add(node.uid)
+        return dependent
 
     def _reduce_init(self, red: Node) -> str:
         init = _reduction(red).identity
