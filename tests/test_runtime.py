@@ -10,6 +10,7 @@ from graphkernel import Parameter, Tensor, nn
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
+from graphkernel.runtime.plan import StepKind
 from graphkernel.tools.lab import NetBasicFuse
 
 ON = CompileOptions(enable_graph_kernel=True)
@@ -175,7 +176,7 @@ def test_results_held_keep_their_buffers_across_calls_with_reuse(rng):
 
 def test_plan_memory_lends_dead_buffers_and_keeps_viewed_ones():
     from graphkernel.ir.types import TensorType
-    from graphkernel.runtime.plan import Slot, SlotRole, Step, StepKind, plan_memory
+    from graphkernel.runtime.plan import Slot, SlotRole, Step, plan_memory
     a, b = TensorType((64, 64), np.dtype("<f4")), TensorType((8,), np.dtype("<f8"))
     # slot 0: input; step 0 makes slot 1 (pooled a); step 1 views it as slot 2 (may alias);
     # step 2 reads slot 2 and makes slot 3 (pooled a); step 3 reads 3, makes 4 and 5 (pooled
@@ -315,8 +316,13 @@ def test_assigns_write_weights_in_place_fused_and_unfused(rng):
         own = param.asnumpy()
         exe = compile_graph(_graph_with_assign(param), "Accumulate",
                             CompileOptions(enable_graph_kernel=fusion))
-        assert exe.entry is not None  # kernels (one per op unfused) + an assign: the C entry
-        assert "assign" in exe.plan.describe() and "overwrites" in exe.plan.describe()
+        assert exe.entry is not None  # kernels (one per op unfused): the C entry
+        # The kernel computing w + x writes it into w's array: no pooled result, no copy after.
+        (writer,) = [s for s in exe.plan.steps if s.in_place]
+        assert writer.in_place == ((writer.writes[0], exe.plan.weights[0]),)
+        assert writer.writes[0] not in exe.plan.buffer_of
+        assert not any(s.kind is StepKind.ASSIGN for s in exe.plan.steps)
+        assert "written into $1:w" in exe.plan.describe() and "overwrites" in exe.plan.describe()
         first = exe(Tensor(x)).asnumpy()
         np.testing.assert_allclose(first, (start + x) * 2, rtol=1e-6)
         assert param.asnumpy() is own  # written in place: the same array
@@ -328,6 +334,29 @@ def test_assigns_write_weights_in_place_fused_and_unfused(rng):
     text = _graph_with_assign(Parameter(start, "w"))
     from graphkernel.ir.printer import print_graph
     assert "assign %para2_w <- %1" in print_graph(text)
+
+
+def test_assigns_copied_after_the_call_when_a_later_step_reads_the_weight(rng):
+    """w <- w + x, and a MatMul after that kernel reads the old w: the new value goes to a
+    pooled buffer and is copied into w after the call (ASSIGN), fusion on and off."""
+    from graphkernel.frontend.compile import compile_graph
+    from graphkernel.ir.graph import Graph, Input, Node
+    from graphkernel.ir.types import TensorType
+    start = rng.standard_normal((3, 4)).astype(np.float32)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    for fusion in (True, False):
+        param = Parameter(start, "w")
+        t = TensorType((3, 4), np.dtype(np.float32))
+        xi, w = Input(t, "x"), Input(t, "w", kind="weight", binding=param)
+        new = Node("Add", [w, xi], {}, t)
+        out = Node("MatMul", [w, xi], {"transpose_b": True}, TensorType((3, 3), t.dtype))
+        graph = Graph("ReadAfter", [xi, w], [new, out], [out])
+        graph.assigns = [(w, new)]
+        exe = compile_graph(graph, "ReadAfter", CompileOptions(enable_graph_kernel=fusion))
+        assert not any(s.in_place for s in exe.plan.steps)
+        assert [s.kind for s in exe.plan.steps].count(StepKind.ASSIGN) == 1
+        np.testing.assert_allclose(exe.run_arrays(x)[0], start @ x.T, rtol=1e-5)
+        np.testing.assert_allclose(param.asnumpy(), start + x, rtol=1e-6)
 
 
 def test_parameters_own_their_arrays():

@@ -134,6 +134,9 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
     if blas is not None:  # the Python runner until the loader hands over numpy's BLAS
         lines.append("  if (gk_sgemm == NULL) Py_RETURN_NOTIMPLEMENTED;")
     assigned = {step.reads[1] for step in plan.steps if step.kind is StepKind.ASSIGN}
+    # results a kernel writes into a weight's own array (Step.in_place): that array is the value
+    into = {v: w for step in plan.steps for v, w in step.in_place}
+    assigned |= set(into.values())
     if plan.symbols:
         lines.append(f"  int64_t gk_size[{len(plan.symbols)}] = {{0}};")
     bound: set[str] = set()
@@ -160,6 +163,7 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
     lines.append(f"  PyArrayObject *v[{nvalues}] = {{0}};")
 
     def data(s: int) -> str:
+        s = into.get(s, s)
         if vid[s] < nargs:
             return f"PyArray_DATA((PyArrayObject *)args[{vid[s]}])"
         return f"PyArray_DATA(v[{local[s]}])"
@@ -178,6 +182,8 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
             lines.append(f"  memmove({data(target)}, {data(source)}, {nbytes});")
             continue
         for s in step.writes:
+            if s in into:
+                continue
             t = plan.slots[s].type
             lines.append(f"  v[{local[s]}] = gk_take({plan.buffer_of[s]}, {len(t.shape)}, "
                          f"gk_dims{vid[s]}, {t.dtype.num});")

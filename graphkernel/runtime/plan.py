@@ -79,6 +79,9 @@ class Step:
     pooled: bool = False  # its results are written into pooled buffers (see Slot buffers)
     aliases: bool = False  # a result may be a view of something it reads
     overwrites: tuple[int, ...] = ()  # read slots whose memory it writes into, in place
+    # KERNEL: (result slot, weight slot) pairs whose result is written straight into the
+    # weight's own array (an assigned value the kernel computes element by element; no ASSIGN)
+    in_place: tuple[tuple[int, int], ...] = ()
     bytes_moved: int = 0  # bytes read and written, for reports
     note: str = ""  # why a group is INTERPRETED
     blas_threads: int | None = None  # MatMul: BLAS threads for this product (None: BLAS's own)
@@ -135,7 +138,8 @@ class ExecutionPlan:
         for i, (step, dead) in enumerate(zip(self.steps, self.release)):
             flags = (" aliases" if step.aliases else "") + \
                 (f" blas_threads={step.blas_threads}" if step.blas_threads else "") + \
-                (f" overwrites {[name(s) for s in step.overwrites]}" if step.overwrites else "")
+                (f" overwrites {[name(s) for s in step.overwrites]}" if step.overwrites else "") + \
+                "".join(f" ({name(v)} written into {name(w)})" for v, w in step.in_place)
             lines.append(f"  [{i}] {step.kind.value:<11} {step.name}: "
                          f"{', '.join(name(s) for s in step.reads)} -> "
                          f"{', '.join(name(s) for s in step.writes)}{flags}"
@@ -188,8 +192,9 @@ def plan_memory(slots: tuple[Slot, ...], steps: list[Step], keep: set[int]
     holds: dict[int, set[int]] = {}  # slot -> buffers it keeps alive
     holders: dict[int, int] = {}  # buffer -> live slots holding it
     for step, dead in zip(steps, release):
+        in_place = {v for v, _ in step.in_place}  # the weight's memory: no buffer
         for s, t in zip(step.writes, step.out_types):
-            if step.pooled:
+            if step.pooled and s not in in_place:
                 key = (t.shape, t.dtype)
                 if free.get(key):
                     buffer = free[key].pop(0)

@@ -182,6 +182,8 @@ class Runner:
         index = {name: j for j, (name, _, _) in enumerate(self.plan.symbols)}
         size_ptrs = [self.sizes.ctypes.data + 8 * index[n] for n in step.sizes]
         argv_type = ctypes.c_void_p * (len(step.reads) + len(step.writes) + len(size_ptrs))
+        if step.in_place:
+            return self._in_place_kernel_fn(step, fn, argv_type, size_ptrs)
         reads, writes, take = step.reads, step.writes, self._take(step)
         dense = np.ascontiguousarray
 
@@ -192,6 +194,39 @@ class Runner:
             ins = [dense(slots[s]) for s in reads]
             fn(argv_type(*[a.ctypes.data for a in ins], *[o.ctypes.data for o in outs],
                          *size_ptrs))
+            for s, out in zip(writes, outs):
+                slots[s] = out
+        return kernel
+
+    def _in_place_kernel_fn(self, step: Step, fn: Any, argv_type: Any, size_ptrs: list[int]
+                            ) -> StepFn:
+        """A kernel writing some results into weights' own arrays (`Step.in_place`). A weight
+        array the kernel cannot index (not C-contiguous, aligned and writeable: the frontend's
+        Parameters always are) gets a fresh result, copied in after the kernel."""
+        into = dict(step.in_place)
+        reads, writes = step.reads, step.writes
+        take = self.pool.take
+        pooled = {s: self.plan.buffer_of[s] for s in writes if s not in into}
+        dense = np.ascontiguousarray
+
+        def kernel(slots: list[Any]) -> None:
+            outs, copies = [], []
+            for s in writes:
+                if s in pooled:
+                    outs.append(take(pooled[s]))
+                    continue
+                weight = slots[into[s]]
+                flags = weight.flags
+                if flags.c_contiguous and flags.aligned and flags.writeable:
+                    outs.append(weight)
+                else:
+                    outs.append(np.empty(weight.shape, weight.dtype))
+                    copies.append((weight, outs[-1]))
+            ins = [dense(slots[s]) for s in reads]
+            fn(argv_type(*[a.ctypes.data for a in ins], *[o.ctypes.data for o in outs],
+                         *size_ptrs))
+            for weight, out in copies:
+                np.copyto(weight, out)
             for s, out in zip(writes, outs):
                 slots[s] = out
         return kernel
