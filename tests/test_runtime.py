@@ -359,6 +359,40 @@ def test_assigns_copied_after_the_call_when_a_later_step_reads_the_weight(rng):
         np.testing.assert_allclose(param.asnumpy(), start + x, rtol=1e-6)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_a_column_reduction_writes_a_weight_in_place(rng, axis):
+    """b <- b - 0.1 * sum(3 dy, axis) (a bias's update after its gradient): summed over rows
+    (a column reduction: each block of columns summed, then its b stored last) one kernel
+    writes b in place; summed along rows (a row reduction) the update is a pointwise kernel
+    of its own, which does."""
+    from graphkernel.frontend.compile import compile_graph
+    from graphkernel.ir.graph import Constant, Graph, Input, Node
+    from graphkernel.ir.types import TensorType
+    shape = (37, 1030)
+    n = shape[1 - axis]
+    start = rng.standard_normal(n).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    param = Parameter(start, "b")
+    t, tb = TensorType(shape, np.dtype(np.float32)), TensorType((n,), np.dtype(np.float32))
+    x, b = Input(t, "dy"), Input(tb, "b", kind="weight", binding=param)
+    scaled = Node("Mul", [x, Constant(np.array(3.0, np.float32))], {}, t)
+    total = Node("ReduceSum", [scaled], {"axis": (np.int64(axis),),
+                                         "keep_dims": np.bool_(False)}, tb)
+    step = Node("Mul", [total, Constant(np.array(0.1, np.float32))], {}, tb)
+    new = Node("Sub", [b, step], {}, tb)
+    graph = Graph("Update", [x, b], [scaled, total, step, new], [total])
+    graph.assigns = [(b, new)]
+    exe = compile_graph(graph, "Update", CompileOptions(enable_graph_kernel=True))
+    (writer,) = [s for s in exe.plan.steps if s.in_place]
+    assert ("ReduceSum" in writer.op_names) is (axis == 0)
+    assert len(exe.kernels) == (1 if axis == 0 else 2)
+    assert StepKind.ASSIGN not in [s.kind for s in exe.plan.steps]
+    got = exe.run_arrays(dy)[0]
+    want = 3 * dy.astype(np.float64).sum(axis)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(param.asnumpy(), start - 0.1 * want, rtol=1e-5, atol=1e-5)
+
+
 def test_parameters_own_their_arrays():
     source = np.ones((4,), np.float32)
     p = Parameter(source, "p")

@@ -294,9 +294,9 @@ def _write_weights_in_place(steps: list[Step], groups: _Groups,
     writes straight into the weight's own array, replacing its pooled result and the ASSIGN
     copy after the call (an MLP training step's Adam: six copies of 16 MiB, 14 ms of 97).
 
-    Legal when the kernel is one pointwise loop nest that reads the weight, if at all, only at
-    the element it writes (read before written, in the same iteration), reads no view of it,
-    and no later step reads the weight or a view of it (they would see the new value). The
+    Legal when the kernel reads the weight, if at all, only where it writes that element and
+    before it does (`_reads_before_writes`), reads no view of it, and no later step reads the
+    weight or a view of it (they would see the new value). The
     weight's slot is the memory: `assigned` holds (the value's slot, the weight's slot). Sets
     those kernel steps' `in_place`; returns the values' slots written so."""
     counts: dict[int, int] = {}
@@ -318,7 +318,7 @@ def _write_weights_in_place(steps: list[Step], groups: _Groups,
             continue
         k = steps[i].writes.index(source)
         weight_at = [p for p, v in enumerate(node.inputs) if steps[i].reads[p] == target]
-        if not _pointwise_at(sub, sched, k, weight_at):
+        if not _reads_before_writes(sub, sched, k, weight_at):
             continue
         step = steps[i]
         steps[i] = replace(step, in_place=step.in_place + ((source, target),),
@@ -336,15 +336,24 @@ def _views_of(steps: list[Step], slot: int) -> set[int]:
     return views
 
 
-def _pointwise_at(sub: Graph, sched: Schedule | ParallelSchedule, k: int, positions: list[int]
-                  ) -> bool:
-    """Whether the group's k-th result is written, and its inputs at `positions` are read, at
-    the same element of one pointwise iteration space (no reduction, broadcast or index map).
-    A parallel kernel of several loop nests is not one: another nest may read the input."""
-    if isinstance(sched, ParallelSchedule) or sched.is_reduction:
+def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
+                         positions: list[int]) -> bool:
+    """Whether every read of the group's inputs at `positions` comes before the k-th result's
+    store of the same element, the only one it reads: in one pointwise loop nest, the result
+    and those inputs at the same element of the iteration space (no broadcast, no index map);
+    in a column reduction (codegen/c_reduce.py: blocks of kept columns, each summed, then its
+    per-column results stored last), a per-column result and inputs indexed by the kept axes
+    alone (a bias's Adam after its BiasAddGrad). A parallel kernel of several loop nests is
+    neither: another nest may read the input after the store."""
+    if isinstance(sched, ParallelSchedule):
         return False
     space = tuple(sched.space)
     out = sub.outputs[k]
+    if sched.is_reduction:
+        live = [a for a, d in enumerate(space) if d != 1]
+        if not live or live[-1] in sched.reduce_axes or not sched.is_outer(out):
+            return False  # a row reduction's passes: not analysed here
+        space = tuple(1 if a in sched.reduce_axes else d for a, d in enumerate(space))
     if not isinstance(out, Node) or get_op(out.op).kind is not PatternKind.ELEMWISE or \
             tuple(sched.aligned.get(out.uid, ())) != space:
         return False
