@@ -393,6 +393,44 @@ def test_a_column_reduction_writes_a_weight_in_place(rng, axis):
     np.testing.assert_allclose(param.asnumpy(), start - 0.1 * want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("read_after_the_sum", [False, True])
+def test_a_full_size_weight_beside_a_column_sum_is_written_in_place_by_the_first_pass(
+        rng, read_after_the_sum):
+    """w <- w - 0.1 g beside db = sum over rows of 3 g: one column-reduction kernel whose first
+    pass stores the new w (codegen/c_reduce.py), so w is written in place. When the kernel
+    also returns w * db, its last pass reads w after the first pass stored the new one: then
+    the new w is copied after the call."""
+    from graphkernel.frontend.compile import compile_graph
+    from graphkernel.ir.graph import Constant, Graph, Input, Node
+    from graphkernel.ir.types import TensorType
+    shape = (37, 1030)
+    start = rng.standard_normal(shape).astype(np.float32)
+    g = rng.standard_normal(shape).astype(np.float32)
+    param = Parameter(start, "w")
+    t, tb = TensorType(shape, np.dtype(np.float32)), TensorType(shape[1:], np.dtype(np.float32))
+    x, w = Input(t, "g"), Input(t, "w", kind="weight", binding=param)
+    summand = Node("Mul", [x, Constant(np.array(3.0, np.float32))], {}, t)
+    total = Node("ReduceSum", [summand], {"axis": (np.int64(0),),
+                                          "keep_dims": np.bool_(False)}, tb)
+    step = Node("Mul", [x, Constant(np.array(0.1, np.float32))], {}, t)
+    new = Node("Sub", [w, step], {}, t)
+    scaled = Node("Mul", [w, total], {}, t)
+    nodes, outputs = [summand, total, step, new], [total]
+    if read_after_the_sum:
+        nodes, outputs = nodes + [scaled], outputs + [scaled]
+    graph = Graph("Update", [x, w], nodes, outputs)
+    graph.assigns = [(w, new)]
+    exe = compile_graph(graph, "Update", CompileOptions(enable_graph_kernel=True))
+    assert len(exe.kernels) == 1
+    assert bool(exe.plan.steps[0].in_place) is not read_after_the_sum
+    got = exe.run_arrays(g)
+    want = (3.0 * g.astype(np.float64)).sum(0)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-4)
+    if read_after_the_sum:  # the old w
+        np.testing.assert_allclose(got[1], start * want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(param.asnumpy(), start - np.float32(0.1) * g, rtol=1e-6)
+
+
 def test_parameters_own_their_arrays():
     source = np.ones((4,), np.float32)
     p = Parameter(source, "p")

@@ -343,17 +343,23 @@ def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
     and those inputs at the same element of the iteration space (no broadcast, no index map);
     in a column reduction (codegen/c_reduce.py: blocks of kept columns, each summed, then its
     per-column results stored last), a per-column result and inputs indexed by the kept axes
-    alone (a bias's Adam after its BiasAddGrad). A parallel kernel of several loop nests is
-    neither: another nest may read the input after the store."""
+    alone (a bias's Adam after its BiasAddGrad), or a full-size result and inputs that only
+    the first pass reads, where it stores that result (a weight's Adam beside other groups'
+    bias gradients: nothing computed from the weight reads or feeds a reduction). A parallel
+    kernel of several loop nests is neither: another nest may read the input after the
+    store."""
     if isinstance(sched, ParallelSchedule):
         return False
     space = tuple(sched.space)
     out = sub.outputs[k]
     if sched.is_reduction:
         live = [a for a, d in enumerate(space) if d != 1]
-        if not live or live[-1] in sched.reduce_axes or not sched.is_outer(out):
+        if not live or live[-1] in sched.reduce_axes:
             return False  # a row reduction's passes: not analysed here
-        space = tuple(1 if a in sched.reduce_axes else d for a, d in enumerate(space))
+        if sched.is_outer(out):
+            space = tuple(1 if a in sched.reduce_axes else d for a, d in enumerate(space))
+        elif any(_meets_reduction(sub, sub.inputs[p]) for p in positions):
+            return False
     if not isinstance(out, Node) or get_op(out.op).kind is not PatternKind.ELEMWISE or \
             tuple(sched.aligned.get(out.uid, ())) != space:
         return False
@@ -367,6 +373,20 @@ def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
                for u in users.get(param.uid, [])):
             return False
     return True
+
+
+def _meets_reduction(sub: Graph, value: Value) -> bool:
+    """Whether a node computed from `value` is a reduction or reads one (so a later pass or
+    the epilogue computes it)."""
+    reduced: set[int] = set()
+    mine = {value.uid}
+    for node in sub.nodes:
+        read = {v.uid for v in node.inputs}
+        if get_op(node.op).kind == PatternKind.REDUCE or read & reduced:
+            reduced.add(node.uid)
+        if read & mine:
+            mine.add(node.uid)
+    return bool(mine & reduced)
 
 
 def _copies(slots: tuple[Slot, ...], steps: list[Step], outputs: tuple[int, ...]
