@@ -33,14 +33,20 @@ def _sigmoid(b: Builder, t: Value) -> Value:
 @expander("GeLUGrad")
 def gelu_grad(b: Builder, dy: Value, x: Value, y: Value, approximate: str = "tanh") -> Value:
     if approximate == "tanh":
-        # d/dx 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3):
-        # 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2)
+        # d/dx x s, s = sigmoid(2u) = 0.5 (1 + tanh(u)), u = c (x + 0.044715 x^3):
+        # s + x s (1 - s) 2c (1 + 3 * 0.044715 x^2). s and 1 - s come from one exp(-|2u|)
+        # (e r and r, r = 1 / (1 + e)): no tanh call (a libmvec call spills the loop's
+        # vectors; exp is inlined) and no cancellation in 1 - tanh^2 or 1 + tanh for x < 0.
         x2 = b("Mul", x, x)
-        u = b("Mul", b("Mul", x, b("Add", b("Mul", x2, 0.044715), 1.0)), _SQRT_2_OVER_PI)
-        t = b("Tanh", u)
-        du = b("Mul", b("Add", b("Mul", x2, 3 * 0.044715), 1.0), 0.5 * _SQRT_2_OVER_PI)
-        slope = b("Add", b("Mul", b("Add", t, 1.0), 0.5),
-                  b("Mul", b("Mul", x, b("Sub", 1.0, b("Mul", t, t))), du))
+        two_u = b("Mul", b("Mul", x, b("Add", b("Mul", x2, 0.044715), 1.0)),
+                  2 * _SQRT_2_OVER_PI)
+        e = b("Exp", b("Neg", b("Abs", two_u)))
+        r = b("Reciprocal", b("Add", e, 1.0))
+        er = b("Mul", e, r)
+        up = b("GreaterEqual", two_u, 0.0)
+        s, rest = b("Select", up, r, er), b("Select", up, er, r)  # s, 1 - s
+        du = b("Mul", b("Add", b("Mul", x2, 3 * 0.044715), 1.0), 2 * _SQRT_2_OVER_PI)
+        slope = b("Add", s, b("Mul", b("Mul", x, b("Mul", s, rest)), du))
     else:
         # 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)
         cdf = b("Mul", b("Add", b("Erf", b("Mul", x, 1 / math.sqrt(2))), 1.0), 0.5)
