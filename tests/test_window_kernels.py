@@ -80,6 +80,30 @@ def test_wide_convolution_blocks_channels_and_pixels(rng):
     np.testing.assert_allclose(exe.run_arrays(x, w)[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", [
+    ((2, 3, 8, 8), 40, 3, dict(pad_mode="same")),  # channel blocks in a pair and one alone
+    ((2, 4, 9, 6), 32, 3, dict(pad_mode="pad", pad=(1, 0, 2, 1), stride=(2, 1))),
+    ((1, 6, 11, 7), 18, 2, dict(pad_mode="valid", dilation=(2, 3), group=3)),
+    ((3, 1, 5, 5), 16, 3, dict(pad_mode="same", stride=2)),  # 3 x 3 out: rows one by one
+])
+def test_narrow_outputs_go_in_blocks_of_whole_rows(dtype, geometry, rng):
+    """Outputs at most 8 wide (the digits CNN's): row blocks, pairs of channel blocks, odd
+    channel counts, strides, dilation, padding, groups; the same values fused and not."""
+    xs, o, k, attrs = geometry
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((o, xs[1] // attrs.get("group", 1), k, k)).astype(dtype)
+    attrs = dict(out_channel=o, kernel_size=k, **attrs)
+    conv = P.Conv2D(**attrs)
+    want = reference("Conv2D", x, w, **attrs)
+    assert want.shape[3] <= 8
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    outs = [compiled(lambda a, b: conv(a, b), x, w, options=options).run_arrays(x, w)[0]
+            for options in (ON, OFF)]
+    np.testing.assert_allclose(outs[0], want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_convolution_propagates_nan_and_infinity(rng):
     x = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
     w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)

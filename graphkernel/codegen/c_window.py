@@ -5,11 +5,13 @@ A convolution is a direct one, no im2col matrix: per image, the input is copied 
 zero-bordered scratch plane (so no tap tests bounds), and each block of GK_PB output pixels
 keeps GK_PB vector accumulators of output channels (one lane per channel, gcc's vector
 extension: 16 float lanes with AVX-512) while it walks the taps (channel, kh, kw): one weight
-vector load and GK_PB broadcast multiply-adds per tap, in registers. The weights are repacked
-per call into [group][tap][channel] vectors (with Conv2DFoldedBN's scale gamma / sqrt(var + eps)
-applied: parameters may change between calls). Images share out over OpenMP threads when the
-call is large enough. float16 computes in float32 and rounds once, as the numpy reference does.
-Sums run in tap order, not BLAS's: results differ from the reference by rounding only.
+vector load and GK_PB broadcast multiply-adds per tap, in registers (an output at most 8 wide
+goes in blocks of whole rows, its pixel offsets constants of the source: `_row_blocks`). The
+weights are repacked per call into [group][tap][channel] vectors (with Conv2DFoldedBN's scale
+gamma / sqrt(var + eps) applied: parameters may change between calls). Images share out over
+OpenMP threads when the call is large enough. float16 computes in float32 and rounds once, as
+the numpy reference does. Sums run in tap order, not BLAS's: results differ from the reference
+by rounding only.
 
 A pool walks each output element's window with bounds tests ('same' padding: MaxPool's
 padding is -inf, AvgPool divides by the elements it covers). NaN propagates as in numpy.
@@ -231,29 +233,31 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "    }",
         f"  for (int64_t gi = 0; gi < {g}; ++gi) {{",
         f"    const {ct} *xg = xp + gi * {cg * hp * wp}LL;",
-        "    for (int64_t oc = 0; oc < OC; ++oc) {",
-        f"      const {vt} *wg = wt + gi * {taps}LL * OC + oc;",
-        f"      for (int64_t p0 = 0; p0 < {p}; p0 += PB) {{",
-        f"        const int64_t nb = {p} - p0 < PB ? {p} - p0 : PB;",
-        "        int64_t po[PB];",
-        "        for (int64_t b = 0; b < PB; ++b) {",
-        "          const int64_t q = p0 + (b < nb ? b : 0);  /* a short block repeats pixel 0 */",
-        f"          po[b] = (q / {ow}) * {sh * wp} + (q % {ow}) * {sw};",
-        "        }",
-        f"        {vt} acc[PB];",
-        f"        for (int64_t b = 0; b < PB; ++b) acc[b] = ({vt}){{0}};",
-        f"        for (int64_t t = 0; t < {taps}; ++t) {{",
-        f"          const {vt} wv = wg[t * OC];",
-        f"          const {ct} *xt = xg + {name}_taps[t];",
-        "          for (int64_t b = 0; b < PB; ++b) acc[b] += xt[po[b]] * wv;",
-        "        }",
-        "        for (int64_t b = 0; b < nb; ++b)",
-        "          for (int64_t l = 0; l < VL; ++l) {",
-        "            const int64_t oi = oc * VL + l;",
-        f"            if (oi < {og}) on[(gi * {og} + oi) * {p} + p0 + b] = ({st})acc[b][l];",
-        "          }",
-        "      }",
-        "    }",
+        *(_row_blocks(name, vt, ct, st, og, taps, oh, ow, sh, sw, wp) if ow <= 8 else [
+            "    for (int64_t oc = 0; oc < OC; ++oc) {",
+            f"      const {vt} *wg = wt + gi * {taps}LL * OC + oc;",
+            f"      for (int64_t p0 = 0; p0 < {p}; p0 += PB) {{",
+            f"        const int64_t nb = {p} - p0 < PB ? {p} - p0 : PB;",
+            "        int64_t po[PB];",
+            "        for (int64_t b = 0; b < PB; ++b) {",
+            "          const int64_t q = p0 + (b < nb ? b : 0);  /* a short block repeats "
+            "pixel 0 */",
+            f"          po[b] = (q / {ow}) * {sh * wp} + (q % {ow}) * {sw};",
+            "        }",
+            f"        {vt} acc[PB];",
+            f"        for (int64_t b = 0; b < PB; ++b) acc[b] = ({vt}){{0}};",
+            f"        for (int64_t t = 0; t < {taps}; ++t) {{",
+            f"          const {vt} wv = wg[t * OC];",
+            f"          const {ct} *xt = xg + {name}_taps[t];",
+            "          for (int64_t b = 0; b < PB; ++b) acc[b] += xt[po[b]] * wv;",
+            "        }",
+            "        for (int64_t b = 0; b < nb; ++b)",
+            "          for (int64_t l = 0; l < VL; ++l) {",
+            "            const int64_t oi = oc * VL + l;",
+            f"            if (oi < {og}) on[(gi * {og} + oi) * {p} + p0 + b] = ({st})acc[b][l];",
+            "          }",
+            "      }",
+            "    }"]),
         "  }",
         "}",
         "#if defined(__GNUC__) && !defined(__clang__)",
@@ -279,6 +283,49 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
                      f"{image}({{xn}}, wt, {{on}}, xp);", f"{direct}({{xn}}, {params}, {{on}});",
                      c * hp * wp, o * p * taps, c * h * wd, o * p)
+
+
+def _row_blocks(name: str, vt: str, ct: str, st: str, og: int, taps: int, oh: int, ow: int,
+                sh: int, sw: int, wp: int) -> list[str]:
+    """The channel blocks' pixel blocks of a narrow output (ow <= 8, so a block holds whole
+    rows with either GK_PB), inside the loop over groups. Each pixel block is r whole rows (the
+    most that divide oh and fit the accumulators), so its pixels' offsets in the scratch plane
+    are constants of the source and each multiply-add reads its broadcast pixel at a fixed
+    displacement, one load, where a computed offset table cost a second load per multiply-add.
+    With AVX-512's 32 registers two channel blocks go together (up to 2 x 12 accumulators):
+    each broadcast pixel feeds two multiply-adds. Every output sums its taps in the same order
+    on each path, so results do not depend on the path."""
+    def blocks(step: int, limit: str, pb: int) -> list[str]:
+        r = max(d for d in range(1, min(pb // ow, oh) + 1) if oh % d == 0)
+        nb = r * ow
+        offsets = ", ".join(str((b // ow) * sh * wp + (b % ow) * sw) for b in range(nb))
+        accs = [f"acc{u}" for u in range(step)]
+        lines = [f"    for (; oc {limit}; oc += {step}) {{",
+                 f"      const {vt} *wg = wt + gi * {taps}LL * OC + oc;",
+                 f"      static const int32_t po[{nb}] = {{{offsets}}};",
+                 f"      for (int64_t k = 0; k < {oh}; k += {r}) {{",
+                 f"        const {ct} *xt0 = xg + k * {sh * wp};",
+                 f"        {vt} {', '.join(f'{a}[{nb}]' for a in accs)};",
+                 f"        for (int64_t b = 0; b < {nb}; ++b) {{ "
+                 + " ".join(f"{a}[b] = ({vt}){{0}};" for a in accs) + " }",
+                 f"        for (int64_t t = 0; t < {taps}; ++t) {{",
+                 *[f"          const {vt} w{u} = wg[t * OC + {u}];" for u in range(step)],
+                 f"          const {ct} *xt = xt0 + {name}_taps[t];",
+                 f"          for (int64_t b = 0; b < {nb}; ++b) {{",
+                 f"            const {ct} v = xt[po[b]];",
+                 *[f"            acc{u}[b] += v * w{u};" for u in range(step)],
+                 "          }",
+                 "        }"]
+        for u in range(step):
+            lines += [f"        for (int64_t b = 0; b < {nb}; ++b)",
+                      "          for (int64_t l = 0; l < VL; ++l) {",
+                      f"            const int64_t oi = (oc + {u}) * VL + l;",
+                      f"            if (oi < {og}) on[(gi * {og} + oi) * {oh * ow} + k * {ow} + b]"
+                      f" = ({st})acc{u}[b][l];",
+                      "          }"]
+        return lines + ["      }", "    }"]
+    return ["    int64_t oc = 0;", "#if GK_PB == 16", *blocks(2, "+ 1 < OC", 12),
+            *blocks(1, "< OC", 16), "#else", *blocks(1, "< OC", 8), "#endif"]
 
 
 # -- pools ------------------------------------------------------------------------------------
