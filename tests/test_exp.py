@@ -41,7 +41,7 @@ def sweep() -> np.ndarray:
     """Every 509th float32 bit pattern (8.4 million values, all exponents and signs) and every
     pattern in windows around zero, the subnormal and zero thresholds and overflow."""
     patterns = np.arange(0, 1 << 32, 509, dtype=np.uint64).astype(np.uint32)
-    windows = [np.float32(v) for v in (0.0, -87.33654, -87.0, LAST_ZERO, LAST_FINITE,
+    windows = [np.float32(v) for v in (0.0, -87.33654, -87.0, LAST_ZERO, -104.0, LAST_FINITE,
                                        -0.34657359, 0.34657359, 1.0, -1.0)]
     dense = [np.arange(-(1 << 14), 1 << 14, dtype=np.int64) +
              np.int64(np.array(w, np.float32).view(np.uint32)) for w in windows]
