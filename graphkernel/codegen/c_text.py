@@ -118,12 +118,7 @@ static inline double gk_pairwise_total(const gk_pairwise *p) {
 #pragma omp declare simd notinbranch
 static inline float gkm_expf(float x) {
   const float shift = 0x1.8p23f;
-  /* Below -104, exp(x) < 2^-150 rounds to +0: those lanes compute exp(0) and are replaced at
-     the end. Scaling a lane down to +0 or a subnormal is a multiply with a tiny result, which
-     Intel cores finish in microcode (~100 cycles): a masked Softmax (-1e4 where masked) ran
-     7x slower for it. NaN compares false and passes. */
-  const int zero = x < -104.0f;
-  const float xc = zero ? 0.0f : x;
+  const float xc = x < -104.0f ? -104.0f : x;  /* exp < 2^-150: n stays >= -150; NaN passes */
   const float k = __builtin_fmaf(xc, 0x1.715476p+0f, shift);
   uint32_t kb;
   memcpy(&kb, &k, 4);
@@ -138,12 +133,17 @@ static inline float gkm_expf(float x) {
   q = __builtin_fmaf(q, r, 0x1.fffffep-2f);
   const float p = __builtin_fmaf(q, r * r, r) + 1.0f;
   const int32_t n1 = n >> 1, n2 = n - n1;  /* each in [-75, 65]: a normal power of two */
-  const uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
+  /* Below -104, exp(x) < 2^-150 rounds to +0: the second factor is +0 there. Scaling down to
+     +0 through 2^-75 would be a multiply with a tiny result, which Intel cores finish in
+     microcode (~100 cycles): a masked Softmax (-1e4 where masked) ran 7x slower for it. A
+     select on the integer keeps the common path as it was (a float select on the result
+     doubled a GeLU kernel's time). NaN compares false and passes. */
+  const uint32_t b1 = (uint32_t)(n1 + 127) << 23,
+                 b2 = x < -104.0f ? 0u : (uint32_t)(n2 + 127) << 23;
   float s1, s2;
   memcpy(&s1, &b1, 4);
   memcpy(&s2, &b2, 4);
-  const float y = (p * s1) * s2;
-  return zero ? 0.0f : y;
+  return (p * s1) * s2;
 }
 /* Double compute keeps libmvec's exp (declared below where it is present). */
 #define gkm_exp exp
