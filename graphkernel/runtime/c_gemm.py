@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.types import is_static
 from graphkernel.runtime.plan import ExecutionPlan, Step
 
@@ -79,17 +80,6 @@ def _batch_strides(shape: tuple[int, ...], strides: tuple[int, ...], batch: tupl
     return tuple(out)
 
 
-def _merged_row_stride(batch: tuple[int, ...], strides: tuple[int, ...], rows: int,
-                       row_stride: int) -> int | None:
-    """The row stride when the batch axes and the rows of a matrix stack merge into one run of
-    rows (each axis' stride is the next one's span), else None."""
-    lead = [(n, s) for n, s in zip(batch + (rows,), strides + (row_stride,)) if n != 1]
-    for (_, outer), (n, inner) in zip(lead, lead[1:]):
-        if outer != n * inner:
-            return None
-    return lead[-1][1] if lead else row_stride
-
-
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for dim in reversed(shape):
@@ -139,8 +129,8 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
     c_batch = c_strides[:-2]
     a_rows, c_rows = a_strides[-2], c_strides[-2]
     if batch and not any(b_batch):  # a stack times one matrix: one GEMM over all rows?
-        a_merged = _merged_row_stride(batch, a_batch, m, a_rows)
-        c_merged = _merged_row_stride(batch, c_batch, m, c_rows)
+        a_merged = merged_row_stride(batch + (m,), a_batch + (a_rows,), a_rows)
+        c_merged = merged_row_stride(batch + (m,), c_batch + (c_rows,), c_rows)
         if a_merged is not None and c_merged is not None:
             m, a_rows, c_rows = m * math.prod(batch), a_merged, c_merged
             batch, a_batch, b_batch, c_batch = (), (), (), ()

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ _populate_state: dict[str, object] = {}
 _POPULATE_CHUNK = 4 << 20
 
 
-def _madvise() -> object | None:
+def _madvise() -> Callable[[int, int, int], int] | None:
     """libc's madvise through ctypes (which releases the GIL around the call), or None."""
     if "fn" not in _populate_state:
         fn = None
@@ -48,7 +48,7 @@ def _madvise() -> object | None:
         except (OSError, AttributeError):  # no C library to ask (Windows)
             fn = None
         _populate_state["fn"] = fn
-    return _populate_state["fn"]
+    return _populate_state["fn"]  # type: ignore[return-value]
 
 
 def populate(array: np.ndarray, stop: threading.Event | None = None) -> str:
@@ -67,8 +67,7 @@ def populate(array: np.ndarray, stop: threading.Event | None = None) -> str:
         for lo in range(start, end, _POPULATE_CHUNK):
             if stop is not None and stop.is_set():
                 return "stopped"
-            if madvise(lo, min(_POPULATE_CHUNK, end - lo),  # type: ignore[operator]
-                       _MADV_POPULATE_WRITE) != 0:
+            if madvise(lo, min(_POPULATE_CHUNK, end - lo), _MADV_POPULATE_WRITE) != 0:
                 break
         else:
             flat = array.reshape(-1)

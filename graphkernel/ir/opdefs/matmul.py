@@ -29,15 +29,26 @@ def _matmul_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Value
     return TensorType(batch + (m, n), a.dtype)
 
 
-def as_rows(x: np.ndarray) -> np.ndarray | None:
-    """`x` (rank > 2) as the matrix of its rows: its leading axes merged, a view of the same
-    memory; None when they do not merge in place (a row stride is not the next axis' span)."""
-    lead = [(n, s) for n, s in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
+def merged_row_stride(shape: tuple[int, ...], strides: tuple[int, ...], default: int
+                      ) -> int | None:
+    """The stride of one row when axes of these sizes and strides (the leading axes of a
+    matrix stack, its rows last) merge into one run of rows, each axis' stride the next one's
+    span (size-1 axes aside); `default` when every axis has size 1; None when they do not
+    merge. Shared by `as_rows` and the compiled entry's GEMM layouts (runtime/c_gemm.py)."""
+    lead = [(n, s) for n, s in zip(shape, strides) if n != 1]
     for (_, outer), (n, inner) in zip(lead, lead[1:]):
         if outer != n * inner:
             return None
+    return lead[-1][1] if lead else default
+
+
+def as_rows(x: np.ndarray) -> np.ndarray | None:
+    """`x` (rank > 2) as the matrix of its rows: its leading axes merged, a view of the same
+    memory; None when they do not merge in place (a row stride is not the next axis' span)."""
+    row_stride = merged_row_stride(x.shape[:-1], x.strides[:-1], x.shape[-1] * x.itemsize)
+    if row_stride is None:
+        return None
     rows = math.prod(x.shape[:-1])
-    row_stride = lead[-1][1] if lead else x.shape[-1] * x.itemsize
     return np.lib.stride_tricks.as_strided(x, (rows, x.shape[-1]), (row_stride, x.strides[-1]))
 
 
