@@ -1,12 +1,15 @@
-"""Helpers several test files share: a Cell whose construct is a plain function, and the compile
-options with fusion on and off."""
+"""Helpers several test files share: a Cell whose construct is a plain function, the compile
+options with fusion on and off, and a chain of library products (`MatMulChain`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from graphkernel import nn
 from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
 
 ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
@@ -21,3 +24,24 @@ class Fn(nn.Cell):
 
     def construct(self, *xs: Any) -> Any:
         return self.fn(*xs)
+
+
+class MatMulChain(nn.Cell):
+    """Four library matmuls of one shape, and a view of the first returned with the last."""
+
+    def __init__(self):
+        super().__init__()
+        self.mm, self.reshape, self.tanh = P.MatMul(), P.Reshape(), P.Tanh()
+
+    def construct(self, x, w):
+        m1 = self.mm(x, w)
+        m2 = self.mm(self.tanh(m1), w)
+        m3 = self.mm(self.tanh(m2), w)
+        m4 = self.mm(self.tanh(m3), w)
+        return self.reshape(m1, (-1,)), m4
+
+
+def chain_reference(x, w):
+    m1 = x @ w
+    m4 = np.tanh(np.tanh(np.tanh(m1) @ w) @ w) @ w
+    return m1.reshape(-1), m4

@@ -1,9 +1,8 @@
 """Runtime behaviour: the compiled entry, output buffers, inputs of every layout, weights."""
-import os
 
 import numpy as np
 import pytest
-from cells import Fn
+from cells import Fn, MatMulChain, chain_reference
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
@@ -118,123 +117,6 @@ def test_mixed_graph_results_held_never_share_memory(rng):
         for i, r in enumerate(results):
             np.testing.assert_allclose(r, np.exp((a * i) @ b) * 2, rtol=1e-5)
         assert len({r.ctypes.data for r in results}) == 4
-
-
-class MatMulChain(nn.Cell):
-    """Four library matmuls of one shape, and a view of the first returned with the last."""
-
-    def __init__(self):
-        super().__init__()
-        self.mm, self.reshape, self.tanh = P.MatMul(), P.Reshape(), P.Tanh()
-
-    def construct(self, x, w):
-        m1 = self.mm(x, w)
-        m2 = self.mm(self.tanh(m1), w)
-        m3 = self.mm(self.tanh(m2), w)
-        m4 = self.mm(self.tanh(m3), w)
-        return self.reshape(m1, (-1,)), m4
-
-
-def _chain_reference(x, w):
-    m1 = x @ w
-    m4 = np.tanh(np.tanh(np.tanh(m1) @ w) @ w) @ w
-    return m1.reshape(-1), m4
-
-
-def _pooled(exe, shape):
-    pool = exe.executable.runner.pool
-    return [a for b, (s, _) in enumerate(pool.buffers) if s == shape for a in pool.arrays(b)]
-
-
-def test_dead_intermediates_lend_their_buffers_to_later_steps(rng):
-    x = rng.standard_normal((32, 32)).astype(np.float32) * 0.3
-    w = rng.standard_normal((32, 32)).astype(np.float32) * 0.3
-    exe = graphkernel.compile(MatMulChain(), x, w, options=ON)
-    for _ in range(3):
-        flat, last = exe.run_arrays(x, w)
-        want_flat, want_last = _chain_reference(x, w)
-        # m1 outlives its last reader through the Reshape view returned to the caller.
-        np.testing.assert_allclose(flat, want_flat, rtol=1e-5)
-        np.testing.assert_allclose(last, want_last, rtol=1e-4, atol=1e-6)
-    # Eight [32, 32] values per call (four matmuls, four Tanh), of which at most three are
-    # alive at once (the view's base, a step's input and its output), plus the result the
-    # caller still holds from the call before: four buffers, where keeping every value would
-    # take eight or more.
-    assert len(_pooled(exe, (32, 32))) <= 4
-
-
-def test_results_held_keep_their_buffers_across_calls_with_reuse(rng):
-    x = rng.standard_normal((32, 32)).astype(np.float32) * 0.3
-    w = rng.standard_normal((32, 32)).astype(np.float32) * 0.3
-    exe = graphkernel.compile(MatMulChain(), x, w, options=ON)
-    held = [exe.run_arrays(x * (i + 1), w) for i in range(4)]
-    for i, (flat, last) in enumerate(held):
-        want_flat, want_last = _chain_reference(x * (i + 1), w)
-        np.testing.assert_allclose(flat, want_flat, rtol=1e-5)
-        np.testing.assert_allclose(last, want_last, rtol=1e-4, atol=1e-6)
-
-
-def test_plan_memory_lends_dead_buffers_and_keeps_viewed_ones():
-    from graphkernel.ir.types import TensorType
-    from graphkernel.runtime.plan import Slot, SlotRole, Step, plan_memory
-    a, b = TensorType((64, 64), np.dtype("<f4")), TensorType((8,), np.dtype("<f8"))
-    # slot 0: input; step 0 makes slot 1 (pooled a); step 1 views it as slot 2 (may alias);
-    # step 2 reads slot 2 and makes slot 3 (pooled a); step 3 reads 3, makes 4 and 5 (pooled
-    # a and b). Slots 4 and 5 are results.
-    slots = tuple([Slot(0, "x", a, SlotRole.INPUT)] +
-                  [Slot(i, f"v{i}", t, SlotRole.VALUE) for i, t in
-                   ((1, a), (2, a), (3, a), (4, a), (5, b))])
-
-    def step(reads, writes, pooled, aliases=False):
-        return Step(StepKind.KERNEL if pooled else StepKind.VIEW, "s", (), reads, writes,
-                    tuple(slots[w].type for w in writes), pooled=pooled, aliases=aliases)
-    steps = [step((0,), (1,), True), step((1,), (2,), False, aliases=True),
-             step((2,), (3,), True), step((3,), (4, 5), True)]
-    release, buffer_of, buffers = plan_memory(slots, steps, keep={0, 4, 5})
-    assert release == [(), (1,), (2,), (3,)]
-    # Step 2 cannot reuse step 0's buffer (the view in slot 2 holds it while step 2 runs);
-    # step 3 can: slots 1 and 2 are gone by then.
-    assert buffer_of == {1: 0, 3: 1, 4: 0, 5: 2}
-    assert [(shape, dtype.str) for shape, dtype in buffers] == \
-        [((64, 64), "<f4"), ((64, 64), "<f4"), ((8,), "<f8")]
-
-
-def test_first_call_buffers_are_readied_ahead_without_duplicates(rng):
-    x = rng.standard_normal((128, 128)).astype(np.float32) * 0.1
-    w = rng.standard_normal((128, 128)).astype(np.float32) * 0.1
-    exe = graphkernel.compile(MatMulChain(), x, w, options=ON)
-    runner = exe.executable.runner
-    assert runner.prefaulting is not None  # 64 KiB buffers: worth touching ahead
-    flat, last = exe.run_arrays(x, w)
-    assert runner.prefaulting is None
-    want_flat, want_last = _chain_reference(x, w)
-    np.testing.assert_allclose(flat, want_flat, rtol=1e-5)
-    np.testing.assert_allclose(last, want_last, rtol=1e-4, atol=1e-6)
-    # The buffers readied ahead were the ones the call needed: none was made twice, and a
-    # second call (its results dropped) needs no new one.
-    ready = len(_pooled(exe, (128, 128)))
-    assert ready == 3
-    del flat, last
-    exe.run_arrays(x, w)
-    assert len(_pooled(exe, (128, 128))) == ready
-
-
-def test_the_compiled_entry_takes_the_buffers_readied_ahead(rng):
-    x = rng.standard_normal((256, 256)).astype(np.float32)
-    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
-    runner = exe.executable.runner
-    assert runner.entry_module is not None and runner.prefaulting is not None
-    runner.prefaulting.join()
-    (ready,) = [id(a) for b in range(len(runner.plan.buffers)) for a in runner.pool.arrays(b)]
-    out = exe(Tensor(x))  # the first call: its result is written into the warm array
-    assert runner.prefaulting is None
-    assert id(out.asnumpy()) == ready  # (the pool kept it alive: its id is still its own)
-    assert not any(runner.pool.arrays(b) for b in range(len(runner.plan.buffers)))
-    np.testing.assert_allclose(out.asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
-    kept = out.asnumpy()
-    second = exe(Tensor(x))  # the first result is still held: a new buffer
-    assert second.asnumpy() is not kept
-    np.testing.assert_array_equal(second.asnumpy(), kept)
 
 
 class AddTimesTwo(nn.Cell):
@@ -548,56 +430,6 @@ def test_a_dense_over_3d_input_counts_all_rows_when_choosing_blas_threads(rng):
     assert [s.blas_threads for s in small.plan.steps if s.op == "MatMul"] == [1]
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux's /proc only")
-@pytest.mark.parametrize("way", ["madvise", "touch"])
-def test_populate_makes_a_fresh_array_resident_without_writing_it(way, monkeypatch):
-    from graphkernel.runtime import memory
-
-    if way == "touch":  # a kernel without MADV_POPULATE_WRITE: one element per page written
-        monkeypatch.setitem(memory._populate_state, "fn", None)
-    # 72 MiB: above glibc's largest mmap threshold, so fresh pages; the middle third is not
-    # page-aligned at its start (the mapping's header) nor at its end.
-    array = np.empty((3, 6 << 20), np.float32)[1]
-    before = _resident_bytes()
-    taken = memory.populate(array)
-    if way == "madvise" and taken != "madvise":
-        pytest.skip(f"this kernel refuses MADV_POPULATE_WRITE ({os.uname().release})")
-    assert taken == way
-    assert _resident_bytes() - before >= 0.9 * array.nbytes
-
-
-def test_populate_stops_when_asked(monkeypatch):
-    import threading
-
-    from graphkernel.runtime import memory
-
-    stop = threading.Event()
-    stop.set()
-    array = np.empty(48 << 20, np.uint8)
-    if memory._madvise() is None:
-        pytest.skip("no madvise here")
-    assert memory.populate(array, stop) == "stopped"
-
-
-def test_a_first_call_during_the_prefault_stops_it_and_is_right(rng):
-    # The first call does not wait for the buffers readied ahead: it stops the thread where it
-    # is, takes what it readied, and its kernels fault in the rest.
-    x = rng.standard_normal((2048, 2048)).astype(np.float32)
-    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
-    runner = exe.executable.runner
-    assert runner.prefaulting is not None
-    out = exe(Tensor(x))
-    assert runner.prefaulting is None
-    np.testing.assert_allclose(out.asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
-    del out
-    np.testing.assert_allclose(exe(Tensor(x + 1)).asnumpy(), ((x + 1) * 2 + 1) * 3, rtol=1e-6)
-
-
 def test_the_blas_lookup_runs_while_the_plan_compiles(rng, monkeypatch):
     import threading
 
@@ -613,4 +445,4 @@ def test_the_blas_lookup_runs_while_the_plan_compiles(rng, monkeypatch):
             thread.join()
     assert "blas" in blas._state  # found before the first call asked
     flat, last = exe.run_arrays(x, w)
-    np.testing.assert_allclose(last, _chain_reference(x, w)[1], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(last, chain_reference(x, w)[1], rtol=1e-4, atol=1e-6)
