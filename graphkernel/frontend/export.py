@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
-import json
 import os
 import re
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -34,7 +31,8 @@ import numpy as np
 from graphkernel._version import __version__
 from graphkernel.codegen import cache
 from graphkernel.codegen.library import library_key
-from graphkernel.errors import FormatError, GraphKernelError, InputError, UnsupportedError
+from graphkernel.errors import FormatError, InputError, UnsupportedError
+from graphkernel.frontend import archive
 from graphkernel.frontend.compile import _check_memory, compile, options_from_context
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
 from graphkernel.frontend.signature import CellLike
@@ -49,17 +47,15 @@ from graphkernel.ir.serialize import (
     encode_type,
     graph_to_data,
 )
-from graphkernel.ir.types import SUPPORTED_DTYPES, TensorType
+from graphkernel.ir.types import TensorType
 from graphkernel.passes.stage_names import FINAL
 from graphkernel.runtime.builder import build_executable
 
 FORMAT = "GKIR"
 FORMAT_VERSION = 1
 SUFFIX = ".gkir"
-MANIFEST, CHECKSUM = "manifest.json", "checksum.sha256"
-_MAX_MANIFEST = 256 << 20
 # The only entries an export holds besides the manifest and its checksum.
-_ENTRY_NAME = re.compile(r"arrays/[a-z]+[0-9]+\.npy|kernels\.c|prebuilt/[0-9a-f]{32}\.so")
+_ENTRY_NAME = re.compile(rf"{archive.ARRAY_NAME.pattern}|kernels\.c|prebuilt/[0-9a-f]{{32}}\.so")
 
 
 @dataclass
@@ -83,12 +79,6 @@ class LoadedGraph:
 
 
 # -- export --------------------------------------------------------------------------------
-def _npy(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.asarray(array, order="C"), allow_pickle=False)
-    return buf.getvalue()
-
-
 def _options_data(options: CompileOptions) -> dict[str, Any]:
     cost = {f.name: getattr(options.cost, f.name) for f in dataclasses.fields(options.cost)}
     return {"enable_graph_kernel": options.enable_graph_kernel,
@@ -127,7 +117,7 @@ def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
     weights = [i for i in graph.inputs if i.kind == "weight"]
     for i, param in enumerate(compiled.params):  # the plan's weight order is the graph's
         arrays[f"weight{i}"] = param.asnumpy()
-    entries: dict[str, bytes] = {f"arrays/{k}.npy": _npy(v) for k, v in arrays.items()}
+    entries: dict[str, bytes] = {f"arrays/{k}.npy": archive.npy(v) for k, v in arrays.items()}
     library = compiled.executable.library
     prebuilt = None
     if library is not None:
@@ -147,66 +137,23 @@ def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
         "kernels": "kernels.c" if library is not None else None,
         "library": None if library is None else {"with_entry": library.entry is not None},
         "prebuilt": prebuilt,
-        "entries": {name: hashlib.sha256(blob).hexdigest() for name, blob in entries.items()},
     }
-    text = json.dumps(manifest, indent=1).encode()
-    entries = {MANIFEST: text, CHECKSUM: (hashlib.sha256(text).hexdigest() + "\n").encode(),
-               **entries}
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".gkir.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as zf:
-            for name, blob in entries.items():
-                zf.writestr(name, blob)
-        os.replace(tmp, path)  # readers see the old file or the whole new one
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    archive.write(path, manifest, entries, prefix=".gkir.")
     return path
 
 
 def _is_export(path: str) -> bool:
     try:
         with zipfile.ZipFile(path) as zf:
-            return MANIFEST in zf.namelist()
+            return archive.MANIFEST in zf.namelist()
     except (OSError, zipfile.BadZipFile):
         return False
 
 
 # -- load ----------------------------------------------------------------------------------
-def _read_entries(path: str, source: str | BinaryIO) -> dict[str, bytes]:
-    try:
-        with zipfile.ZipFile(source) as zf:
-            infos = zf.infolist()
-            names = [i.filename for i in infos]
-            if len(set(names)) != len(names):
-                raise FormatError(f"{path}: an entry appears twice (altered file)")
-            out = {}
-            for info in infos:
-                # Stored entries only: sizes are what the file holds (no zip bombs).
-                if info.compress_type != zipfile.ZIP_STORED or info.file_size > _MAX_MANIFEST * 64:
-                    raise FormatError(f"{path}: entry {info.filename!r} is compressed or "
-                                      "oversized; graphkernel writes stored entries")
-                out[info.filename] = zf.read(info)
-            return out
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
-        if isinstance(exc, GraphKernelError):
-            raise
-        raise FormatError(f"{path} is not a readable {FORMAT} file (truncated or corrupted?): "
-                          f"{exc}") from None
-
-
 def _manifest(path: str, entries: dict[str, bytes]) -> dict[str, Any]:
-    if MANIFEST not in entries:
-        raise FormatError(f"{path} has no {MANIFEST}: not a {FORMAT} export")
-    text = entries[MANIFEST]
-    try:
-        manifest = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise FormatError(f"{path}: {MANIFEST} is not valid JSON: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    manifest = archive.parse_manifest(path, entries, FORMAT)
+    if manifest.get("format") != FORMAT:
         raise FormatError(f"{path} is not a {FORMAT} export")
     version = manifest.get("version")
     if type(version) is not int or version < 1:
@@ -215,37 +162,8 @@ def _manifest(path: str, entries: dict[str, bytes]) -> dict[str, Any]:
         raise FormatError(f"{path} is {FORMAT} version {version}, written by a newer graphkernel "
                           f"({manifest.get('producer', '?')}); this graphkernel {__version__} "
                           f"reads up to version {FORMAT_VERSION}: upgrade graphkernel to load it")
-    want = entries.get(CHECKSUM, b"").decode("ascii", "replace").strip()
-    if hashlib.sha256(text).hexdigest() != want:
-        raise FormatError(f"{path}: the manifest does not match its checksum (altered or "
-                          "corrupted file)")
-    sums = manifest.get("entries")
-    if not isinstance(sums, dict):
-        raise FormatError(f"{path}: the manifest lists no entries")
-    extra = set(entries) - set(sums) - {MANIFEST, CHECKSUM}
-    extra |= {name for name in sums if not _ENTRY_NAME.fullmatch(str(name))}
-    if extra:
-        raise FormatError(f"{path}: unexpected entries {sorted(extra)} (altered file)")
-    for name, digest in sums.items():
-        if name not in entries:
-            raise FormatError(f"{path}: entry {name!r} is missing (truncated file?)")
-        if hashlib.sha256(entries[name]).hexdigest() != digest:
-            raise FormatError(f"{path}: entry {name!r} does not match its checksum (altered or "
-                              "corrupted file)")
+    archive.check_sums(path, entries, manifest, _ENTRY_NAME)
     return manifest
-
-
-def _array(entries: dict[str, bytes], key: Any, path: str) -> np.ndarray:
-    name = f"arrays/{key}.npy"
-    if not isinstance(key, str) or name not in entries:
-        raise FormatError(f"{path}: array {key!r:.40} is missing")
-    try:
-        array = np.load(io.BytesIO(entries[name]), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise FormatError(f"{path}: array {key} is unreadable: {exc}") from None
-    if array.dtype not in SUPPORTED_DTYPES:
-        raise FormatError(f"{path}: array {key} has unsupported dtype {array.dtype}")
-    return array if array.flags.c_contiguous else array.copy(order="C")  # keeps 0-d
 
 
 def _options(data: Any, path: str) -> CompileOptions:
@@ -271,15 +189,15 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
     graph and compiled here."""
     if isinstance(file_name, (str, os.PathLike)):
         path = os.path.abspath(file_name)
-        entries = _read_entries(path, path)
+        entries = archive.read_entries(path, path, FORMAT)
     else:
         path = str(getattr(file_name, "name", "<export bytes>"))
-        entries = _read_entries(path, file_name)
+        entries = archive.read_entries(path, file_name, FORMAT)
     manifest = _manifest(path, entries)
     constants = manifest.get("constants")
     if not isinstance(constants, list):
         raise FormatError(f"{path}: the manifest has no constants list")
-    arrays = {rec["array"]: _array(entries, rec.get("array"), path)
+    arrays = {rec["array"]: archive.array(entries, rec.get("array"), path)
               for rec in constants if isinstance(rec, dict) and "array" in rec}
     try:
         graph = data_to_graph(manifest, arrays)
@@ -293,7 +211,7 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
     for inp, rec in zip(weight_inputs, weight_recs):
         if not isinstance(rec, dict) or rec.get("name") != inp.name:
             raise FormatError(f"{path}: weight {inp.name} is not listed in order")
-        array = _array(entries, rec.get("array"), path)
+        array = archive.array(entries, rec.get("array"), path)
         check_array(array, inp.tensor_type, f"{path}: weight {inp.name}")
         weights[inp.name] = array
     if len(weights) != len(weight_inputs):
@@ -309,7 +227,7 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
     source = entries[kernels].decode("utf-8", "replace") if kernels in entries else None
     loaded = LoadedGraph(_name(manifest, path), graph, weights,
                          _options(manifest.get("options"), path), signature, source,
-                         hashlib.sha256(entries[MANIFEST]).hexdigest(),
+                         hashlib.sha256(entries[archive.MANIFEST]).hexdigest(),
                          str(manifest.get("producer", "?")))
     prebuilt = manifest.get("prebuilt")
     if trust_prebuilt and isinstance(prebuilt, dict) and prebuilt.get("entry") in entries:

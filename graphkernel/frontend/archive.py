@@ -1,0 +1,130 @@
+"""The container of a GKIR file (frontend/export.py) and of a compile-cache entry
+(frontend/compile_cache.py): a zip of stored (uncompressed) entries, `manifest.json` listing the
+sha256 of every other entry, and `checksum.sha256` holding the manifest's own sha256. Written
+under a temporary name and renamed (readers see the old file or the whole new one); read with
+every size bounded and every sum checked, so a truncated or altered file is a FormatError."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import zipfile
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from graphkernel.errors import FormatError, GraphKernelError
+from graphkernel.ir.types import SUPPORTED_DTYPES
+
+MANIFEST, CHECKSUM = "manifest.json", "checksum.sha256"
+MAX_MANIFEST = 256 << 20
+
+
+def npy(array: np.ndarray) -> bytes:
+    """`array` in numpy's format (C order, no pickles)."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(array, order="C"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def write(path: str, manifest: dict[str, Any], entries: dict[str, bytes], prefix: str,
+          indent: int | None = 1) -> None:
+    """Write `manifest` (given the sums of `entries` as its "entries") and `entries` to `path`
+    atomically: a temporary file named `prefix`... in the same folder, then a rename."""
+    manifest = {**manifest, "entries": {name: hashlib.sha256(blob).hexdigest()
+                                        for name, blob in entries.items()}}
+    text = json.dumps(manifest, indent=indent).encode()
+    entries = {MANIFEST: text, CHECKSUM: (hashlib.sha256(text).hexdigest() + "\n").encode(),
+               **entries}
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as zf:
+            for name, blob in entries.items():
+                zf.writestr(name, blob)
+        os.replace(tmp, path)  # readers see the old file or the whole new one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_entries(path: str, source: str | BinaryIO, kind: str) -> dict[str, bytes]:
+    """Every entry of the zip at `source` (`path` names it in errors; `kind` says what the file
+    should be)."""
+    try:
+        with zipfile.ZipFile(source) as zf:
+            infos = zf.infolist()
+            names = [i.filename for i in infos]
+            if len(set(names)) != len(names):
+                raise FormatError(f"{path}: an entry appears twice (altered file)")
+            out = {}
+            for info in infos:
+                # Stored entries only: sizes are what the file holds (no zip bombs).
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size > MAX_MANIFEST * 64:
+                    raise FormatError(f"{path}: entry {info.filename!r} is compressed or "
+                                      "oversized; graphkernel writes stored entries")
+                out[info.filename] = zf.read(info)
+            return out
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
+        if isinstance(exc, GraphKernelError):
+            raise
+        raise FormatError(f"{path} is not a readable {kind} file (truncated or corrupted?): "
+                          f"{exc}") from None
+
+
+def parse_manifest(path: str, entries: dict[str, bytes], kind: str) -> dict[str, Any]:
+    """The manifest as a JSON object (not yet checked against its checksum: see
+    `check_sums`)."""
+    if MANIFEST not in entries:
+        raise FormatError(f"{path} has no {MANIFEST}: not a {kind} file")
+    try:
+        manifest = json.loads(entries[MANIFEST])
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(f"{path}: {MANIFEST} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise FormatError(f"{path} is not a {kind} file")
+    return manifest
+
+
+def check_sums(path: str, entries: dict[str, bytes], manifest: dict[str, Any],
+               entry_name: re.Pattern[str]) -> None:
+    """The manifest matches its checksum, lists exactly the other entries (each named as
+    `entry_name` allows) and each entry matches its sum."""
+    want = entries.get(CHECKSUM, b"").decode("ascii", "replace").strip()
+    if hashlib.sha256(entries[MANIFEST]).hexdigest() != want:
+        raise FormatError(f"{path}: the manifest does not match its checksum (altered or "
+                          "corrupted file)")
+    sums = manifest.get("entries")
+    if not isinstance(sums, dict):
+        raise FormatError(f"{path}: the manifest lists no entries")
+    extra = set(entries) - set(sums) - {MANIFEST, CHECKSUM}
+    extra |= {name for name in sums if not entry_name.fullmatch(str(name))}
+    if extra:
+        raise FormatError(f"{path}: unexpected entries {sorted(extra)} (altered file)")
+    for name, digest in sums.items():
+        if name not in entries:
+            raise FormatError(f"{path}: entry {name!r} is missing (truncated file?)")
+        if hashlib.sha256(entries[name]).hexdigest() != digest:
+            raise FormatError(f"{path}: entry {name!r} does not match its checksum (altered or "
+                              "corrupted file)")
+
+
+ARRAY_NAME = re.compile(r"arrays/[a-z]+[0-9]+\.npy")
+
+
+def array(entries: dict[str, bytes], key: Any, path: str) -> np.ndarray:
+    """The array entry `arrays/<key>.npy`, read without pickles, of a supported dtype, C order."""
+    name = f"arrays/{key}.npy"
+    if not isinstance(key, str) or name not in entries:
+        raise FormatError(f"{path}: array {key!r:.40} is missing")
+    try:
+        out = np.load(io.BytesIO(entries[name]), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise FormatError(f"{path}: array {key} is unreadable: {exc}") from None
+    if out.dtype not in SUPPORTED_DTYPES:
+        raise FormatError(f"{path}: array {key} has unsupported dtype {out.dtype}")
+    return out if out.flags.c_contiguous else out.copy(order="C")  # keeps 0-d
