@@ -6,6 +6,7 @@ import linecache
 import os
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from graphkernel.codegen.c_text import c_identifier
@@ -17,7 +18,7 @@ from graphkernel.errors import (
     ResourceError,
     SourceLocation,
 )
-from graphkernel.frontend import context, dynamic, guards, primitive, static_inputs
+from graphkernel.frontend import compile_cache, context, dynamic, guards, primitive, static_inputs
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.signature import CellLike, check_count, input_names, signature
@@ -30,11 +31,13 @@ from graphkernel.graph_kernel.pipeline import (
     BackendState,
     CompileOptions,
     backend_stages,
+    schedule_composites,
 )
 from graphkernel.ir.graph import Graph, output_types
 from graphkernel.ir.types import TensorType
 from graphkernel.passes.dumper import Dumper
 from graphkernel.passes.manager import run_stages, stage_dump_names
+from graphkernel.passes.stage_names import FINAL
 from graphkernel.runtime.builder import build_executable
 
 
@@ -113,16 +116,17 @@ def _dump_folder() -> str | None:
     return folder
 
 
-def _check_memory(graph: Graph, name: str) -> None:
+def _check_memory(graph: Graph, name: str) -> int:
     """Every input and result of the initial graph together must fit in physical memory (an
-    upper bound of what one call holds: refuse before any kernel runs rather than swap or die)."""
+    upper bound of what one call holds: refuse before any kernel runs rather than swap or die).
+    Returns those bytes."""
     have = primitive.physical_memory()
     values = [*graph.nodes, *graph.inputs]  # the largest node, if any, locates the error
     sizes = sorted(((sum(t.nbytes for t in output_types(v) if t.is_static), v) for v in values),
                    key=lambda item: -item[0])
     need = sum(size for size, _ in sizes)
     if not have or need <= have:
-        return
+        return need
     largest = sizes[0][1]
     where = getattr(largest, "loc", None)
     raise ResourceError(f"{name} needs {primitive.format_bytes(need)} for its inputs and results, "
@@ -162,27 +166,49 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     options = options or options_from_context()
     folder = _dump_folder()
     state = BackendState()
-    stages = backend_stages(options, state)
+    stages_ = backend_stages(options, state)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
-        dumper.claim(stage_dump_names(FRONTEND_STAGES + stages) +
+        dumper.claim(stage_dump_names(FRONTEND_STAGES + stages_) +
                      [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
                       SUMMARY_NAME])
     with guards.recording(cell) as read:
         graph = trace(cell, types)
-    results = run_stages(graph, FRONTEND_STAGES, dumper)
-    _check_memory(results[-1].graph, type(cell).__name__)
-    results += run_stages(results[-1].graph, stages, dumper)
-    final = results[-1].graph
     name = type(cell).__name__
+    # Dumps need every stage to run: the compile cache is not read then (nor written).
+    key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
+    if dumper is None and not options.flags.dump_as_text:
+        key, cache_note = compile_cache.key_of(graph, options)
+    hit = None
+    if key is not None:
+        hit, cache_note = compile_cache.load(key, graph, primitive.physical_memory())
+    pending = None
+    if hit is not None:  # the passes ran in an earlier process: the final graph they made
+        final = schedule_composites(hit.final)  # loop nests live on nodes, not in the data
+        stages: Mapping[str, Graph] = _StagesOnDemand(list(hit.stage_docs), final,
+                                                      graph, options)
+        report = CompileReport(stages=stages, stage_docs=hit.stage_docs, reasons=hit.reasons,
+                               rewrites=hit.rewrites)
+    else:
+        results = run_stages(graph, FRONTEND_STAGES, dumper)
+        need = _check_memory(results[-1].graph, name)
+        results += run_stages(results[-1].graph, stages_, dumper)
+        final = results[-1].graph
+        report = CompileReport(stages={r.name: r.graph for r in results},
+                               stage_docs={r.name: r.doc for r in results},
+                               reasons=state.reasons, rewrites=state.rewrites)
+        if key is not None:  # serialised before the build, which notes decisions on it
+            pending, problem = compile_cache.prepare(graph, final, state.reasons,
+                                                     state.rewrites, report.stage_docs, need)
+            cache_note += f"; {problem}" if pending is None else ""
     executable = build_executable(final, name, options.cost)
+    if key is not None and pending is not None:
+        cache_note += f"; {compile_cache.store(key, pending)}"
+    report.compile_cache = cache_note
     if dumper is not None and executable.library is not None:
         dumper.write_text(kernel_source_name(name), executable.library.source)
     if dumper is not None:
         dumper.write_text(plan_dump_name(name), executable.plan.describe() + "\n")
-    report = CompileReport(stages={r.name: r.graph for r in results},
-                           stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
-                           rewrites=state.rewrites)
     params = [i.binding for i in final.inputs if i.kind == "weight"]
     compiled = CompiledCell(executable, params, report)
     compiled.guards = read
@@ -193,6 +219,38 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     if options.flags.dump_as_text:
         report.dump_files.append(write_graph_kernel_dump(compiled, options.flags, folder))
     return compiled
+
+
+class _StagesOnDemand(Mapping[str, Graph]):
+    """A compile-cache hit's stages: the final graph at once; the others, the first time one is
+    asked for, by running the pipeline again on the traced graph (what the cold compile ran:
+    the same stages, the same graphs)."""
+
+    def __init__(self, names: list[str], final: Graph, traced: Graph,
+                 options: CompileOptions) -> None:
+        self._names = names
+        self._final = final
+        self._traced = traced
+        self._options = options
+        self._graphs: dict[str, Graph] | None = None
+
+    def __getitem__(self, name: str) -> Graph:
+        if name not in self._names:
+            raise KeyError(name)
+        if name == FINAL:
+            return self._final
+        if self._graphs is None:
+            results = run_stages(self._traced, FRONTEND_STAGES, None)
+            results += run_stages(results[-1].graph,
+                                  backend_stages(self._options, BackendState()), None)
+            self._graphs = {r.name: r.graph for r in results}
+        return self._graphs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None) -> CompiledCell:

@@ -2,7 +2,7 @@
 (plan + runner) with the cell's Parameters bound, Tensors in and out, and the compile report."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +20,17 @@ class CompileReport:
     """How a graph was compiled: the graph after every stage, why ops were kept apart, the
     files written, and how long it took."""
 
-    stages: dict[str, Graph] = field(default_factory=dict)
+    # On a compile-cache hit the stages before the final one are computed when first read.
+    stages: Mapping[str, Graph] = field(default_factory=dict)
     stage_docs: dict[str, str] = field(default_factory=dict)
     reasons: list[Any] = field(default_factory=list)
     rewrites: list[str] = field(default_factory=list)  # e.g. a BatchNorm folded into a conv
     dump_files: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
     recompiled_because: str | None = None  # the changed attribute (frontend/guards.py)
+    # What the compile cache did (frontend/compile_cache.py): "hit: <entry>", "miss: <why>;
+    # stored", "not used: <why>".
+    compile_cache: str = ""
 
 
 class CompiledCell:
@@ -100,7 +104,7 @@ class CompiledCell:
         return self.report.stages[FINAL]
 
     @property
-    def stages(self) -> dict[str, Graph]:
+    def stages(self) -> Mapping[str, Graph]:
         return self.report.stages
 
     @property

@@ -1,0 +1,282 @@
+"""The compile cache on disk: a new process compiling a graph compiled before skips the passes.
+
+A warm start used to trace, run every stage (verifying after each), plan, generate C and only
+then find the library in the kernel cache by its source's hash. Here the traced graph is looked
+up first, and a hit gives the final graph (hwopt_d_end) the pipeline made of it; from there the
+build is a fresh compile's (plan, kernel C, the library through the kernel cache).
+
+Key: sha256 over this format's version; graphkernel's version and a stamp of its modules
+(path, size and modification time of every `.py` file: an edited pass is another result); the
+traced graph as data (ir/serialize.py: ops, attributes, types, names, source lines, notes) and
+its constants' bytes; every compile option (enable_graph_kernel, each flag, the cost model);
+the toolchain (compiler, version, flags, libraries) and the CPU.
+
+Entry: `<kernel cache folder>/graphs/<key>.gkc`, an archive in the container of GKIR exports
+(frontend/archive.py: stored zip, a manifest with each entry's sha256 and its own checksum,
+written under a temporary name and renamed): the final graph as data and its constants, the
+traced input each final input is, the fusion reasons and rewrites, the stages' names and docs,
+and the bytes the initial graph needs (checked against this machine's memory as a compile
+checks it). No weights: they are the cell's Parameters, bound again from the traced graph.
+
+An entry that does not read back (truncated, altered, another format) is removed and the graph
+compiled afresh; the compile report says why (`CompileReport.compile_cache`). Nothing is read
+when save_graphs or --dump_as_text asks for every stage's dump (the stages must run to be
+written); GRAPHKERNEL_COMPILE_CACHE=0 turns the cache off.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphkernel._version import __version__
+from graphkernel.codegen import cache, toolchain
+from graphkernel.errors import FormatError, GraphKernelError
+from graphkernel.frontend import archive
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
+from graphkernel.ir.graph import Graph
+from graphkernel.ir.serialize import data_to_graph, graph_to_data
+from graphkernel.ir.types import TensorType
+
+KIND = "graphkernel compile cache"
+VERSION = 1
+FOLDER = "graphs"  # under the kernel cache folder; its trimming skips sub-folders
+SUFFIX = ".gkc"
+ENV = "GRAPHKERNEL_COMPILE_CACHE"
+# Entries are small (a final graph as JSON, its constants): beyond this many the least recently
+# used go when a new one is written.
+MAX_ENTRIES = 2000
+_ENTRY_NAME = archive.ARRAY_NAME
+
+
+@dataclass
+class Entry:
+    """What a hit gives: the final graph (weights bound) and what its compile report said."""
+
+    final: Graph
+    reasons: list[FusionReason]
+    rewrites: list[str]
+    stage_docs: dict[str, str]  # every stage's name, in order, and its doc
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+# -- the key --------------------------------------------------------------------------------
+_stamp: list[str] = []
+
+
+def _package_stamp() -> str:
+    """graphkernel's version and each module's path, size and modification time (once per
+    process; Python's own bytecode check trusts the same facts)."""
+    if not _stamp:
+        h = hashlib.sha256(__version__.encode())
+        folders = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        while folders:  # os.scandir: the stat comes with the listing
+            with os.scandir(folders.pop()) as it:
+                for item in sorted(it, key=lambda e: e.name):
+                    if item.is_dir(follow_symlinks=False) and item.name != "__pycache__":
+                        folders.append(item.path)
+                    elif item.name.endswith(".py"):
+                        with contextlib.suppress(OSError):
+                            info = item.stat()
+                            h.update(f"{item.path} {info.st_size} {info.st_mtime_ns}\0".encode())
+        _stamp.append(h.hexdigest())
+    return _stamp[0]
+
+
+def _canonical(value: Any) -> Any:
+    """Option values as JSON with a fixed order (frozensets sorted)."""
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def options_text(options: CompileOptions) -> str:
+    data = {"enable_graph_kernel": options.enable_graph_kernel,
+            "flags": {f.name: _canonical(getattr(options.flags, f.name))
+                      for f in dataclasses.fields(options.flags)},
+            "cost": {f.name: _canonical(getattr(options.cost, f.name))
+                     for f in dataclasses.fields(options.cost)}}
+    return json.dumps(data, sort_keys=True)
+
+
+def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
+    """The traced graph's key, or None and why it is not cached."""
+    if not enabled():
+        return None, f"off ({ENV}={os.environ.get(ENV)})"
+    symbolic = [i.name for i in traced.inputs
+                if not all(isinstance(d, int) for d in i.tensor_type.shape)]
+    if symbolic:
+        return None, f"not used: symbolic dimensions ({', '.join(symbolic)})"
+    try:
+        tc = toolchain.detect()
+    except GraphKernelError as exc:  # the build says it again, where a compile says it
+        return None, f"not used: no working toolchain ({exc.problem})"
+    try:
+        data, arrays = graph_to_data(traced)
+        text = json.dumps(data, sort_keys=True)
+    except (FormatError, TypeError, ValueError) as exc:
+        return None, f"not used: the traced graph is not data ({exc})"
+    h = hashlib.sha256()
+    toolchain_text = "none" if tc is None else \
+        f"{tc.compiler} {tc.version} {' '.join(tc.flags)} {' '.join(tc.libs)}"
+    for part in (KIND, str(VERSION), _package_stamp(), options_text(options), toolchain_text,
+                 toolchain.cpu_signature(), text):
+        h.update(part.encode())
+        h.update(b"\0")
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        h.update(f"{name} {array.dtype.str} {array.shape}\0".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:32], ""
+
+
+# -- reading --------------------------------------------------------------------------------
+def _folder() -> str:
+    return os.path.join(cache.open_folder(), FOLDER)
+
+
+def _path(key: str) -> str:
+    return os.path.join(_folder(), key + SUFFIX)
+
+
+def load(key: str, traced: Graph, have_memory: int) -> tuple[Entry | None, str]:
+    """The entry under `key` with its weights bound to `traced`'s Parameters, or None and why
+    (a bad entry is removed, so the fresh compile writes a good one)."""
+    path = _path(key)
+    if not os.path.isfile(path):
+        return None, "miss: no entry"
+    try:
+        entry, need = _read(path, traced)
+    except FormatError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None, f"miss: the entry was unreadable and is removed ({exc.problem})"
+    if have_memory and need > have_memory:
+        return None, "miss: the graph needs more memory than this machine has"
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: trimming removes the oldest first
+    return entry, f"hit: {path}"
+
+
+def _read(path: str, traced: Graph) -> tuple[Entry, int]:
+    entries = archive.read_entries(path, path, KIND)
+    manifest = archive.parse_manifest(path, entries, KIND)
+    if manifest.get("format") != KIND or manifest.get("version") != VERSION:
+        raise FormatError(f"{path} is not a {KIND} entry of version {VERSION}")
+    archive.check_sums(path, entries, manifest, _ENTRY_NAME)
+    constants = manifest.get("constants")
+    if not isinstance(constants, list):
+        raise FormatError(f"{path}: no constants list")
+    arrays = {rec["array"]: archive.array(entries, rec.get("array"), path)
+              for rec in constants if isinstance(rec, dict) and "array" in rec}
+    try:
+        final = data_to_graph(manifest, arrays, check_types=False)
+        inputs = manifest["inputs"]
+        if not (isinstance(inputs, list) and len(inputs) == len(final.inputs) and
+                all(type(i) is int and 0 <= i < len(traced.inputs) for i in inputs)):
+            raise FormatError(f"{path}: the inputs do not match the traced graph")
+        for inp, i in zip(final.inputs, inputs):
+            source = traced.inputs[i]
+            if (inp.kind, inp.name, inp.type) != (source.kind, source.name, source.type):
+                raise FormatError(f"{path}: input {inp.name} is not the traced graph's")
+            inp.binding = source.binding
+        reasons = [FusionReason(r["stage"], r["producer"], r["consumer"], FuseRule(r["rule"]),
+                                r["detail"], bool(r["parallel"])) for r in manifest["reasons"]]
+        rewrites = [str(r) for r in manifest["rewrites"]]
+        docs = {str(n): str(d) for n, d in manifest["stages"]}
+        need = int(manifest["memory_bytes"])
+    except (KeyError, TypeError, ValueError) as exc:  # FormatError passes through
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{path}: bad entry ({type(exc).__name__}: {exc})") from None
+    return Entry(final, reasons, rewrites, docs), need
+
+
+# -- writing --------------------------------------------------------------------------------
+@dataclass
+class Pending:
+    """An entry serialised before the build (which notes decisions on the final graph), written
+    once the build succeeded."""
+
+    manifest: dict[str, Any]
+    entries: dict[str, bytes]
+
+
+def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
+            rewrites: Sequence[str], stage_docs: dict[str, str], memory_bytes: int
+            ) -> tuple[Pending | None, str]:
+    """The entry for `final` (None and why when it cannot be one)."""
+    by_binding = {id(i.binding): n for n, i in enumerate(traced.inputs) if i.kind == "weight"}
+    by_name = {i.name: n for n, i in enumerate(traced.inputs) if i.kind == "input"}
+    inputs = []
+    for inp in final.inputs:
+        n = by_binding.get(id(inp.binding)) if inp.kind == "weight" else by_name.get(inp.name)
+        if n is None or not isinstance(inp.type, TensorType):
+            return None, f"not stored: input {inp.name} is not one of the traced graph's"
+        inputs.append(n)
+    try:
+        data, arrays = graph_to_data(final)
+    except FormatError as exc:
+        return None, f"not stored: {exc.problem}"
+    manifest = {"format": KIND, "version": VERSION, "producer": f"graphkernel {__version__}",
+                **data, "inputs": inputs,
+                "reasons": [{"stage": r.stage, "producer": r.producer, "consumer": r.consumer,
+                             "rule": str(r.rule), "detail": r.detail, "parallel": r.parallel}
+                            for r in reasons],
+                "rewrites": list(rewrites), "stages": [[n, d] for n, d in stage_docs.items()],
+                "memory_bytes": memory_bytes}
+    entries = {f"arrays/{k}.npy": archive.npy(v) for k, v in arrays.items()}
+    return Pending(manifest, entries), ""
+
+
+def store(key: str, pending: Pending) -> str:
+    """Write the entry (atomically; a folder that cannot take it is no error). Returns what
+    happened, for the report."""
+    try:
+        folder = cache.ensure_private_dir(_folder())
+        archive.write(os.path.join(folder, key + SUFFIX), pending.manifest, pending.entries,
+                      prefix=f".{key}.", indent=None)
+    except (OSError, GraphKernelError) as exc:
+        return f"not stored: {exc}"
+    _trim(folder)
+    return "stored"
+
+
+def _trim(folder: str, limit: int = MAX_ENTRIES) -> None:
+    """Keep at most `limit` entries, least recently used removed first; a temporary file older
+    than any write (its writer was killed) goes too."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if name.startswith("."):
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                if now - os.stat(path).st_mtime > cache.STALE_SECONDS:
+                    os.unlink(path)
+    names = [n for n in names if n.endswith(SUFFIX)]
+    if len(names) <= limit:
+        return
+    dated = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            dated.append((os.stat(os.path.join(folder, name)).st_mtime, name))
+    for _, name in sorted(dated)[:len(dated) - limit]:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
