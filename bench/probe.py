@@ -67,8 +67,8 @@ def _probe(suite: str, key: str, system: str) -> dict[str, Any]:
         prep = sys_obj.prepare(w, sets, params, [0])
         result["first_result_s"] = time.perf_counter() - t1
         out = prep.runners[0].run_once(0)
-        for k in ("from_cache", "kernel_count", "compile_seconds_reported", "compile_s",
-                  "first_call_s", "session_s"):
+        for k in ("from_cache", "compile_cache", "kernel_count", "compile_seconds_reported",
+                  "compile_s", "first_call_s", "session_s"):
             if k in prep.info:
                 result[k] = prep.info[k]
     c = check(w, out, reference(w, sets[0], params))

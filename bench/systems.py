@@ -157,6 +157,7 @@ class GraphKernel(System):
             backends[k.backend] = backends.get(k.backend, 0) + 1
         info = {"compile_s": compile_wall, "first_call_s": first_call,
                 "compile_seconds_reported": exe.compile_seconds, "from_cache": exe.from_cache,
+                "compile_cache": exe.report.compile_cache.split(":")[0],  # hit, miss, ...
                 "kernel_count": len(exe.kernels), "backends": backends,
                 "warnings": list(exe.warnings),
                 "timed_call": "net(Tensor(x))" if target is cell else "compiled(Tensor(x))"}

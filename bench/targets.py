@@ -128,7 +128,9 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
                      None if wm is None else wm <= 0.05,
                      f"first result {_fmt(wm)} "
                      f"(compile {_fmt(warm.get('compile_seconds_reported'))},"
-                     f" from cache: {warm.get('from_cache')}; "
+                     f" from cache: {warm.get('from_cache')}"
+                     + (f", compile cache: {warm['compile_cache']}" if "compile_cache" in warm
+                        else "") + "; "
                      f"first call {_fmt(warm.get('first_call_s'))}{call})"))
         first = warm.get("first_call_s")
         dims = by_key[key].get("dims", {}) if key in by_key else {}
