@@ -276,3 +276,55 @@ def test_entries_are_written_whole_and_trimmed(cache_folder: str) -> None:
     assert len(_entries(cache_folder)) == 3  # no temporary files left beside them
     compile_cache._trim(graphs, limit=1)
     assert len(_entries(cache_folder)) == 1
+
+
+@needs_cc
+def test_a_hit_of_a_training_step_writes_the_same_weights(cache_folder: str, rng: Any) -> None:
+    """Weights written in place (Graph.assigns) are bound to the right Parameters on a hit."""
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    y = rng.standard_normal((4, 8)).astype(np.float32)
+
+    def step() -> nn.Cell:
+        net = Block(seed=3)
+        return nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()),
+                                   nn.Adam(net.trainable_params(), 1e-2))
+
+    cold_step, warm_step = step(), step()
+    cold = graphkernel.compile(cold_step, x, y, options=FUSED)
+    warm = graphkernel.compile(warm_step, x, y, options=FUSED)
+    assert warm.report.compile_cache.startswith("hit: ")
+    assert warm.plan.describe() == cold.plan.describe()
+    assert len(warm.graph.assigns) == len(cold.graph.assigns) > 0
+    for _ in range(2):
+        assert np.array_equal(warm.run_arrays(x, y)[0], cold.run_arrays(x, y)[0])
+    cold_params = [p.asnumpy() for p in cold_step.get_parameters()]
+    warm_params = [p.asnumpy() for p in warm_step.get_parameters()]
+    assert len(cold_params) == len(warm_params)
+    for a, b in zip(cold_params, warm_params):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(cold_params[0], Block(seed=3).up.weight.asnumpy())  # it trained
+
+
+class ConvBN(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, has_bias=True)
+        self.bn = nn.BatchNorm2d(4, eps=1e-3)
+
+    def construct(self, x: Any) -> Any:
+        return P.ReLU()(self.bn(self.conv(x)))
+
+
+@needs_cc
+def test_a_hit_keeps_the_rewrites_and_the_convolution_blocks(cache_folder: str,
+                                                             rng: Any) -> None:
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    cell = ConvBN()
+    context.set_context(mode=context.GRAPH_MODE)
+    cold = graphkernel.compile(cell, x, options=FUSED)
+    warm = graphkernel.compile(cell, x, options=FUSED)
+    assert warm.report.compile_cache.startswith("hit: ")
+    assert cold.report.rewrites and warm.report.rewrites == cold.report.rewrites
+    assert print_graph(warm.graph) == print_graph(cold.graph)  # with the builder's notes
+    assert warm.plan.describe() == cold.plan.describe()
+    assert np.array_equal(warm.run_arrays(x)[0], cold.run_arrays(x)[0])
