@@ -328,3 +328,37 @@ def test_a_hit_keeps_the_rewrites_and_the_convolution_blocks(cache_folder: str,
     assert print_graph(warm.graph) == print_graph(cold.graph)  # with the builder's notes
     assert warm.plan.describe() == cold.plan.describe()
     assert np.array_equal(warm.run_arrays(x)[0], cold.run_arrays(x)[0])
+
+
+@needs_cc
+def test_processes_compiling_at_once_share_one_whole_entry(cache_folder: str) -> None:
+    code = _CHILD.format(tests=os.path.join(ROOT, "tests"))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(3)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({r["out"] for r in results}) == 1 and len({r["plan"] for r in results}) == 1
+    assert len(_entries(cache_folder)) == 1  # one entry, no temporary file left beside it
+    assert child_note(code).startswith("hit: ")
+
+
+def child_note(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["cache"]  # type: ignore[no-any-return]
+
+
+@needs_cc
+def test_a_folder_that_cannot_take_the_entry_still_compiles(cache_folder: str) -> None:
+    x = np.ones((3, 4), np.float32)
+    os.makedirs(cache_folder, mode=0o700)
+    with open(os.path.join(cache_folder, compile_cache.FOLDER), "w") as fh:
+        fh.write("a file where the entries' folder belongs")  # even root cannot write there
+    exe = graphkernel.compile(Scaled(), x, options=FUSED)
+    assert exe.report.compile_cache.startswith("miss: no entry; not stored: ")
+    expected = graphkernel.compile(Scaled(), x, options=CompileOptions(False)).run_arrays(x)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], expected[0], rtol=1e-6)
