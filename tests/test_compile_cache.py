@@ -158,7 +158,7 @@ def _note(cell: nn.Cell, x: np.ndarray, options: CompileOptions = FUSED) -> str:
 @needs_cc
 @pytest.mark.parametrize("change", [
     "graph", "constant", "shape", "dtype", "fusion off", "flags", "cost model",
-    "graphkernel version", "graphkernel sources", "cpu",
+    "graphkernel version", "graphkernel sources", "numpy version", "cpu",
 ])
 def test_each_change_that_changes_the_result_misses(cache_folder: str, change: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,6 +192,8 @@ def test_each_change_that_changes_the_result_misses(cache_folder: str, change: s
         monkeypatch.setattr(compile_cache, "_stamp", [])
     elif change == "graphkernel sources":  # an edited module: another modification time
         monkeypatch.setattr(compile_cache, "_stamp", ["another tree"])
+    elif change == "numpy version":
+        monkeypatch.setattr(compile_cache.np, "__version__", "0.0.0-other")
     elif change == "cpu":
         monkeypatch.setattr(toolchain, "cpu_signature", lambda: "flags : another cpu")
     assert _note(cell, x, options).startswith("miss: no entry"), change

@@ -6,7 +6,8 @@ up first, and a hit gives the final graph (hwopt_d_end) the pipeline made of it;
 build is a fresh compile's (plan, kernel C, the library through the kernel cache).
 
 Key: sha256 over this format's version; graphkernel's version and a stamp of its modules
-(path, size and modification time of every `.py` file: an edited pass is another result); the
+(path, size and modification time of every `.py` file: an edited pass is another result);
+numpy's version (constant folding runs numpy); the
 traced graph as data (ir/serialize.py: ops, attributes, types, names, source lines, notes) and
 its constants' bytes; every compile option (enable_graph_kernel, each flag, the cost model);
 the toolchain (compiler, version, flags, libraries) and the CPU.
@@ -133,7 +134,9 @@ def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
     h = hashlib.sha256()
     toolchain_text = "none" if tc is None else \
         f"{tc.compiler} {tc.version} {' '.join(tc.flags)} {' '.join(tc.libs)}"
-    for part in (KIND, str(VERSION), _package_stamp(), options_text(options), toolchain_text,
+    # numpy computes folded constants (fold_constants runs the ops' numpy references).
+    for part in (KIND, str(VERSION), _package_stamp(), np.__version__, options_text(options),
+                 toolchain_text,
                  toolchain.cpu_signature(), text):
         h.update(part.encode())
         h.update(b"\0")
