@@ -78,6 +78,10 @@ class Guards:
 
     reads: list[Read] = field(default_factory=list)
     versions: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (cell, version)
+    # (id(cell), name) of every read, so a repeated read is one lookup (BERT-tiny's trace reads
+    # ~500 attributes: a scan of the reads for each was a fifth of the trace). `versions` keeps
+    # the cells alive, so their ids stay theirs.
+    seen: set[tuple[int, str]] = field(default_factory=set)
     generation: int = 0
 
     def changed(self) -> str | None:
@@ -109,8 +113,9 @@ def _record(cell: Any, name: str, value: Any) -> None:
         return  # methods and other class-level objects
     if id(cell) not in guards.versions:
         guards.versions[id(cell)] = (cell, own.get("_version", 0))
-    if any(r.cell is cell and r.name == name for r in guards.reads):
+    if (id(cell), name) in guards.seen:
         return
+    guards.seen.add((id(cell), name))
     guards.reads.append(Read(cell, name, value, is_plain(value)))
 
 

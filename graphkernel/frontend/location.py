@@ -15,11 +15,26 @@ _INTERNAL_DIRS = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in (
     "frontend", "ir", "passes", "graph_kernel", "codegen", "runtime", "ops"))
 
 
+# A code object's file name, made absolute, by that name (one normpath per file, not per frame:
+# every traced op walks the stack). Only names already absolute are kept: a relative one depends
+# on the working folder of the moment.
+_absolute: dict[str, str] = {}
+
+
+def _absolute_name(name: str) -> str:
+    found = _absolute.get(name)
+    if found is None:
+        found = os.path.abspath(name)
+        if os.path.isabs(name):
+            _absolute[name] = found
+    return found
+
+
 def user_location() -> SourceLocation | None:
     """The innermost stack frame outside graphkernel: the user's line in `construct`."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
+        filename = _absolute_name(frame.f_code.co_filename)
         if not filename.startswith(_INTERNAL_DIRS):
             text = linecache.getline(filename, frame.f_lineno)
             return SourceLocation(filename, frame.f_lineno, frame.f_code.co_name, text)
