@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from graphkernel.ir import types as T
 from graphkernel.ir.build import GraphBuilder
 from graphkernel.ir.graph import Graph, Input, Node, Value
@@ -90,10 +92,23 @@ def _inverse_count(n: int) -> float:
 
 def _sigmoid(b: Builder, t: Value) -> Value:
     """1/(1 + exp(-t)) from e = exp(-|t|) <= 1, which never overflows: 1/(1 + e) for t >= 0,
-    e/(1 + e) below (where 1/(1 + exp(-t)) lost the tail below float's smallest value)."""
+    e/(1 + e) below (where 1/(1 + exp(-t)) lost the tail below float's smallest value). One
+    division of a selected numerator: a reciprocal, a product and a select cost more."""
     e = b("Exp", b("Neg", b("Abs", t)))
-    r = b("Reciprocal", b("Add", e, 1.0))
-    return b("Select", b("GreaterEqual", t, 0.0), r, b("Mul", e, r))
+    return b("RealDiv", b("Select", b("GreaterEqual", t, 0.0), b.const(1.0, e), e),
+             b("Add", e, 1.0))
+
+
+def _times_sigmoid(b: Builder, x: Value, t: Value) -> Value:
+    """x sigmoid(t) as one division: x/(1 + e) for t >= 0, x e/(1 + e) below, e = exp(-|t|).
+    x is clamped to the dtype's finite range in x e, so x = -inf (e = 0 there) gives -0.0, not
+    -inf * 0 = NaN; NaN passes. Against x times the sigmoid this saves a product, a select
+    and a comparison per element (BiasAdd + GeLU's loop 0.469 -> 0.449 ns per element)."""
+    e = b("Exp", b("Neg", b("Abs", t)))
+    lowest = b.const(-float(np.finfo(x.dtype).max), x)
+    finite = b("Select", b("Less", x, lowest), lowest, x)
+    numerator = b("Select", b("GreaterEqual", t, 0.0), x, b("Mul", finite, e))
+    return b("RealDiv", numerator, b("Add", e, 1.0))
 
 
 def _times(b: Builder, x: Value, factor: Value) -> Value:
@@ -108,14 +123,14 @@ def gelu(b: Builder, x: Value, approximate: str = "tanh") -> Value:
         # c x (1 + 0.044715 x^2), z overflows to +-inf (sigmoid 1 or 0) rather than to NaN.
         cubic = b("Add", b("Mul", b("Mul", x, x), 0.044715), 1.0)
         two_z = b("Mul", b("Mul", x, 2 * math.sqrt(2 / math.pi)), cubic)
-        return _times(b, x, _sigmoid(b, two_z))
+        return _times_sigmoid(b, x, two_z)
     # 1 + erf(t) = erfc(-t), accurate where erf(t) is near -1.
     return _times(b, b("Mul", x, 0.5), b("Erfc", b("Mul", x, -1 / math.sqrt(2))))
 
 
 @expander("FastGeLU", float16_in_float32=True)
 def fast_gelu(b: Builder, x: Value) -> Value:
-    return _times(b, x, _sigmoid(b, b("Mul", x, 1.702)))
+    return _times_sigmoid(b, x, b("Mul", x, 1.702))
 
 
 @expander("Sigmoid", float16_in_float32=True)
@@ -125,7 +140,7 @@ def sigmoid(b: Builder, x: Value) -> Value:
 
 @expander("SiLU", float16_in_float32=True)
 def silu(b: Builder, x: Value) -> Value:
-    return _times(b, x, _sigmoid(b, x))
+    return _times_sigmoid(b, x, x)
 
 
 @expander("ReLU")

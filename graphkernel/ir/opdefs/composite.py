@@ -77,14 +77,20 @@ def _as(x: np.ndarray, f: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
 def _sigmoid(v: np.ndarray) -> np.ndarray:
     """1/(1 + exp(-v)) from e = exp(-|v|) <= 1: 1/(1 + e) for v >= 0, e/(1 + e) below."""
     e = np.exp(-np.abs(v))
-    r = 1 / (1 + e)
-    return np.where(v >= 0, r, e * r)
+    return np.where(v >= 0, np.asarray(1, v.dtype), e) / (1 + e)
+
+
+def _x_sigmoid(v: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """v sigmoid(t) as the expanders compute it: v/(1 + e) for t >= 0, v e/(1 + e) below, with
+    v clamped to the finite range in v e, so v = -inf (e = 0) gives -0.0, not NaN."""
+    e = np.exp(-np.abs(t))
+    finite = np.maximum(v, np.asarray(-np.finfo(v.dtype).max, v.dtype))
+    return np.where(t >= 0, v, finite * e) / (1 + e)
 
 
 def _times_sigmoid(v: np.ndarray, k: float) -> np.ndarray:
-    """v * sigmoid(k v), which tends to -0.0 as v -> -inf (not -inf * 0 = NaN)."""
-    s = _sigmoid(k * v)
-    return np.where(s == 0, np.asarray(-0.0, v.dtype), v * s)
+    """v * sigmoid(k v), which tends to -0.0 as v -> -inf."""
+    return _x_sigmoid(v, k * v)
 
 
 def _gelu_ref(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
@@ -93,8 +99,7 @@ def _gelu_ref(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
         # z = c v (1 + 0.044715 v^2) overflows to +-inf (never NaN) for huge |v|.
         def tanh_form(v: np.ndarray) -> np.ndarray:
             z = 0.7978845608028654 * v * (1 + 0.044715 * v * v)
-            s = _sigmoid(2 * z)
-            return np.where(s == 0, np.asarray(-0.0, v.dtype), v * s)
+            return _x_sigmoid(v, 2 * z)
         return _as(x, tanh_form)
 
     def erf_form(v: np.ndarray) -> np.ndarray:  # 1 + erf(t) = erfc(-t)
