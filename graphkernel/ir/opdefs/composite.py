@@ -96,10 +96,11 @@ def _times_sigmoid(v: np.ndarray, k: float) -> np.ndarray:
 def _gelu_ref(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
     if approximate == "tanh":
         # 0.5 v (1 + tanh(z)) = v sigmoid(2z): no 1 + tanh(z) cancelling for negative v, and
-        # z = c v (1 + 0.044715 v^2) overflows to +-inf (never NaN) for huge |v|.
+        # 2z = v (k + 0.044715 k v^2), k = 2 sqrt(2/pi), overflows to +-inf (never NaN) for
+        # huge |v|.
         def tanh_form(v: np.ndarray) -> np.ndarray:
-            z = 0.7978845608028654 * v * (1 + 0.044715 * v * v)
-            return _x_sigmoid(v, 2 * z)
+            k = 1.5957691216057308
+            return _x_sigmoid(v, v * (v * v * (0.044715 * k) + k))
         return _as(x, tanh_form)
 
     def erf_form(v: np.ndarray) -> np.ndarray:  # 1 + erf(t) = erfc(-t)
