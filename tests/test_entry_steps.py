@@ -207,3 +207,88 @@ def test_indices_computed_in_the_graph_keep_the_python_runner(rng):
     assert exe.executable.runner.entry is None
     np.testing.assert_array_equal(exe(Tensor(table), Tensor(ids)).asnumpy(),
                                   np.maximum(table[ids], 0))
+
+
+def _blas_callback_variable():
+    """OpenBLAS's threads-callback variable (a ctypes view), or None without one."""
+    import ctypes
+
+    from graphkernel.runtime.blas import cblas
+    found = cblas()
+    if found is None or not found.set_jobs:
+        return None
+    return ctypes.c_void_p.from_address(found.jobs_now)
+
+
+def _openblas_threads() -> int:
+    from threadpoolctl import threadpool_info
+    return max([lib["num_threads"] for lib in threadpool_info()
+                if lib["internal_api"] == "openblas"] or [1])
+
+
+def test_a_large_product_runs_blas_jobs_on_the_librarys_threads(rng):
+    variable = _blas_callback_variable()
+    if variable is None or _openblas_threads() < 2:
+        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in [(256, 512), (512, 384)])
+    exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
+    assert [s.blas_threads for s in exe.plan.steps if s.op == "MatMul"] == [None]
+    module = exe.executable.runner.entry_module
+    before = module.blas_job_calls()
+    assert variable.value is None
+    for _ in range(3):
+        got = exe(Tensor(a), Tensor(b)).asnumpy()
+        assert variable.value is None  # numpy's own products keep OpenBLAS's threads
+    assert module.blas_job_calls() == before + 3
+    np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+
+
+def test_a_callback_set_before_the_call_is_put_back(rng):
+    variable = _blas_callback_variable()
+    if variable is None or _openblas_threads() < 2:
+        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in [(256, 512), (512, 384)])
+    exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
+    exe(Tensor(a), Tensor(b))
+    sentinel = 0x5EED  # never called: nothing else runs a product meanwhile
+    variable.value = sentinel
+    try:
+        got = exe(Tensor(a), Tensor(b)).asnumpy()
+        assert variable.value == sentinel
+    finally:
+        variable.value = None
+    np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+
+
+JOBS_WITHOUT_A_TEAM = """
+import numpy as np, graphkernel
+from graphkernel import Tensor
+from graphkernel.ops import operations as P
+class Net(graphkernel.nn.Cell):
+    def construct(self, a, b):
+        return P.ReLU()(P.MatMul()(a, b))
+rng = np.random.default_rng(7)
+a = rng.standard_normal((256, 512)).astype(np.float32)
+b = rng.standard_normal((512, 384)).astype(np.float32)
+exe = graphkernel.compile(Net(), a, b)
+got = exe(Tensor(a), Tensor(b)).asnumpy()
+np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+print(exe.executable.runner.entry_module.blas_job_calls())
+"""
+
+
+@pytest.mark.parametrize("env", [{"OMP_THREAD_LIMIT": "1"}, {"OMP_DYNAMIC": "true"}])
+def test_blas_jobs_without_a_full_openmp_team_get_threads_of_their_own(env, tmp_path):
+    """OpenBLAS's jobs wait on each other: where OpenMP may give fewer threads than jobs, each
+    job runs on a pthread of its own instead (a team too small would hang)."""
+    import os
+    import subprocess
+    import sys
+    if _blas_callback_variable() is None or _openblas_threads() < 2:
+        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+    script = tmp_path / "jobs.py"
+    script.write_text(JOBS_WITHOUT_A_TEAM)
+    done = subprocess.run([sys.executable, str(script)], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "1"

@@ -6,6 +6,10 @@ have gone to sleep (or are spinning on a core the next kernel wants), and waking
 than they save on a small product. threadpoolctl finds the BLAS numpy loaded (OpenBLAS, MKL,
 BLIS) and calls its own set-threads function; the count is put back after the product, so code
 outside graphkernel sees BLAS as it was.
+
+`cblas` hands numpy's OpenBLAS to the compiled entry as C function addresses, with its threads
+callback where it has one (runtime/c_gemm.py PRELUDE: a product's jobs on the library's OpenMP
+threads, set around that product only).
 """
 from __future__ import annotations
 
@@ -67,24 +71,70 @@ def blas_threads(count: int | None) -> Iterator[None]:
 
 def describe() -> list[str]:
     """One line per BLAS library numpy uses: its name, version, threads (for `doctor`)."""
-    return [f"{lib.internal_api} {lib.version}: {lib.num_threads} thread(s), {lib.filepath}"
-            for lib in _controllers()]
+    lines = [f"{lib.internal_api} {lib.version}: {lib.num_threads} thread(s), {lib.filepath}"
+             for lib in _controllers()]
+    found = cblas()
+    if found is not None:
+        lines.append("compiled entries run its multi-threaded products' jobs on their own "
+                     "OpenMP threads (threads callback)" if found.set_jobs else
+                     "compiled entries run its products on its own threads (no threads "
+                     f"callback before OpenBLAS {'.'.join(map(str, CALLBACK_SINCE))})")
+    return lines
 
 
 @dataclass(frozen=True)
 class CBlas:
     """numpy's own OpenBLAS as C function addresses, for the compiled entry's MatMul steps
-    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, and its get/set-threads functions."""
+    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, its get/set-threads functions, and its
+    threads-callback setter with the variable it sets (0 and 0 when this OpenBLAS has none)."""
 
     sgemm: int
     dgemm: int
     get_threads: int
     set_threads: int
     int64: bool  # an ILP64 build (numpy's scipy_openblas64_): BLAS integers are int64_t
+    set_jobs: int = 0  # openblas_set_threads_callback_function
+    jobs_now: int = 0  # &openblas_threads_callback_
 
     @property
-    def addresses(self) -> tuple[int, int, int, int]:
-        return self.sgemm, self.dgemm, self.get_threads, self.set_threads
+    def addresses(self) -> tuple[int, int, int, int, int, int]:
+        return (self.sgemm, self.dgemm, self.get_threads, self.set_threads, self.set_jobs,
+                self.jobs_now)
+
+
+# The threads callback (OpenBLAS PR 4577) with the six-argument job signature c_gemm.py's
+# gk_blas_jobs implements: from 0.3.27, under this name.
+CALLBACK_SINCE = (0, 3, 27)
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (text or "").split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _address(dynlib: Any, name: str) -> int:
+    return ctypes.cast(getattr(dynlib, name), ctypes.c_void_p).value or 0
+
+
+def _callback(dynlib: Any, version: str | None, prefix: str, suffix: str) -> tuple[int, int]:
+    """(setter, variable) addresses of OpenBLAS's threads callback, or (0, 0)."""
+    if _version(version) < CALLBACK_SINCE:
+        return 0, 0
+    setter = f"{prefix}openblas_set_threads_callback_function{suffix}"
+    if not hasattr(dynlib, setter):
+        return 0, 0
+    for variable in (f"{prefix}openblas_threads_callback_{suffix}", "openblas_threads_callback_"):
+        try:
+            held = ctypes.c_void_p.in_dll(dynlib, variable)
+        except ValueError:
+            continue
+        return _address(dynlib, setter), ctypes.addressof(held)
+    return 0, 0
 
 
 def cblas() -> CBlas | None:
@@ -103,8 +153,9 @@ def cblas() -> CBlas | None:
                      f"{prefix}openblas_get_num_threads{suffix}",
                      f"{prefix}openblas_set_num_threads{suffix}"]
             if all(hasattr(dynlib, n) for n in names):
-                found = CBlas(*(ctypes.cast(getattr(dynlib, n), ctypes.c_void_p).value or 0
-                                for n in names), int64=suffix != "")
+                set_jobs, jobs_now = _callback(dynlib, lib.version, prefix, suffix)
+                found = CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "",
+                              set_jobs=set_jobs, jobs_now=jobs_now)
                 break
         if found is not None:
             break
