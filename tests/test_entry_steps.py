@@ -220,6 +220,14 @@ def _blas_callback_variable():
     return ctypes.c_void_p.from_address(found.jobs_now)
 
 
+def _why_not_jobs() -> str:
+    from threadpoolctl import threadpool_info
+
+    from graphkernel.runtime.blas import cblas
+    return (f"needs a multi-threaded OpenBLAS with the threads callback: {cblas()}, "
+            f"{[(i['internal_api'], i['version'], i['num_threads']) for i in threadpool_info()]}")
+
+
 def _openblas_threads() -> int:
     from threadpoolctl import threadpool_info
     return max([lib["num_threads"] for lib in threadpool_info()
@@ -229,7 +237,7 @@ def _openblas_threads() -> int:
 def test_a_large_product_runs_blas_jobs_on_the_librarys_threads(rng):
     variable = _blas_callback_variable()
     if variable is None or _openblas_threads() < 2:
-        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+        pytest.skip(_why_not_jobs())
     a, b = (rng.standard_normal(s).astype(np.float32) for s in [(256, 512), (512, 384)])
     exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
     assert [s.blas_threads for s in exe.plan.steps if s.op == "MatMul"] == [None]
@@ -246,7 +254,7 @@ def test_a_large_product_runs_blas_jobs_on_the_librarys_threads(rng):
 def test_a_callback_set_before_the_call_is_put_back(rng):
     variable = _blas_callback_variable()
     if variable is None or _openblas_threads() < 2:
-        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+        pytest.skip(_why_not_jobs())
     a, b = (rng.standard_normal(s).astype(np.float32) for s in [(256, 512), (512, 384)])
     exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
     exe(Tensor(a), Tensor(b))
@@ -285,10 +293,33 @@ def test_blas_jobs_without_a_full_openmp_team_get_threads_of_their_own(env, tmp_
     import subprocess
     import sys
     if _blas_callback_variable() is None or _openblas_threads() < 2:
-        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+        pytest.skip(_why_not_jobs())
     script = tmp_path / "jobs.py"
     script.write_text(JOBS_WITHOUT_A_TEAM)
-    done = subprocess.run([sys.executable, str(script)], env={**os.environ, **env},
+    # two BLAS threads whatever this process inherited (dask's workers set *_NUM_THREADS=1)
+    clean = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    done = subprocess.run([sys.executable, str(script)],
+                          env={**clean, "OPENBLAS_NUM_THREADS": "2", **env},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == "1"
+    assert done.stdout.split()[-1] == "1", done.stdout
+
+
+def test_the_entry_calls_numpys_own_openblas_when_scipys_is_listed_first(monkeypatch):
+    import ctypes
+
+    import scipy.linalg  # noqa: F401  (scipy's wheel loads an OpenBLAS of its own)
+    from threadpoolctl import ThreadpoolController
+
+    from graphkernel.runtime import blas
+    loaded = ThreadpoolController().select(internal_api="openblas").lib_controllers
+    numpys = [c for c in loaded if blas._numpys(c.filepath)]
+    others = [c for c in loaded if not blas._numpys(c.filepath)]
+    if not numpys or not others:
+        pytest.skip("needs numpy's wheel OpenBLAS and another one loaded")
+    # threadpoolctl lists libraries in load order; after dask's tests scipy's came first
+    monkeypatch.setattr(blas, "_state", {"blas": others + numpys})
+    found = blas.cblas()
+    assert found is not None
+    names = [n for n in ("scipy_cblas_sgemm64_", "cblas_sgemm") if hasattr(numpys[0].dynlib, n)]
+    assert found.sgemm == ctypes.cast(getattr(numpys[0].dynlib, names[0]), ctypes.c_void_p).value

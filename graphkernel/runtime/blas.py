@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -137,13 +138,23 @@ def _callback(dynlib: Any, version: str | None, prefix: str, suffix: str) -> tup
     return 0, 0
 
 
+def _numpys(path: str | None) -> bool:
+    """Whether a loaded library is the one numpy's wheel carries (numpy.libs/): scipy's wheel
+    carries an OpenBLAS of its own, which threadpoolctl may list first once scipy is loaded."""
+    import numpy
+
+    folder = os.path.dirname(os.path.abspath(numpy.__file__)) + ".libs"
+    return bool(path) and os.path.abspath(str(path)).startswith(folder + os.sep)
+
+
 def cblas() -> CBlas | None:
-    """numpy's BLAS as C functions (found once), or None when it is not an OpenBLAS on its own
-    pthreads (MKL, BLIS, an OpenMP build: the Python runner calls numpy there)."""
+    """numpy's BLAS as C functions (found once; numpy's own wheel's OpenBLAS before any other
+    loaded), or None when it is not an OpenBLAS on its own pthreads (MKL, BLIS, an OpenMP
+    build: the Python runner calls numpy there)."""
     if "cblas" in _state:
         return _state["cblas"]  # type: ignore[no-any-return]
     found = None
-    for lib in _controllers():
+    for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):
         if lib.internal_api != "openblas" or getattr(lib, "threading_layer", "") != "pthreads":
             continue
         dynlib = lib.dynlib
