@@ -268,6 +268,31 @@ def test_a_callback_set_before_the_call_is_put_back(rng):
     np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
 
 
+def test_the_python_runners_large_products_run_blas_jobs_on_the_librarys_threads(rng):
+    """A plan the entry cannot run (unfused: the Reshape is a numpy view step): its library
+    carries the callback (runtime/c_gemm.py BLAS_JOBS_SOURCE), set around each multi-threaded
+    product only."""
+    variable = _blas_callback_variable()
+    if variable is None or _openblas_threads() < 2:
+        pytest.skip("needs a multi-threaded OpenBLAS with the threads callback")
+    a = rng.standard_normal((256, 2, 256)).astype(np.float32)
+    b = rng.standard_normal((512, 384)).astype(np.float32)
+    exe = graphkernel.compile(Fn(lambda x, w: relu(P.MatMul()(P.Reshape()(x, (256, 512)), w))),
+                              a, b, options=OFF)
+    runner = exe.executable.runner
+    assert runner.entry is None and runner.blas_jobs != 0
+    before = runner.blas_job_calls.value
+    for _ in range(3):
+        got = exe(Tensor(a), Tensor(b)).asnumpy()
+        assert variable.value is None
+    assert runner.blas_job_calls.value == before + 3
+    np.testing.assert_allclose(got, np.maximum(a.reshape(256, 512) @ b, 0), rtol=1e-5,
+                               atol=1e-4)
+    small = graphkernel.compile(Fn(lambda x, w: relu(P.MatMul()(P.Reshape()(x, (8, 16)), w))),
+                                a[:8, :, :8], b[:16, :8], options=OFF)
+    assert small.executable.runner.blas_jobs == 0  # one BLAS thread: no jobs to hand over
+
+
 JOBS_WITHOUT_A_TEAM = """
 import numpy as np, graphkernel
 from graphkernel import Tensor

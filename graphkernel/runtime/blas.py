@@ -70,6 +70,29 @@ def blas_threads(count: int | None) -> Iterator[None]:
             lib.set_num_threads(before)
 
 
+_SET_JOBS = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@contextlib.contextmanager
+def blas_jobs(callback: int) -> Iterator[None]:
+    """Run the body with numpy's OpenBLAS handing its jobs to `callback` (a library's
+    gk_blas_jobs, runtime/c_gemm.py), the previous callback put back after it; as it is when
+    `callback` is 0 or this OpenBLAS has no threads callback."""
+    found = cblas() if callback else None
+    if found is None or not found.set_jobs:
+        yield
+        return
+    setter = _state.get("set_jobs")
+    if setter is None:
+        setter = _state["set_jobs"] = _SET_JOBS(found.set_jobs)
+    before = ctypes.c_void_p.from_address(found.jobs_now).value
+    setter(callback)
+    try:
+        yield
+    finally:
+        setter(before)
+
+
 def describe() -> list[str]:
     """One line per BLAS library numpy uses: its name, version, threads (for `doctor`)."""
     lines = [f"{lib.internal_api} {lib.version}: {lib.num_threads} thread(s), {lib.filepath}"

@@ -146,9 +146,6 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
                     dtype == np.float64, step.blas_threads == 1)
 
 
-# The entry's BLAS: function pointers set once the module is loaded (`set_blas`). BLASINT is
-# the library's integer (int64_t for numpy's ILP64 OpenBLAS).
-#
 # OpenBLAS's own worker threads spin for ~0.1 s (2^28 cycles) after each multi-threaded
 # product before they sleep: on a 2-core machine that spinning worker halves the speed of the
 # kernel that follows (a 512x4096 GeLU after its GEMM: 1.09 -> 0.63 ms without it). So around
@@ -156,18 +153,8 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
 # `openblas_set_threads_callback_function`) that runs the product's jobs on this library's
 # OpenMP threads, which sleep at once (OMP_WAIT_POLICY=PASSIVE), and puts the previous
 # callback back after the call: numpy outside graphkernel keeps OpenBLAS's own threads.
-PRELUDE = """typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
-  const float *, BLASINT, const float *, BLASINT, float, float *, BLASINT);
-typedef void (*gk_dgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, double,
-  const double *, BLASINT, const double *, BLASINT, double, double *, BLASINT);
-typedef void (*gk_dojob_t)(int, void *, int);
+BLAS_JOBS = """typedef void (*gk_dojob_t)(int, void *, int);
 typedef void (*gk_jobs_t)(int, gk_dojob_t, int, size_t, void *, int);
-static gk_sgemm_t gk_sgemm = NULL;
-static gk_dgemm_t gk_dgemm = NULL;
-static int (*gk_blas_get_threads)(void) = NULL;
-static void (*gk_blas_set_threads)(int) = NULL;
-static void (*gk_blas_set_jobs)(gk_jobs_t) = NULL;  /* NULL: OpenBLAS without the callback */
-static gk_jobs_t *gk_blas_jobs_now = NULL;  /* OpenBLAS's variable holding the callback */
 static long long gk_blas_job_calls = 0;  /* products whose jobs ran through gk_blas_jobs */
 
 #ifdef _OPENMP
@@ -203,6 +190,40 @@ static void gk_blas_jobs(int sync, gk_dojob_t dojob, int numjobs, size_t size, v
   for (int i = 0; i < numjobs; ++i) if (!started[i]) gk_job_thread(&jobs[i]);
   for (int i = 1; i < numjobs; ++i) if (started[i]) pthread_join(threads[i], NULL);
 }
+#endif
+"""
+
+# For a plan the Python runner runs (runtime/runner.py): the callback as a library function
+# whose address the runner reads once, and sets around its multi-threaded products.
+BLAS_JOBS_FUNCTION = "gk_blas_jobs_address"
+BLAS_JOBS_SOURCE = BLAS_JOBS + """
+/* gk_blas_jobs_address(out): out[0] <- the callback (NULL without OpenMP), out[1] <- its call
+   counter */
+void gk_blas_jobs_address(void *const *args) {
+  void **out = (void **)args;
+#ifdef _OPENMP
+  out[0] = (void *)gk_blas_jobs;
+#else
+  out[0] = NULL;
+#endif
+  out[1] = (void *)&gk_blas_job_calls;
+}
+"""
+
+# The entry's BLAS: function pointers set once the module is loaded (`set_blas`). BLASINT is
+# the library's integer (int64_t for numpy's ILP64 OpenBLAS).
+PRELUDE = """typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
+  const float *, BLASINT, const float *, BLASINT, float, float *, BLASINT);
+typedef void (*gk_dgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, double,
+  const double *, BLASINT, const double *, BLASINT, double, double *, BLASINT);
+""" + BLAS_JOBS + """static gk_sgemm_t gk_sgemm = NULL;
+static gk_dgemm_t gk_dgemm = NULL;
+static int (*gk_blas_get_threads)(void) = NULL;
+static void (*gk_blas_set_threads)(int) = NULL;
+static void (*gk_blas_set_jobs)(gk_jobs_t) = NULL;  /* NULL: OpenBLAS without the callback */
+static gk_jobs_t *gk_blas_jobs_now = NULL;  /* OpenBLAS's variable holding the callback */
+
+#ifdef _OPENMP
 #define GK_JOBS_BEGIN gk_jobs_t gk_jobs_before = NULL; \\
   if (gk_blas_set_jobs != NULL) { \\
     gk_jobs_before = *gk_blas_jobs_now; gk_blas_set_jobs(gk_blas_jobs); }
