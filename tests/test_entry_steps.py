@@ -249,6 +249,10 @@ def test_a_large_product_runs_blas_jobs_on_the_librarys_threads(rng):
         assert variable.value is None  # numpy's own products keep OpenBLAS's threads
     assert module.blas_job_calls() == before + 3
     np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+    # the step-by-step path (a kernel profile) hands its product's jobs to the same callback
+    assert exe.executable.runner.blas_jobs == module.blas_jobs() != 0
+    exe.profile_kernels(a, b, repeats=2)
+    assert module.blas_job_calls() == before + 5
 
 
 def test_a_callback_set_before_the_call_is_put_back(rng):

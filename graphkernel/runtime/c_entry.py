@@ -232,7 +232,9 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
            '   "set_blas(sgemm, dgemm, get_threads, set_threads, set_jobs, jobs_now): numpy\'s '
            'BLAS by address"},',
            '  {"blas_job_calls", gk_blas_job_count, METH_NOARGS,',
-           '   "products whose jobs ran on this library\'s OpenMP threads"},']
+           '   "products whose jobs ran on this library\'s OpenMP threads"},',
+           '  {"blas_jobs", gk_entry_blas_jobs, METH_NOARGS,',
+           '   "the address of the OpenBLAS threads callback the entry sets"},']
           if blas is not None else []),
         "  {NULL, NULL, 0, NULL}};",
         f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '

@@ -267,6 +267,15 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *gk_blas_job_count(PyObject *self, PyObject *unused) {
   return PyLong_FromLongLong(gk_blas_job_calls);
 }
+
+/* blas_jobs(): the callback's address (0 without OpenMP), for the Python runner's products */
+static PyObject *gk_entry_blas_jobs(PyObject *self, PyObject *unused) {
+#ifdef _OPENMP
+  return PyLong_FromVoidPtr((void *)gk_blas_jobs);
+#else
+  return PyLong_FromLong(0);
+#endif
+}
 """
 
 

@@ -78,6 +78,8 @@ class Runner:
             blas = cblas()
             assert blas is not None  # the entry calls BLAS only where it was found
             self.entry_module.set_blas(*blas.addresses)
+            if blas.set_jobs:  # the step-by-step path (a profile, a fallback) uses it too
+                self.blas_jobs = self.entry_module.blas_jobs()
         if self.entry is not None:
             self.entry_constants = tuple(
                 np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d
