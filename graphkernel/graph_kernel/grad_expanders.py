@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from graphkernel.graph_kernel.expanders import Builder, expander
+from graphkernel.graph_kernel.expanders import Builder, expander, sigmoid
 from graphkernel.ir.graph import Value
 from graphkernel.ir.opdefs.grad import bias_add_grad_axes, layer_norm_grad_axes
 
@@ -21,13 +21,6 @@ def _sum_to(b: Builder, g: Value, shape: tuple[int, ...]) -> Value:
                                       if d == 1 and g.shape[lead + i] != 1)
     out = b("ReduceSum", g, axis=axes, keep_dims=True) if axes else g
     return out if out.shape == shape else b("Reshape", out, shape=shape)
-
-
-def _sigmoid(b: Builder, t: Value) -> Value:
-    """1 / (1 + exp(-t)) from e = exp(-|t|) <= 1, which never overflows."""
-    e = b("Exp", b("Neg", b("Abs", t)))
-    r = b("Reciprocal", b("Add", e, 1.0))
-    return b("Select", b("GreaterEqual", t, 0.0), r, b("Mul", e, r))
 
 
 @expander("GeLUGrad")
@@ -57,7 +50,7 @@ def gelu_grad(b: Builder, dy: Value, x: Value, y: Value, approximate: str = "tan
 
 @expander("FastGeLUGrad")
 def fast_gelu_grad(b: Builder, dy: Value, x: Value) -> Value:
-    s = _sigmoid(b, b("Mul", x, 1.702))
+    s = sigmoid(b, b("Mul", x, 1.702))
     # s + 1.702 x s (1 - s)
     return b("Mul", dy, b("Add", s, b("Mul", b("Mul", b("Mul", x, 1.702), s), b("Sub", 1.0, s))))
 
@@ -175,4 +168,4 @@ def batch_norm_grad(b: Builder, dy: Value, x: Value, scale: Value, mean: Value, 
 
 @expander("SigmoidCrossEntropyWithLogitsGrad")
 def sigmoid_cross_entropy_grad(b: Builder, x: Value, y: Value, dout: Value) -> Value:
-    return b("Mul", b("Sub", _sigmoid(b, x), y), dout)
+    return b("Mul", b("Sub", sigmoid(b, x), y), dout)
