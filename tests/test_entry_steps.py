@@ -352,3 +352,15 @@ def test_the_entry_calls_numpys_own_openblas_when_scipys_is_listed_first(monkeyp
     assert found is not None
     names = [n for n in ("scipy_cblas_sgemm64_", "cblas_sgemm") if hasattr(numpys[0].dynlib, n)]
     assert found.sgemm == ctypes.cast(getattr(numpys[0].dynlib, names[0]), ctypes.c_void_p).value
+
+
+def test_numpys_wheel_openblas_is_found_without_scanning_every_library(monkeypatch):
+    from graphkernel.runtime import blas
+    monkeypatch.setattr(blas, "_state", {})
+    fast = blas._numpys_wheel_openblas()
+    if fast is None:
+        pytest.skip("numpy's BLAS is not the OpenBLAS of its wheel")
+    assert blas.cblas() == fast and "blas" not in blas._state  # no threadpoolctl scan
+    monkeypatch.setattr(blas, "_numpys_wheel_openblas", lambda: None)
+    monkeypatch.setattr(blas, "_state", {})
+    assert blas.cblas() == fast  # threadpoolctl's scan finds the same functions

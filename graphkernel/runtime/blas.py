@@ -3,9 +3,11 @@
 A plan's small MatMul steps run BLAS on one thread (`Step.blas_threads`, decided by the cost
 model's `blas_parallel_min_mnk`): between the generated kernels of a call, BLAS's other threads
 have gone to sleep (or are spinning on a core the next kernel wants), and waking them costs more
-than they save on a small product. threadpoolctl finds the BLAS numpy loaded (OpenBLAS, MKL,
-BLIS) and calls its own set-threads function; the count is put back after the product, so code
-outside graphkernel sees BLAS as it was.
+than they save on a small product. numpy's wheel OpenBLAS is opened where numpy loaded it
+(numpy.libs/, RTLD_NOLOAD: ~0.5 ms) and its own set-threads function called; any other BLAS
+(MKL, BLIS, a distribution's OpenBLAS) is found by threadpoolctl (a 6-7 ms scan of every loaded
+library). The count is put back after the product, so code outside graphkernel sees BLAS as it
+was.
 
 `cblas` hands numpy's OpenBLAS to the compiled entry as C function addresses, with its threads
 callback where it has one (runtime/c_gemm.py PRELUDE: a product's jobs on the library's OpenMP
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import itertools
 import os
 import threading
@@ -40,15 +43,24 @@ def _controllers() -> list[Any]:
 
 
 def find_in_background() -> None:
-    """Look the BLAS libraries up on a daemon thread: threadpoolctl's scan of the loaded
-    libraries takes 6-7 ms here, which the first call of a plan with products to pin would
-    otherwise pay; started while the plan compiles (a caller that needs them meanwhile waits
-    on the lock)."""
+    """Find numpy's BLAS before a plan's first product needs it: numpy's wheel OpenBLAS at once
+    (`cblas`, ~0.5 ms); any other BLAS on a daemon thread, since threadpoolctl's scan of the
+    loaded libraries takes 6-7 ms here, which the first call of a plan with products to pin
+    would otherwise pay (a caller that needs them meanwhile waits on the lock)."""
     with _lock:
-        if "blas" in _state or "finding" in _state:
+        if "cblas" in _state or "blas" in _state or "finding" in _state:
+            return
+    found = _numpys_wheel_openblas()
+    with _lock:
+        if found is not None:
+            _state.setdefault("cblas", found)
             return
         _state["finding"] = True
     threading.Thread(target=_controllers, name="graphkernel-blas-lookup", daemon=True).start()
+
+
+_GET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int)
+_SET_THREADS = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
 @contextlib.contextmanager
@@ -56,6 +68,22 @@ def blas_threads(count: int | None) -> Iterator[None]:
     """Run the body with BLAS on `count` threads (None: as it is)."""
     if count is None:
         yield
+        return
+    found = cblas()
+    if found is not None:  # numpy's OpenBLAS by address: its own get/set functions
+        functions = _state.get("threads")
+        if functions is None:
+            functions = _state["threads"] = (_GET_THREADS(found.get_threads),
+                                             _SET_THREADS(found.set_threads))
+        get, put = functions
+        before = get()
+        if before != count:
+            put(count)
+        try:
+            yield
+        finally:
+            if before != count:
+                put(before)
         return
     changed = []
     for lib in _controllers():
@@ -170,28 +198,62 @@ def _numpys(path: str | None) -> bool:
     return bool(path) and os.path.abspath(str(path)).startswith(folder + os.sep)
 
 
+_PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
+
+
+def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
+    """The CBlas of one loaded OpenBLAS, or None when it lacks the functions."""
+    # numpy's wheels rename the symbols (scipy_ prefix, 64_ suffix for 64-bit integers)
+    for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+        names = [f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix}",
+                 f"{prefix}openblas_get_num_threads{suffix}",
+                 f"{prefix}openblas_set_num_threads{suffix}"]
+        if all(hasattr(dynlib, n) for n in names):
+            set_jobs, jobs_now = _callback(dynlib, version, prefix, suffix)
+            return CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "",
+                         set_jobs=set_jobs, jobs_now=jobs_now)
+    return None
+
+
+def _numpys_wheel_openblas() -> CBlas | None:
+    """numpy's wheel OpenBLAS (numpy.libs/), already loaded by numpy, opened without loading
+    anything (RTLD_NOLOAD): no scan of every loaded library (threadpoolctl's takes 6-7 ms,
+    which a warm compile would wait for). None when numpy has no such library, or it is not
+    on pthreads."""
+    import numpy
+
+    folder = os.path.dirname(os.path.abspath(numpy.__file__)) + ".libs"
+    for path in sorted(glob.glob(os.path.join(folder, "*openblas*.so*"))):
+        try:
+            dynlib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        except OSError:  # not loaded in this process
+            continue
+        for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+            parallel = f"{prefix}openblas_get_parallel{suffix}"
+            config = f"{prefix}openblas_get_config{suffix}"
+            if hasattr(dynlib, parallel) and hasattr(dynlib, config):
+                if getattr(dynlib, parallel)() != _PARALLEL_PTHREADS:
+                    return None
+                getattr(dynlib, config).restype = ctypes.c_char_p
+                text = (getattr(dynlib, config)() or b"").decode(errors="replace").split()
+                version = text[1] if len(text) > 1 and text[0] == "OpenBLAS" else None
+                return _from_dynlib(dynlib, version)
+    return None
+
+
 def cblas() -> CBlas | None:
     """numpy's BLAS as C functions (found once; numpy's own wheel's OpenBLAS before any other
     loaded), or None when it is not an OpenBLAS on its own pthreads (MKL, BLIS, an OpenMP
     build: the Python runner calls numpy there)."""
     if "cblas" in _state:
         return _state["cblas"]  # type: ignore[no-any-return]
-    found = None
-    for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):
-        if lib.internal_api != "openblas" or getattr(lib, "threading_layer", "") != "pthreads":
-            continue
-        dynlib = lib.dynlib
-        # numpy's wheels rename the symbols (scipy_ prefix, 64_ suffix for 64-bit integers)
-        for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
-            names = [f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix}",
-                     f"{prefix}openblas_get_num_threads{suffix}",
-                     f"{prefix}openblas_set_num_threads{suffix}"]
-            if all(hasattr(dynlib, n) for n in names):
-                set_jobs, jobs_now = _callback(dynlib, lib.version, prefix, suffix)
-                found = CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "",
-                              set_jobs=set_jobs, jobs_now=jobs_now)
-                break
-        if found is not None:
-            break
+    found = _numpys_wheel_openblas()
+    if found is None:  # another build of numpy: ask threadpoolctl what is loaded
+        for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):
+            if lib.internal_api == "openblas" and \
+                    getattr(lib, "threading_layer", "") == "pthreads":
+                found = _from_dynlib(lib.dynlib, lib.version)
+                if found is not None:
+                    break
     _state["cblas"] = found
     return found
