@@ -9,9 +9,8 @@ than they save on a small product. numpy's wheel OpenBLAS is opened where numpy 
 library). The count is put back after the product, so code outside graphkernel sees BLAS as it
 was.
 
-`cblas` hands numpy's OpenBLAS to the compiled entry as C function addresses, with its threads
-callback where it has one (runtime/c_gemm.py PRELUDE: a product's jobs on the library's OpenMP
-threads, set around that product only).
+`cblas` hands numpy's OpenBLAS to the compiled entry as C function addresses
+(runtime/c_gemm.py).
 """
 from __future__ import annotations
 
@@ -98,95 +97,30 @@ def blas_threads(count: int | None) -> Iterator[None]:
             lib.set_num_threads(before)
 
 
-_SET_JOBS = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-@contextlib.contextmanager
-def blas_jobs(callback: int) -> Iterator[None]:
-    """Run the body with numpy's OpenBLAS handing its jobs to `callback` (a library's
-    gk_blas_jobs, runtime/c_gemm.py), the previous callback put back after it; as it is when
-    `callback` is 0 or this OpenBLAS has no threads callback."""
-    found = cblas() if callback else None
-    if found is None or not found.set_jobs:
-        yield
-        return
-    setter = _state.get("set_jobs")
-    if setter is None:
-        setter = _state["set_jobs"] = _SET_JOBS(found.set_jobs)
-    before = ctypes.c_void_p.from_address(found.jobs_now).value
-    setter(callback)
-    try:
-        yield
-    finally:
-        setter(before)
-
-
 def describe() -> list[str]:
     """One line per BLAS library numpy uses: its name, version, threads (for `doctor`)."""
-    lines = [f"{lib.internal_api} {lib.version}: {lib.num_threads} thread(s), {lib.filepath}"
-             for lib in _controllers()]
-    found = cblas()
-    if found is not None:
-        lines.append("compiled entries run its multi-threaded products' jobs on their own "
-                     "OpenMP threads (threads callback)" if found.set_jobs else
-                     "compiled entries run its products on its own threads (no threads "
-                     f"callback before OpenBLAS {'.'.join(map(str, CALLBACK_SINCE))})")
-    return lines
+    return [f"{lib.internal_api} {lib.version}: {lib.num_threads} thread(s), {lib.filepath}"
+            for lib in _controllers()]
 
 
 @dataclass(frozen=True)
 class CBlas:
     """numpy's own OpenBLAS as C function addresses, for the compiled entry's MatMul steps
-    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, its get/set-threads functions, and its
-    threads-callback setter with the variable it sets (0 and 0 when this OpenBLAS has none)."""
+    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, and its get/set-threads functions."""
 
     sgemm: int
     dgemm: int
     get_threads: int
     set_threads: int
     int64: bool  # an ILP64 build (numpy's scipy_openblas64_): BLAS integers are int64_t
-    set_jobs: int = 0  # openblas_set_threads_callback_function
-    jobs_now: int = 0  # &openblas_threads_callback_
 
     @property
-    def addresses(self) -> tuple[int, int, int, int, int, int]:
-        return (self.sgemm, self.dgemm, self.get_threads, self.set_threads, self.set_jobs,
-                self.jobs_now)
-
-
-# The threads callback (OpenBLAS PR 4577) with the six-argument job signature c_gemm.py's
-# gk_blas_jobs implements: from 0.3.27, under this name.
-CALLBACK_SINCE = (0, 3, 27)
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    parts = []
-    for piece in (text or "").split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+    def addresses(self) -> tuple[int, int, int, int]:
+        return self.sgemm, self.dgemm, self.get_threads, self.set_threads
 
 
 def _address(dynlib: Any, name: str) -> int:
     return ctypes.cast(getattr(dynlib, name), ctypes.c_void_p).value or 0
-
-
-def _callback(dynlib: Any, version: str | None, prefix: str, suffix: str) -> tuple[int, int]:
-    """(setter, variable) addresses of OpenBLAS's threads callback, or (0, 0)."""
-    if _version(version) < CALLBACK_SINCE:
-        return 0, 0
-    setter = f"{prefix}openblas_set_threads_callback_function{suffix}"
-    if not hasattr(dynlib, setter):
-        return 0, 0
-    for variable in (f"{prefix}openblas_threads_callback_{suffix}", "openblas_threads_callback_"):
-        try:
-            held = ctypes.c_void_p.in_dll(dynlib, variable)
-        except ValueError:
-            continue
-        return _address(dynlib, setter), ctypes.addressof(held)
-    return 0, 0
 
 
 def _numpys(path: str | None) -> bool:
@@ -201,7 +135,7 @@ def _numpys(path: str | None) -> bool:
 _PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
 
 
-def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
+def _from_dynlib(dynlib: Any) -> CBlas | None:
     """The CBlas of one loaded OpenBLAS, or None when it lacks the functions."""
     # numpy's wheels rename the symbols (scipy_ prefix, 64_ suffix for 64-bit integers)
     for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
@@ -209,9 +143,7 @@ def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
                  f"{prefix}openblas_get_num_threads{suffix}",
                  f"{prefix}openblas_set_num_threads{suffix}"]
         if all(hasattr(dynlib, n) for n in names):
-            set_jobs, jobs_now = _callback(dynlib, version, prefix, suffix)
-            return CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "",
-                         set_jobs=set_jobs, jobs_now=jobs_now)
+            return CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "")
     return None
 
 
@@ -230,14 +162,10 @@ def _numpys_wheel_openblas() -> CBlas | None:
             continue
         for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
             parallel = f"{prefix}openblas_get_parallel{suffix}"
-            config = f"{prefix}openblas_get_config{suffix}"
-            if hasattr(dynlib, parallel) and hasattr(dynlib, config):
+            if hasattr(dynlib, parallel):
                 if getattr(dynlib, parallel)() != _PARALLEL_PTHREADS:
                     return None
-                getattr(dynlib, config).restype = ctypes.c_char_p
-                text = (getattr(dynlib, config)() or b"").decode(errors="replace").split()
-                version = text[1] if len(text) > 1 and text[0] == "OpenBLAS" else None
-                return _from_dynlib(dynlib, version)
+                return _from_dynlib(dynlib)
     return None
 
 
@@ -252,7 +180,7 @@ def cblas() -> CBlas | None:
         for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):
             if lib.internal_api == "openblas" and \
                     getattr(lib, "threading_layer", "") == "pthreads":
-                found = _from_dynlib(lib.dynlib, lib.version)
+                found = _from_dynlib(lib.dynlib)
                 if found is not None:
                     break
     _state["cblas"] = found

@@ -12,7 +12,6 @@ import numpy as np
 from graphkernel.codegen import toolchain
 from graphkernel.codegen.c_argmax import argmax_kernel, emit_argmax_kernel
 from graphkernel.codegen.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.codegen.c_loops import KernelSource
 from graphkernel.codegen.c_text import c_identifier
 from graphkernel.codegen.c_window import emit_window_kernel, window_kernel
 from graphkernel.codegen.generic_kernel import emit_any_kernel
@@ -27,9 +26,7 @@ from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
-from graphkernel.runtime.blas import cblas
 from graphkernel.runtime.c_entry import entry_source
-from graphkernel.runtime.c_gemm import BLAS_JOBS_FUNCTION, BLAS_JOBS_SOURCE, GEMM_OPS
 from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import (
     ExecutionPlan,
@@ -405,17 +402,6 @@ def _copies(slots: tuple[Slot, ...], steps: list[Step], outputs: tuple[int, ...]
     return tuple(copies)
 
 
-def _runs_blas_jobs(plan: ExecutionPlan) -> bool:
-    """Whether the Python runner runs a multi-threaded product of this plan with numpy's
-    OpenBLAS, which has the threads callback: its jobs then run on the library's OpenMP threads
-    (runtime/c_gemm.py BLAS_JOBS)."""
-    if not any(step.kind is StepKind.LIBRARY and step.op in GEMM_OPS and
-               step.blas_threads is None for step in plan.steps):
-        return False
-    found = cblas()
-    return found is not None and found.set_jobs != 0
-
-
 def build_executable(graph: Graph, name: str, cost: CostModel = DEFAULT_COST_MODEL
                      ) -> Executable:
     """Plan `graph`, compile its kernels (one library, cached) and ready the runners."""
@@ -431,9 +417,6 @@ def build_executable(graph: Graph, name: str, cost: CostModel = DEFAULT_COST_MOD
     kernels = [s.kernel for s in plan.steps if s.kernel is not None]
     library = None
     if kernels:
-        entry = entry_source(plan)
-        if entry is None and tc is not None and tc.openmp and _runs_blas_jobs(plan):
-            kernels.append(KernelSource(BLAS_JOBS_FUNCTION, BLAS_JOBS_SOURCE, []))
-        library = build_library(kernels, entry)
+        library = build_library(kernels, entry_source(plan))
         runner.load(library)
     return Executable(plan, runner, library, notes)

@@ -229,12 +229,7 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',
-           '   "set_blas(sgemm, dgemm, get_threads, set_threads, set_jobs, jobs_now): numpy\'s '
-           'BLAS by address"},',
-           '  {"blas_job_calls", gk_blas_job_count, METH_NOARGS,',
-           '   "products whose jobs ran on this library\'s OpenMP threads"},',
-           '  {"blas_jobs", gk_entry_blas_jobs, METH_NOARGS,',
-           '   "the address of the OpenBLAS threads callback the entry sets"},']
+           '   "set_blas(sgemm, dgemm, get_threads, set_threads): numpy\'s BLAS by address"},']
           if blas is not None else []),
         "  {NULL, NULL, 0, NULL}};",
         f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '

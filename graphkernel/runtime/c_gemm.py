@@ -146,135 +146,37 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
                     dtype == np.float64, step.blas_threads == 1)
 
 
-# OpenBLAS's own worker threads spin for ~0.1 s (2^28 cycles) after each multi-threaded
-# product before they sleep: on a 2-core machine that spinning worker halves the speed of the
-# kernel that follows (a 512x4096 GeLU after its GEMM: 1.09 -> 0.63 ms without it). So around
-# each multi-threaded product the entry hands OpenBLAS a threads callback (OpenBLAS >= 0.3.27,
-# `openblas_set_threads_callback_function`) that runs the product's jobs on this library's
-# OpenMP threads, which sleep at once (OMP_WAIT_POLICY=PASSIVE), and puts the previous
-# callback back after the call: numpy outside graphkernel keeps OpenBLAS's own threads.
-BLAS_JOBS = """typedef void (*gk_dojob_t)(int, void *, int);
-typedef void (*gk_jobs_t)(int, gk_dojob_t, int, size_t, void *, int);
-static long long gk_blas_job_calls = 0;  /* products whose jobs ran through gk_blas_jobs */
-
-#ifdef _OPENMP
-#include <omp.h>
-#include <pthread.h>
-/* The jobs of one OpenBLAS call wait on each other (a thread packs a block the others read),
-   so every job needs a thread of its own at once. An OpenMP team gives that outside a parallel
-   region with a fixed team size; otherwise (nested, OMP_DYNAMIC, a thread limit) each job but
-   the first gets a new pthread. */
-typedef struct { gk_dojob_t dojob; int index; void *data; int arg; } gk_job;
-static void *gk_job_thread(void *p) {
-  gk_job *job = (gk_job *)p;
-  job->dojob(job->index, job->data, job->arg);
-  return NULL;
-}
-static void gk_blas_jobs(int sync, gk_dojob_t dojob, int numjobs, size_t size, void *data,
-                         int arg) {
-  (void)sync;  /* OpenBLAS always waits for its jobs: they are done when this returns */
-  ++gk_blas_job_calls;
-  if (numjobs <= 1 || (!omp_in_parallel() && !omp_get_dynamic() &&
-                       numjobs <= omp_get_thread_limit())) {
-    #pragma omp parallel for schedule(static, 1) num_threads(numjobs > 1 ? numjobs : 1)
-    for (int i = 0; i < numjobs; ++i) dojob(i, (char *)data + (size_t)i * size, arg);
-    return;
-  }
-  gk_job jobs[numjobs];
-  pthread_t threads[numjobs];
-  int started[numjobs];
-  for (int i = 0; i < numjobs; ++i) {
-    jobs[i] = (gk_job){dojob, i, (char *)data + (size_t)i * size, arg};
-    started[i] = i > 0 && pthread_create(&threads[i], NULL, gk_job_thread, &jobs[i]) == 0;
-  }
-  for (int i = 0; i < numjobs; ++i) if (!started[i]) gk_job_thread(&jobs[i]);
-  for (int i = 1; i < numjobs; ++i) if (started[i]) pthread_join(threads[i], NULL);
-}
-#endif
-"""
-
-# For a plan the Python runner runs (runtime/runner.py): the callback as a library function
-# whose address the runner reads once, and sets around its multi-threaded products.
-BLAS_JOBS_FUNCTION = "gk_blas_jobs_address"
-BLAS_JOBS_SOURCE = BLAS_JOBS + """
-/* gk_blas_jobs_address(out): out[0] <- the callback (NULL without OpenMP), out[1] <- its call
-   counter */
-void gk_blas_jobs_address(void *const *args) {
-  void **out = (void **)args;
-#ifdef _OPENMP
-  out[0] = (void *)gk_blas_jobs;
-#else
-  out[0] = NULL;
-#endif
-  out[1] = (void *)&gk_blas_job_calls;
-}
-"""
-
 # The entry's BLAS: function pointers set once the module is loaded (`set_blas`). BLASINT is
 # the library's integer (int64_t for numpy's ILP64 OpenBLAS).
 PRELUDE = """typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
   const float *, BLASINT, const float *, BLASINT, float, float *, BLASINT);
 typedef void (*gk_dgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, double,
   const double *, BLASINT, const double *, BLASINT, double, double *, BLASINT);
-""" + BLAS_JOBS + """static gk_sgemm_t gk_sgemm = NULL;
+static gk_sgemm_t gk_sgemm = NULL;
 static gk_dgemm_t gk_dgemm = NULL;
 static int (*gk_blas_get_threads)(void) = NULL;
 static void (*gk_blas_set_threads)(int) = NULL;
-static void (*gk_blas_set_jobs)(gk_jobs_t) = NULL;  /* NULL: OpenBLAS without the callback */
-static gk_jobs_t *gk_blas_jobs_now = NULL;  /* OpenBLAS's variable holding the callback */
 
-#ifdef _OPENMP
-#define GK_JOBS_BEGIN gk_jobs_t gk_jobs_before = NULL; \\
-  if (gk_blas_set_jobs != NULL) { \\
-    gk_jobs_before = *gk_blas_jobs_now; gk_blas_set_jobs(gk_blas_jobs); }
-#define GK_JOBS_END if (gk_blas_set_jobs != NULL) gk_blas_set_jobs(gk_jobs_before);
-#else
-#define GK_JOBS_BEGIN
-#define GK_JOBS_END
-#endif
-
-/* set_blas(sgemm, dgemm, get_threads, set_threads, set_jobs, jobs_now): numpy's OpenBLAS
-   functions by address (runtime/blas.py `cblas`); the last two are 0 for an OpenBLAS without
-   the threads callback. Until then `run` returns NotImplemented. */
+/* set_blas(sgemm, dgemm, get_threads, set_threads): numpy's OpenBLAS functions by address
+   (runtime/blas.py `cblas`); until then `run` returns NotImplemented. */
 static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 6) {
-    PyErr_SetString(PyExc_TypeError, "set_blas takes six function addresses");
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "set_blas takes four function addresses");
     return NULL;
   }
-  void *p[6];
-  for (int i = 0; i < 6; ++i) {
+  void *p[4];
+  for (int i = 0; i < 4; ++i) {
     p[i] = PyLong_AsVoidPtr(args[i]);
-    if (p[i] == NULL && PyErr_Occurred()) return NULL;
-    if (p[i] == NULL && i < 4) {
-      PyErr_SetString(PyExc_ValueError, "set_blas: a NULL address");
+    if (p[i] == NULL) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "set_blas: a NULL address");
       return NULL;
     }
-  }
-  if ((p[4] == NULL) != (p[5] == NULL)) {
-    PyErr_SetString(PyExc_ValueError, "set_blas: the callback setter and variable go together");
-    return NULL;
   }
   gk_sgemm = (gk_sgemm_t)p[0];
   gk_dgemm = (gk_dgemm_t)p[1];
   gk_blas_get_threads = (int (*)(void))p[2];
   gk_blas_set_threads = (void (*)(int))p[3];
-  gk_blas_set_jobs = (void (*)(gk_jobs_t))p[4];
-  gk_blas_jobs_now = (gk_jobs_t *)p[5];
   Py_RETURN_NONE;
-}
-
-/* blas_job_calls(): how many products ran their jobs on this library's threads */
-static PyObject *gk_blas_job_count(PyObject *self, PyObject *unused) {
-  return PyLong_FromLongLong(gk_blas_job_calls);
-}
-
-/* blas_jobs(): the callback's address (0 without OpenMP), for the Python runner's products */
-static PyObject *gk_entry_blas_jobs(PyObject *self, PyObject *unused) {
-#ifdef _OPENMP
-  return PyLong_FromVoidPtr((void *)gk_blas_jobs);
-#else
-  return PyLong_FromLong(0);
-#endif
 }
 """
 
@@ -319,8 +221,6 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
         lines += [f"      {gemm}", "    }"]
     else:
         indent = "    "
-        if not call.one_thread:  # BLAS's jobs on the library's OpenMP threads (PRELUDE)
-            lines.append(indent + "GK_JOBS_BEGIN")
         for axis, size in enumerate(call.batch):
             lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {size}; "
                          f"++gk_i{axis}) {{")
@@ -329,8 +229,6 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
         for _ in call.batch:
             indent = indent[:-2]
             lines.append(f"{indent}}}")
-        if not call.one_thread:
-            lines.append(indent + "GK_JOBS_END")
     if call.one_thread:
         lines.append("    if (gk_threads != 1) gk_blas_set_threads(gk_threads);")
     lines.append("  }")

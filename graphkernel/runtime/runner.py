@@ -23,9 +23,8 @@ from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import concrete, is_static
-from graphkernel.runtime.blas import blas_jobs, blas_threads, cblas, find_in_background
+from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
 from graphkernel.runtime.c_entry import entry_arguments
-from graphkernel.runtime.c_gemm import BLAS_JOBS_FUNCTION
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
 from graphkernel.runtime.reference import run_reference_graph
@@ -51,10 +50,6 @@ class Runner:
         self._functions: dict[str, Any] = {}
         self.step_fns: list[StepFn] = []
         self.prefaulting: threading.Thread | None = None
-        # The address of the library's gk_blas_jobs (runtime/c_gemm.py) where the plan's
-        # multi-threaded products run here, and its count of products that used it.
-        self.blas_jobs = 0
-        self.blas_job_calls: ctypes.c_longlong | None = None
         self._prefault_lock = threading.Lock()
         if not any(step.kind is StepKind.KERNEL for step in plan.steps):
             self._bind()  # no library to wait for
@@ -66,20 +61,12 @@ class Runner:
 
     def load(self, library: BuiltLibrary) -> None:
         self._functions = library.functions
-        jobs = library.functions.get(BLAS_JOBS_FUNCTION)
-        if jobs is not None:  # the library's OpenBLAS callback, for the multi-threaded products
-            out = (ctypes.c_void_p * 2)()
-            jobs(ctypes.addressof(out))
-            self.blas_jobs = out[0] or 0
-            self.blas_job_calls = ctypes.c_longlong.from_address(out[1])
         self.entry = library.entry
         self.entry_module = library.entry_module
         if hasattr(self.entry_module, "set_blas"):  # its MatMul steps call numpy's BLAS
             blas = cblas()
             assert blas is not None  # the entry calls BLAS only where it was found
             self.entry_module.set_blas(*blas.addresses)
-            if blas.set_jobs:  # the step-by-step path (a profile, a fallback) uses it too
-                self.blas_jobs = self.entry_module.blas_jobs()
         if self.entry is not None:
             self.entry_constants = tuple(
                 np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d
@@ -252,7 +239,6 @@ class Runner:
         read_views = dict(step.attrs.get("read_views", {}))
         write_view = step.attrs.get("write_view")
         threads = step.blas_threads
-        runner = self
 
         def operand(slots: list[Any], k: int) -> np.ndarray:
             x = slots[reads[k]]
@@ -265,9 +251,7 @@ class Runner:
             (out,) = take()
             result = out if write_view is None else _strided(out, 0, *write_view)
             # NaN/Inf in, NaN/Inf out, as in kernels
-            # a multi-threaded product: its jobs on the library's OpenMP threads
-            jobs = runner.blas_jobs if threads is None else 0
-            with np.errstate(all="ignore"), blas_threads(threads), blas_jobs(jobs):
+            with np.errstate(all="ignore"), blas_threads(threads):
                 matmul_into(a, b, out=result)
             slots[target] = out
         return matmul
