@@ -1,5 +1,8 @@
 """The measurement: check every system against float64 numpy, warm up, then time all systems
 round by round in one process (order rotated each round), with a same-size copy in every round.
+Each sample follows one untimed call of the same system (on another input set): a sample then
+measures a system after itself, as its users run it, not after another framework whose thread
+pool may still be spinning on the cores (OpenBLAS's workers spin ~0.1 s after a product).
 """
 from __future__ import annotations
 
@@ -192,7 +195,7 @@ def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
     for name, runner in entries:
         try:
             ks[name], per_call = _calibrate(runner, cfg.warmup_s, cfg.min_sample_s)
-            round_s += ks[name] * per_call
+            round_s += (ks[name] + 1) * per_call  # the sample and its settling call
         except Exception as exc:
             failed[name] = _error_text(exc)
     live = [(n, r) for n, r in entries if n not in failed]
@@ -209,6 +212,7 @@ def run_workload(w: Workload, systems: list[System], cfg: Config, l3: int,
                 continue
             k = ks[name]
             try:
+                runner.time(1, r * k + k)  # settle: the system after itself (module doc)
                 samples[name].append(runner.time(k, r * k) / k)
             except Exception as exc:
                 failed[name] = _error_text(exc)

@@ -307,6 +307,8 @@ def _notes(results: dict[str, Any], labels: dict[str, str]) -> list[str]:
         out.append(f"- {w['key']} is bound by its matrix products ({w['matmul_flops'] / 1e9:.2f}"
                    f" GFLOP per call), not by memory: its fraction of copy bandwidth means "
                    f"little. GFLOP/s: " + ", ".join(rates) + ".")
+    out.append("- Each sample follows one untimed call of the same system (on another input "
+               "set), so no system is timed right after another framework's threads ran.")
     out.append("- Input sets rotated per call (so inputs are not found in the 'last-level "
                "cache'): " + ", ".join(f"{w['key']} {w['input_sets']}"
                                        for w in results["workloads"])
