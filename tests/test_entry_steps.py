@@ -239,3 +239,37 @@ def test_numpys_wheel_openblas_is_found_without_scanning_every_library(monkeypat
     monkeypatch.setattr(blas, "_numpys_wheel_openblas", lambda: None)
     monkeypatch.setattr(blas, "_state", {})
     assert blas.cblas() == fast  # threadpoolctl's scan finds the same functions
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_sized_products_run_as_one_batch_gemm(dtype, rng):
+    """Products above OpenBLAS's small-matrix size (100^3 multiply-adds) go to its batch GEMM,
+    which runs them on its threads at once; the scores (B transposed) and the context product
+    written through the head merge's view, as numpy computes them."""
+    from graphkernel.runtime.blas import cblas
+    found = cblas()
+    if found is None or not found.sgemm_batch:
+        pytest.skip("needs an OpenBLAS whose batch GEMM graphkernel calls (BATCH_VERSIONS)")
+    q, k, v = (rng.standard_normal((2, 4, 128, 64)).astype(dtype) for _ in range(3))
+
+    def attention(q, k, v):
+        scores = P.Softmax()(P.BatchMatMul(transpose_b=True)(q, k))
+        return relu(P.Reshape()(P.Transpose()(P.BatchMatMul()(scores, v), (0, 2, 1, 3)),
+                                (2, 128, 256)))
+
+    def want(q, k, v):
+        s = q @ np.swapaxes(k, -1, -2)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        ctx = (e / e.sum(-1, keepdims=True)) @ v
+        return np.maximum(ctx.transpose(0, 2, 1, 3).reshape(2, 128, 256), 0)
+
+    exe = graphkernel.compile(Fn(attention), q, k, v, options=ON)
+    products = [s for s in exe.plan.steps if s.op == "BatchMatMul"]
+    assert len(products) == 2 and all(gemm_call(exe.plan, s).one_thread for s in products)
+    source = exe.executable.library.source
+    name = "gk_dgemm_batch(" if dtype == np.float64 else "gk_sgemm_batch("
+    assert source.count(name) == 2 and exe.executable.runner.entry is not None
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    by_entry, by_steps = run_both(exe, q, k, v)
+    for got in (by_entry[0], by_steps[0]):
+        np.testing.assert_allclose(got, want(q, k, v), rtol=tol, atol=tol)

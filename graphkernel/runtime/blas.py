@@ -106,17 +106,21 @@ def describe() -> list[str]:
 @dataclass(frozen=True)
 class CBlas:
     """numpy's own OpenBLAS as C function addresses, for the compiled entry's MatMul steps
-    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, and its get/set-threads functions."""
+    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, its get/set-threads functions, and its
+    batch GEMMs where it has them."""
 
     sgemm: int
     dgemm: int
     get_threads: int
     set_threads: int
     int64: bool  # an ILP64 build (numpy's scipy_openblas64_): BLAS integers are int64_t
+    sgemm_batch: int = 0  # cblas_sgemm_batch (BATCH_VERSIONS), 0 without
+    dgemm_batch: int = 0
 
     @property
-    def addresses(self) -> tuple[int, int, int, int]:
-        return self.sgemm, self.dgemm, self.get_threads, self.set_threads
+    def addresses(self) -> tuple[int, int, int, int, int, int]:
+        return (self.sgemm, self.dgemm, self.get_threads, self.set_threads, self.sgemm_batch,
+                self.dgemm_batch)
 
 
 def _address(dynlib: Any, name: str) -> int:
@@ -135,7 +139,22 @@ def _numpys(path: str | None) -> bool:
 _PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
 
 
-def _from_dynlib(dynlib: Any) -> CBlas | None:
+# OpenBLAS versions whose cblas_?gemm_batch the entry calls (runtime/c_gemm.py BATCH_MIN_MNK
+# depends on where the batch sends small products: checked on these).
+BATCH_VERSIONS = ((0, 3, 31),)
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (text or "").split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
     """The CBlas of one loaded OpenBLAS, or None when it lacks the functions."""
     # numpy's wheels rename the symbols (scipy_ prefix, 64_ suffix for 64-bit integers)
     for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
@@ -143,7 +162,12 @@ def _from_dynlib(dynlib: Any) -> CBlas | None:
                  f"{prefix}openblas_get_num_threads{suffix}",
                  f"{prefix}openblas_set_num_threads{suffix}"]
         if all(hasattr(dynlib, n) for n in names):
-            return CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "")
+            checked = _version(version) in BATCH_VERSIONS
+            batch = [_address(dynlib, n) if checked and hasattr(dynlib, n) else 0
+                     for n in (f"{prefix}cblas_sgemm_batch{suffix}",
+                               f"{prefix}cblas_dgemm_batch{suffix}")]
+            return CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "",
+                         sgemm_batch=batch[0], dgemm_batch=batch[1])
     return None
 
 
@@ -162,10 +186,14 @@ def _numpys_wheel_openblas() -> CBlas | None:
             continue
         for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
             parallel = f"{prefix}openblas_get_parallel{suffix}"
-            if hasattr(dynlib, parallel):
+            config = f"{prefix}openblas_get_config{suffix}"
+            if hasattr(dynlib, parallel) and hasattr(dynlib, config):
                 if getattr(dynlib, parallel)() != _PARALLEL_PTHREADS:
                     return None
-                return _from_dynlib(dynlib)
+                getattr(dynlib, config).restype = ctypes.c_char_p
+                words = (getattr(dynlib, config)() or b"").decode(errors="replace").split()
+                version = words[1] if len(words) > 1 and words[0] == "OpenBLAS" else None
+                return _from_dynlib(dynlib, version)
     return None
 
 
@@ -180,7 +208,7 @@ def cblas() -> CBlas | None:
         for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):
             if lib.internal_api == "openblas" and \
                     getattr(lib, "threading_layer", "") == "pthreads":
-                found = _from_dynlib(lib.dynlib)
+                found = _from_dynlib(lib.dynlib, lib.version)
                 if found is not None:
                     break
     _state["cblas"] = found

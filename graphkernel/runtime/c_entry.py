@@ -190,7 +190,9 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
             lines.append(f"  if (v[{local[s]}] == NULL) goto fail;")
         call = calls.get(i)
         if isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
-            lines += emit_gemm(call, {s: data(s) for s in step.reads + step.writes})
+            batch_api = blas is not None and bool(blas.dgemm_batch if call.double
+                                                  else blas.sgemm_batch)
+            lines += emit_gemm(call, {s: data(s) for s in step.reads + step.writes}, batch_api)
         elif isinstance(call, GatherCall):
             lines += emit_gather(call, {s: data(s) for s in step.reads + step.writes})
         else:
@@ -229,7 +231,8 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',
-           '   "set_blas(sgemm, dgemm, get_threads, set_threads): numpy\'s BLAS by address"},']
+           '   "set_blas(sgemm, dgemm, get_threads, set_threads, sgemm_batch, dgemm_batch): '
+           'numpy\'s BLAS by address"},']
           if blas is not None else []),
         "  {NULL, NULL, 0, NULL}};",
         f'static struct PyModuleDef gk_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, '

@@ -26,6 +26,11 @@ GEMM_OPS = ("MatMul", "BatchMatMul")
 # Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
 # split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
 PARALLEL_BATCH_MIN_MNK = 1 << 22
+# OpenBLAS's batch GEMM sends products of at most 100^3 multiply-adds to its small-matrix
+# kernels through a table that holds offsets, not addresses, in DYNAMIC_ARCH builds (numpy's
+# wheels): those calls crash (0.3.31: 32 of 64x64x40 segfault). Larger products take its
+# ordinary kernels; smaller batches keep the OpenMP split below.
+BATCH_MIN_MNK = 100 ** 3 + 1
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # the CBLAS enum values
 
 
@@ -148,27 +153,40 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
 
 # The entry's BLAS: function pointers set once the module is loaded (`set_blas`). BLASINT is
 # the library's integer (int64_t for numpy's ILP64 OpenBLAS).
-PRELUDE = """typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
+PRELUDE = """typedef BLASINT gk_blasint;
+typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
   const float *, BLASINT, const float *, BLASINT, float, float *, BLASINT);
 typedef void (*gk_dgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, double,
   const double *, BLASINT, const double *, BLASINT, double, double *, BLASINT);
+typedef void (*gk_sgemm_batch_t)(int, const int *, const int *, const BLASINT *,
+  const BLASINT *, const BLASINT *, const float *, const float **, const BLASINT *,
+  const float **, const BLASINT *, const float *, float **, const BLASINT *, BLASINT,
+  const BLASINT *);
+typedef void (*gk_dgemm_batch_t)(int, const int *, const int *, const BLASINT *,
+  const BLASINT *, const BLASINT *, const double *, const double **, const BLASINT *,
+  const double **, const BLASINT *, const double *, double **, const BLASINT *, BLASINT,
+  const BLASINT *);
 static gk_sgemm_t gk_sgemm = NULL;
 static gk_dgemm_t gk_dgemm = NULL;
 static int (*gk_blas_get_threads)(void) = NULL;
 static void (*gk_blas_set_threads)(int) = NULL;
+static gk_sgemm_batch_t gk_sgemm_batch = NULL;
+static gk_dgemm_batch_t gk_dgemm_batch = NULL;
 
-/* set_blas(sgemm, dgemm, get_threads, set_threads): numpy's OpenBLAS functions by address
-   (runtime/blas.py `cblas`); until then `run` returns NotImplemented. */
+/* set_blas(sgemm, dgemm, get_threads, set_threads, sgemm_batch, dgemm_batch): numpy's
+   OpenBLAS functions by address (runtime/blas.py `cblas`; the batch functions 0 where it has
+   none, and then no product calls them); until then `run` returns NotImplemented. */
 static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "set_blas takes four function addresses");
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "set_blas takes six function addresses");
     return NULL;
   }
-  void *p[4];
-  for (int i = 0; i < 4; ++i) {
+  void *p[6];
+  for (int i = 0; i < 6; ++i) {
     p[i] = PyLong_AsVoidPtr(args[i]);
-    if (p[i] == NULL) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "set_blas: a NULL address");
+    if (p[i] == NULL && PyErr_Occurred()) return NULL;
+    if (p[i] == NULL && i < 4) {
+      PyErr_SetString(PyExc_ValueError, "set_blas: a NULL address");
       return NULL;
     }
   }
@@ -176,6 +194,8 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
   gk_dgemm = (gk_dgemm_t)p[1];
   gk_blas_get_threads = (int (*)(void))p[2];
   gk_blas_set_threads = (void (*)(int))p[3];
+  gk_sgemm_batch = (gk_sgemm_batch_t)p[4];
+  gk_dgemm_batch = (gk_dgemm_batch_t)p[5];
   Py_RETURN_NONE;
 }
 """
@@ -185,18 +205,31 @@ def prelude(int64: bool) -> list[str]:
     return PRELUDE.replace("BLASINT", "int64_t" if int64 else "int").split("\n")
 
 
-def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
+def _batch_indices(call: GemmCall, indent: str) -> list[str]:
+    """C lines turning the flat batch index gk_b into one index per batch axis."""
+    lines = [f"{indent}int64_t gk_r = gk_b;"]
+    for axis in reversed(range(len(call.batch))):
+        size = call.batch[axis]
+        rest = f"gk_r % {size}; gk_r /= {size};" if axis else "gk_r;"
+        lines.append(f"{indent}const int64_t gk_i{axis} = {rest}")
+    return lines
+
+
+def parallel_batch(call: GemmCall) -> bool:
+    """Many small products (attention's heads) worth running on several threads at once."""
+    return bool(call.batch) and call.one_thread and \
+        math.prod(call.batch) * call.m * call.n * call.k >= PARALLEL_BATCH_MIN_MNK
+
+
+def emit_gemm(call: GemmCall, data: dict[int, str], batch_api: bool = False) -> list[str]:
     """The C lines of one product inside the entry's `gk_run`; `data` gives each slot's
-    pointer expression."""
+    pointer expression; `batch_api`: BLAS has cblas_?gemm_batch (set_blas)."""
     ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
     lines = ["  {"]
     for name, mat, const in (("A", call.a, "const "), ("B", call.b, "const "),
                              ("C", call.c, "")):
         lines.append(f"    {const}{ctype} *gk_{name} = ({const}{ctype} *){data[mat.slot]} + "
                      f"{mat.offset};")
-    if call.one_thread:  # a small product: BLAS on one thread, put back after it
-        lines += ["    int gk_threads = gk_blas_get_threads();",
-                  "    if (gk_threads != 1) gk_blas_set_threads(1);"]
     offsets = {"A": [], "B": [], "C": []}  # type: dict[str, list[str]]
     for axis in range(len(call.batch)):
         for name, mat in (("A", call.a), ("B", call.b), ("C", call.c)):
@@ -204,21 +237,44 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
                 offsets[name].append(f" + gk_i{axis} * {mat.batch_strides[axis]}")
     a, b, c = ("gk_" + name + "".join(offsets[name]) for name in "ABC")
     trans = {False: _NO_TRANS, True: _TRANS}
+    total = math.prod(call.batch)
+    if parallel_batch(call) and batch_api and call.m * call.n * call.k >= BATCH_MIN_MNK:
+        # Small products, many of them (attention's heads): one call of BLAS's batch GEMM,
+        # which runs whole products on its threads at once. The same products as one-thread
+        # calls split over OpenMP's threads ran no faster than one after the other (OpenBLAS
+        # ran them in turn: 32 of 128x128x64 took 560 us split, 596 us in turn, 320 us as a
+        # batch, bit-identical).
+        lines += [f"    {ctype} **gk_ptrs = malloc(sizeof({ctype} *) * 3 * {total});",
+                  "    if (gk_ptrs == NULL) { PyErr_NoMemory(); goto fail; }",
+                  f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
+                  *_batch_indices(call, "      "),
+                  f"      gk_ptrs[gk_b] = ({ctype} *)({a});",
+                  f"      gk_ptrs[{total} + gk_b] = ({ctype} *)({b});",
+                  f"      gk_ptrs[{2 * total} + gk_b] = {c};",
+                  "    }",
+                  f"    const int gk_ta = {trans[call.a.trans]}, gk_tb = {trans[call.b.trans]};",
+                  f"    const gk_blasint gk_m = {call.m}, gk_n = {call.n}, gk_k = {call.k};",
+                  f"    const gk_blasint gk_lda = {call.a.ld}, gk_ldb = {call.b.ld}, "
+                  f"gk_ldc = {call.c.ld}, gk_size = {total};",
+                  f"    const {ctype} gk_one = 1, gk_zero = 0;",
+                  f"    {fn}_batch({_ROW_MAJOR}, &gk_ta, &gk_tb, &gk_m, &gk_n, &gk_k, &gk_one, "
+                  f"(const {ctype} **)gk_ptrs, &gk_lda, (const {ctype} **)gk_ptrs + {total}, "
+                  f"&gk_ldb, &gk_zero, gk_ptrs + {2 * total}, &gk_ldc, 1, &gk_size);",
+                  "    free(gk_ptrs);",
+                  "  }"]
+        return lines
+    if call.one_thread:  # a small product: BLAS on one thread, put back after it
+        lines += ["    int gk_threads = gk_blas_get_threads();",
+                  "    if (gk_threads != 1) gk_blas_set_threads(1);"]
     gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {call.m}, "
             f"{call.n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
-    total = math.prod(call.batch)
-    if call.batch and call.one_thread and total * call.m * call.n * call.k >= \
-            PARALLEL_BATCH_MIN_MNK:
-        # Small products, many of them (attention's heads): one BLAS thread each, the batch
-        # split over OpenMP's threads (BLAS on one thread runs on its caller).
+    if parallel_batch(call):
+        # Without a batch GEMM: one BLAS thread each, the batch split over OpenMP's threads
+        # (BLAS on one thread runs on its caller).
         lines += ["    #pragma omp parallel for schedule(static)",
                   f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
-                  "      int64_t gk_r = gk_b;"]
-        for axis in reversed(range(len(call.batch))):
-            size = call.batch[axis]
-            rest = f"gk_r % {size}; gk_r /= {size};" if axis else "gk_r;"
-            lines.append(f"      const int64_t gk_i{axis} = {rest}")
-        lines += [f"      {gemm}", "    }"]
+                  *_batch_indices(call, "      "),
+                  f"      {gemm}", "    }"]
     else:
         indent = "    "
         for axis, size in enumerate(call.batch):
