@@ -273,3 +273,41 @@ def test_attention_sized_products_run_as_one_batch_gemm(dtype, rng):
     by_entry, by_steps = run_both(exe, q, k, v)
     for got in (by_entry[0], by_steps[0]):
         np.testing.assert_allclose(got, want(q, k, v), rtol=tol, atol=tol)
+
+
+def test_reshapes_of_an_input_and_of_the_result_run_in_the_entry(rng):
+    """An input flattened for a Dense and the result given its shape back (an encoder's first
+    and last Reshape) are views the entry makes; the result is returned without a copy."""
+    x = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+
+    def net(x, w):
+        flat = P.Reshape()(x, (24, 8))
+        return P.Reshape()(relu(P.MatMul()(flat, w)), (4, 6, 8))
+
+    for options in (ON, OFF):
+        exe = graphkernel.compile(Fn(net), x, w, options=options)
+        assert exe.executable.runner.entry is not None, exe.plan.describe()
+        assert exe.plan.copy_out == (False,)
+        by_entry, by_steps = run_both(exe, x, w)
+        for got in (by_entry[0], by_steps[0]):
+            assert got.shape == (4, 6, 8)
+            np.testing.assert_allclose(got, np.maximum(x.reshape(24, 8) @ w, 0).reshape(4, 6, 8),
+                                       rtol=1e-5, atol=1e-5)
+        first = exe(Tensor(x), Tensor(w)).asnumpy()
+        second = exe(Tensor(x * 2), Tensor(w)).asnumpy()  # the first result's memory is kept
+        assert not np.shares_memory(first, second)
+        np.testing.assert_allclose(first * 2, second, rtol=1e-5, atol=1e-5)
+
+
+def test_views_of_inputs_or_of_other_results_are_still_copied(rng):
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    exe = graphkernel.compile(Fn(lambda t: (P.Reshape()(t, (24,)), relu(t))), x, options=ON)
+    assert exe.plan.copy_out[0]  # a view of the caller's own input
+    flat, _ = exe.run_arrays(x)
+    assert not np.shares_memory(flat, x)
+    both = graphkernel.compile(Fn(lambda t: (relu(t), P.Reshape()(relu(t), (24,)))), x,
+                               options=ON)
+    first, second = both.run_arrays(x)
+    assert not np.shares_memory(first, second)  # one value returned twice, as two arrays
+    np.testing.assert_array_equal(first.reshape(-1), second)

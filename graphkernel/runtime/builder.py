@@ -392,13 +392,32 @@ def _meets_reduction(sub: Graph, value: Value) -> bool:
 def _copies(slots: tuple[Slot, ...], steps: list[Step], outputs: tuple[int, ...]
             ) -> tuple[bool, ...]:
     """Which results are copied before they are returned: one that is an input, a weight or a
-    constant, one returned twice, or one that may be a view of another value."""
+    constant, one returned twice, or one that may be a view of another value, unless that value
+    is this call's own pooled result that nothing else returns (a network's last Reshape): a
+    pooled array is taken again only when the pool holds its only reference, so the caller's
+    view keeps its memory."""
     writer = {s: step for step in steps for s in step.writes}
+
+    def root(s: int) -> int | None:
+        """The value a chain of views starts from (None: a view of several values)."""
+        while (step := writer.get(s)) is not None and step.aliases:
+            if len(step.reads) != 1:
+                return None
+            s = step.reads[0]
+        return s
+
+    roots = [root(s) for s in outputs]
     copies = []
     for i, s in enumerate(outputs):
         step = writer.get(s)
-        copies.append(slots[s].role is not SlotRole.VALUE or s in outputs[:i] or
-                      step is None or step.aliases)
+        if slots[s].role is not SlotRole.VALUE or s in outputs[:i] or step is None:
+            copies.append(True)
+            continue
+        r, source = roots[i], writer.get(roots[i]) if roots[i] is not None else None
+        own = (r is not None and source is not None and source.pooled and
+               slots[r].role is SlotRole.VALUE and r not in outputs and roots.count(r) == 1 and
+               all(v != r for v, _ in source.in_place))
+        copies.append(step.aliases and not own)
     return tuple(copies)
 
 

@@ -16,6 +16,7 @@ takes the same buffer.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.blas import CBlas, cblas
 from graphkernel.runtime.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.runtime.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
-from graphkernel.runtime.plan import ExecutionPlan, SlotRole, StepKind
+from graphkernel.runtime.plan import ExecutionPlan, SlotRole, Step, StepKind
 
 POOL_DEPTH = 2
 
@@ -37,7 +38,7 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
         return None
     if not kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY, StepKind.VIEW}:
         return None
-    calls = {i: gemm_call(plan, step) or gather_call(plan, step)
+    calls = {i: gemm_call(plan, step) or gather_call(plan, step) or reshape_view(plan, step)
              for i, step in enumerate(plan.steps)
              if step.kind in (StepKind.LIBRARY, StepKind.VIEW)}
     if any(call is None for call in calls.values()):
@@ -47,6 +48,33 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     if gemms and blas is None:
         return None
     return lambda module: _emit(plan, module, calls, blas)  # type: ignore[arg-type]
+
+
+# Shape ops whose result is the same elements in the same order: a view of a C-contiguous value.
+RESHAPE_OPS = ("Reshape", "ExpandDims", "Squeeze")
+
+
+@dataclass(frozen=True)
+class ReshapeView:
+    """A VIEW step the entry makes itself: a reshaped view of an argument or a result."""
+
+    source: int
+    target: int
+
+
+def reshape_view(plan: ExecutionPlan, step: Step) -> ReshapeView | None:
+    """The entry's view for a reshape (an input flattened for a Dense, a network's last
+    Reshape), or None (another shape op: the Python runner's numpy views). The entry takes
+    C-contiguous arguments and its own results are, so the view shares their memory."""
+    if step.kind is not StepKind.VIEW or step.op not in RESHAPE_OPS or \
+            len(step.reads) != 1 or len(step.writes) != 1:
+        return None
+    (source,), (target,) = step.reads, step.writes
+    if plan.slots[source].type.dtype != plan.slots[target].type.dtype:
+        return None
+    if any(v == source for st in plan.steps for v, _ in st.in_place):
+        return None  # written into a weight's own array: no array of the entry's to reshape
+    return ReshapeView(source, target)
 
 
 def entry_arguments(plan: ExecutionPlan) -> list[int]:
@@ -60,7 +88,8 @@ def entry_arguments(plan: ExecutionPlan) -> list[int]:
     return args
 
 
-def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCall],
+def _emit(plan: ExecutionPlan, module: str,
+          calls: dict[int, GemmCall | GatherCall | ReshapeView],
           blas: CBlas | None) -> str:
     args = entry_arguments(plan)
     nargs = len(args)
@@ -168,6 +197,11 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
             return f"PyArray_DATA((PyArrayObject *)args[{vid[s]}])"
         return f"PyArray_DATA(v[{local[s]}])"
 
+    def array(s: int) -> str:
+        if vid[s] < nargs:
+            return f"(PyArrayObject *)args[{vid[s]}]"
+        return f"v[{local[s]}]"
+
     # A released value is dropped early only when a later step takes its buffer again.
     taken_after: list[set[int]] = []
     later: set[int] = set()
@@ -181,15 +215,22 @@ def _emit(plan: ExecutionPlan, module: str, calls: dict[int, GemmCall | GatherCa
             nbytes = plan.slots[target].type.nbytes
             lines.append(f"  memmove({data(target)}, {data(source)}, {nbytes});")
             continue
+        call = calls.get(i)
         for s in step.writes:
-            if s in into:
+            if s in into or isinstance(call, ReshapeView):
                 continue
             t = plan.slots[s].type
             lines.append(f"  v[{local[s]}] = gk_take({plan.buffer_of[s]}, {len(t.shape)}, "
                          f"gk_dims{vid[s]}, {t.dtype.num});")
             lines.append(f"  if (v[{local[s]}] == NULL) goto fail;")
-        call = calls.get(i)
-        if isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
+        if isinstance(call, ReshapeView):  # the same memory in the result's shape
+            t = plan.slots[call.target].type
+            lines += [f"  {{ PyArray_Dims gk_shape = {{(npy_intp *)gk_dims{vid[call.target]}, "
+                      f"{len(t.shape)}}};",
+                      f"    v[{local[call.target]}] = (PyArrayObject *)PyArray_Newshape("
+                      f"{array(call.source)}, &gk_shape, NPY_CORDER); }}",
+                      f"  if (v[{local[call.target]}] == NULL) goto fail;"]
+        elif isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
             batch_api = blas is not None and bool(blas.dgemm_batch if call.double
                                                   else blas.sgemm_batch)
             lines += emit_gemm(call, {s: data(s) for s in step.reads + step.writes}, batch_api)
