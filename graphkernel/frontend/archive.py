@@ -141,6 +141,16 @@ def _plain_npy(blob: bytes) -> np.ndarray | None:
     return np.frombuffer(data, dtype).reshape(shape).copy()
 
 
+def constant_arrays(entries: dict[str, bytes], manifest: dict[str, Any], path: str
+                    ) -> dict[str, np.ndarray]:
+    """The arrays the manifest's constants name (ir/serialize.py's "constants" list)."""
+    constants = manifest.get("constants")
+    if not isinstance(constants, list):
+        raise FormatError(f"{path}: the manifest has no constants list")
+    return {rec["array"]: array(entries, rec.get("array"), path)
+            for rec in constants if isinstance(rec, dict) and "array" in rec}
+
+
 def array(entries: dict[str, bytes], key: Any, path: str) -> np.ndarray:
     """The array entry `arrays/<key>.npy`, read without pickles, of a supported dtype, C order."""
     name = f"arrays/{key}.npy"

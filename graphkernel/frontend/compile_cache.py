@@ -181,11 +181,7 @@ def _read(path: str, traced: Graph) -> tuple[Entry, int]:
     if manifest.get("format") != KIND or manifest.get("version") != VERSION:
         raise FormatError(f"{path} is not a {KIND} entry of version {VERSION}")
     archive.check_sums(path, entries, manifest, _ENTRY_NAME)
-    constants = manifest.get("constants")
-    if not isinstance(constants, list):
-        raise FormatError(f"{path}: no constants list")
-    arrays = {rec["array"]: archive.array(entries, rec.get("array"), path)
-              for rec in constants if isinstance(rec, dict) and "array" in rec}
+    arrays = archive.constant_arrays(entries, manifest, path)
     try:
         final = data_to_graph(manifest, arrays, check_types=False)
         inputs = manifest["inputs"]

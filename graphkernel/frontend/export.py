@@ -194,11 +194,7 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
         path = str(getattr(file_name, "name", "<export bytes>"))
         entries = archive.read_entries(path, file_name, FORMAT)
     manifest = _manifest(path, entries)
-    constants = manifest.get("constants")
-    if not isinstance(constants, list):
-        raise FormatError(f"{path}: the manifest has no constants list")
-    arrays = {rec["array"]: archive.array(entries, rec.get("array"), path)
-              for rec in constants if isinstance(rec, dict) and "array" in rec}
+    arrays = archive.constant_arrays(entries, manifest, path)
     try:
         graph = data_to_graph(manifest, arrays)
     except FormatError as exc:
