@@ -292,6 +292,15 @@ class _Emitter(ReductionEmitter):
         if threads:
             self.lines.append(f"{indent[:-2]}}}")
 
+    def _compute_outputs(self, outputs: list[Buffer], dims: list[LoopDim], indent: str,
+                         local: str | None = None) -> None:
+        """Compute every output's value at the innermost index and store it: into the output,
+        or into element j of the line or block `local`<index> it is assembled in."""
+        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, indent)
+        for buf in outputs:
+            into = None if local is None else f"{local}{buf.index}[j]"
+            self._store(buf, dims, True, indent, into=into)
+
     def _emit_pointwise_streaming(self, dims: list[LoopDim], kept: list[int],
                                   outputs: list[Buffer]) -> None:
         """A pointwise loop nest whose innermost loop runs in blocks of STREAM_BLOCK: each
@@ -312,9 +321,7 @@ class _Emitter(ReductionEmitter):
         self.lines.append(f"{indent}  for (int64_t j = 0; j < nb; ++j) {{")
         inner = indent + "    "
         self.lines.append(f"{inner}const int64_t i{last} = kb + j;")
-        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, inner)
-        for buf in outputs:
-            self._store(buf, dims, True, inner, into=f"blk{buf.index}[j]")
+        self._compute_outputs(outputs, dims, inner, "blk")
         self.lines.append(f"{indent}  }}")
         self._stream_out(outputs, dims, last, "kb", "blk", "nb", indent + "  ")
         self.lines.append(f"{indent}}}")
@@ -361,9 +368,7 @@ class _Emitter(ReductionEmitter):
         inner = body + "  "
         self.lines.append(f"{inner}const int64_t i{last} = kb + j;")
         computed = dict(self.var)
-        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, inner)
-        for buf in outputs:
-            self._store(buf, dims, True, inner, into=f"ln{buf.index}[j]")
+        self._compute_outputs(outputs, dims, inner, "ln")
         self.lines.append(f"{body}}}")
         self.lines.append(f"{body}{{")
         self.lines.append(f"{body}  const int64_t i{last} = kb;")
@@ -382,9 +387,7 @@ class _Emitter(ReductionEmitter):
         self.lines.append(f"{indent}  #pragma omp simd")
         self.lines.append(f"{indent}  for (int64_t i{last} = lo; i{last} < hi; ++i{last}) {{")
         self.var = computed  # the values are computed again, in this loop
-        self._compute(self._inner_closure([b.value for b in outputs]), dims, True, indent + "    ")
-        for buf in outputs:
-            self._store(buf, dims, True, indent + "    ")
+        self._compute_outputs(outputs, dims, indent + "    ")
         self.lines.append(f"{indent}  }}")
         self.lines.append(f"{indent}}}")
         indent = self._close_loops(len(outer), indent)

@@ -127,13 +127,21 @@ def _address(dynlib: Any, name: str) -> int:
     return ctypes.cast(getattr(dynlib, name), ctypes.c_void_p).value or 0
 
 
+# numpy's wheels rename OpenBLAS's symbols: a scipy_ prefix, a 64_ suffix for 64-bit integers.
+_NAMINGS = tuple(itertools.product(("", "scipy_"), ("", "64_", "_64")))
+
+
+def _numpy_libs() -> str:
+    """The folder numpy's wheel keeps its own libraries in (numpy.libs/, beside numpy/)."""
+    import numpy
+
+    return os.path.dirname(os.path.abspath(numpy.__file__)) + ".libs"
+
+
 def _numpys(path: str | None) -> bool:
     """Whether a loaded library is the one numpy's wheel carries (numpy.libs/): scipy's wheel
     carries an OpenBLAS of its own, which threadpoolctl may list first once scipy is loaded."""
-    import numpy
-
-    folder = os.path.dirname(os.path.abspath(numpy.__file__)) + ".libs"
-    return bool(path) and os.path.abspath(str(path)).startswith(folder + os.sep)
+    return bool(path) and os.path.abspath(str(path)).startswith(_numpy_libs() + os.sep)
 
 
 _PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
@@ -156,8 +164,7 @@ def _version(text: str | None) -> tuple[int, ...]:
 
 def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
     """The CBlas of one loaded OpenBLAS, or None when it lacks the functions."""
-    # numpy's wheels rename the symbols (scipy_ prefix, 64_ suffix for 64-bit integers)
-    for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+    for prefix, suffix in _NAMINGS:
         names = [f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix}",
                  f"{prefix}openblas_get_num_threads{suffix}",
                  f"{prefix}openblas_set_num_threads{suffix}"]
@@ -176,15 +183,12 @@ def _numpys_wheel_openblas() -> CBlas | None:
     anything (RTLD_NOLOAD): no scan of every loaded library (threadpoolctl's takes 6-7 ms,
     which a warm compile would wait for). None when numpy has no such library, or it is not
     on pthreads."""
-    import numpy
-
-    folder = os.path.dirname(os.path.abspath(numpy.__file__)) + ".libs"
-    for path in sorted(glob.glob(os.path.join(folder, "*openblas*.so*"))):
+    for path in sorted(glob.glob(os.path.join(_numpy_libs(), "*openblas*.so*"))):
         try:
             dynlib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
         except OSError:  # not loaded in this process
             continue
-        for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+        for prefix, suffix in _NAMINGS:
             parallel = f"{prefix}openblas_get_parallel{suffix}"
             config = f"{prefix}openblas_get_config{suffix}"
             if hasattr(dynlib, parallel) and hasattr(dynlib, config):

@@ -23,8 +23,9 @@ from graphkernel.ir.types import is_static
 from graphkernel.runtime.plan import ExecutionPlan, Step
 
 GEMM_OPS = ("MatMul", "BatchMatMul")
-# Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
-# split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
+# Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch runs
+# on several threads (BLAS's batch GEMM, or split over OpenMP's): ~0.1 ms of one core's work,
+# well above waking a sleeping thread.
 PARALLEL_BATCH_MIN_MNK = 1 << 22
 # OpenBLAS's batch GEMM sends products of at most 100^3 multiply-adds to its small-matrix
 # kernels through a table that holds offsets, not addresses, in DYNAMIC_ARCH builds (numpy's
