@@ -14,6 +14,7 @@ import graphkernel as gk
 from graphkernel import Parameter, Tensor, nn
 from graphkernel.errors import GraphKernelError, InputError
 from graphkernel.frontend import context
+from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.opset import OPS
 from graphkernel.ops import operations as P
 from graphkernel.ops.operations import _grad_ops as G
@@ -268,6 +269,44 @@ def test_updates_fuse_with_their_gradients() -> None:
         n.startswith("Fused_") and "ApplyMomentum" in n for n in names), names
     final = exe.stages["hwopt_d_end"]
     assert len(final.assigns) == 4  # w, b and their two moments
+
+
+class ReshapedLoss(nn.Cell):
+    """A Dense over flattened rows whose loss reads the output in its first shape (an encoder
+    layer's loss): the seed gradient, one element broadcast, reaches a Reshape."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        super().__init__()
+        self.w = Parameter((rng.normal(size=(33, 33)) * 0.1).astype(np.float32), "w")
+
+    def construct(self, x: Any, target: Any) -> Any:
+        y = P.MatMul()(P.Reshape()(x, (2048, 33)), self.w)
+        return P.ReduceSum()(P.Square()(P.Reshape()(y, (64, 32, 33)) - target)) * 0.25
+
+
+def test_a_fused_training_step_runs_as_one_c_call() -> None:
+    """Fusion on, an Adam step is kernels and BLAS products only: Adam's beta powers (Assign)
+    are the values assigned, no step of their own, and the broadcast seed gradient is a scalar
+    inside the kernel that reads it (it was a view group numpy ran op by op). The compiled entry
+    runs the whole step; three steps match the unfused ones."""
+    rng = np.random.default_rng(8)
+    x, t = (rng.normal(size=(64, 32, 33)).astype(np.float32) for _ in range(2))
+    runs = []
+    for enable in (True, False):
+        net = ReshapedLoss(np.random.default_rng(3))
+        step = nn.TrainOneStepCell(net, nn.Adam(net.trainable_params(), 0.01))
+        exe = gk.compile(step, Tensor(x), Tensor(t),
+                         options=CompileOptions(enable_graph_kernel=enable))
+        if enable:
+            plan = exe.plan
+            assert not [s.name for s in plan.steps if s.op == "Assign" or
+                        s.kind.name == "INTERPRETED"], plan.describe()
+            assert exe.executable.runner.entry is not None, plan.describe()
+        losses = [float(exe(Tensor(x * (1 + i)), Tensor(t)).asnumpy()) for i in range(3)]
+        runs.append((losses, net.w.asnumpy().copy()))
+    (fused_losses, fused_w), (losses, w) = runs
+    np.testing.assert_allclose(fused_losses, losses, rtol=1e-5)
+    np.testing.assert_allclose(fused_w, w, rtol=1e-4, atol=1e-6)
 
 
 # -- MindSpore's _grad_ops called directly -----------------------------------------------------

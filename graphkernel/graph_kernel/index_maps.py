@@ -212,6 +212,10 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
         if isinstance(operand, Constant) and operand.is_scalar:
             new_inputs.append(operand)
             continue
+        element = _broadcast_element(operand)
+        if element is not None:  # a view of one element broadcast is that element, inlined
+            new_inputs.append(Constant(element.value.reshape(()), element.name))
+            continue
         value = operand
         if tuple(operand.shape) != tuple(src.shape):
             value = Node("BroadcastTo", [operand], {"shape": tuple(src.shape)},
@@ -227,6 +231,15 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
     graph.nodes[at:at + 1] = added
     graph.nodes[graph.nodes.index(view)] = compute
     graph.replace_uses(view, compute)
+
+
+def _broadcast_element(value: Value) -> Constant | None:
+    """The one-element constant `value` is (or broadcasts: a loss's seed gradient), or None.
+    Any layout op of it is the same element everywhere, so a sunk view need not read it
+    through a map (a reshape of the broadcast does not fit the kernel's iteration space)."""
+    if isinstance(value, Node) and value.subgraph is None and value.op == "BroadcastTo":
+        value = value.inputs[0]
+    return value if isinstance(value, Constant) and value.tensor_type.size == 1 else None
 
 
 def _unary(value: Value) -> bool:

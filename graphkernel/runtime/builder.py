@@ -179,6 +179,11 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
             continue
         if node.uid in folded:  # read or written by a library call through a strided view
             continue
+        if node.op == "Assign" and node.subgraph is None and \
+                node.inputs[1].tensor_type == node.tensor_type:
+            # Its result is its value; the write itself is the ASSIGN of Graph.assigns below.
+            b.slot_of[node.uid] = b.read(node.inputs[1])
+            continue
         block = blocks.get(node.uid)
         if block is not None:  # a convolution, its fused epilogue (and pool): one kernel
             reads = tuple(b.read(v) for v in block.reads)
