@@ -234,6 +234,43 @@ def test_a_compiler_that_breaks_after_probing_is_a_toolchain_error(
 
 
 @needs_cc
+@pytest.mark.parametrize("fails, want", [
+    ((), {}),
+    (("-fopenmp",), {"openmp": False, "openmp_lib": ""}),
+    (("-lomp",), {"openmp_lib": ""}),
+    (("-lmvec",), {"libmvec": False}),
+    (("Python.h",), {"python_includes": ()}),
+    (("fp16 plain",), {"no_avx512fp16": True}),
+    (("fp16 plain", "-mno-avx512fp16"), {"no_avx512fp16": False}),
+])
+def test_each_trial_compile_decides_its_own_toolchain_field(
+        fails: tuple[str, ...], want: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial compiles run at once (toolchain._probe); each answer lands in its own field
+    whatever order they finish in."""
+    import random
+    import time as clock
+    compiler = toolchain.find_compiler()
+    assert compiler is not None
+    real_cpu = toolchain.cpu_signature()
+    monkeypatch.setattr(toolchain, "cpu_signature", lambda: real_cpu + " avx512_fp16")
+
+    def trial(cc: str, source: str, args: list[str]) -> bool:
+        clock.sleep(random.random() * 0.02)  # finish in any order
+        if "fp16 plain" in fails and "_Float16" in source and "-mno-avx512fp16" not in args:
+            return False
+        return not any(f in args or f in source for f in fails)  # a flag given, a header
+
+    monkeypatch.setattr(toolchain, "_try_compile", trial)
+    libomp = "/opt/llvm/lib"
+    monkeypatch.setattr(toolchain, "_libomp_args", lambda folder: [f"-L{folder}", "-lomp"])
+    got = toolchain._probe(compiler, libomp)
+    base = {"openmp": True, "openmp_lib": libomp, "libmvec": True,
+            "python_includes": toolchain._python_includes(), "no_avx512fp16": False}
+    for field, value in {**base, **want}.items():
+        assert getattr(got, field) == value, (field, got)
+
+
+@needs_cc
 def test_generated_code_the_compiler_rejects_is_still_a_compile_error(cache_folder: str) -> None:
     from graphkernel.errors import CompileError
     tc = toolchain.detect()
