@@ -16,7 +16,7 @@ def test_targets_marked_from_results():
          "systems": {"gk_fused": _system(0.010, over=1.25), "numpy": _system(0.050),
                      "gk_unfused": _system(0.001)}},
         {"key": "softmax_8192x1024", "kind": "softmax", "dims": {},
-         "systems": {"gk_fused": _system(0.006, over=2.5), "onnxruntime": _system(0.004),
+         "systems": {"gk_fused": _system(0.006, over=1.6), "onnxruntime": _system(0.004),
                      "torch": _system(0.002, ok=False)}},
         {"key": "basic_4x4", "kind": "basic", "overhead": True, "dims": {"rows": 4, "cols": 4},
          "systems": {"gk_fused": _system(1e-6), "numpy": _system(4e-6)}},
@@ -27,7 +27,7 @@ def test_targets_marked_from_results():
     assert rows[("1. fused <= best peer", "softmax_8192x1024")] is False  # wrong torch ignored
     assert rows[("2. pointwise <= 1.3x copy", "basic_4096x4096")] is True
     assert rows[("3. <= ONNX Runtime", "softmax_8192x1024")] is False
-    assert rows[("3. <= 2x copy", "softmax_8192x1024")] is False
+    assert rows[("3. <= 1.5x copy", "softmax_8192x1024")] is False  # 1.6x: over issue 15's 1.5x
     assert rows[("4. per call, net(Tensor(x)), <= numpy eager", "basic_4x4")] is True
     assert rows[("8. unfused <= 1.2x numpy eager", "basic_4096x4096")] is True
     assert ("8. unfused <= 1.2x numpy eager", "basic_4x4") not in rows  # no unfused timing
