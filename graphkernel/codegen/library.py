@@ -19,6 +19,7 @@ from graphkernel._version import __version__
 from graphkernel.codegen import cache, toolchain
 from graphkernel.codegen.c_emitter import KernelSource
 from graphkernel.codegen.c_text import PRELUDE
+from graphkernel.codegen.toolchain import compile_workers
 from graphkernel.errors import CompileError
 
 KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]
@@ -133,14 +134,6 @@ def build_library(kernels: list[KernelSource],
             with contextlib.suppress(OSError):
                 os.unlink(load_name)
     return BuiltLibrary(path, source, from_cache, functions, entry, entry_module)
-
-
-def compile_workers() -> int:
-    """Compiler processes a build may run at once: the cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _key(tc: toolchain.Toolchain, source: str, flags: tuple[str, ...], with_entry: bool) -> str:

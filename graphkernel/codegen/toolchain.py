@@ -266,6 +266,15 @@ def _detect(compiler: str, libomp: str | None) -> Toolchain:
     return found
 
 
+def compile_workers() -> int:
+    """Compiler processes a build (or the probe) may run at once: the cores this process may
+    use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _version(compiler: str) -> str:
     try:
         out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
@@ -295,9 +304,7 @@ def _probe(compiler: str, libomp: str | None) -> Toolchain:
     if fp16_cpu:
         trials["fp16"] = (_FP16_PROBE, _FP16_FLAGS)
         trials["fp16_off"] = (_FP16_PROBE, [*_FP16_FLAGS, "-mno-avx512fp16"])
-    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(trials) + 1))) as pool:
+    with ThreadPoolExecutor(max_workers=min(compile_workers(), len(trials) + 1)) as pool:
         version_job = pool.submit(_version, compiler)
         jobs = {name: pool.submit(_try_compile, compiler, source, args)
                 for name, (source, args) in trials.items()}
