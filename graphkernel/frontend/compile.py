@@ -166,10 +166,10 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     options = options or options_from_context()
     folder = _dump_folder()
     state = BackendState()
-    stages_ = backend_stages(options, state)
+    backend = backend_stages(options, state)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
-        dumper.claim(stage_dump_names(FRONTEND_STAGES + stages_) +
+        dumper.claim(stage_dump_names(FRONTEND_STAGES + backend) +
                      [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
                       SUMMARY_NAME])
     with guards.recording(cell) as read:
@@ -192,7 +192,7 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     else:
         results = run_stages(graph, FRONTEND_STAGES, dumper)
         need = _check_memory(results[-1].graph, name)
-        results += run_stages(results[-1].graph, stages_, dumper)
+        results += run_stages(results[-1].graph, backend, dumper)
         final = results[-1].graph
         report = CompileReport(stages={r.name: r.graph for r in results},
                                stage_docs={r.name: r.doc for r in results},

@@ -209,12 +209,10 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
     new_inputs: list[Value] = []
     added: list[Node] = []
     for operand in src.inputs:
-        if isinstance(operand, Constant) and operand.is_scalar:
-            new_inputs.append(operand)
-            continue
         element = _broadcast_element(operand)
-        if element is not None:  # a view of one element broadcast is that element, inlined
-            new_inputs.append(Constant(element.value.reshape(()), element.name))
+        if element is not None:  # any view of one element is that element, inlined as a scalar
+            new_inputs.append(element if element.is_scalar else
+                              Constant(element.value.reshape(()), element.name))
             continue
         value = operand
         if tuple(operand.shape) != tuple(src.shape):
@@ -234,9 +232,10 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
 
 
 def _broadcast_element(value: Value) -> Constant | None:
-    """The one-element constant `value` is (or broadcasts: a loss's seed gradient), or None.
-    Any layout op of it is the same element everywhere, so a sunk view need not read it
-    through a map (a reshape of the broadcast does not fit the kernel's iteration space)."""
+    """The one-element constant `value` is (a scalar, or shaped (1, 1, ...)) or broadcasts (a
+    loss's seed gradient), or None. Any layout op of it is the same element everywhere, so a
+    sunk view need not read it through a map (a reshape of the broadcast does not fit the
+    kernel's iteration space)."""
     if isinstance(value, Node) and value.subgraph is None and value.op == "BroadcastTo":
         value = value.inputs[0]
     return value if isinstance(value, Constant) and value.tensor_type.size == 1 else None
