@@ -29,24 +29,36 @@ STREAM_BLOCK = 1024
 # A cache line: what one non-temporal store of a pointwise kernel writes (gk_stream_line).
 LINE_BYTES = 64
 STREAM_ROW_BYTES = 64 << 10
+# A pointwise loop that calls vector math walks its innermost loop in chunks of
+# PREFETCH_CHUNK elements, each first prefetching the lines PREFETCH_BYTES ahead of it in every
+# large input it reads contiguously. The hardware prefetcher alone did not keep such a loop fed:
+# bias + GeLU over 4096x4096 floats ran 7.4 ms, 4.4 ms prefetching 4 KiB ahead (the loop's
+# speed on data in cache), 4.4-4.8 ms at 8 and 16 KiB; on 4 MiB in cache it was unchanged.
+PREFETCH_CHUNK = 64
+PREFETCH_BYTES = 4096
 
 
 def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int,
-                stream_min_bytes: int | None = None) -> KernelSource:
+                stream_min_bytes: int | None = None,
+                prefetch_min_bytes: int | None = None) -> KernelSource:
     """C source for one fused group. Loops over more than `parallel_threshold` elements run
     on OpenMP threads; outputs of at least `stream_min_bytes` in all are written with
-    non-temporal stores (None: never)."""
-    return _Emitter(graph, name, sched, parallel_threshold, stream_min_bytes).emit()
+    non-temporal stores (None: never); a pointwise group calling vector math prefetches its
+    inputs of at least `prefetch_min_bytes` ahead of its loads (None: never)."""
+    return _Emitter(graph, name, sched, parallel_threshold, stream_min_bytes,
+                    prefetch_min_bytes).emit()
 
 
 class _Emitter(ReductionEmitter):
     def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int,
-                 stream_min_bytes: int | None = None) -> None:
+                 stream_min_bytes: int | None = None,
+                 prefetch_min_bytes: int | None = None) -> None:
         self.graph = graph
         self.name = name
         self.sched = sched
         self.threshold = threshold
         self.stream_min_bytes = stream_min_bytes
+        self.prefetch_min_bytes = prefetch_min_bytes
         self.stream_bytes: str | None = None  # see KernelSource.stream_bytes
         self.lines: list[str] = []
         self.var: dict[int, str] = {}
@@ -262,6 +274,48 @@ class _Emitter(ReductionEmitter):
     def _calls_vector_math(self) -> bool:
         return any(get_op(node.op).vector_math for node in self.graph.nodes)
 
+    # -- software prefetch --------------------------------------------------------------------
+    def _prefetched(self, dim: LoopDim) -> list[Buffer]:
+        """The inputs a pointwise loop calling vector math prefetches ahead of its loads: those
+        read contiguously along the innermost loop `dim` and large enough (a dynamic size is
+        taken as large) not to be in cache already. A bandwidth-bound loop of cheap arithmetic
+        is fed by the hardware prefetcher; a long computation per element stalls on its loads."""
+        if self.prefetch_min_bytes is None or not self._calls_vector_math():
+            return []
+        ahead = []
+        for buf in self.buffers:
+            if buf.is_output or dim.strides.get(id(buf)) != 1:
+                continue
+            size = math.prod(buf.value.shape) * buf.value.dtype.itemsize
+            if dyn.is_dynamic(size) or size >= self.prefetch_min_bytes:
+                ahead.append(buf)
+        return ahead
+
+    def _open_prefetching_loop(self, dims: list[LoopDim], last: int, ahead: list[Buffer],
+                               indent: str, parallel: bool) -> str:
+        """Open the innermost loop `last` as chunks of PREFETCH_CHUNK elements, each chunk
+        prefetching the lines PREFETCH_BYTES past its start in every buffer of `ahead`, then
+        an `omp simd` loop over the chunk; two braces to close. The address is formed as an
+        integer from an element inside the buffer (a prefetch past the end does not fault)."""
+        size = dims[last].size
+        work = math.prod(self.sched.space) if self.sched.space else 1
+        if parallel and dyn.runs_threaded(work, self.threshold):
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+        self.lines.append(f"{indent}for (int64_t kc = 0; kc < {size}; kc += {PREFETCH_CHUNK}) {{")
+        indent += "  "
+        self.index_names[last] = "kc"
+        for buf in ahead:
+            lines = max(1, PREFETCH_CHUNK * buf.value.dtype.itemsize // LINE_BYTES)
+            start = f"(uintptr_t)&{buf.name}[{self._offset(buf, dims, True)}] + {PREFETCH_BYTES}"
+            self.lines.append(f"{indent}for (int q = 0; q < {lines}; ++q) __builtin_prefetch("
+                              f"(const void *)({start} + q * {LINE_BYTES}));")
+        del self.index_names[last]
+        self.lines.append(f"{indent}const int64_t ke = {size} - kc < {PREFETCH_CHUNK} ? {size} "
+                          f": kc + {PREFETCH_CHUNK};")
+        self.lines.append(f"{indent}#pragma omp simd")
+        self.lines.append(f"{indent}for (int64_t i{last} = kc; i{last} < ke; ++i{last}) {{")
+        return indent + "  "
+
     def _declare_blocks(self, buffers: list[Buffer], prefix: str, size: int,
                         indent: str) -> None:
         for buf in buffers:
@@ -447,14 +501,19 @@ class _Emitter(ReductionEmitter):
             # Values the innermost loop does not change (a per-channel scale over H*W) are
             # computed once outside it: gcc does not hoist them out of an `omp simd` loop.
             hoisted = self._invariant(nodes, dims, kept[-1]) if len(kept) > 1 else []
+            ahead = self._prefetched(dims[kept[-1]]) if kept else []
             indent = self._open_loops(dims, kept[:-1], "  ", None, parallel=True)
             self._compute(hoisted, dims, True, indent)
-            indent = self._open_loops(dims, kept[-1:], indent, "" if kept else None,
-                                      parallel=len(kept) == 1)
+            if ahead:
+                indent = self._open_prefetching_loop(dims, kept[-1], ahead, indent,
+                                                     parallel=len(kept) == 1)
+            else:
+                indent = self._open_loops(dims, kept[-1:], indent, "" if kept else None,
+                                          parallel=len(kept) == 1)
             self._compute([n for n in nodes if n not in hoisted], dims, True, indent)
             for buf in outputs:
                 self._store(buf, dims, True, indent)
-            self._close_loops(len(kept), indent)
+            self._close_loops(len(kept) + bool(ahead), indent)
         elif column:
             self._emit_column_reduction(dims, outputs)
         else:

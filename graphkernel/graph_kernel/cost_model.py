@@ -22,6 +22,10 @@ class CostModel:
     # outputs are not read back from cache by the next kernel anyway; the stores skip the read
     # for ownership (1.4x on a bandwidth-bound kernel here). Smaller outputs stay in cache.
     stream_min_bytes: int | None = 16 << 20
+    # Bytes of an input above which a pointwise kernel calling vector math (exp, tanh, ...)
+    # prefetches it ahead of its loads (codegen/c_emitter.py; None: never). Smaller inputs are
+    # in cache already.
+    prefetch_min_bytes: int | None = 1 << 20
     # Allocate and touch the buffers of a graph's first call on a background thread while the
     # compile finishes: fresh pages cost ~2.5 us each to fault in on these VMs.
     prefault_buffers: bool = True

@@ -250,11 +250,11 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         groups[node.name] = (node, sub, sched)
         if isinstance(sched, ParallelSchedule):  # independent groups, a loop nest each
             source = emit_parallel_kernel(sub, cname, sched, cost.parallel_threshold,
-                                          cost.stream_min_bytes)
+                                          cost.stream_min_bytes, cost.prefetch_min_bytes)
             sizes: tuple[str, ...] = ()  # parallel fusion merges static groups only
         else:
             source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
-                                     cost.stream_min_bytes)
+                                     cost.stream_min_bytes, cost.prefetch_min_bytes)
             sizes = kernel_symbols(sched.space)
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)
