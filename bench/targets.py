@@ -123,16 +123,16 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
             call += ", more than the target by itself"
         rows.append(("5. cold compile <= 1 s", key, None if c is None else c <= 1.0,
                      f"first result {_fmt(c)} "
-                     f"(compile {_fmt(cold.get('compile_seconds_reported'))}, "
-                     f"first call {_fmt(cold.get('first_call_s'))})"))
+                     f"(compile {_fmt(_compile_s(cold))}, "
+                     f"first call {_fmt(cold.get('first_call_s'))}{_rest(cold)})"))
         rows.append(("5. warm <= 50 ms to first result", key,
                      None if wm is None else wm <= 0.05,
                      f"first result {_fmt(wm)} "
-                     f"(compile {_fmt(warm.get('compile_seconds_reported'))},"
+                     f"(compile {_fmt(_compile_s(warm))},"
                      f" from cache: {warm.get('from_cache')}"
                      + (f", compile cache: {warm['compile_cache']}" if "compile_cache" in warm
                         else "") + "; "
-                     f"first call {_fmt(warm.get('first_call_s'))}{call})"))
+                     f"first call {_fmt(warm.get('first_call_s'))}{_rest(warm)}{call})"))
         first = warm.get("first_call_s")
         dims = by_key[key].get("dims", {}) if key in by_key else {}
         if steady is not None and first is not None and dims.get("rows") == 4096 and \
@@ -143,6 +143,22 @@ def evaluate(results: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]
     if not compiles:
         rows.append(("5. compile times", "all", None, "the run skipped the compile probes"))
     return rows
+
+
+def _compile_s(probe: dict[str, Any]) -> float | None:
+    """The compile's own time: as the compiled graph reports it, else as the bench timed it."""
+    reported = probe.get("compile_seconds_reported")
+    return reported if reported is not None else probe.get("compile_s")
+
+
+def _rest(probe: dict[str, Any]) -> str:
+    """What the first result took besides the compile and the first call (building the
+    network from its weights; for a training step, the bench's copy of the initial state)."""
+    total, compile_s, first = (probe.get("first_result_s"), probe.get("compile_s"),
+                               probe.get("first_call_s"))
+    if total is None or compile_s is None or first is None:
+        return ""
+    return f", the rest {_fmt(max(0.0, total - compile_s - first))}"
 
 
 def render(results: dict[str, Any]) -> str:

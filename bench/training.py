@@ -151,6 +151,7 @@ def prepare_graphkernel(key: str, fused: bool, w: Workload, sets: list[dict[str,
         return run(*arrays[i])[0]
 
     info = {"compile_s": compile_s, "first_call_s": first_call,
+            "compile_seconds_reported": exe.compile_seconds, "from_cache": exe.from_cache,
             "compile_cache": exe.report.compile_cache.split(":")[0],
             "kernel_count": len(exe.kernels), "kernels": [k.name for k in exe.kernels],
             "assigns": len(exe.stages["hwopt_d_end"].assigns) if hasattr(exe, "stages")
