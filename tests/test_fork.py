@@ -166,3 +166,29 @@ def test_an_unknown_openmp_runtime_is_a_clear_error(monkeypatch: pytest.MonkeyPa
             toolchain.detect()
     finally:
         toolchain.detect.cache_clear()
+
+
+@needs_openmp
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_child_forked_between_the_compile_and_the_first_call_runs_kernels(
+        tmp_path: Any, runtime: str) -> None:
+    # The compile started the OpenMP runtime (codegen/library.py start_openmp); no parallel
+    # region ran before the fork.
+    out, err = _run("""
+        from graphkernel.codegen import library
+        assert library._openmp_started
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os._exit(0 if run(2) < 1e-4 else 3)
+            except BaseException:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert run(3) < 1e-4
+        print("ok")
+        """ + _mapped_runtimes() + """
+        print("mapped", sorted(mapped))
+    """, tmp_path, runtime, timeout=60)
+    assert out.splitlines()[0] == "ok"
+    _check_runtime(out, err, runtime, forked=True)

@@ -9,6 +9,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,8 @@ def build_library(kernels: list[KernelSource],
             raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
                                "graphkernel bug)")
     assert lib is not None
+    if "#pragma omp parallel" in source:
+        start_openmp(lib)
     functions = {}
     for k in kernels:
         fn = getattr(lib, k.name)
@@ -134,6 +137,32 @@ def build_library(kernels: list[KernelSource],
             with contextlib.suppress(OSError):
                 os.unlink(load_name)
     return BuiltLibrary(path, source, from_cache, functions, entry, entry_module)
+
+
+_openmp_started = False
+
+
+def start_openmp(lib: ctypes.CDLL) -> bool:
+    """Start the OpenMP runtime `lib` links, once per process, on the main thread: what its
+    first parallel region would otherwise do inside the graph's first call. Started there,
+    between BLAS products whose idle workers spin on the cores, it made the first call of the
+    MLP block take 35-55 ms against 26-30 steady; started here (~3 ms, while the compile
+    finishes) the first call took 30-34 ms (fresh processes, warm caches, alternating). Other
+    threads leave the runtime to the first call, as before: a thread that starts it becomes
+    one of its roots, and a worker thread of the caller's may end while the runtime holds it.
+    True when it started the runtime now."""
+    global _openmp_started
+    if _openmp_started or threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        max_threads = lib.omp_get_max_threads  # from the OpenMP runtime the library links
+    except AttributeError:  # built without OpenMP
+        return False
+    _openmp_started = True
+    max_threads.restype = ctypes.c_int
+    max_threads.argtypes = []
+    max_threads()
+    return True
 
 
 def _key(tc: toolchain.Toolchain, source: str, flags: tuple[str, ...], with_entry: bool) -> str:
