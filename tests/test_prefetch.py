@@ -127,3 +127,34 @@ def test_a_dynamic_batch_prefetches_and_matches_numpy(rng, batch):
     w = net.w.asnumpy()
     np.testing.assert_allclose(exe(Tensor(x)).asnumpy(), np.tanh(x * 2 + w) * x,
                                rtol=1e-6, atol=1e-6)
+
+
+class ExpOfConcat(nn.Cell):
+    """exp of a Concat along the innermost axis: each piece is read over its own range."""
+
+    def construct(self, x, y):
+        return P.Exp()(P.Concat(-1)((x, y)) * 0.1)
+
+
+class TanhOfTile(nn.Cell):
+    def construct(self, x):
+        return P.Tanh()(P.Tile()(x, (1, 3))) + 1.0
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_concat_and_tile_reads_are_not_prefetched_and_match_numpy(rng, threads):
+    # Their arguments are read through a piece's range or a wrapped index (views of the
+    # kernel's own), not as buffers along the loop: only plain reads are prefetched.
+    x = rng.standard_normal((67, 130)).astype(np.float32)
+    y = rng.standard_normal((67, 77)).astype(np.float32)
+    exe = graphkernel.compile(ExpOfConcat(), x, y, options=options(0, threads))
+    assert "__builtin_prefetch" not in sources(exe)
+    plain = graphkernel.compile(ExpOfConcat(), x, y, options=options(None, threads))
+    got = exe(Tensor(x), Tensor(y)).asnumpy()
+    np.testing.assert_array_equal(got, plain(Tensor(x), Tensor(y)).asnumpy())
+    np.testing.assert_allclose(got, np.exp(np.concatenate([x, y], -1) * 0.1), rtol=1e-6)
+    t = rng.standard_normal((50, 45)).astype(np.float32)
+    tiled = graphkernel.compile(TanhOfTile(), t, options=options(0, threads))
+    assert "__builtin_prefetch" not in sources(tiled)
+    np.testing.assert_allclose(tiled(Tensor(t)).asnumpy(), np.tanh(np.tile(t, (1, 3))) + 1,
+                               rtol=1e-6, atol=1e-6)
