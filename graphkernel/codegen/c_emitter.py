@@ -41,25 +41,30 @@ PREFETCH_BYTES = 4096
 
 def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int,
                 stream_min_bytes: int | None = None,
-                prefetch_min_bytes: int | None = None) -> KernelSource:
+                prefetch_min_bytes: int | None = None,
+                beside_blas: bool = False) -> KernelSource:
     """C source for one fused group. Loops over more than `parallel_threshold` elements run
     on OpenMP threads; outputs of at least `stream_min_bytes` in all are written with
     non-temporal stores (None: never); a pointwise group calling vector math prefetches its
-    inputs of at least `prefetch_min_bytes` ahead of its loads (None: never)."""
+    inputs of at least `prefetch_min_bytes` ahead of its loads (None: never). `beside_blas`:
+    the kernel runs after a multi-threaded BLAS product of its call, and its parallel regions
+    keep their threads only on more than two cores (`gk_parallel_beside_blas`, c_text.py)."""
     return _Emitter(graph, name, sched, parallel_threshold, stream_min_bytes,
-                    prefetch_min_bytes).emit()
+                    prefetch_min_bytes, beside_blas).emit()
 
 
 class _Emitter(ReductionEmitter):
     def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int,
                  stream_min_bytes: int | None = None,
-                 prefetch_min_bytes: int | None = None) -> None:
+                 prefetch_min_bytes: int | None = None, beside_blas: bool = False) -> None:
         self.graph = graph
         self.name = name
         self.sched = sched
         self.threshold = threshold
         self.stream_min_bytes = stream_min_bytes
         self.prefetch_min_bytes = prefetch_min_bytes
+        # Appended to every `omp parallel` directive (see emit_kernel).
+        self.parallel_if = " if(parallel: gk_parallel_beside_blas())" if beside_blas else ""
         self.stream_bytes: str | None = None  # see KernelSource.stream_bytes
         self.lines: list[str] = []
         self.var: dict[int, str] = {}
@@ -301,7 +306,8 @@ class _Emitter(ReductionEmitter):
         size = dims[last].size
         work = math.prod(self.sched.space) if self.sched.space else 1
         if parallel and dyn.runs_threaded(work, self.threshold):
-            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
+                              f"{self.parallel_if}")
         self.lines.append(f"{indent}for (int64_t kc = 0; kc < {size}; kc += {PREFETCH_CHUNK}) {{")
         indent += "  "
         self.index_names[last] = "kc"
@@ -337,7 +343,7 @@ class _Emitter(ReductionEmitter):
         """A parallel region whose loops share out with `omp for`, so that every thread can
         fence its non-temporal stores before the region's barrier."""
         if threads:
-            self.lines.append(f"{indent}#pragma omp parallel")
+            self.lines.append(f"{indent}#pragma omp parallel{self.parallel_if}")
             self.lines.append(f"{indent}{{")
             indent += "  "
         return indent
@@ -461,9 +467,11 @@ class _Emitter(ReductionEmitter):
                 self.lines.append(f"{indent}#pragma omp for{' simd' if vector else ''}"
                                   f"{simd if vector else ''} schedule(static)")
             elif threads and vector:
-                self.lines.append(f"{indent}#pragma omp parallel for simd{simd} schedule(static)")
+                self.lines.append(f"{indent}#pragma omp parallel for simd{simd} schedule(static)"
+                                  f"{self.parallel_if}")
             elif threads:
-                self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+                self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
+                                  f"{self.parallel_if}")
             elif vector:
                 self.lines.append(f"{indent}#pragma omp simd{simd}")
             self.lines.append(f"{indent}for (int64_t i{i} = 0; i{i} < {dims[i].size}; ++i{i}) {{")

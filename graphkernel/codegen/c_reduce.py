@@ -49,6 +49,7 @@ class ReductionEmitter:
     local: dict[int, int]
     threshold: int
     index_names: dict[int, str]
+    parallel_if: str
     _pipelined_row: int
     _next_row_blocked: bool
 
@@ -239,7 +240,7 @@ class ReductionEmitter:
             else str(-(-size // PIPELINE_ROWS))
         if threads:
             self.lines.append(f"{indent}#pragma omp {'for' if worksharing else 'parallel for'}"
-                              f" schedule(static)")
+                              f" schedule(static){'' if worksharing else self.parallel_if}")
         self.lines.append(f"{indent}for (int64_t rc = 0; rc < {chunks}; ++rc) {{")
         indent += "  "
         self.lines.append(f"{indent}const int64_t rlo = rc * {PIPELINE_ROWS}, rhi = rlo + "
@@ -386,7 +387,8 @@ class ReductionEmitter:
         threads = dyn.runs_threaded(work, self.threshold)
         indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
         if threads and not kout:
-            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)")
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
+                              f"{self.parallel_if}")
         size = dims[kin].size
         self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
         indent += "  "

@@ -90,6 +90,15 @@ static inline void gk_stream_fence(void) {
   __builtin_ia32_sfence();
 #endif
 }
+/* Whether a kernel planned right after a multi-threaded BLAS product keeps its OpenMP threads
+   (its parallel regions carry `if(parallel: gk_parallel_beside_blas())`, codegen/c_emitter.py).
+   BLAS's idle workers spin on the other cores for a while after a product; on two cores the
+   kernel's second thread then shares a core with one, and two threads ran no faster than one
+   (docs/architecture.md, "Beside BLAS"). With more cores the others still add up. */
+#if defined(_OPENMP)
+int omp_get_max_threads(void);
+static inline int gk_parallel_beside_blas(void) { return omp_get_max_threads() > 2; }
+#endif
 /* Pairwise summation of block sums (codegen/c_reduce.py): a binary counter whose level k holds
    the sum of 2^k blocks, so every block passes through at most log2(blocks) additions, in
    double. A row reduction pushes each block's vectorised float sum and takes the total. */

@@ -11,7 +11,8 @@ from graphkernel.ir.graph import Graph
 
 def emit_parallel_kernel(graph: Graph, name: str, sched: ParallelSchedule, threshold: int,
                          stream_min_bytes: int | None = None,
-                         prefetch_min_bytes: int | None = None) -> KernelSource:
+                         prefetch_min_bytes: int | None = None,
+                         beside_blas: bool = False) -> KernelSource:
     """One C function `name(args)`: args are the merged group's inputs, its non-scalar
     constants, then its outputs (as for any fused group)."""
     header = "void {}(void *const *args) {{"
@@ -19,7 +20,7 @@ def emit_parallel_kernel(graph: Graph, name: str, sched: ParallelSchedule, thres
     for k, nest in enumerate(sched.nests):
         nest_name = f"{name}_nest{k}"
         source = emit_kernel(nest.graph, nest_name, nest.schedule, threshold, stream_min_bytes,
-                             prefetch_min_bytes)
+                             prefetch_min_bytes, beside_blas)
         parts.append(source.source.replace(header.format(nest_name),
                                            "static " + header.format(nest_name), 1))
         argv = ", ".join(f"args[{i}]" for i in nest.args)

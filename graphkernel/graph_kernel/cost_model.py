@@ -26,6 +26,11 @@ class CostModel:
     # prefetches it ahead of its loads (codegen/c_emitter.py; None: never). Smaller inputs are
     # in cache already.
     prefetch_min_bytes: int | None = 1 << 20
+    # A kernel planned after a multi-threaded BLAS product of its call runs its parallel
+    # regions on one thread where the machine has two cores (codegen/c_text.py
+    # `gk_parallel_beside_blas`): BLAS's idle workers spin on the other core meanwhile, and two
+    # threads ran no faster than one (the MLP, encoder and BERT-tiny blocks 2-3% faster so).
+    serial_beside_blas: bool = True
     # Allocate and touch the buffers of a graph's first call on a background thread while the
     # compile finishes: fresh pages cost ~2.5 us each to fault in on these VMs.
     prefault_buffers: bool = True

@@ -113,6 +113,14 @@ def _blas_threads(node: Node, cost: CostModel) -> int | None:
     return 1 if mnk is not None and mnk < cost.blas_parallel_min_mnk else None
 
 
+def _wakes_blas(step: Step) -> bool:
+    """Whether a step runs a BLAS product on BLAS's own threads: a MatMul or BatchMatMul not
+    held to one thread, or a BatchMatMul at all (the C entry runs a batch of small products as
+    one batch GEMM, on BLAS's threads: runtime/c_gemm.py)."""
+    return step.kind is StepKind.LIBRARY and (
+        step.op == "BatchMatMul" or (step.op == "MatMul" and step.blas_threads is None))
+
+
 def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
                   cost: CostModel, views: LibraryViews | None = None) -> Step:
     opdef = get_op(node.op)
@@ -173,7 +181,13 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     blocks = {block.last.uid: block for block in (conv_blocks(graph) if compiler else {}).values()}
     groups: _Groups = {}  # kernels that may write a weight in place
     folded |= {m.uid for block in blocks.values() for m in block.members[:-1]}
+    # A multi-threaded BLAS product planned so far: its idle workers spin beside the kernels
+    # after it (CostModel.serial_beside_blas).
+    beside_blas, seen = False, 0
     for node in graph.nodes:
+        if cost.serial_beside_blas and not beside_blas:
+            beside_blas = any(_wakes_blas(s) for s in b.steps[seen:])
+            seen = len(b.steps)
         if node.op == "GetItem":
             b.getitem(node)
             continue
@@ -250,11 +264,13 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         groups[node.name] = (node, sub, sched)
         if isinstance(sched, ParallelSchedule):  # independent groups, a loop nest each
             source = emit_parallel_kernel(sub, cname, sched, cost.parallel_threshold,
-                                          cost.stream_min_bytes, cost.prefetch_min_bytes)
+                                          cost.stream_min_bytes, cost.prefetch_min_bytes,
+                                          beside_blas)
             sizes: tuple[str, ...] = ()  # parallel fusion merges static groups only
         else:
             source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
-                                     cost.stream_min_bytes, cost.prefetch_min_bytes)
+                                     cost.stream_min_bytes, cost.prefetch_min_bytes,
+                                     beside_blas)
             sizes = kernel_symbols(sched.space)
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)

@@ -1,0 +1,77 @@
+"""Kernels planned after a multi-threaded BLAS product of their call (`CostModel.
+serial_beside_blas`): their parallel regions carry `if(parallel: gk_parallel_beside_blas())`,
+which keeps the threads only on more than two cores (codegen/c_text.py). Which kernels get it,
+and that the answers do not change."""
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Tensor, nn
+from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+CLAUSE = "if(parallel: gk_parallel_beside_blas())"
+
+
+def options(beside: bool = True, threshold: int = 1 << 17) -> CompileOptions:
+    return CompileOptions(enable_graph_kernel=True,
+                          cost=CostModel(serial_beside_blas=beside, parallel_threshold=threshold))
+
+
+class Block(nn.Cell):
+    """tanh(x) * 2 before the product (no BLAS yet), then Dense -> GeLU -> LayerNorm."""
+
+    def __init__(self, inner: int) -> None:
+        super().__init__()
+        self.dense = nn.Dense(256, inner)
+        self.norm = nn.LayerNorm((inner,))
+
+    def construct(self, x):
+        h = P.Tanh()(x) * 2.0
+        return self.norm(P.GeLU()(self.dense(h)))
+
+
+def kernel_sources(exe) -> dict[str, str]:
+    return {k.name: k.source for k in exe.kernels if k.source}
+
+
+def test_kernels_after_a_threaded_product_carry_the_clause(rng):
+    x = rng.standard_normal((512, 256)).astype(np.float32)
+    net = Block(1024)  # 512x256x1024: a product on BLAS's threads
+    exe = graphkernel.compile(net, x, options=options())
+    sources = kernel_sources(exe)
+    before = [s for name, s in sources.items() if "Tanh" in name]
+    after = [s for name, s in sources.items() if "Tanh" not in name]
+    assert before and after
+    assert all("omp parallel" in s for s in before + after)  # all above the threshold
+    assert not any(CLAUSE in s for s in before)  # no product has run yet in the call
+    assert all(CLAUSE in s for s in after)
+    off = graphkernel.compile(net, x, options=options(beside=False))
+    assert not any(CLAUSE in s for s in kernel_sources(off).values())
+    # The same answers, bit for bit: each element and each row is one thread's work either way.
+    np.testing.assert_array_equal(exe(Tensor(x)).asnumpy(), off(Tensor(x)).asnumpy())
+
+
+def test_a_product_held_to_one_thread_leaves_the_kernels_their_threads(rng):
+    # 8x256x64 multiply-adds is below CostModel.blas_parallel_min_mnk: one BLAS thread, no
+    # spinning workers; a threshold of 1 makes the small kernels parallel regions.
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    exe = graphkernel.compile(Block(64), x, options=options(threshold=1))
+    sources = kernel_sources(exe)
+    assert any("omp parallel" in s for s in sources.values())
+    assert not any(CLAUSE in s for s in sources.values())
+
+
+@pytest.mark.parametrize("threshold", [1, 1 << 17])
+def test_beside_blas_kernels_match_numpy(rng, threshold):
+    x = rng.standard_normal((300, 256)).astype(np.float32)
+    net = Block(1000)
+    exe = graphkernel.compile(net, x, options=options(threshold=threshold))
+    assert any(CLAUSE in s for s in kernel_sources(exe).values())
+    w, b = net.dense.weight.asnumpy().astype(np.float64), net.dense.bias.asnumpy()
+    h = np.tanh(x.astype(np.float64)) * 2 @ w.T + b
+    g = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+    mean = g.mean(-1, keepdims=True)
+    want = (g - mean) / np.sqrt(((g - mean) ** 2).mean(-1, keepdims=True) + 1e-7)
+    np.testing.assert_allclose(exe(Tensor(x)).asnumpy(), want, rtol=2e-4, atol=2e-4)
