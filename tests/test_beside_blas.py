@@ -10,8 +10,12 @@ from graphkernel import Tensor, nn
 from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
+from graphkernel.runtime import blas
 
 CLAUSE = "if(parallel: gk_parallel_beside_blas())"
+# BLAS on one thread (one core, or OPENBLAS_NUM_THREADS=1) has no spinning workers: no clause.
+blas_threaded = pytest.mark.skipif(blas.threads_now() == 1,
+                                   reason="numpy's BLAS runs on one thread here")
 
 
 def options(beside: bool = True, threshold: int = 1 << 17) -> CompileOptions:
@@ -36,6 +40,7 @@ def kernel_sources(exe) -> dict[str, str]:
     return {k.name: k.source for k in exe.kernels if k.source}
 
 
+@blas_threaded
 def test_kernels_after_a_threaded_product_carry_the_clause(rng):
     x = rng.standard_normal((512, 256)).astype(np.float32)
     net = Block(1024)  # 512x256x1024: a product on BLAS's threads
@@ -63,6 +68,7 @@ def test_a_product_held_to_one_thread_leaves_the_kernels_their_threads(rng):
     assert not any(CLAUSE in s for s in sources.values())
 
 
+@blas_threaded
 @pytest.mark.parametrize("threshold", [1, 1 << 17])
 def test_beside_blas_kernels_match_numpy(rng, threshold):
     x = rng.standard_normal((300, 256)).astype(np.float32)
@@ -75,3 +81,17 @@ def test_beside_blas_kernels_match_numpy(rng, threshold):
     mean = g.mean(-1, keepdims=True)
     want = (g - mean) / np.sqrt(((g - mean) ** 2).mean(-1, keepdims=True) + 1e-7)
     np.testing.assert_allclose(exe(Tensor(x)).asnumpy(), want, rtol=2e-4, atol=2e-4)
+
+
+def test_blas_held_to_one_thread_at_compile_leaves_the_kernels_their_threads(rng):
+    from threadpoolctl import threadpool_limits
+
+    if blas.cblas() is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS the entry calls: its threads are unknown")
+    x = rng.standard_normal((512, 256)).astype(np.float32)
+    before = blas.threads_now()
+    with threadpool_limits(1, user_api="blas"):
+        assert blas.threads_now() == 1
+        exe = graphkernel.compile(Block(1024), x, options=options())
+    assert not any(CLAUSE in s for s in kernel_sources(exe).values())
+    assert blas.threads_now() == before

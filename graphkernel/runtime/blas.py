@@ -217,3 +217,12 @@ def cblas() -> CBlas | None:
                     break
     _state["cblas"] = found
     return found
+
+
+def threads_now() -> int | None:
+    """How many threads numpy's OpenBLAS runs a product on now, or None where it is not an
+    OpenBLAS the entry calls (cblas())."""
+    found = cblas()
+    if found is None:
+        return None
+    return int(ctypes.CFUNCTYPE(ctypes.c_int)(found.get_threads)())

@@ -26,6 +26,7 @@ from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
+from graphkernel.runtime import blas
 from graphkernel.runtime.c_entry import entry_source
 from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import (
@@ -113,6 +114,13 @@ def _blas_threads(node: Node, cost: CostModel) -> int | None:
     return 1 if mnk is not None and mnk < cost.blas_parallel_min_mnk else None
 
 
+def _blas_may_spin() -> bool:
+    """Whether numpy's BLAS runs products on more than one thread now (unknown: assumed so;
+    OPENBLAS_NUM_THREADS=1 or threadpoolctl's limit at compile time: no)."""
+    threads = blas.threads_now()
+    return threads is None or threads > 1
+
+
 def _wakes_blas(step: Step) -> bool:
     """Whether a step runs a BLAS product on BLAS's own threads: a MatMul or BatchMatMul not
     held to one thread, or a BatchMatMul at all (the C entry runs a batch of small products as
@@ -182,12 +190,12 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     groups: _Groups = {}  # kernels that may write a weight in place
     folded |= {m.uid for block in blocks.values() for m in block.members[:-1]}
     # A multi-threaded BLAS product planned so far: its idle workers spin beside the kernels
-    # after it (CostModel.serial_beside_blas).
-    beside_blas, seen = False, 0
+    # after it (CostModel.serial_beside_blas). BLAS held to one thread has no such workers.
+    watch, beside_blas, seen = cost.serial_beside_blas and compiler, False, 0
     for node in graph.nodes:
-        if cost.serial_beside_blas and not beside_blas:
-            beside_blas = any(_wakes_blas(s) for s in b.steps[seen:])
-            seen = len(b.steps)
+        if watch and any(_wakes_blas(s) for s in b.steps[seen:]):
+            beside_blas, watch = _blas_may_spin(), False
+        seen = len(b.steps)
         if node.op == "GetItem":
             b.getitem(node)
             continue
