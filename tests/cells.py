@@ -1,18 +1,23 @@
 """Helpers several test files share: a Cell whose construct is a plain function, the compile
-options with fusion on and off, and a chain of library products (`MatMulChain`)."""
+options with fusion on and off, a chain of library products (`MatMulChain`), and the mark of
+tests that need OpenMP."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from graphkernel import nn
+from graphkernel.codegen import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
 ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
+needs_openmp = pytest.mark.skipif(toolchain.detect() is None or not toolchain.detect().openmp,
+                                  reason="needs a C compiler with OpenMP")
 
 
 class Fn(nn.Cell):

@@ -13,12 +13,11 @@ import textwrap
 from typing import Any
 
 import pytest
+from cells import needs_openmp
 
 from graphkernel.codegen import toolchain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_openmp = pytest.mark.skipif(toolchain.detect() is None or not toolchain.detect().openmp,
-                                  reason="needs a C compiler with OpenMP")
 
 # 1024 x 512 elements is above CostModel.parallel_threshold (2**17): the kernel's outer loop is
 # an OpenMP parallel region.

@@ -10,13 +10,9 @@ import sys
 import textwrap
 from typing import Any
 
-import pytest
-
-from graphkernel.codegen import toolchain
+from cells import needs_openmp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_openmp = pytest.mark.skipif(toolchain.detect() is None or not toolchain.detect().openmp,
-                                  reason="needs a C compiler with OpenMP")
 
 _PRELUDE = textwrap.dedent("""
     import sys, threading
