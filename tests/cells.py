@@ -1,6 +1,6 @@
 """Helpers several test files share: a Cell whose construct is a plain function, the compile
-options with fusion on and off, a chain of library products (`MatMulChain`), and the mark of
-tests that need OpenMP."""
+options with fusion on and off, a chain of library products (`MatMulChain`), a pointwise net
+with a weight (`Pointwise`, for dynamic batches), and the mark of tests that need OpenMP."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graphkernel import nn
+from graphkernel import Parameter, nn
 from graphkernel.codegen import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
@@ -50,3 +50,18 @@ def chain_reference(x, w):
     m1 = x @ w
     m4 = np.tanh(np.tanh(np.tanh(m1) @ w) @ w) @ w
     return m1.reshape(-1), m4
+
+
+class Pointwise(nn.Cell):
+    """tanh(x * 2 + w) * x over rows of 64 (vector math: a kernel that prefetches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(np.linspace(-1, 1, 64).astype(np.float32), name="w")
+
+    def construct(self, x):
+        return P.Tanh()(x * 2.0 + self.w) * x
+
+
+def pointwise_ref(net, x):
+    return np.tanh(x * 2 + net.w.asnumpy()) * x

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from cells import Pointwise, pointwise_ref
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
@@ -25,19 +26,6 @@ def cache_folder(tmp_path, monkeypatch):
 
 def libraries(folder):
     return sorted(glob.glob(os.path.join(folder, "*.so")))
-
-
-class Pointwise(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.w = Parameter(np.linspace(-1, 1, 64).astype(np.float32), name="w")
-
-    def construct(self, x):
-        return P.Tanh()(x * 2.0 + self.w) * x
-
-
-def pointwise_ref(net, x):
-    return np.tanh(x * 2 + net.w.asnumpy()) * x
 
 
 class LayerNormSoftmax(nn.Cell):

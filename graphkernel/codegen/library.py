@@ -121,7 +121,7 @@ def build_library(kernels: list[KernelSource],
             raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
                                "graphkernel bug)")
     assert lib is not None
-    if "#pragma omp parallel" in source:
+    if not _openmp_started and "#pragma omp parallel" in source:
         start_openmp(lib)
     functions = {}
     for k in kernels:

@@ -62,6 +62,15 @@ _GET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int)
 _SET_THREADS = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
+def _thread_functions(found: CBlas) -> tuple[Any, Any]:
+    """numpy's OpenBLAS's get- and set-threads functions as callables (made once)."""
+    functions = _state.get("threads")
+    if functions is None:
+        functions = _state["threads"] = (_GET_THREADS(found.get_threads),
+                                         _SET_THREADS(found.set_threads))
+    return functions  # type: ignore[no-any-return]
+
+
 @contextlib.contextmanager
 def blas_threads(count: int | None) -> Iterator[None]:
     """Run the body with BLAS on `count` threads (None: as it is)."""
@@ -70,11 +79,7 @@ def blas_threads(count: int | None) -> Iterator[None]:
         return
     found = cblas()
     if found is not None:  # numpy's OpenBLAS by address: its own get/set functions
-        functions = _state.get("threads")
-        if functions is None:
-            functions = _state["threads"] = (_GET_THREADS(found.get_threads),
-                                             _SET_THREADS(found.set_threads))
-        get, put = functions
+        get, put = _thread_functions(found)
         before = get()
         if before != count:
             put(count)
@@ -225,4 +230,4 @@ def threads_now() -> int | None:
     found = cblas()
     if found is None:
         return None
-    return int(ctypes.CFUNCTYPE(ctypes.c_int)(found.get_threads)())
+    return int(_thread_functions(found)[0]())
