@@ -11,6 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from cells import Fn
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
@@ -328,3 +329,45 @@ def test_a_graph_with_symbolic_dimensions_is_refused_clearly(tmp_path):
     path = graphkernel.export(Net(), Tensor(x), file_name=str(tmp_path / "static"))
     np.testing.assert_allclose(nn.GraphCell(graphkernel.load(path))(Tensor(x)).asnumpy(),
                                Net()(Tensor(x)).asnumpy())
+
+
+# -- forged files: checksums consistent, contents hostile ----------------------------------------
+def _parallel_export(tmp_path):
+    """A parallel kernel of two loop nests (notes loop_nests [[0, 2], [1]]): tanh(y) and y * 2
+    over y's 256x256, and a row sum of x * x over x's 10x100."""
+    context.set_context(enable_graph_kernel=True)
+    tanh, mul = P.Tanh(), P.Mul()
+    net = Fn(lambda x, y: (tanh(y), P.ReduceSum()(mul(x, x), 1), y * 2.0))
+    x, y = np.ones((10, 100), np.float32), np.ones((256, 256), np.float32)
+    path = graphkernel.export(net, Tensor(x), Tensor(y), file_name=str(tmp_path / "parallel"))
+    return path, x, y
+
+
+def _set_loop_nests(nests):
+    def edit(manifest, entries):
+        (node,) = [n for n in manifest["graph"]["nodes"] if "loop_nests" in n["notes"]]
+        node["notes"]["loop_nests"] = nests
+    return edit
+
+
+def _nests(*nests):
+    return {"list": [{"list": list(n)} for n in nests]}
+
+
+@pytest.mark.parametrize("nests", [
+    _nests([1, 2], [-2]),  # nest 2 writes the kernel's argument x
+    _nests([1, 2], [-1]),  # 65,536 floats into y's 1,000-float neighbour x: SIGSEGV
+    _nests([1, 2], [1]),  # output 0 never written: uninitialised memory returned
+    _nests([1, 2], [9]),  # no such output: an IndexError
+    _nests([0, 1, 2], []),
+    "[[0, 1, 2]]",
+])
+def test_forged_loop_nests_are_refused(tmp_path, nests):
+    path, x, y = _parallel_export(tmp_path)
+    with zipfile.ZipFile(path) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    assert [n["notes"]["loop_nests"] for n in manifest["graph"]["nodes"]
+            if "loop_nests" in n["notes"]] == [_nests([0, 2], [1])]
+    rewrite(path, _set_loop_nests(nests))
+    with pytest.raises(FormatError, match=r"Parallel_\w+: note loop_nests .*outputs|not lists"):
+        graphkernel.load(path)

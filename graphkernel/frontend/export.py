@@ -31,7 +31,7 @@ import numpy as np
 from graphkernel._version import __version__
 from graphkernel.codegen import cache
 from graphkernel.codegen.library import library_key
-from graphkernel.errors import FormatError, InputError, UnsupportedError
+from graphkernel.errors import FormatError, InputError, UnsupportedError, VerifyError
 from graphkernel.frontend import archive
 from graphkernel.frontend.compile import _check_memory, compile, options_from_context
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
@@ -39,7 +39,11 @@ from graphkernel.frontend.signature import CellLike
 from graphkernel.frontend.tensor import Parameter
 from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.flags import flags_text, parse_flags
-from graphkernel.graph_kernel.pipeline import CompileOptions, schedule_composites
+from graphkernel.graph_kernel.pipeline import (
+    CompileOptions,
+    check_final_notes,
+    schedule_composites,
+)
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.serialize import (
     check_array,
@@ -197,7 +201,8 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
     arrays = archive.constant_arrays(entries, manifest, path)
     try:
         graph = data_to_graph(manifest, arrays)
-    except FormatError as exc:
+        check_final_notes(graph)  # what the file says about its loop nests, against the graph
+    except (FormatError, VerifyError) as exc:
         raise FormatError(f"{path}: {exc.problem}") from None
     weight_inputs = [i for i in graph.inputs if i.kind == "weight"]
     weight_recs = manifest.get("weights")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphkernel.errors import VerifyError
 from graphkernel.graph_kernel.cluster import Clusterer, Group
 from graphkernel.graph_kernel.cost_model import CostModel, parallel_decline
 from graphkernel.graph_kernel.flags import GraphKernelFlags
@@ -55,10 +56,10 @@ class ParallelSchedule:
 def parallel_schedule(node: Node) -> Schedule | ParallelSchedule:
     """The schedule of a parallel kernel: one Schedule when all its groups share one loop nest,
     else one per nest. Raises NotSchedulable (never expected: each nest was analysed when the
-    groups were merged)."""
+    groups were merged), VerifyError when its `loop_nests` note does not fit it."""
     sub = node.subgraph
     assert sub is not None
-    nests: list[list[int]] = node.notes[LOOP_NESTS]
+    nests = check_loop_nests(node)
     if len(nests) == 1:
         return analyze(sub.nodes, sub.outputs)
     constants = [c for c in sub.constants() if not c.is_scalar]
@@ -76,6 +77,27 @@ def parallel_schedule(node: Node) -> Schedule | ParallelSchedule:
             tuple(first_out + i for i in numbers)
         planned.append(Nest(graph, analyze(nodes, outputs), args))
     return ParallelSchedule(planned)
+
+
+def check_loop_nests(node: Node) -> list[list[int]]:
+    """The `loop_nests` note of parallel kernel `node`, checked against its subgraph: the
+    numbers of its outputs split into non-empty nests, each number once. The note decides which
+    kernel argument each nest writes, so an unchecked one (a forged GKIR file) would write into
+    an input or past a buffer, or leave a result unwritten. Raises VerifyError naming the
+    problem."""
+    assert node.subgraph is not None
+    nests = node.notes.get(LOOP_NESTS)
+    count = len(node.subgraph.outputs)
+    if not isinstance(nests, list) or not nests or not all(
+            isinstance(nest, list) and nest and
+            all(type(i) is int for i in nest) for nest in nests):
+        raise VerifyError(f"{node.name}: note {LOOP_NESTS} is {nests!r:.80}, not lists of "
+                          "output numbers")
+    numbers = sorted(i for nest in nests for i in nest)
+    if numbers != list(range(count)):
+        raise VerifyError(f"{node.name}: note {LOOP_NESTS} {nests!r:.80} does not name each of "
+                          f"its {count} outputs (0 to {count - 1}) exactly once")
+    return nests
 
 
 def _closure(nodes: list[Node], outputs: list[Value]) -> list[Node]:

@@ -22,7 +22,12 @@ from graphkernel.graph_kernel.flags import GraphKernelFlags, short_stage_name
 from graphkernel.graph_kernel.index_maps import sink_views
 from graphkernel.graph_kernel.library_views import folded_names, mark_library_views
 from graphkernel.graph_kernel.lower_layout import lower_to_views
-from graphkernel.graph_kernel.parallel_fusion import LOOP_NESTS, parallel_fuse, parallel_schedule
+from graphkernel.graph_kernel.parallel_fusion import (
+    LOOP_NESTS,
+    check_loop_nests,
+    parallel_fuse,
+    parallel_schedule,
+)
 from graphkernel.graph_kernel.reasons import FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze
 from graphkernel.graph_kernel.simplify import simplify_composites
@@ -201,6 +206,16 @@ def schedule_composites(graph: Graph) -> Graph:
             node.schedule = None
             node.notes["not_one_kernel"] = str(exc)
     return graph
+
+
+def check_final_notes(graph: Graph) -> None:
+    """Check the notes of a final graph read from a file that steer the code generator against
+    the graph (VerifyError naming the node): each parallel kernel's `loop_nests`. Every other
+    note is text for people, or only switches on an analysis that is redone from the graph
+    (`layout_folded`)."""
+    for node in graph.nodes:
+        if node.subgraph is not None and LOOP_NESTS in node.notes:
+            check_loop_nests(node)
 
 
 def check_flags(flags: GraphKernelFlags) -> None:
