@@ -371,3 +371,44 @@ def test_forged_loop_nests_are_refused(tmp_path, nests):
     rewrite(path, _set_loop_nests(nests))
     with pytest.raises(FormatError, match=r"Parallel_\w+: note loop_nests .*outputs|not lists"):
         graphkernel.load(path)
+
+
+@pytest.fixture
+def exported_unfused(tmp_path, rng):
+    """mlp's export with fusion off: its nodes are the ops themselves, with their attributes."""
+    context.set_context(enable_graph_kernel=False)
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    return graphkernel.export(mlp(), Tensor(x), file_name=str(tmp_path / "unfused"))
+
+
+def _node(manifest, op):
+    return next(n for n in manifest["graph"]["nodes"] if n["op"] == op)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: _node(m, "LayerNorm")["attrs"].update(epsilon="x"),
+     r"LayerNorm: attribute epsilon must be a finite number, got 'x'"),
+    (lambda m: _node(m, "LayerNorm")["attrs"].update(epsilon={"float": "inf"}),
+     "epsilon must be a finite number"),
+    (lambda m: _node(m, "GetItem")["attrs"].update(index=-1),
+     "GetItem: attribute index must be an integer from 0, got -1"),
+    (lambda m: _node(m, "Softmax")["attrs"].update(axis=2 ** 70), "axis must be an integer"),
+    (lambda m: _node(m, "MatMul")["attrs"].update(transpose_b=1), "transpose_b must be True"),
+    # the builder's own step attributes: strided views of BLAS operands
+    (lambda m: _node(m, "MatMul")["attrs"].update(
+        read_views={"list": [{"tuple": [0, {"tuple": [1 << 40, {"tuple": [4, 12]},
+                                                      {"tuple": [0, 1]}]}]}]}),
+     "MatMul has no attribute 'read_views'"),
+])
+def test_forged_attributes_are_refused_at_load(exported_unfused, edit, message):
+    rewrite(exported_unfused, lambda m, e: edit(m))
+    with pytest.raises(FormatError, match=message) as info:
+        graphkernel.load(exported_unfused)
+    assert "graph/" in str(info.value)  # names the node
+
+
+def test_a_composite_with_attributes_is_refused(exported):
+    rewrite(exported, lambda m, e: next(n for n in m["graph"]["nodes"] if n["subgraph"])[
+        "attrs"].update(read_views={"list": []}))
+    with pytest.raises(FormatError, match="Fused_\\w+: a composite has no attributes"):
+        graphkernel.load(exported)

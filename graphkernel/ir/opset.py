@@ -9,9 +9,10 @@ read this table.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,59 @@ class PatternKind(IntEnum):
     INJECTIVE = 2
     REDUCE = 3
     OPAQUE = 4
+
+
+class AttrKind(Enum):
+    """What an attribute's value must be (`OpDef.attr_kind`), in words for messages."""
+
+    BOOL = "True or False"
+    INT = "an integer"
+    COUNT = "an integer from 0"  # a size, a count, an item number
+    REAL = "a finite number"
+    DTYPE = "a dtype"
+    TEXT = "a word"
+    INTS = "a tuple of integers"
+    INT_OR_INTS = "an integer or a tuple of integers"
+
+
+# Integers reach generated C as literals: int64's range.
+_INT_LIMIT = 1 << 63
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and \
+        -_INT_LIMIT <= int(value) < _INT_LIMIT
+
+
+def _is_kind(value: Any, kind: AttrKind) -> bool:
+    if kind is AttrKind.BOOL:
+        return isinstance(value, (bool, np.bool_))
+    if kind is AttrKind.INT:
+        return _is_int(value)
+    if kind is AttrKind.COUNT:
+        return _is_int(value) and value >= 0
+    if kind is AttrKind.REAL:
+        return (_is_int(value) or isinstance(value, (float, np.floating))) and \
+            math.isfinite(value)
+    if kind is AttrKind.DTYPE:
+        return isinstance(value, np.dtype)
+    if kind is AttrKind.TEXT:
+        return isinstance(value, str)
+    ints = isinstance(value, (tuple, list)) and all(_is_int(v) for v in value)
+    return ints or (kind is AttrKind.INT_OR_INTS and _is_int(value))
+
+
+def _kind_of_default(default: Any) -> AttrKind | None:
+    """An attribute's kind as its default value says (None: the default does not say)."""
+    for kind in (AttrKind.BOOL, AttrKind.INT, AttrKind.REAL, AttrKind.DTYPE, AttrKind.TEXT):
+        if _is_kind(default, kind):
+            return kind
+    return AttrKind.INT_OR_INTS if default == () else None  # an axis, or several
+
+
+def int_tuple_kinds(*names: str) -> tuple[tuple[str, AttrKind], ...]:
+    """`OpDef.attr_kinds` for attributes that are each a tuple of integers."""
+    return tuple((name, AttrKind.INTS) for name in names)
 
 
 @dataclass(frozen=True)
@@ -100,10 +154,19 @@ class OpDef:
     # attribute declared with the default None must be given; one declared with a bool default
     # must be a bool (see check_attrs).
     int_tuple_attrs: tuple[str, ...] = ()
+    # The kind of each attribute whose default does not tell it (a default of None), or whose
+    # values are wider than the default's kind (a kernel size of one int or a pair). The others
+    # are the default's kind: a bool, an int, a float (any finite number), a word, a dtype, ()
+    # (an integer or a tuple of them). See `attr_kind` and `check_attr_kinds`.
+    attr_kinds: tuple[tuple[str, AttrKind], ...] = ()
 
     def __post_init__(self) -> None:
         if self.vector_math and not self.expensive:
             object.__setattr__(self, "expensive", True)  # vector math is never cheap
+        for name, _ in self.init_attrs + self.call_attrs:
+            if self.attr_kind(name) is None:
+                raise ValueError(f"op {self.name}: attribute {name} needs its kind declared "
+                                 "(attr_kinds)")
         if (self.kind == PatternKind.REDUCE) != (self.reduction is not None) and \
                 not self.composite:
             raise ValueError(f"op {self.name}: a reduce op declares its Reduction, no other op")
@@ -121,6 +184,33 @@ class OpDef:
     @property
     def functional_name(self) -> str:
         return self.functional_names[0]
+
+    def attr_kind(self, name: str) -> AttrKind | None:
+        """The kind of attribute `name` (None: the op has no such attribute)."""
+        declared = dict(self.attr_kinds)
+        if name in declared:
+            return declared[name]
+        if name in self.int_tuple_attrs:
+            return AttrKind.INTS
+        defaults = self.attr_defaults
+        return _kind_of_default(defaults[name]) if name in defaults else None
+
+    def check_attr_kinds(self, attrs: dict[str, Any]) -> None:
+        """Every attribute is one the op declares, of its kind: for a graph read from a file,
+        whose attributes reach shape inference, the runtime and generated C (a forged
+        `epsilon="x"`, or an attribute only the builder sets). None is the value of an
+        optional constructor attribute (Unstack's num) only. Raises InputError naming it."""
+        defaults = self.attr_defaults
+        call_names = {name for name, _ in self.call_attrs}
+        for name, value in attrs.items():
+            kind = self.attr_kind(name)
+            if kind is None:
+                raise InputError(f"{self.name} has no attribute {name!r}")
+            if value is None and defaults[name] is None and name not in call_names:
+                continue
+            if not _is_kind(value, kind):
+                raise InputError(f"{self.name}: attribute {name} must be {kind.value}, got "
+                                 f"{value!r:.60}")
 
     def check_attrs(self, attrs: dict[str, Any]) -> None:
         """Refuse attribute values of the wrong kind before shape inference reads them: a

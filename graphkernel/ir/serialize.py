@@ -266,11 +266,28 @@ def data_to_graph(data: Any, arrays: dict[str, np.ndarray], check_types: bool = 
     graph = _Reader(constants).graph(_field(data, "graph", dict, "graph"), "graph")
     if not check_types:
         return graph
+    _check_attrs(graph, "graph")
     try:
         verify(graph)
     except GraphKernelError as exc:  # a type that does not follow from its inputs
         raise FormatError(f"the graph does not check: {exc.problem}") from None
     return graph
+
+
+def _check_attrs(graph: Graph, where: str) -> None:
+    """Each node's attributes are ones its op declares, each of its declared kind (a composite
+    has none): they reach shape inference, the runtime and generated C."""
+    for node in graph.nodes:
+        here = f"{where}/{node.name}"
+        if node.subgraph is not None:
+            _expect(not node.attrs, here, f"a composite has no attributes, got "
+                                          f"{sorted(node.attrs)!r:.60}")
+            _check_attrs(node.subgraph, here)
+            continue
+        try:
+            OPS[node.op].check_attr_kinds(node.attrs)
+        except GraphKernelError as exc:
+            raise FormatError(f"{here}: {exc.problem}") from None
 
 
 def check_array(array: np.ndarray, type_: TensorType, where: str) -> None:

@@ -16,8 +16,11 @@ def infer_node_type(node: Node) -> ValueType:
         return TupleType(tuple(o.tensor_type for o in outs))
     if node.op == "GetItem":
         source = node.inputs[0].type
-        assert isinstance(source, TupleType)
-        return source.items[node.attrs["index"]]
+        index = node.attrs.get("index")
+        if not isinstance(source, TupleType) or type(index) is not int or \
+                not 0 <= index < len(source.items):
+            raise VerifyError(f"GetItem {node.name} takes item {index!r:.20} of {source}")
+        return source.items[index]
     opdef = get_op(node.op)
     types = tuple(v.tensor_type for v in node.inputs)
     return opdef.infer(types, {**opdef.attr_defaults, **node.attrs})

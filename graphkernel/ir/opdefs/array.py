@@ -14,10 +14,12 @@ from graphkernel.ir import types as T
 from graphkernel.ir.opset import (
     ALL,
     NUMBERS,
+    AttrKind,
     OpDef,
     PatternKind,
     declare,
     declare_elementwise,
+    int_tuple_kinds,
 )
 from graphkernel.ir.types import TensorType, TupleType, ValueType
 
@@ -184,8 +186,8 @@ def _unstack_ref(x: np.ndarray, axis: int = 0, num: Any = None) -> tuple[np.ndar
 
 declare(OpDef(name="Unstack", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_unstack_infer,
               reference=_unstack_ref, init_attrs=(("axis", 0), ("num", None)),
-              functional=("unstack", "unbind"), aliases=("Unpack",),
-              grad=_unstack_grad))
+              attr_kinds=(("num", AttrKind.COUNT),), functional=("unstack", "unbind"),
+              aliases=("Unpack",), grad=_unstack_grad))
 
 
 # -- Slice and StridedSlice -------------------------------------------------------------------
@@ -231,7 +233,7 @@ def _slice_ref(x: np.ndarray, begin: Any, size: Any) -> np.ndarray:
 
 declare(OpDef(name="Slice", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_slice_infer,
               reference=_slice_ref, call_attrs=(("begin", None), ("size", None)),
-              functional=("slice",), grad=_slice_grad))
+              attr_kinds=int_tuple_kinds("begin", "size"), functional=("slice",), grad=_slice_grad))
 
 
 def strided_slice_index(shape: tuple[int, ...], begin: Any, end: Any, strides: Any,
@@ -298,6 +300,7 @@ def _strided_ref(x: np.ndarray, begin: Any, end: Any, strides: Any, **masks: int
 declare(OpDef(name="StridedSlice", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_strided_infer, reference=_strided_ref, init_attrs=_STRIDED_MASKS,
               call_attrs=(("begin", None), ("end", None), ("strides", None)),
+              attr_kinds=int_tuple_kinds("begin", "end", "strides"),
               functional=("strided_slice",), grad=_strided_slice_grad))
 
 
@@ -373,7 +376,7 @@ def _one_hot_ref(indices: np.ndarray, depth: int, on_value: Any, off_value: Any,
 declare(OpDef(name="OneHot", kind=PatternKind.INJECTIVE, inputs=("indices",),
               infer=_one_hot_infer, reference=_one_hot_ref, init_attrs=(("axis", -1),),
               call_attrs=(("depth", None), ("on_value", 1.0), ("off_value", 0.0)),
-              functional=("one_hot",)))
+              attr_kinds=(("depth", AttrKind.COUNT),), functional=("one_hot",)))
 
 
 # -- Arg-reductions ---------------------------------------------------------------------------
@@ -465,7 +468,8 @@ def _fill_ref(type: Any, shape: Any, value: Any) -> np.ndarray:  # noqa: A002 (M
 # No tensor inputs: called while tracing it gives a constant, which the graph bakes in.
 declare(OpDef(name="Fill", kind=PatternKind.INJECTIVE, inputs=(), infer=_fill_infer,
               reference=_fill_ref, call_attrs=(("type", None), ("shape", None), ("value", 0)),
-              functional=("fill",)))
+              attr_kinds=(("type", AttrKind.DTYPE), ("shape", AttrKind.INTS),
+                          ("value", AttrKind.REAL)), functional=("fill",)))
 
 # Static facts of a tensor's type: Python values while tracing (MindSpore's graph mode too).
 declare(OpDef(name="Shape", kind=PatternKind.INJECTIVE, inputs=("x",),

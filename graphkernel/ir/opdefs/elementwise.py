@@ -11,6 +11,7 @@ from graphkernel.ir import types as T
 from graphkernel.ir.opset import (
     ALL,
     FLOATS,
+    AttrKind,
     OpDef,
     PatternKind,
     declare,
@@ -181,4 +182,5 @@ def _cast_ref(x: np.ndarray, dtype: Any) -> np.ndarray:
 
 declare(OpDef(name="Cast", kind=PatternKind.ELEMWISE, inputs=("x",), infer=_cast_infer,
               reference=_cast_ref, call_attrs=(("dtype", None),), c_template="{0}",
+              attr_kinds=(("dtype", AttrKind.DTYPE),),
               grad=lambda b, n, dy, attrs: [b.cast(dy, n.inputs[0].dtype)]))

@@ -11,7 +11,7 @@ import numpy as np
 
 from graphkernel.errors import DTypeError, ShapeError
 from graphkernel.ir import types as T
-from graphkernel.ir.opset import FLOATS, OpDef, PatternKind, declare
+from graphkernel.ir.opset import FLOATS, AttrKind, OpDef, PatternKind, declare
 from graphkernel.ir.types import TensorType, TupleType, ValueType
 
 # -- window geometry --------------------------------------------------------------------------
@@ -102,6 +102,10 @@ def _check_nchw(x: TensorType, op: str, data_format: str) -> None:
 _CONV_ATTRS = (("out_channel", None), ("kernel_size", None), ("mode", 1), ("pad_mode", "valid"),
                ("pad", 0), ("stride", 1), ("dilation", 1), ("group", 1),
                ("data_format", "NCHW"))
+# Sizes given as one int or per axis (MindSpore's 4-tuple pads).
+_CONV_KINDS = (("out_channel", AttrKind.COUNT), ("kernel_size", AttrKind.INT_OR_INTS),
+               ("pad", AttrKind.INT_OR_INTS), ("stride", AttrKind.INT_OR_INTS),
+               ("dilation", AttrKind.INT_OR_INTS))
 
 
 def conv_geometry(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +180,7 @@ def _conv_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 
 declare(OpDef(name="Conv2D", kind=PatternKind.OPAQUE, inputs=("x", "weight"),
               infer=_conv_infer, reference=_conv_ref, init_attrs=_CONV_ATTRS, accepts=FLOATS,
-              functional=("conv2d",), grad=_conv_grad))
+              attr_kinds=_CONV_KINDS, functional=("conv2d",), grad=_conv_grad))
 
 
 # A convolution with an inference BatchNorm folded into its weights (graph_kernel/bn_fold.py):
@@ -209,13 +213,18 @@ def _folded_conv_ref(x: np.ndarray, w: np.ndarray, scale: np.ndarray, variance: 
 declare(OpDef(name="Conv2DFoldedBN", kind=PatternKind.OPAQUE,
               inputs=("x", "weight", "scale", "variance"), infer=_folded_conv_infer,
               reference=_folded_conv_ref, init_attrs=_CONV_ATTRS + (("epsilon", 1e-5),),
-              accepts=FLOATS, structural=True))
+              attr_kinds=_CONV_KINDS, accepts=FLOATS, structural=True))
 
 
 # -- MaxPool and AvgPool ----------------------------------------------------------------------
 
 _POOL_ATTRS = (("kernel_size", 1), ("strides", 1), ("pad_mode", "valid"),
                ("data_format", "NCHW"))
+_POOL_KINDS = (("kernel_size", AttrKind.INT_OR_INTS), ("strides", AttrKind.INT_OR_INTS))
+# Sizes given as one int or per axis (MindSpore's 4-tuple pads).
+_CONV_KINDS = (("out_channel", AttrKind.COUNT), ("kernel_size", AttrKind.INT_OR_INTS),
+               ("pad", AttrKind.INT_OR_INTS), ("stride", AttrKind.INT_OR_INTS),
+               ("dilation", AttrKind.INT_OR_INTS))
 
 
 def pool_geometry(x: TensorType, attrs: dict[str, Any], op: str) -> dict[str, Any]:
@@ -269,10 +278,12 @@ def _pool_grad(op: str) -> Any:
 
 declare(OpDef(name="MaxPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("MaxPool"), reference=_max_pool_ref, init_attrs=_POOL_ATTRS,
-              accepts=FLOATS, functional=("max_pool2d",), grad=_pool_grad("MaxPoolGrad")))
+              attr_kinds=_POOL_KINDS, accepts=FLOATS, functional=("max_pool2d",),
+              grad=_pool_grad("MaxPoolGrad")))
 declare(OpDef(name="AvgPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("AvgPool"), reference=_avg_pool_ref, init_attrs=_POOL_ATTRS,
-              accepts=FLOATS, functional=("avg_pool2d",), grad=_pool_grad("AvgPoolGrad")))
+              attr_kinds=_POOL_KINDS, accepts=FLOATS, functional=("avg_pool2d",),
+              grad=_pool_grad("AvgPoolGrad")))
 
 
 # -- BatchNorm --------------------------------------------------------------------------------

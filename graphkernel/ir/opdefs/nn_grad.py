@@ -16,14 +16,24 @@ from graphkernel.ir.opdefs.array import INDEX_DTYPES, strided_slice_index
 from graphkernel.ir.opdefs.grad import GRAD_OPS
 from graphkernel.ir.opdefs.nn import (
     _CONV_ATTRS,
+    _CONV_KINDS,
     _POOL_ATTRS,
+    _POOL_KINDS,
     conv_columns,
     conv_geometry,
     pool_geometry,
     wide,
     windows,
 )
-from graphkernel.ir.opset import FLOATS, NUMBERS, OpDef, PatternKind, declare
+from graphkernel.ir.opset import (
+    FLOATS,
+    NUMBERS,
+    AttrKind,
+    OpDef,
+    PatternKind,
+    declare,
+    int_tuple_kinds,
+)
 from graphkernel.ir.types import TensorType, ValueType
 
 
@@ -115,10 +125,14 @@ def _conv_backprop_filter_ref(dout: np.ndarray, x: np.ndarray, filter_size: Any,
 _BACKPROP = dict(kind=PatternKind.OPAQUE, accepts=FLOATS, init_attrs=_CONV_ATTRS)
 declare(OpDef(name="Conv2DBackpropInput", inputs=("dout", "weight"),
               infer=_conv_backprop_input_infer, reference=_conv_backprop_input_ref,
-              call_attrs=(("input_size", None),), **_BACKPROP))  # type: ignore[arg-type]
+              call_attrs=(("input_size", None),),
+              attr_kinds=_CONV_KINDS + int_tuple_kinds("input_size"),
+              **_BACKPROP))  # type: ignore[arg-type]
 declare(OpDef(name="Conv2DBackpropFilter", inputs=("dout", "x"),
               infer=_conv_backprop_filter_infer, reference=_conv_backprop_filter_ref,
-              call_attrs=(("filter_size", None),), **_BACKPROP))  # type: ignore[arg-type]
+              call_attrs=(("filter_size", None),),
+              attr_kinds=_CONV_KINDS + int_tuple_kinds("filter_size"),
+              **_BACKPROP))  # type: ignore[arg-type]
 
 
 # -- pools ------------------------------------------------------------------------------------
@@ -176,7 +190,7 @@ def _avg_pool_grad_ref(x: np.ndarray, out: np.ndarray, dout: np.ndarray,
 for _name, _ref in (("MaxPoolGrad", _max_pool_grad_ref), ("AvgPoolGrad", _avg_pool_grad_ref)):
     declare(OpDef(name=_name, kind=PatternKind.OPAQUE, inputs=("x", "origin_output", "dout"),
                   infer=_pool_grad_infer(_name), reference=_ref, init_attrs=_POOL_ATTRS,
-                  accepts=FLOATS))
+                  attr_kinds=_POOL_KINDS, accepts=FLOATS))
     GRAD_OPS.append(_name)
 
 
@@ -211,6 +225,7 @@ def _segment_sum_ref(x: np.ndarray, ids: np.ndarray, num_segments: int) -> np.nd
 declare(OpDef(name="UnsortedSegmentSum", kind=PatternKind.OPAQUE,
               inputs=("x", "segment_ids"), infer=_segment_sum_infer,
               reference=_segment_sum_ref, call_attrs=(("num_segments", None),),
+              attr_kinds=(("num_segments", AttrKind.COUNT),),
               accepts=NUMBERS, functional=("unsorted_segment_sum",)))
 
 
@@ -245,5 +260,5 @@ def _strided_grad_ref(dy: np.ndarray, shapex: Any, begin: Any, end: Any, strides
 declare(OpDef(name="StridedSliceGrad", kind=PatternKind.OPAQUE, inputs=("dy",),
               infer=_strided_grad_infer, reference=_strided_grad_ref, init_attrs=_MASKS,
               call_attrs=(("shapex", None), ("begin", None), ("end", None), ("strides", None)),
-              accepts=NUMBERS))
+              attr_kinds=int_tuple_kinds("shapex", "begin", "end", "strides"), accepts=NUMBERS))
 GRAD_OPS.append("StridedSliceGrad")

@@ -9,7 +9,7 @@ import numpy as np
 
 from graphkernel.errors import ShapeError
 from graphkernel.ir import types as T
-from graphkernel.ir.opset import OpDef, PatternKind, declare
+from graphkernel.ir.opset import AttrKind, OpDef, PatternKind, declare
 from graphkernel.ir.types import TensorType, ValueType
 
 
@@ -71,6 +71,7 @@ def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> 
 declare(OpDef(name="ExpandDims", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_expand_dims_infer, reference=lambda x, axis: np.expand_dims(x, axis),
               call_attrs=(("axis", None),), c_template="{0}", view=True,
+              attr_kinds=(("axis", AttrKind.INT),),
               grad=_reshape_grad))
 
 

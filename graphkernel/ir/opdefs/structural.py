@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkernel.ir.opset import OpDef, PatternKind, declare
+from graphkernel.ir.opset import AttrKind, OpDef, PatternKind, declare
 from graphkernel.ir.types import TensorType, ValueType
 
 
@@ -13,4 +13,5 @@ def _getitem_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Valu
 
 declare(OpDef(name="GetItem", kind=PatternKind.INJECTIVE, inputs=("tuple",),
               infer=_getitem_infer, reference=lambda t, index: t[index],
-              call_attrs=(("index", 0),), structural=True))
+              call_attrs=(("index", 0),), attr_kinds=(("index", AttrKind.COUNT),),
+              structural=True))
