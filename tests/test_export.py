@@ -412,3 +412,22 @@ def test_a_composite_with_attributes_is_refused(exported):
         "attrs"].update(read_views={"list": []}))
     with pytest.raises(FormatError, match="Fused_\\w+: a composite has no attributes"):
         graphkernel.load(exported)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("parallel_threshold", None, "parallel_threshold is None; it is int from 0"),
+    ("stream_min_bytes", 1 << 70, "stream_min_bytes is .*; it is int or None from 0"),
+    ("max_inputs", -3, "max_inputs is -3"),
+    ("prefault_buffers", 1, "prefault_buffers is 1; it is bool"),
+    ("no_such_field", 1, "it has no field 'no_such_field'"),
+])
+def test_forged_cost_settings_are_refused_at_load(exported, field, value, message):
+    rewrite(exported, lambda m, e: m["options"]["cost"].update({field: value}))
+    with pytest.raises(FormatError, match="bad cost model: .*" + message):
+        graphkernel.load(exported)
+
+
+def test_forged_graph_kernel_flags_are_a_format_error(exported):
+    rewrite(exported, lambda m, e: m["options"].update(graph_kernel_flags="--no_such_flag"))
+    with pytest.raises(FormatError, match="compile options: .*unknown flag --no_such_flag"):
+        graphkernel.load(exported)

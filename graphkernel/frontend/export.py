@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import time
+import typing
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -31,7 +32,13 @@ import numpy as np
 from graphkernel._version import __version__
 from graphkernel.codegen import cache
 from graphkernel.codegen.library import library_key
-from graphkernel.errors import FormatError, InputError, UnsupportedError, VerifyError
+from graphkernel.errors import (
+    FormatError,
+    GraphKernelError,
+    InputError,
+    UnsupportedError,
+    VerifyError,
+)
 from graphkernel.frontend import archive
 from graphkernel.frontend.compile import _check_memory, compile, options_from_context
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
@@ -170,20 +177,46 @@ def _manifest(path: str, entries: dict[str, bytes]) -> dict[str, Any]:
     return manifest
 
 
+# Integer settings reach generated C as literals: int64's range.
+_COST_LIMIT = 1 << 63
+
+
+def _cost_model(cost: Any, path: str) -> CostModel:
+    """The cost model's fields, each of the type its declaration gives (`int | None`: an int or
+    None), integers from 0 into int64's range."""
+    if not isinstance(cost, dict):
+        raise FormatError(f"{path}: bad cost model {cost!r:.80}")
+    types = typing.get_type_hints(CostModel)
+    for name, value in cost.items():
+        declared = types.get(name) if isinstance(name, str) else None
+        if declared is None:
+            raise FormatError(f"{path}: bad cost model: it has no field {name!r:.40}")
+        allowed = typing.get_args(declared) or (declared,)
+        if value is None and type(None) in allowed:
+            continue
+        if type(value) is bool and bool in allowed:
+            continue
+        if type(value) is not int or int not in allowed or not 0 <= value < _COST_LIMIT:
+            kinds = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise FormatError(f"{path}: bad cost model: field {name} is {value!r:.40}; it "
+                              f"is {kinds}" + (" from 0" if int in allowed else ""))
+    return CostModel(**cost)
+
+
 def _options(data: Any, path: str) -> CompileOptions:
+    if not isinstance(data, dict) or not {"cost", "graph_kernel_flags",
+                                          "enable_graph_kernel"} <= set(data):
+        raise FormatError(f"{path}: bad compile options")
+    cost = _cost_model(data["cost"], path)
+    flags = data["graph_kernel_flags"]
+    if not isinstance(flags, str) or type(data["enable_graph_kernel"]) is not bool:
+        raise FormatError(f"{path}: bad compile options")
     try:
-        cost_fields = {f.name for f in dataclasses.fields(CostModel)}
-        cost = data["cost"]
-        if not isinstance(cost, dict) or not set(cost) <= cost_fields or not all(
-                v is None or type(v) in (int, bool) for v in cost.values()):
-            raise FormatError(f"{path}: bad cost model {cost!r:.80}")
-        flags = data["graph_kernel_flags"]
-        if not isinstance(flags, str) or type(data["enable_graph_kernel"]) is not bool:
-            raise FormatError(f"{path}: bad compile options")
-        return CompileOptions(enable_graph_kernel=data["enable_graph_kernel"],
-                              flags=parse_flags(flags), cost=CostModel(**cost))
-    except (KeyError, TypeError):
-        raise FormatError(f"{path}: bad compile options") from None
+        parsed = parse_flags(flags)
+    except GraphKernelError as exc:
+        raise FormatError(f"{path}: compile options: {exc.problem}") from None
+    return CompileOptions(enable_graph_kernel=data["enable_graph_kernel"], flags=parsed,
+                          cost=cost)
 
 
 def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph:
