@@ -4,6 +4,7 @@ import hashlib
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -430,4 +431,36 @@ def test_forged_cost_settings_are_refused_at_load(exported, field, value, messag
 def test_forged_graph_kernel_flags_are_a_format_error(exported):
     rewrite(exported, lambda m, e: m["options"].update(graph_kernel_flags="--no_such_flag"))
     with pytest.raises(FormatError, match="compile options: .*unknown flag --no_such_flag"):
+        graphkernel.load(exported)
+
+
+def _npy_with_shape(shape_text, data):
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_text}, }}"
+    header += " " * (63 - (len(header) + 10) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data
+
+
+@pytest.mark.parametrize("shape_text", [
+    "(274177, 67280421310721, 288)",  # 288 * (2**64 + 1) elements: int64 wraps to 288
+    "(18446744073709551617, 288)",  # a dimension past int64
+])
+def test_npy_shapes_that_wrap_int64_are_refused(exported, shape_text):
+    data = np.zeros(288, np.float32).tobytes()  # weight0 is float32[24,12]: 288 elements
+    rewrite(exported, lambda m, e: e.update({"arrays/weight0.npy": _npy_with_shape(shape_text,
+                                                                                   data)}))
+    with pytest.raises(FormatError, match="array weight0 is unreadable"):
+        graphkernel.load(exported)
+
+
+def test_a_zip_entry_declaring_more_than_the_file_holds_is_named(exported):
+    data = bytearray(open(exported, "rb").read())
+    record = data.index(b"PK\x01\x02")  # the central directory: find kernels.c's record
+    while data[record + 46:record + 46 + len(b"kernels.c")] != b"kernels.c":
+        name, extra, comment = struct.unpack_from("<HHH", data, record + 28)
+        record += 46 + name + extra + comment
+    struct.pack_into("<II", data, record + 20, 0xFFFFFFF0, 0xFFFFFFF0)  # ~4 GiB, stored
+    with open(exported, "wb") as fh:
+        fh.write(data)
+    with pytest.raises(FormatError, match=r"entry 'kernels.c' declares 4294967280 bytes, more "
+                                          r"than the file holds"):
         graphkernel.load(exported)

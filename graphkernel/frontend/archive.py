@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import tempfile
@@ -54,6 +55,7 @@ def read_entries(path: str, source: str | BinaryIO, kind: str) -> dict[str, byte
     """Every entry of the zip at `source` (`path` names it in errors; `kind` says what the file
     should be)."""
     try:
+        size = _size(source)
         with zipfile.ZipFile(source) as zf:
             infos = zf.infolist()
             names = [i.filename for i in infos]
@@ -65,6 +67,11 @@ def read_entries(path: str, source: str | BinaryIO, kind: str) -> dict[str, byte
                 if info.compress_type != zipfile.ZIP_STORED or info.file_size > MAX_MANIFEST * 64:
                     raise FormatError(f"{path}: entry {info.filename!r} is compressed or "
                                       "oversized; graphkernel writes stored entries")
+                if info.compress_size > size - info.header_offset:
+                    raise FormatError(f"{path}: entry {info.filename!r} declares "
+                                      f"{info.compress_size} bytes, more than the file holds "
+                                      f"after it ({max(size - info.header_offset, 0)}): a "
+                                      "truncated or altered file")
                 out[info.filename] = zf.read(info)
             return out
     except FileNotFoundError:
@@ -72,8 +79,19 @@ def read_entries(path: str, source: str | BinaryIO, kind: str) -> dict[str, byte
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
         if isinstance(exc, GraphKernelError):
             raise
+        reason = str(exc) or f"{type(exc).__name__} while reading it"  # EOFError() says nothing
         raise FormatError(f"{path} is not a readable {kind} file (truncated or corrupted?): "
-                          f"{exc}") from None
+                          f"{reason}") from None
+
+
+def _size(source: str | BinaryIO) -> int:
+    """The length of the file at `source` in bytes (a file object is left where it was)."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.path.getsize(source)
+    here = source.tell()
+    end = source.seek(0, os.SEEK_END)
+    source.seek(here)
+    return end
 
 
 def parse_manifest(path: str, entries: dict[str, bytes], kind: str) -> dict[str, Any]:
@@ -136,8 +154,10 @@ def _plain_npy(blob: bytes) -> np.ndarray | None:
         return None
     shape = tuple(int(d) for d in match[2].split(b",") if d.strip())
     data = blob[match.end():]
-    if len(data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-        return None
+    # Python's exact integers: numpy's int64 product of a forged shape wraps around (or
+    # overflows) and could match the data's length.
+    if len(data) != dtype.itemsize * math.prod(shape):
+        return None  # np.load refuses it with its own message
     return np.frombuffer(data, dtype).reshape(shape).copy()
 
 
@@ -161,7 +181,7 @@ def array(entries: dict[str, bytes], key: Any, path: str) -> np.ndarray:
         return plain
     try:
         out = np.load(io.BytesIO(entries[name]), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OverflowError, OSError, EOFError) as exc:  # Overflow: a size past int64
         raise FormatError(f"{path}: array {key} is unreadable: {exc}") from None
     if out.dtype not in SUPPORTED_DTYPES:
         raise FormatError(f"{path}: array {key} has unsupported dtype {out.dtype}")
