@@ -464,3 +464,33 @@ def test_a_zip_entry_declaring_more_than_the_file_holds_is_named(exported):
     with pytest.raises(FormatError, match=r"entry 'kernels.c' declares 4294967280 bytes, more "
                                           r"than the file holds"):
         graphkernel.load(exported)
+
+
+def test_a_prebuilt_library_is_installed_only_for_its_own_graph(tmp_path, rng, monkeypatch):
+    """A trusted file whose kernels.c and prebuilt library are net B's but whose graph is net
+    A's: loading and running it must not place the library under B's key, where a later
+    compile of B would run it."""
+    context.set_context(enable_graph_kernel=True)
+    x = rng.standard_normal((4, 12)).astype(np.float32)
+    net_a = Fn(lambda x: P.Tanh()(x * 3.0))
+    net_b = mlp()
+    path_a = graphkernel.export(net_a, Tensor(x), file_name=str(tmp_path / "a"))
+    path_b = graphkernel.export(net_b, Tensor(x), file_name=str(tmp_path / "b"))
+    with zipfile.ZipFile(path_b) as zf:
+        b_entries = {n: zf.read(n) for n in zf.namelist()}
+    b_prebuilt = json.loads(b_entries["manifest.json"])["prebuilt"]
+
+    def b_library_in_a(manifest, entries):
+        for name in [n for n in entries if n.startswith("prebuilt/")]:
+            del entries[name]
+        entries["kernels.c"] = b_entries["kernels.c"]
+        entries[b_prebuilt["entry"]] = b_entries[b_prebuilt["entry"]]
+        manifest["prebuilt"] = b_prebuilt
+    rewrite(path_a, b_library_in_a)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(tmp_path / "fresh"))
+    cell = nn.GraphCell(graphkernel.load(path_a, trust_prebuilt=True))
+    np.testing.assert_allclose(_run(cell, x)[0], np.tanh(x * 3), rtol=1e-6)
+    assert not os.path.exists(tmp_path / "fresh" / f"{b_prebuilt['key']}.so")
+    assert not cell.compiled.from_cache  # A's kernels, compiled here
+    assert any("prebuilt library is not the one" in w for w in cell.compiled.executable.warnings)
+    assert not graphkernel.compile(net_b, Tensor(x)).from_cache  # B compiled, not the file's

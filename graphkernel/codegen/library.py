@@ -81,10 +81,13 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 
 def build_library(kernels: list[KernelSource],
-                  entry: Callable[[str], str] | None = None) -> BuiltLibrary:
+                  entry: Callable[[str], str] | None = None,
+                  prebuilt: tuple[str, bytes] | None = None) -> BuiltLibrary:
     """Compile `kernels` into one shared library (or load it from the cache). `entry`, given
     the module name, returns the C of a CPython module to build into the same library (the
-    plan's C runner, runtime/c_entry.py)."""
+    plan's C runner, runtime/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
+    built elsewhere (a trusted export's), placed in the cache only when the source generated
+    here has that very key: a library never lands under another graph's key."""
     tc = toolchain.detect()
     assert tc is not None, "build_library needs a C compiler"
     # The OpenMP runtime reads its settings when it starts: spin-waiting threads stall on a shared
@@ -103,6 +106,8 @@ def build_library(kernels: list[KernelSource],
     folder = cache.open_folder()
     key = _key(tc, source, flags, module is not None)
     path = cache.lookup(folder, key)
+    if path is None and prebuilt is not None and prebuilt[0] == key:
+        path = cache.install(folder, key, prebuilt[1])
     from_cache = path is not None
     units: list[str] = []
     if path is None:

@@ -222,8 +222,8 @@ def _options(data: Any, path: str) -> CompileOptions:
 def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph:
     """Read an export written by `export` (a path, or a binary file object); run it with
     `nn.GraphCell(load(file))`. `trust_prebuilt=True` lets a prebuilt library in the file be
-    used (native code: only for files you trust); otherwise kernels are generated from the
-    graph and compiled here."""
+    used (native code: only for files you trust), and only when the kernels generated here from
+    the file's graph are the source it was built from; otherwise they are compiled here."""
     if isinstance(file_name, (str, os.PathLike)):
         path = os.path.abspath(file_name)
         entries = archive.read_entries(path, path, FORMAT)
@@ -285,13 +285,12 @@ def _name(manifest: dict[str, Any], path: str) -> str:
 def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -> CompiledCell:
     """Build a loaded final graph (its weight inputs bound to `params`): kernels generated
     again from the graph, compiled through the kernel cache (a trusted prebuilt library placed
-    there first)."""
+    there when it was built from the very source generated here)."""
     start = time.perf_counter()
-    if loaded.prebuilt is not None:
-        key, data = loaded.prebuilt
-        cache.install(cache.open_folder(), key, data)
     schedule_composites(graph)  # each composite's loop nest, as the last backend stage plans it
-    executable = build_executable(graph, loaded.name, loaded.options.cost)
+    # A trusted prebuilt library goes into the cache only under the key of the source
+    # generated here from the graph, and only when that is the key it was built under.
+    executable = build_executable(graph, loaded.name, loaded.options.cost, loaded.prebuilt)
     report = CompileReport(stages={FINAL: graph},
                            stage_docs={FINAL: "the final graph, loaded from an export"})
     compiled = CompiledCell(executable, params, report)

@@ -4,12 +4,13 @@ compiled once, and the runners take the plan from there."""
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import replace
 
 import numpy as np
 
-from graphkernel.codegen import toolchain
+from graphkernel.codegen import cache, toolchain
 from graphkernel.codegen.c_argmax import argmax_kernel, emit_argmax_kernel
 from graphkernel.codegen.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.codegen.c_text import c_identifier
@@ -450,9 +451,11 @@ def _copies(slots: tuple[Slot, ...], steps: list[Step], outputs: tuple[int, ...]
     return tuple(copies)
 
 
-def build_executable(graph: Graph, name: str, cost: CostModel = DEFAULT_COST_MODEL
-                     ) -> Executable:
-    """Plan `graph`, compile its kernels (one library, cached) and ready the runners."""
+def build_executable(graph: Graph, name: str, cost: CostModel = DEFAULT_COST_MODEL,
+                     prebuilt: tuple[str, bytes] | None = None) -> Executable:
+    """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
+    `prebuilt`: a library built elsewhere for the same source, by its cache key (see
+    `build_library`)."""
     global _warned_no_compiler
     tc = toolchain.detect()
     if tc is None and not _warned_no_compiler:
@@ -465,6 +468,10 @@ def build_executable(graph: Graph, name: str, cost: CostModel = DEFAULT_COST_MOD
     kernels = [s.kernel for s in plan.steps if s.kernel is not None]
     library = None
     if kernels:
-        library = build_library(kernels, entry_source(plan))
+        library = build_library(kernels, entry_source(plan), prebuilt)
         runner.load(library)
+    if prebuilt is not None and (library is None or os.path.basename(library.path) !=
+                                 prebuilt[0] + cache.LIBRARY_SUFFIX):
+        notes.append("the prebuilt library is not the one these kernels build (its source "
+                     "differs): not used, compiled here")
     return Executable(plan, runner, library, notes)
