@@ -494,3 +494,31 @@ def test_a_prebuilt_library_is_installed_only_for_its_own_graph(tmp_path, rng, m
     assert not cell.compiled.from_cache  # A's kernels, compiled here
     assert any("prebuilt library is not the one" in w for w in cell.compiled.executable.warnings)
     assert not graphkernel.compile(net_b, Tensor(x)).from_cache  # B compiled, not the file's
+
+
+def test_kernels_of_one_name_in_a_training_step_are_told_apart(tmp_path, rng):
+    """Names in a file need not be unique: the plan's in-place weight updates look each
+    kernel up by its step, not its name (a forged file whose composites share one name made
+    the builder analyse another kernel: IndexError)."""
+    context.set_context(enable_graph_kernel=True)
+    net = nn.SequentialCell([nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4)])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), optimizer)
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    y = np.arange(6, dtype=np.int32) % 4
+    path = graphkernel.export(step, Tensor(x), Tensor(y), file_name=str(tmp_path / "train"))
+    honest = nn.GraphCell(graphkernel.load(path))
+
+    def one_name(manifest, entries):
+        composites = [n for n in manifest["graph"]["nodes"] if n["subgraph"]]
+        assert len(composites) >= 3
+        for node in composites:
+            node["name"] = "K"
+    rewrite(path, one_name)
+    forged = nn.GraphCell(graphkernel.load(path))
+    for _ in range(2):  # the weights move: the second call reads the first one's updates
+        got = forged(Tensor(x), Tensor(y)).asnumpy()
+        np.testing.assert_array_equal(got, honest(Tensor(x), Tensor(y)).asnumpy())
+    for (_, p), (_, q) in zip(forged.parameters_and_names(), honest.parameters_and_names()):
+        np.testing.assert_array_equal(p.asnumpy(), q.asnumpy())

@@ -188,7 +188,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     folded = {n.uid for v in views.values() for n in v.folded}
     # codegen/c_conv_block.py; planned where its last member is (its inputs are ready there).
     blocks = {block.last.uid: block for block in (conv_blocks(graph) if compiler else {}).values()}
-    groups: _Groups = {}  # kernels that may write a weight in place
+    groups: _Groups = {}  # kernels that may write a weight in place, by step position
     folded |= {m.uid for block in blocks.values() for m in block.members[:-1]}
     # A multi-threaded BLAS product planned so far: its idle workers spin beside the kernels
     # after it (CostModel.serial_beside_blas). BLAS held to one thread has no such workers.
@@ -270,7 +270,6 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                                 note=reason, **common))  # type: ignore[arg-type]
             continue
         cname = _unique(c_identifier(node.name), used_names)
-        groups[node.name] = (node, sub, sched)
         if isinstance(sched, ParallelSchedule):  # independent groups, a loop nest each
             source = emit_parallel_kernel(sub, cname, sched, cost.parallel_threshold,
                                           cost.stream_min_bytes, cost.prefetch_min_bytes,
@@ -285,6 +284,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)
         b.steps.append(Step(StepKind.KERNEL, reads=reads + extra, kernel=source, pooled=True,
                             sizes=sizes, **common))  # type: ignore[arg-type]
+        groups[len(b.steps) - 1] = (node, sub, sched)  # names may repeat (a loaded file)
     outputs = tuple(b.read(v) for v in graph.outputs)
     for i, value in enumerate(graph.outputs):
         if isinstance(value, Constant):  # a fresh copy per call: results are the caller's
@@ -314,7 +314,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
 
 
 # step name -> (node, its group, its schedule)
-_Groups = dict[str, tuple[Node, Graph, Schedule | ParallelSchedule]]
+_Groups = dict[int, tuple[Node, Graph, Schedule | ParallelSchedule]]
 
 
 def _write_weights_in_place(steps: list[Step], groups: _Groups,
@@ -336,10 +336,10 @@ def _write_weights_in_place(steps: list[Step], groups: _Groups,
     done: set[int] = set()
     for source, target in assigned:
         i = writer.get(source)
-        if i is None or steps[i].name not in groups or counts[source] > 1 or \
+        if i is None or i not in groups or counts[source] > 1 or \
                 source in outputs or steps[i].sizes:  # dynamic: results shaped per call
             continue
-        node, sub, sched = groups[steps[i].name]
+        node, sub, sched = groups[i]
         views = _views_of(steps, target)
         # read after the kernel: by a later step, as a result, or by another weight's copy
         later = {r for step in steps[i + 1:] for r in step.reads} | set(outputs) | \
