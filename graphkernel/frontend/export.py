@@ -81,7 +81,8 @@ class LoadedGraph:
     kernel_source: str | None
     checksum: str  # sha256 of the manifest: names this file's content
     producer: str
-    prebuilt: tuple[str, bytes] | None = None  # (cache key, library) when trusted
+    # (cache key, library) when trusted: used only if the kernels generated here have that key
+    prebuilt: tuple[str, bytes] | None = None
     notes: list[str] = field(default_factory=list)
 
     def __repr__(self) -> str:
