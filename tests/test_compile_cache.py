@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,8 +17,8 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.codegen import toolchain
-from graphkernel.frontend import compile_cache, context
+from graphkernel.codegen import cache, toolchain
+from graphkernel.frontend import archive, compile_cache, context
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.printer import print_graph
@@ -218,7 +220,8 @@ def test_the_key_holds_every_option_field() -> None:
 @needs_cc
 @pytest.mark.parametrize("damage", ["truncated", "altered", "empty", "not a zip"])
 def test_a_bad_entry_falls_back_to_a_fresh_compile_with_the_reason(
-        cache_folder: str, damage: str, rng: Any) -> None:
+        cache_folder: str, damage: str, rng: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "_warned", set())
     x = rng.standard_normal((4, 8)).astype(np.float32)
     cold = graphkernel.compile(Block(), x, options=FUSED)
     [name] = _entries(cache_folder)
@@ -235,10 +238,8 @@ def test_a_bad_entry_falls_back_to_a_fresh_compile_with_the_reason(
         data = b"#!/bin/sh\necho not a cache entry\n"
     with open(path, "wb") as fh:
         fh.write(data)
-    again = graphkernel.compile(Block(), x, options=FUSED)
-    note = again.report.compile_cache
-    assert note.startswith("miss: the entry was unreadable and is removed (")
-    assert note.endswith("; stored")  # a good entry replaces it
+    again, said = _compile_warned(Block(), x)
+    _assert_replaced(again, said, path, "")  # said once, naming the file; a good entry replaces it
     assert again.plan.describe() == cold.plan.describe()
     assert np.array_equal(again.run_arrays(x)[0], cold.run_arrays(x)[0])
     assert graphkernel.compile(Block(), x, options=FUSED).report.compile_cache.startswith("hit")
@@ -364,3 +365,164 @@ def test_a_folder_that_cannot_take_the_entry_still_compiles(cache_folder: str) -
     assert exe.report.compile_cache.startswith("miss: no entry; not stored: ")
     expected = graphkernel.compile(Scaled(), x, options=CompileOptions(False)).run_arrays(x)
     np.testing.assert_allclose(exe.run_arrays(x)[0], expected[0], rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entries from anyone: sums that match say an entry is whole, not that it is true
+
+def forge(path: str, change: Callable[[dict[str, Any], dict[str, bytes]], None]) -> None:
+    """Rewrite the entry at `path` with `change` made to its manifest and entries and every
+    sum matching again, as anything that can write the file can."""
+    entries = archive.read_entries(path, path, compile_cache.KIND)
+    manifest = json.loads(entries.pop(archive.MANIFEST))
+    del entries[archive.CHECKSUM], manifest["entries"]
+    change(manifest, entries)
+    archive.write(path, manifest, entries, prefix=".forged.")
+
+
+def _compile_warned(cell: nn.Cell, *arrays: np.ndarray) -> tuple[Any, list[str]]:
+    """The compile, and the compile cache's warnings it gave."""
+    with pytest.warns() as record:
+        exe = graphkernel.compile(cell, *arrays, options=FUSED)
+    return exe, [str(w.message) for w in record if "compile cache entry" in str(w.message)]
+
+
+def _assert_replaced(exe: Any, said: list[str], path: str, why: str) -> None:
+    """A miss said once, naming the file, and a good entry written in its place."""
+    note = exe.report.compile_cache
+    assert note.startswith("miss: the entry was unreadable and is removed (") and why in note
+    assert note.endswith("; stored")
+    assert len(said) == 1 and path in said[0] and why in said[0]
+
+
+@needs_cc
+def test_an_entry_copied_under_another_key_is_a_miss_said_once(
+        cache_folder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "_warned", set())
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    _note(Scaled(2.0), x)
+    [doubled] = _entries(cache_folder)
+    _note(Scaled(3.0), x)
+    [tripled] = [n for n in _entries(cache_folder) if n != doubled]
+    graphs = os.path.join(cache_folder, compile_cache.FOLDER)
+    shutil.copyfile(os.path.join(graphs, doubled), os.path.join(graphs, tripled))
+    exe, said = _compile_warned(Scaled(3.0), x)
+    _assert_replaced(exe, said, os.path.join(graphs, tripled), "a swapped or copied entry")
+    expected = graphkernel.compile(Scaled(3.0), x, options=CompileOptions(False)).run_arrays(x)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], expected[0], rtol=1e-6)
+    assert _note(Scaled(3.0), x).startswith("hit: ")
+
+
+@needs_cc
+def test_a_forged_type_is_a_miss_not_a_heap_overflow(cache_folder: str) -> None:
+    """The GeLU after the first product declared 1 row of 4: it was a hit, whose buffers were
+    sized by the forged type and written past (50 calls: glibc aborted, "corrupted size vs.
+    prev_size")."""
+    code = _CHILD.format(tests=os.path.join(ROOT, "tests"))
+    assert child_note(code).startswith("miss: no entry")
+    [name] = _entries(cache_folder)
+
+    def shrink(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+        node = manifest["graph"]["nodes"][1]
+        assert node["op"] == "Composite" and node["type"]["shape"] == [4, 16]
+        node["type"]["shape"] = [1, 16]
+
+    forge(os.path.join(cache_folder, compile_cache.FOLDER, name), shrink)
+    note = child_note(code)
+    assert note.startswith("miss: the entry was unreadable and is removed (the graph does not "
+                           "check: ") and "has type float32[1,16]" in note, note
+    assert child_note(code).startswith("hit: ")
+
+
+def _reshaped(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+    entries["arrays/const0.npy"] = archive.npy(np.zeros(3, np.float32))
+    manifest["constants"][0]["type"]["shape"] = [3]
+
+
+def _not_an_array(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+    entries["arrays/const0.npy"] = b"\x93NUMPY not an array"
+
+
+def _unhashable_name(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+    manifest["constants"][0]["array"] = ["const0"]
+
+
+@needs_cc
+@pytest.mark.parametrize("damage, why", [
+    (_reshaped, "do not broadcast"),  # ran, then raised numpy's ValueError on every call
+    (_not_an_array, "array const0 is unreadable"),  # a miss, but said to nobody
+    (_unhashable_name, "array ['const0'] is missing"),  # the same
+])
+def test_a_bad_array_is_a_miss_said_once_and_replaced(
+        cache_folder: str, monkeypatch: pytest.MonkeyPatch,
+        damage: Callable[[dict[str, Any], dict[str, bytes]], None], why: str) -> None:
+    monkeypatch.setattr(cache, "_warned", set())
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    _note(Scaled(), x)
+    [name] = _entries(cache_folder)
+    path = os.path.join(cache_folder, compile_cache.FOLDER, name)
+    forge(path, damage)
+    exe, said = _compile_warned(Scaled(), x)
+    _assert_replaced(exe, said, path, why)
+    expected = graphkernel.compile(Scaled(), x, options=CompileOptions(False)).run_arrays(x)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], expected[0], rtol=1e-6)
+    assert _note(Scaled(), x).startswith("hit: ")
+
+
+class ThreeSpaces(nn.Cell):
+    """A parallel kernel of three loop nests (its LOOP_NESTS note: [[0], [1], [2]])."""
+
+    def construct(self, x: Any, y: Any, z: Any) -> Any:
+        return (P.Tanh()(x * 2.0), P.Add()(y, 1.0), P.ReduceSum()(P.Exp()(z), 1))
+
+
+@needs_cc
+@pytest.mark.parametrize("nests", [[[0], [1], [7]], [[0], [1]], [[0], [1, 2], [2]], "0,1,2"])
+def test_forged_loop_nests_are_a_miss(cache_folder: str, monkeypatch: pytest.MonkeyPatch,
+                                      nests: Any) -> None:
+    """Out of range: an IndexError on every compile; an output no nest writes: returned
+    unwritten."""
+    monkeypatch.setattr(cache, "_warned", set())
+    rng = np.random.default_rng(3)
+    arrays = (rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7),
+              rng.standard_normal((3, 8)).astype(np.float32))
+    cold = graphkernel.compile(ThreeSpaces(), *arrays, options=FUSED)
+    [name] = _entries(cache_folder)
+    path = os.path.join(cache_folder, compile_cache.FOLDER, name)
+
+    def renumber(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+        [node] = [n for n in manifest["graph"]["nodes"] if "loop_nests" in n["notes"]]
+        assert node["notes"]["loop_nests"] == {"list": [{"list": [i]} for i in range(3)]}
+        node["notes"]["loop_nests"] = nests if isinstance(nests, str) else \
+            {"list": [{"list": n} for n in nests]}
+
+    forge(path, renumber)
+    exe, said = _compile_warned(ThreeSpaces(), *arrays)
+    _assert_replaced(exe, said, path, "note loop_nests")
+    for got, want in zip(exe.run_arrays(*arrays), cold.run_arrays(*arrays)):
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_cc
+def test_a_forged_item_number_is_a_miss(cache_folder: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item -1 of a 3-tuple has the type of item 2, but the runtime's slots are numbered from
+    0: a raw KeyError on every compile."""
+    monkeypatch.setattr(cache, "_warned", set())
+    rng = np.random.default_rng(3)
+    arrays = (rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7),
+              rng.standard_normal((3, 8)).astype(np.float32))
+    cold = graphkernel.compile(ThreeSpaces(), *arrays, options=FUSED)
+    [name] = _entries(cache_folder)
+    path = os.path.join(cache_folder, compile_cache.FOLDER, name)
+
+    def last_from_the_end(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+        [item] = [n for n in manifest["graph"]["nodes"]
+                  if n["op"] == "GetItem" and n["attrs"]["index"] == 2]
+        item["attrs"]["index"] = -1
+
+    forge(path, last_from_the_end)
+    exe, said = _compile_warned(ThreeSpaces(), *arrays)
+    _assert_replaced(exe, said, path, "takes item -1")
+    for got, want in zip(exe.run_arrays(*arrays), cold.run_arrays(*arrays)):
+        np.testing.assert_array_equal(got, want)

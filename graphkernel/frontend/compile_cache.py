@@ -19,10 +19,13 @@ traced input each final input is, the fusion reasons and rewrites, the stages' n
 and the bytes the initial graph needs (checked against this machine's memory as a compile
 checks it). No weights: they are the cell's Parameters, bound again from the traced graph.
 
-An entry that does not read back (truncated, altered, another format) is removed and the graph
-compiled afresh; the compile report says why (`CompileReport.compile_cache`). Nothing is read
-when save_graphs or --dump_as_text asks for every stage's dump (the stages must run to be
-written); GRAPHKERNEL_COMPILE_CACHE=0 turns the cache off.
+An entry is read as a file from anyone (sums that match say it is whole, not true): it names the
+key it was written under, its graph is verified (types inferred again, as an export's) and its
+inputs, outputs and loop-nest notes must fit the traced graph. One that does not (truncated,
+altered, swapped, another format) is a miss: removed, said once in a warning naming the file,
+and the graph compiled afresh; the compile report says why (`CompileReport.compile_cache`).
+Nothing is read when save_graphs or --dump_as_text asks for every stage's dump (the stages must
+run to be written); GRAPHKERNEL_COMPILE_CACHE=0 turns the cache off.
 """
 from __future__ import annotations
 
@@ -40,16 +43,16 @@ import numpy as np
 
 from graphkernel._version import __version__
 from graphkernel.codegen import cache, toolchain
-from graphkernel.errors import FormatError, GraphKernelError
+from graphkernel.errors import FormatError, GraphKernelError, VerifyError
 from graphkernel.frontend import archive
-from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.graph_kernel.pipeline import CompileOptions, check_final_notes
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.serialize import data_to_graph, graph_to_data
 from graphkernel.ir.types import TensorType
 
 KIND = "graphkernel compile cache"
-VERSION = 1
+VERSION = 2  # 2: the entry names its key
 FOLDER = "graphs"  # under the kernel cache folder; its trimming skips sub-folders
 SUFFIX = ".gkc"
 ENV = "GRAPHKERNEL_COMPILE_CACHE"
@@ -157,16 +160,20 @@ def _path(key: str) -> str:
 
 
 def load(key: str, traced: Graph, have_memory: int) -> tuple[Entry | None, str]:
-    """The entry under `key` with its weights bound to `traced`'s Parameters, or None and why
-    (a bad entry is removed, so the fresh compile writes a good one)."""
+    """The entry under `key` with its weights bound to `traced`'s Parameters, or None and why.
+    A bad entry (unreadable, written under another key, a graph that does not check) is a
+    miss: said once as a warning naming the file, and removed, so the fresh compile writes a
+    good one."""
     path = _path(key)
     if not os.path.isfile(path):
         return None, "miss: no entry"
     try:
-        entry, need = _read(path, traced)
+        entry, need = _read(path, key, traced)
     except FormatError as exc:
         with contextlib.suppress(OSError):
             os.unlink(path)
+        cache.warn_once(f"graphkernel: the compile cache entry {path} is corrupt or altered "
+                        f"({exc.problem}); it is removed and the graph compiled afresh")
         return None, f"miss: the entry was unreadable and is removed ({exc.problem})"
     if have_memory and need > have_memory:
         return None, "miss: the graph needs more memory than this machine has"
@@ -175,15 +182,22 @@ def load(key: str, traced: Graph, have_memory: int) -> tuple[Entry | None, str]:
     return entry, f"hit: {path}"
 
 
-def _read(path: str, traced: Graph) -> tuple[Entry, int]:
+def _read(path: str, key: str, traced: Graph) -> tuple[Entry, int]:
+    """The entry at `path`, checked as a file from anyone: its sums say it is whole, not that
+    it is ours, so it must name the key it was looked up under, its graph is verified (types
+    inferred again, as an export's), and what the build takes from it besides (the inputs,
+    the outputs, the loop nests of parallel kernels) must agree with the traced graph."""
     entries = archive.read_entries(path, path, KIND)
     manifest = archive.parse_manifest(path, entries, KIND)
     if manifest.get("format") != KIND or manifest.get("version") != VERSION:
         raise FormatError(f"{path} is not a {KIND} entry of version {VERSION}")
     archive.check_sums(path, entries, manifest, _ENTRY_NAME)
-    arrays = archive.constant_arrays(entries, manifest, path)
+    if manifest.get("key") != key:
+        raise FormatError(f"{path} was written under key {manifest.get('key')!r:.40}, not "
+                          f"{key} (a swapped or copied entry)")
     try:
-        final = data_to_graph(manifest, arrays, check_types=False)
+        arrays = archive.constant_arrays(entries, manifest, path)
+        final = data_to_graph(manifest, arrays)
         inputs = manifest["inputs"]
         if not (isinstance(inputs, list) and len(inputs) == len(final.inputs) and
                 all(type(i) is int and 0 <= i < len(traced.inputs) for i in inputs)):
@@ -193,13 +207,19 @@ def _read(path: str, traced: Graph) -> tuple[Entry, int]:
             if (inp.kind, inp.name, inp.type) != (source.kind, source.name, source.type):
                 raise FormatError(f"{path}: input {inp.name} is not the traced graph's")
             inp.binding = source.binding
+        if [v.type for v in final.outputs] != [v.type for v in traced.outputs] or \
+                final.returns_tuple != traced.returns_tuple:
+            raise FormatError(f"{path}: the outputs are not the traced graph's")
+        check_final_notes(final)
         reasons = [FusionReason(r["stage"], r["producer"], r["consumer"], FuseRule(r["rule"]),
                                 r["detail"], bool(r["parallel"])) for r in manifest["reasons"]]
         rewrites = [str(r) for r in manifest["rewrites"]]
         docs = {str(n): str(d) for n, d in manifest["stages"]}
         need = int(manifest["memory_bytes"])
-    except (KeyError, TypeError, ValueError) as exc:  # FormatError passes through
-        if isinstance(exc, FormatError):
+    except VerifyError as exc:
+        raise FormatError(f"{path}: {exc.problem}") from None
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+        if isinstance(exc, FormatError):  # FormatError passes through
             raise
         raise FormatError(f"{path}: bad entry ({type(exc).__name__}: {exc})") from None
     return Entry(final, reasons, rewrites, docs), need
@@ -247,8 +267,9 @@ def store(key: str, pending: Pending) -> str:
     happened, for the report."""
     try:
         folder = cache.ensure_private_dir(_folder())
-        archive.write(os.path.join(folder, key + SUFFIX), pending.manifest, pending.entries,
-                      prefix=f".{key}.", indent=None)
+        # The entry names its key, so that one copied or renamed under another is a miss.
+        archive.write(os.path.join(folder, key + SUFFIX), {**pending.manifest, "key": key},
+                      pending.entries, prefix=f".{key}.", indent=None)
     except (OSError, GraphKernelError) as exc:
         return f"not stored: {exc}"
     _trim(folder)

@@ -250,10 +250,11 @@ class _Reader:
         return node
 
 
-def data_to_graph(data: Any, arrays: dict[str, np.ndarray], check_types: bool = True) -> Graph:
-    """Rebuild a graph from `graph_to_data`'s description and arrays; verified (every type
-    inferred again) unless `check_types` is False: the compile cache's own entries, written
-    from a verified graph by this very graphkernel and checked against their sha256."""
+def data_to_graph(data: Any, arrays: dict[str, np.ndarray]) -> Graph:
+    """Rebuild a graph from `graph_to_data`'s description and arrays, verified: every node's
+    type inferred again from its inputs. A file's sums say it is whole, not that its types are
+    true (anyone who can write it can write matching sums), and a type that does not follow
+    from its inputs would size the buffers generated code writes through. Always checked."""
     constants = []
     for i, rec in enumerate(_field(data, "constants", list, "constants")):
         where = f"constant {i}"
@@ -264,8 +265,6 @@ def data_to_graph(data: Any, arrays: dict[str, np.ndarray], check_types: bool = 
         check_array(arrays[key], type_, where)  # type: ignore[arg-type]
         constants.append(Constant(arrays[key], _field(rec, "name", str, where)))
     graph = _Reader(constants).graph(_field(data, "graph", dict, "graph"), "graph")
-    if not check_types:
-        return graph
     _check_attrs(graph, "graph")
     try:
         verify(graph)
