@@ -202,7 +202,9 @@ def test_processes_compiling_the_same_kernel_at_once_all_succeed(cache_folder: s
 # ---------------------------------------------------------------------------------------------
 # Corrupt entries are detected and rebuilt
 
-def _fresh_process_result(cache_folder: str) -> tuple[str, bool]:
+def _fresh_process_result(cache_folder: str, prelude: str = "") -> tuple[str, bool]:
+    """Compile and run Fused in a new process (after `prelude`): its library and whether it
+    came from the cache."""
     code = textwrap.dedent(f"""
         import sys
         import numpy as np
@@ -211,6 +213,7 @@ def _fresh_process_result(cache_folder: str) -> tuple[str, bool]:
         from graphkernel import nn
         from graphkernel.graph_kernel.pipeline import CompileOptions
         from graphkernel.ops import operations as P
+        {prelude}
 
         class Fused(nn.Cell):
             def construct(self, x):
@@ -232,7 +235,7 @@ def _fresh_process_result(cache_folder: str) -> tuple[str, bool]:
 
 @needs_cc
 @pytest.mark.parametrize("damage", ["truncate", "flip_byte", "garbage_with_matching_sum",
-                                    "missing_checksum"])
+                                    "missing_checksum", "truncate_with_matching_sum"])
 def test_corrupt_library_is_detected_and_rebuilt(cache_folder: str, damage: str) -> None:
     path, from_cache = _fresh_process_result(cache_folder)
     assert not from_cache
@@ -253,12 +256,76 @@ def test_corrupt_library_is_detected_and_rebuilt(cache_folder: str, damage: str)
             fh.write(b"\x7fELF garbage")
         with open(path + ".sha256", "w") as fh:
             fh.write(hashlib.sha256(b"\x7fELF garbage").hexdigest() + "\n")
+    elif damage == "truncate_with_matching_sum":
+        # Its segments reach past the end: dlopen died of SIGBUS touching them.
+        _cut_short(path, len(good) * 2 // 3)
     else:
         os.unlink(path + ".sha256")
     rebuilt, from_cache = _fresh_process_result(cache_folder)
     assert rebuilt == path and not from_cache
     assert cache.lookup(cache_folder, os.path.basename(path)[:-3]) == path
     assert os.path.getsize(path) > 1000
+
+
+def _cut_short(path: str, size: int) -> None:
+    """Truncate the library at `path` in place, its checksum file rewritten to match."""
+    import hashlib
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    with open(path + ".sha256", "w") as fh:
+        fh.write(digest + "\n")
+
+
+_CUT_AFTER_LOOKUP = """
+from graphkernel.codegen import cache
+from test_cache import _cut_short
+_lookup = cache.lookup
+def lookup(folder, key):
+    found = _lookup(folder, key)
+    if found is not None:  # checked whole: now cut short in place, before it is loaded
+        _cut_short(found, os.path.getsize(found) * 2 // 3)
+    return found
+cache.lookup = lookup
+"""
+
+
+@needs_cc
+def test_a_library_cut_short_after_its_check_never_reaches_the_loader(cache_folder: str) -> None:
+    """The loader maps a private copy of the bytes it checked: a change to the cached file
+    after its check (here: truncated in place, checksum rewritten) is found, not mapped."""
+    path, _ = _fresh_process_result(cache_folder)
+    prelude = f"import os; sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})" + \
+        _CUT_AFTER_LOOKUP.replace("\n", "\n        ")
+    rebuilt, from_cache = _fresh_process_result(cache_folder, prelude)
+    assert rebuilt == path and not from_cache
+    assert _fresh_process_result(cache_folder) == (path, True)
+    assert not [n for n in os.listdir(cache_folder) if n.endswith(".load")]
+
+
+@needs_cc
+def test_the_elf_check_finds_a_library_cut_anywhere(cache_folder: str) -> None:
+    import struct
+
+    from graphkernel.codegen import elf
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    with open(_compile(x).library_path, "rb") as fh:
+        data = fh.read()
+    assert elf.problem(data) is None
+    for size in (0, 3, 17, 63, 64, 100, len(data) // 2, len(data) - 1):
+        assert elf.problem(data[:size]) is not None, size
+    # Without its section headers (written last, so any cut loses them) a cut is found by the
+    # segment it ends inside.
+    headless = bytearray(data)
+    struct.pack_into("<QIHHHHH", headless, 40, 0, 0, 64, 56, struct.unpack_from(
+        "<H", data, 56)[0], 0, 0)
+    assert elf.problem(bytes(headless)) is None
+    assert "segment" in (elf.problem(bytes(headless[:len(data) * 2 // 3])) or "")
+    executable = bytearray(data)
+    struct.pack_into("<H", executable, 16, 2)
+    assert "not a shared object" in (elf.problem(bytes(executable)) or "")
+    assert elf.problem(b"#!/bin/sh\n" + data) == "not an ELF file"
 
 
 def test_lookup_removes_a_corrupt_entry(tmp_path: Any) -> None:

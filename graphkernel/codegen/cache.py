@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 
+from graphkernel.codegen import elf
 from graphkernel.errors import CacheError, CompileError, ToolchainError
 
 LIBRARY_SUFFIX = ".so"
@@ -194,24 +195,64 @@ def _digest(path: str) -> str:
     return h.hexdigest()
 
 
+def _checked_bytes(lib: str) -> tuple[bytes | None, str | None]:
+    """The library at `lib` read once, and what is wrong with those bytes: no checksum file,
+    another checksum, or not a whole shared library (elf.problem: a truncated one, even with a
+    checksum rewritten to match, dies in dlopen with SIGBUS). (None, None): it cannot be read
+    (gone meanwhile)."""
+    try:
+        with open(lib + ".sha256", encoding="ascii") as fh:
+            expected = fh.read().strip()
+    except (OSError, ValueError):
+        return None, "no readable checksum file"
+    try:
+        with open(lib, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None, None
+    if hashlib.sha256(data).hexdigest() != expected:
+        return data, "it does not match its checksum"
+    return data, elf.problem(data)
+
+
 def _lookup_in(folder: str, key: str) -> str | None:
     lib = os.path.join(folder, key + LIBRARY_SUFFIX)
-    sums = lib + ".sha256"
-    if not (os.path.isfile(lib) and os.path.isfile(sums)):
+    if not (os.path.isfile(lib) and os.path.isfile(lib + ".sha256")):
         return None
-    try:
-        with open(sums, encoding="ascii") as fh:
-            expected = fh.read().strip()
-        actual = _digest(lib)
-    except (OSError, ValueError):
+    data, problem = _checked_bytes(lib)
+    if data is None and problem is None:
         return None
-    if actual == expected:
+    if problem is None:
         # Recently used: trimming removes the oldest first (a read-only folder keeps its time).
         with contextlib.suppress(OSError):
             os.utime(lib)
         return lib
     remove(folder, key)  # truncated or tampered: rebuild
     return None
+
+
+def loadable_copy(lib: str) -> tuple[str, str | None]:
+    """The name to dlopen the cached library `lib` under, and what is wrong with it (None when
+    nothing). The bytes are read once, checked (checksum, ELF structure) and written to a
+    private file of this process beside it, which is what the loader maps: a file changed in
+    place after its check cannot reach the loader. The caller removes the copy once loaded
+    (the mapping stays). A folder that cannot take the copy loads `lib` itself, just checked."""
+    data, problem = _checked_bytes(lib)
+    if data is None or problem is not None:
+        return lib, problem or "it cannot be read"
+    try:
+        fd, copy = tempfile.mkstemp(prefix=os.path.basename(lib) + ".",
+                                    suffix=".load", dir=os.path.dirname(lib))
+    except OSError:
+        return lib, None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(copy)
+        return lib, None
+    return copy, None
 
 
 def lookup(folder: str, key: str) -> str | None:

@@ -76,8 +76,9 @@ def translation_units(kernels: list[KernelSource], with_libmvec: bool, entry: st
     return [prelude + "\n" + "\n".join(texts) for _, texts in units if texts]
 
 
-# Loaded libraries stay loaded for the life of the process (ctypes cannot unload safely).
-_loaded: dict[str, ctypes.CDLL] = {}
+# Loaded libraries stay loaded for the life of the process (ctypes cannot unload safely): each
+# cache path's library and the name the loader knows it by.
+_loaded: dict[str, tuple[ctypes.CDLL, str]] = {}
 
 
 def build_library(kernels: list[KernelSource],
@@ -117,11 +118,12 @@ def build_library(kernels: list[KernelSource],
     lib, load_name, problem = _open(path, names)
     if problem is not None:
         # Its checksum matched, yet it does not load or lacks the kernels' symbols (planted,
-        # built for another libc): remove it, build it again, and load the new one.
+        # built for another libc), or it changed since it was looked up: remove it, build it
+        # again, and load the new one.
         cache.remove(os.path.dirname(path), key)
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs, units)
         from_cache = False
-        lib, load_name, problem = _open(path, names, fresh=lib is not None)
+        lib, load_name, problem = _open(path, names)
         if problem is not None:
             raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
                                "graphkernel bug)")
@@ -138,9 +140,7 @@ def build_library(kernels: list[KernelSource],
         entry_module = _load_entry(load_name, module) if module else None
         entry = entry_module.run if entry_module is not None else None
     finally:
-        if load_name != path:
-            with contextlib.suppress(OSError):
-                os.unlink(load_name)
+        _remove_copy(load_name, path)
     return BuiltLibrary(path, source, from_cache, functions, entry, entry_module)
 
 
@@ -187,33 +187,37 @@ def library_key(source: str, with_entry: bool) -> str | None:
     return _key(tc, source, flags, with_entry)
 
 
-def _open(path: str, names: list[str], fresh: bool = False
-          ) -> tuple[ctypes.CDLL | None, str, str | None]:
+def _open(path: str, names: list[str]) -> tuple[ctypes.CDLL | None, str, str | None]:
     """Load the library at `path` (once per process) and check that it exports `names`: the
-    library, the name it was opened under, and what is wrong with it (None when nothing)."""
-    load_name = path
-    lib = None if fresh else _loaded.get(path)
-    if lib is None:
-        if fresh:
-            # The loader knows a library by the name it was opened under and would hand back
-            # the bad one it loaded from `path`: open the new file under a name of its own.
-            load_name = f"{path}.{os.getpid()}.load"
-            with contextlib.suppress(OSError):
-                os.unlink(load_name)
-            try:
-                os.link(path, load_name)
-            except OSError:
-                load_name = path
+    library, the name it was opened under, and what is wrong with it (None when nothing).
+    The loader maps a private copy of the bytes just checked (cache.loadable_copy), under a
+    name of its own: the loader knows a library by that name, so one rebuilt after a bad one
+    is not handed the bad one back, and the entry module is later opened by that name."""
+    if path in _loaded:
+        lib, load_name = _loaded[path]
+    else:
+        load_name, problem = cache.loadable_copy(path)
+        if problem is not None:
+            return None, load_name, f"is not a whole library ({problem})"
         try:
             lib = ctypes.CDLL(load_name)
         except OSError as exc:
+            _remove_copy(load_name, path)
             return None, load_name, f"does not load ({exc})"
-        _loaded[path] = lib
+        _loaded[path] = (lib, load_name)
     missing = [n for n in names if not hasattr(lib, n)]
     if missing:
         _loaded.pop(path, None)
+        _remove_copy(load_name, path)
         return lib, load_name, f"does not export {', '.join(missing)}"
     return lib, load_name, None
+
+
+def _remove_copy(load_name: str, path: str) -> None:
+    """Remove the copy a library was loaded from (its mapping stays)."""
+    if load_name != path:
+        with contextlib.suppress(OSError):
+            os.unlink(load_name)
 
 
 def _load_entry(path: str, module: str) -> Any:
