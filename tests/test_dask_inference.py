@@ -80,3 +80,47 @@ def test_ragged_chunks_are_refused_without_pad(client, exported, rng):
         model.map_blocks(da.from_array(x, chunks=(BATCH * 2, FEATURES))).compute()
     with pytest.raises(InputError, match="takes 1 input"):
         model.map_blocks(da.from_array(x), da.from_array(x))
+
+
+def test_empty_chunks_and_partitions_give_empty_results(client, exported, rng):
+    path, net = exported
+    x = rng.standard_normal((BATCH * 4, FEATURES)).astype(np.float32)
+    model = ExportedGraph.from_file(path).register(client)
+    # A 0-row chunk between full ones, and an array of no rows at all.
+    darray = da.from_array(x, chunks=((BATCH * 2, 0, BATCH * 2), (FEATURES,)))
+    np.testing.assert_allclose(model.map_blocks(darray).compute(), local(net, x),
+                               rtol=1e-5, atol=1e-6)
+    nothing = model.map_blocks(da.from_array(x[:0], chunks=(BATCH, FEATURES))).compute()
+    assert nothing.shape == (0, CLASSES) and nothing.dtype == np.float32
+    # A filter leaves the middle partitions empty (and with pad=True, the last one ragged).
+    names = [f"f{i}" for i in range(FEATURES)]
+    x[BATCH:BATCH * 3, 0] = 100.0
+    frame = dd.from_pandas(pd.DataFrame(x, columns=names), npartitions=4)
+    kept = frame[frame.f0 < 50]
+    assert [len(p) for p in kept.partitions] == [BATCH, 0, 0, BATCH]
+    out = model.map_partitions(kept, names).compute()
+    rows = x[x[:, 0] < 50]
+    np.testing.assert_array_equal(out.index, np.flatnonzero(x[:, 0] < 50))
+    np.testing.assert_allclose(out.to_numpy(), local(net, rows), rtol=1e-5, atol=1e-6)
+    none_left = model.map_partitions(frame[frame.f0 > 1000], names).compute()
+    assert none_left.shape == (0, CLASSES)
+
+
+def test_a_string_column_is_refused_by_name(client, exported, rng):
+    path, _ = exported
+    names = [f"f{i}" for i in range(FEATURES)]
+    table = pd.DataFrame(rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
+                         columns=names)
+    table["f3"] = "a"
+    model = ExportedGraph.from_file(path).register(client)
+    with pytest.raises(InputError, match="column 'f3' holds .* not numbers"):
+        model.map_partitions(dd.from_pandas(table, npartitions=2), names)
+    with pytest.raises(InputError, match=r"\['nope'\] are not in the dataframe"):
+        model.map_partitions(dd.from_pandas(table, npartitions=2), names[:-1] + ["nope"])
+    # A partition whose data is not what the dataframe's meta promised is caught on the worker.
+    lying = dd.from_pandas(table, npartitions=2).map_partitions(
+        lambda part: part, meta=table.iloc[:0].astype({"f3": np.float32}))
+    with pytest.raises(InputError, match="column 'f3' holds"):
+        model.map_partitions(lying, names).compute()
+    with pytest.raises(InputError, match="input .* is not numbers"):
+        model.map_blocks(da.from_array(np.full((BATCH, FEATURES), "x"))).compute()

@@ -67,6 +67,9 @@ def run_rows(cell: GraphCell, lock: threading.Lock, blocks: list[np.ndarray], ou
     batch = signature[0][1].shape[0] if signature[0][1].shape else 0
     rows = blocks[0].shape[0]
     for block, (name, type_) in zip(blocks, signature):
+        if not _is_numeric(block.dtype):
+            raise InputError(f"input {name!r}: a chunk of dtype {block.dtype} is not numbers; "
+                             f"the exported graph takes {type_.dtype}")
         if block.shape[0] != rows or tuple(block.shape[1:]) != type_.shape[1:]:
             raise InputError(f"input {name!r}: a chunk of shape {block.shape} does not fit the "
                              f"exported {type_} (rows of {list(type_.shape[1:])})")
@@ -87,7 +90,28 @@ def run_rows(cell: GraphCell, lock: threading.Lock, blocks: list[np.ndarray], ou
             result = cell(*parts)
         result = result[output] if isinstance(result, tuple) else result
         outs.append(result.asnumpy()[:min(batch, rows - start)])
-    return np.concatenate(outs) if outs else np.zeros((0,), np.float32)
+    if not outs:  # an empty chunk (a 0-row block, an empty partition): no rows out either
+        out = cell._loaded.graph.outputs[output].tensor_type
+        return np.zeros((0, *out.shape[1:]), out.dtype)
+    return np.concatenate(outs)
+
+
+def _is_numeric(dtype: Any) -> bool:
+    """Whether values of `dtype` (numpy's or pandas') convert to a graph's number dtypes."""
+    return getattr(dtype, "kind", "O") in "biuf"
+
+
+def _check_columns(dtypes: Any, columns: list[str]) -> None:
+    """Every chosen column exists and holds numbers (`dtypes`: a frame's column -> dtype)."""
+    missing = [c for c in columns if c not in dtypes.index]
+    if missing:
+        raise InputError(f"column(s) {missing} are not in the dataframe (its columns: "
+                         f"{list(dtypes.index)})")
+    for column in columns:
+        if not _is_numeric(dtypes[column]):
+            raise InputError(f"column {column!r} holds {dtypes[column]} values, not numbers; "
+                             "the graph's input is a matrix of numbers: convert or leave out "
+                             "that column")
 
 
 def _run_block(*blocks: np.ndarray, checksum: str, output: int, pad: bool) -> np.ndarray:
@@ -99,9 +123,10 @@ def _run_partition(frame: Any, columns: list[str], names: list[str], checksum: s
                    pad: bool) -> Any:
     import pandas as pd
     cell, lock = worker_cell(checksum)
+    _check_columns(frame.dtypes, columns)  # a partition's real dtypes may differ from the meta
     matrix = frame[columns].to_numpy()
     out = run_rows(cell, lock, [matrix], 0, pad)
-    return pd.DataFrame(out.reshape(len(frame), -1), index=frame.index, columns=names)
+    return pd.DataFrame(out.reshape(len(frame), len(names)), index=frame.index, columns=names)
 
 
 try:  # the plugin class needs distributed; the rest of this module does not
@@ -178,9 +203,11 @@ class ExportedGraph:
         """The graph over a dask dataframe: `columns` form the (rows, features) input; the
         result is a dask dataframe of the first output, columns `prefix0`, `prefix1`, ..."""
         import pandas as pd
+        columns = list(columns)
+        _check_columns(frame.dtypes, columns)
         out = self._out_type(0)
         width = out.size // out.shape[0] if out.shape and out.shape[0] else 1
         names = [f"{prefix}{i}" for i in range(width)]
         meta = pd.DataFrame({n: np.empty((0,), out.dtype) for n in names})
-        return frame.map_partitions(_run_partition, list(columns), names, self.checksum, pad,
+        return frame.map_partitions(_run_partition, columns, names, self.checksum, pad,
                                     meta=meta)
