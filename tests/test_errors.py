@@ -330,6 +330,28 @@ def test_graph_larger_than_memory_in_total(monkeypatch: pytest.MonkeyPatch) -> N
     assert not ran
 
 
+class RowSums(nn.Cell):
+    def construct(self, x: Any) -> Any:
+        return P.ReduceSum()(P.Exp()(x), 0)
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_a_zero_stride_view_too_large_to_copy(fusion: bool) -> None:
+    # 4 TiB as a dense array, 256 bytes as a broadcast view: the dynamic rows let it past the
+    # compile's size check, and the kernels need it dense: refused before the copy is tried.
+    context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=fusion)
+    net = RowSums()
+    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
+    np.testing.assert_allclose(net(Tensor(np.zeros((3, 64), np.float32))).asnumpy(), 3.0)
+    huge = np.broadcast_to(np.zeros((1, 64), np.float32), (2**34, 64))
+    with pytest.raises(ResourceError) as info:
+        net(Tensor(huge))
+    msg = str(info.value)
+    assert "RowSums input 'x' is a float32[17179869184, 64] view (strides [0, 4])" in msg
+    assert "dense array of 4.0 TiB, more than this machine's memory" in msg
+    assert isinstance(info.value, MemoryError)
+
+
 # ---------------------------------------------------------------------------------------------
 # Arrays the user passes: any layout works, and they are never written to
 

@@ -1,28 +1,13 @@
 """Will it fit: the machine's physical memory, and the check that an op's result fits in it."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from graphkernel.errors import ResourceError
 from graphkernel.ir.types import TupleType
+from graphkernel.runtime.memory import format_bytes, physical_memory
 
-
-def physical_memory() -> int:
-    """Bytes of RAM this machine has (0 when unknown)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def format_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if size < 1024 or unit == "PiB":
-            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError(n)
+__all__ = ["check_fits_in_memory", "format_bytes", "physical_memory"]
 
 
 def check_fits_in_memory(op: str, out_type: Any) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from graphkernel.codegen.library import BuiltLibrary
-from graphkernel.errors import InputError
+from graphkernel.errors import InputError, ResourceError
 from graphkernel.ir.types import shape_fits
+from graphkernel.runtime import memory
 from graphkernel.runtime.plan import ExecutionPlan
 from graphkernel.runtime.runner import Runner
 
@@ -91,9 +92,27 @@ class Executable:
                     f"{list(expected.shape)}; call the cell again to compile for the new "
                     "signature")
             if not array.flags.c_contiguous:
-                array = np.ascontiguousarray(array)  # Fortran order, strided views
+                array = self._dense_copy(array, name)  # Fortran order, strided views
             out.append(array)
         return out
+
+    def _dense_copy(self, array: np.ndarray, name: str) -> np.ndarray:
+        """A C-contiguous copy of an input. A view may hold far fewer bytes than its shape
+        (np.broadcast_to's zero strides): its copy is refused before allocating when it
+        cannot fit, as a compile refuses a static input that large."""
+        need = array.size * array.itemsize
+        have = memory.physical_memory()
+        problem = (f"{self.plan.name} input {name!r} is a {array.dtype.name}"
+                   f"{list(array.shape)} view (strides {list(array.strides)}) that the "
+                   f"kernels need as a dense array of {memory.format_bytes(need)}")
+        if have and need > have:
+            raise ResourceError(f"{problem}, more than this machine's memory "
+                                f"({memory.format_bytes(have)}); pass fewer rows")
+        try:
+            return np.ascontiguousarray(array)
+        except MemoryError:
+            raise ResourceError(f"{problem}, and that much memory could not be allocated; "
+                                "pass fewer rows") from None
 
     def run(self, arrays: Sequence[Any], weights: Sequence[np.ndarray]) -> list[np.ndarray]:
         """One call: the compiled entry when it takes these arrays as they are, else the

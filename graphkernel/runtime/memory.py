@@ -37,6 +37,23 @@ _populate_state: dict[str, object] = {}
 _POPULATE_CHUNK = 4 << 20
 
 
+def physical_memory() -> int:
+    """Bytes of RAM this machine has (0 when unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError(n)
+
+
 def _madvise() -> Callable[[int, int, int], int] | None:
     """libc's madvise through ctypes (which releases the GIL around the call), or None."""
     if "fn" not in _populate_state:
