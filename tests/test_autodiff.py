@@ -17,6 +17,7 @@ from graphkernel.frontend import context
 from graphkernel.ir.opset import OPS
 from graphkernel.ops import GradOperation
 from graphkernel.ops import operations as P
+from graphkernel.ops.operations import _grad_ops as G
 
 
 @pytest.fixture(params=[False, True], ids=["unfused", "fused"])
@@ -177,6 +178,18 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[Any, tuple[int, ...]]]]] =
     "Stack": (lambda x, y: P.Stack(-1)((x, y * 2.0)), [(A, (2, 3)), (A, (2, 3))]),
     "Unstack": (lambda x: _first_and_last(P.Unstack(axis=1)(x)), [(A, (2, 3, 4))]),
     "Dropout": (lambda x: P.Dropout(keep_prob=1.0)(x)[0] * x, [(A, (3, 4))]),
+    # The gradient ops first-order rules write, differentiated again (second-order gradients).
+    "TanhGrad": (lambda y, dy: G.TanhGrad()(y, dy), [(A, (3, 4)), (A, (3, 4))]),
+    "SigmoidGrad": (lambda y, dy: G.SigmoidGrad()(y, dy), [(A, (3, 4)), (A, (3, 4))]),
+    "ReluGrad": (lambda dy, y: G.ReluGrad()(dy, y) * y, [(A, (3, 4)), (A, (3, 4))]),
+    "SqrtGrad": (lambda y, dy: G.SqrtGrad()(y, dy), [(POS, (3, 4)), (A, (3, 4))]),
+    "RsqrtGrad": (lambda y, dy: G.RsqrtGrad()(y, dy), [(POS, (3, 4)), (A, (3, 4))]),
+    "FastGeLUGrad": (lambda dy, x: G.FastGeLUGrad()(dy, x), [(A, (3, 4)), (A, (3, 4))]),
+    # y (GeLU's output) is recomputed from x: its gradient is zero.
+    "GeLUGrad": (lambda dy, x: G.GeLUGrad()(dy, x, x * 1.0), [(A, (3, 4)), (A, (3, 4))]),
+    "SoftmaxGrad": (lambda y, dy: G.SoftmaxGrad()(y, dy), [(A, (3, 4)), (A, (3, 4))]),
+    "LogSoftmaxGrad": (lambda y, dy: G.LogSoftmaxGrad(axis=0)(y, dy),
+                       [(A, (3, 4)), (A, (3, 4))]),
 }
 
 
@@ -423,6 +436,76 @@ def test_graph_kernel_cell_gradient_recomputes_inside_one_composite(fusion: bool
     gkcell = Gk()
     rng = np.random.default_rng(10)
     check_gradients(lambda x, y: gkcell(x, y) * x, [A(rng, (3, 4)), A(rng, (4,))])
+
+
+def _second_derivative(x: np.ndarray, name: str) -> np.ndarray:
+    """d2/dx2 of the op `name` at x, in float64 from the closed forms."""
+    t, s = np.tanh(x), 1 / (1 + np.exp(-x))
+    phi = np.exp(-x * x / 2) / np.sqrt(2 * np.pi)
+    c, a = np.sqrt(2 / np.pi), 0.044715
+    u = np.tanh(c * (x + a * x ** 3))
+    du = c * (1 + 3 * a * x * x)
+    fast = 1 / (1 + np.exp(-1.702 * x))
+    forms: dict[str, Callable[[], np.ndarray]] = {
+        "Tanh": lambda: -2 * t * (1 - t * t),
+        "Sigmoid": lambda: s * (1 - s) * (1 - 2 * s),
+        "Sqrt": lambda: -0.25 * x ** -1.5,
+        "Rsqrt": lambda: 0.75 * x ** -2.5,
+        "GeLU": lambda: (1 - u * u) * (du + x * (3 * a * c * x - u * du * du)),
+        "GeLU_none": lambda: phi * (2 - x * x),
+        "FastGeLU": lambda: 1.702 * fast * (1 - fast) * (2 + 1.702 * x * (1 - 2 * fast)),
+        "ReLU": lambda: np.zeros_like(x)}
+    return forms[name]()
+
+
+SECOND_ORDER = {"Tanh": P.Tanh(), "Sigmoid": P.Sigmoid(), "Sqrt": P.Sqrt(), "Rsqrt": P.Rsqrt(),
+                "GeLU": P.GeLU(), "GeLU_none": P.GeLU(approximate="none"),
+                "FastGeLU": P.FastGeLU(), "ReLU": P.ReLU()}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_ORDER))
+def test_grad_of_grad_matches_the_second_derivative(name: str, fusion: bool) -> None:
+    op = SECOND_ORDER[name]
+    rng = np.random.default_rng(3)
+    x = _positive(rng, (3, 4)) if "sqrt" in name.lower() else _away_from_zero(rng, (3, 4))
+    first = gk.grad(lambda a: P.ReduceSum()(op(a)))
+    second = gk.grad(lambda a: P.ReduceSum()(first(a)))(Tensor(x)).asnumpy()
+    np.testing.assert_allclose(second, _second_derivative(x, name), rtol=1e-9, atol=1e-12)
+
+
+def test_grad_of_grad_through_a_net_with_tanh(fusion: bool) -> None:
+    """The Hessian-vector product of a Dense-Tanh-Dense net against central differences of
+    its first-order gradient, in float64; Softmax at the end (SoftmaxGrad differentiated)."""
+    rng = np.random.default_rng(4)
+    w1, w2 = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+    v = rng.standard_normal((2, 4))
+
+    def loss(a: Any) -> Any:
+        hidden = P.Tanh()(P.MatMul()(a, Tensor(w1)))
+        return P.ReduceSum()(P.Softmax()(P.MatMul()(hidden, Tensor(w2))) * Tensor(w2[:2, :]))
+
+    first = gk.grad(loss)
+    hvp = gk.grad(lambda a: P.ReduceSum()(first(a) * Tensor(v)))
+    x = rng.standard_normal((2, 4))
+    eps = 1e-6
+    want = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[index] += eps
+        down[index] -= eps
+        want[index] = (np.sum(first(Tensor(up)).asnumpy() * v) -
+                       np.sum(first(Tensor(down)).asnumpy() * v)) / (2 * eps)
+    np.testing.assert_allclose(hvp(Tensor(x)).asnumpy(), want, rtol=1e-5, atol=1e-7)
+
+
+def test_second_order_gradient_without_a_rule_names_the_users_op() -> None:
+    context.set_context(mode=context.GRAPH_MODE)
+    x = Tensor(np.ones((2, 4), np.float32))
+    g, b = Tensor(np.ones((4,), np.float32)), Tensor(np.zeros((4,), np.float32))
+    first = gk.grad(lambda a: P.ReduceSum()(P.LayerNorm()(a, g, b)[0] * a))
+    with pytest.raises(GradientError, match="second-order gradient of LayerNorm is not "
+                                            "supported: .* computed by LayerNormGrad"):
+        gk.grad(lambda a: P.ReduceSum()(first(a)))(x)
 
 
 def test_errors_name_the_problem() -> None:

@@ -105,10 +105,28 @@ def _rule(b: GraphBuilder, node: Node, dout: object) -> list[Value | None]:
         return _composite_grad(b, node, dout)
     opdef = get_op(node.op)
     if opdef.grad is None:
+        forward = _forward_of(b.graph, node)
+        if forward is not None:  # an op a first-order rule wrote, not the user
+            raise GradientError(f"second-order gradient of {forward.op} is not supported: the "
+                                f"gradient of {forward.name} is computed by {node.op}, which "
+                                "has no gradient rule of its own (differentiate once, or "
+                                f"write the derivative of {forward.op} out of ops that have "
+                                "one)", node.loc)
         raise GradientError(f"{node.op} has no gradient rule, so {node.name} cannot be "
                             "differentiated (compute the value it gives without it, or stop "
                             "the gradient before it)", node.loc)
     return list(opdef.grad(b, node, dout, {**opdef.attr_defaults, **node.attrs}))
+
+
+def _forward_of(graph: Graph, node: Node) -> Node | None:
+    """The user's node whose gradient rule built `node` (None for a node the user wrote)."""
+    name = node.notes.get("grad_of")
+    if name is None:
+        return None
+    found = next((n for n in graph.nodes if n.name == name and n is not node), None)
+    if found is not None and found.notes.get("grad_of") is not None:
+        return _forward_of(graph, found) or found
+    return found
 
 
 def _composite_grad(b: GraphBuilder, node: Node, dout: object) -> list[Value | None]:

@@ -23,10 +23,10 @@ GRAD_OPS: list[str] = []
 
 def _grad_composite(name: str, inputs: tuple[str, ...], reference: Callable[..., Any],
                     infer: Infer, init_attrs: tuple[tuple[str, Any], ...] = (),
-                    doc: str = "") -> None:
+                    doc: str = "", grad: Callable[..., Any] | None = None) -> None:
     declare(OpDef(name=name, kind=PatternKind.OPAQUE, inputs=inputs, infer=infer,
                   reference=reference, accepts=FLOATS, init_attrs=init_attrs, composite=True,
-                  doc=doc))
+                  doc=doc, grad=grad))
     GRAD_OPS.append(name)
 
 
@@ -76,18 +76,100 @@ def _fast_gelu_grad_ref(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     return dy * (s + 1.702 * x * s * (1 - s))
 
 
+# Gradient rules of the gradient ops themselves (second-order gradients: grad of grad). `dd`
+# is the gradient of the gradient op's output; each rule gives one gradient per input. The
+# part linear in the incoming gradient is the same gradient op again, applied to `dd`.
+
+def _tanh_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    y, dy = n.inputs  # dy (1 - y^2)
+    return [b("Mul", b("Mul", dd, dy), b("Mul", y, -2.0)), b("TanhGrad", y, dd)]
+
+
+def _sigmoid_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    y, dy = n.inputs  # dy y (1 - y)
+    return [b("Mul", b("Mul", dd, dy), b("Sub", 1.0, b("Mul", y, 2.0))),
+            b("SigmoidGrad", y, dd)]
+
+
+def _relu_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    _, y = n.inputs  # dy where y > 0: piecewise constant in y
+    return [b("ReluGrad", dd, y), None]
+
+
+def _sqrt_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    y, dy = n.inputs  # dy / (2 y)
+    return [b("Neg", b("RealDiv", b("Mul", b("Mul", dd, dy), 0.5), b("Mul", y, y))),
+            b("SqrtGrad", y, dd)]
+
+
+def _rsqrt_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    y, dy = n.inputs  # -dy y^3 / 2
+    return [b("Mul", b("Mul", dd, dy), b("Mul", b("Mul", y, y), -1.5)),
+            b("RsqrtGrad", y, dd)]
+
+
+def _fast_gelu_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    dy, x = n.inputs  # f(x) = x s(kx): f'' = k s (1 - s) (2 + k x (1 - 2 s))
+    k = 1.702
+    s = b("Sigmoid", b("Mul", x, k))
+    spread = b("Mul", s, b("Sub", 1.0, s))
+    bend = b("Add", b("Mul", b("Mul", x, k), b("Sub", 1.0, b("Mul", s, 2.0))), 2.0)
+    second = b("Mul", b("Mul", spread, bend), k)
+    return [b("FastGeLUGrad", dd, x), b("Mul", b("Mul", dd, dy), second)]
+
+
+def _gelu_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    dy, x, y = n.inputs  # y is recomputed from x (MindSpore's signature): no gradient
+    square = b("Mul", x, x)
+    if attrs["approximate"] == "tanh":
+        # u = c (x + a x^3), t = tanh(u): f'' = (1 - t^2) (u' + x (u'' / 2 - t u'^2))
+        c, a = _SQRT_2_OVER_PI, 0.044715
+        t = b("Tanh", b("Mul", b("Add", b("Mul", square, a), 1.0), b("Mul", x, c)))
+        du = b("Mul", b("Add", b("Mul", square, 3 * a), 1.0), c)
+        curve = b("Sub", b("Mul", x, 3 * a * c), b("Mul", t, b("Mul", du, du)))
+        second = b("Mul", b("Sub", 1.0, b("Mul", t, t)), b("Add", du, b("Mul", x, curve)))
+    else:
+        # f'' = phi(x) (2 - x^2), phi the standard normal density
+        phi = b("Mul", b("Exp", b("Mul", square, -0.5)), 1 / math.sqrt(2 * math.pi))
+        second = b("Mul", phi, b("Sub", 2.0, square))
+    return [b("GeLUGrad", dd, x, y, approximate=attrs["approximate"]),
+            b("Mul", b("Mul", dd, dy), second), None]
+
+
 _grad_composite("GeLUGrad", ("dy", "x", "y"), _wide(_gelu_grad_ref), _same_as(1),
-                init_attrs=(("approximate", "tanh"),),
+                init_attrs=(("approximate", "tanh"),), grad=_gelu_grad_grad,
                 doc="dy * GeLU'(x); y is GeLU(x) (MindSpore's signature; recomputed here)")
-_grad_composite("FastGeLUGrad", ("dy", "x"), _wide(_fast_gelu_grad_ref), _same_as(1))
+_grad_composite("FastGeLUGrad", ("dy", "x"), _wide(_fast_gelu_grad_ref), _same_as(1),
+                grad=_fast_gelu_grad_grad)
 _grad_composite("ReluGrad", ("y_backprop", "x"),
-                _wide(lambda dy, y: np.where(y > 0, dy, 0.0)), _same_as(0),
+                _wide(lambda dy, y: np.where(y > 0, dy, 0.0)), _same_as(0), grad=_relu_grad_grad,
                 doc="dy where the ReLU's output (or input) is positive, else 0")
-_grad_composite("SigmoidGrad", ("y", "dy"), _wide(lambda y, dy: dy * y * (1 - y)), _same_as(0))
-_grad_composite("TanhGrad", ("y", "dy"), _wide(lambda y, dy: dy * (1 - y * y)), _same_as(0))
-_grad_composite("SqrtGrad", ("y", "dy"), _wide(lambda y, dy: dy * 0.5 / y), _same_as(0))
+_grad_composite("SigmoidGrad", ("y", "dy"), _wide(lambda y, dy: dy * y * (1 - y)), _same_as(0),
+                grad=_sigmoid_grad_grad)
+_grad_composite("TanhGrad", ("y", "dy"), _wide(lambda y, dy: dy * (1 - y * y)), _same_as(0),
+                grad=_tanh_grad_grad)
+_grad_composite("SqrtGrad", ("y", "dy"), _wide(lambda y, dy: dy * 0.5 / y), _same_as(0),
+                grad=_sqrt_grad_grad)
 _grad_composite("RsqrtGrad", ("y", "dy"), _wide(lambda y, dy: dy * -0.5 * y * y * y),
-                _same_as(0))
+                _same_as(0), grad=_rsqrt_grad_grad)
+
+
+def _softmax_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    y, dy = n.inputs  # (dy - sum(dy y)) y
+    axes = T.normalize_axes(attrs["axis"], y.tensor_type.rank)
+    total = b("ReduceSum", b("Mul", dy, y), axis=axes, keep_dims=True)
+    dd_total = b("ReduceSum", b("Mul", dd, y), axis=axes, keep_dims=True)
+    return [b("Sub", b("Mul", dd, b("Sub", dy, total)), b("Mul", dy, dd_total)),
+            b("SoftmaxGrad", y, dd, axis=attrs["axis"])]
+
+
+def _log_softmax_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
+    y, dy = n.inputs  # dy - exp(y) sum(dy)
+    axes = T.normalize_axes(attrs["axis"], y.tensor_type.rank)
+    dd_exp = b("Mul", dd, b("Exp", y))
+    total = b("ReduceSum", dy, axis=axes, keep_dims=True)
+    return [b("Neg", b("Mul", dd_exp, total)),
+            b("Sub", dd, b("ReduceSum", dd_exp, axis=axes, keep_dims=True))]
 
 
 def _softmax_grad_ref(y: np.ndarray, dy: np.ndarray, axis: Any = -1) -> np.ndarray:
@@ -107,9 +189,11 @@ def _axis_same_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Va
 
 
 _grad_composite("SoftmaxGrad", ("y", "dy"), _wide(_softmax_grad_ref), _axis_same_infer,
-                init_attrs=(("axis", -1),), doc="(dy - sum(dy * y)) * y, y = Softmax(x)")
+                init_attrs=(("axis", -1),), grad=_softmax_grad_grad,
+                doc="(dy - sum(dy * y)) * y, y = Softmax(x)")
 _grad_composite("LogSoftmaxGrad", ("y", "dy"), _wide(_log_softmax_grad_ref), _axis_same_infer,
-                init_attrs=(("axis", -1),), doc="dy - exp(y) * sum(dy), y = LogSoftmax(x)")
+                init_attrs=(("axis", -1),), grad=_log_softmax_grad_grad,
+                doc="dy - exp(y) * sum(dy), y = LogSoftmax(x)")
 
 
 def layer_norm_grad_axes(x: TensorType, attrs: dict[str, Any]) -> tuple[tuple[int, ...],
