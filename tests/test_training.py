@@ -243,6 +243,80 @@ def test_exponential_decay_schedule(fusion: bool) -> None:
         np.testing.assert_allclose(net.w.asnumpy(), w, rtol=1e-6)
 
 
+def _l2(rule: Any, decay: float) -> Any:
+    """`rule` on the gradient with decay * param added (MindSpore's Momentum, SGD, Adam)."""
+    return lambda p, g, s, lr: rule(p, g + decay * p, s, lr)
+
+
+def _adamw_decay(decay: float) -> Any:
+    def rule(p: np.ndarray, g: np.ndarray, s: dict[str, Any], lr: float) -> np.ndarray:
+        s["m"] = 0.9 * s.get("m", 0) + 0.1 * g
+        s["v"] = 0.999 * s.get("v", 0) + 0.001 * g * g
+        return p - lr * (s["m"] / (np.sqrt(s["v"]) + 1e-6) + decay * p)
+    return rule
+
+
+# name: (make(params, learning_rate), rule for the given weight decay)
+GROUPED = {
+    "Momentum": (lambda ps, lr: nn.Momentum(ps, lr, 0.9), lambda d: _l2(_momentum, d)),
+    "SGD": (lambda ps, lr: nn.SGD(ps, lr), lambda d: _l2(lambda p, g, s, lr: p - lr * g, d)),
+    "Adam": (lambda ps, lr: nn.Adam(ps, learning_rate=lr), lambda d: _l2(_adam, d)),
+    "AdamWeightDecay": (lambda ps, lr: nn.AdamWeightDecay(ps, learning_rate=lr), _adamw_decay),
+}
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["net_order", "reversed"])
+@pytest.mark.parametrize("name", sorted(GROUPED))
+def test_parameter_groups_match_a_float64_reference(name: str, reverse: bool,
+                                                    fusion: bool) -> None:
+    """MindSpore's groups: w decays (its group's weight_decay) at the optimizer's per-step
+    rates, b keeps no decay at its group's own lr; 'order_params' sets the update order."""
+    make, rule_for = GROUPED[name]
+    net = Quadratic()
+    order = [net.b, net.w] if reverse else net.trainable_params()
+    groups = [{"params": [net.w], "weight_decay": 0.01}, {"params": [net.b], "lr": 0.02},
+              {"order_params": order}]
+    rates = [0.05, 0.04, 0.03]
+    optimizer = make(groups, rates)
+    assert optimizer.parameters == tuple(order)
+    step = nn.TrainOneStepCell(net, optimizer)
+    params = [net.w.asnumpy().copy(), net.b.asnumpy().copy()]
+    rules = [rule_for(0.01), rule_for(0.0)]
+    rng = np.random.default_rng(6)
+    states: list[dict[str, Any]] = [{}, {}]
+    for i in range(4):
+        x, y = rng.normal(size=(5, 3)), rng.normal(size=(5, 2))
+        step(Tensor(x), Tensor(y))
+        grads = _numpy_grads(params[0], params[1], x, y)
+        lrs = [rates[min(i, len(rates) - 1)], 0.02]
+        params = [rule(p, g, s, lr) for rule, p, g, s, lr in zip(rules, params, grads, states, lrs)]
+        np.testing.assert_allclose(net.w.asnumpy(), params[0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(net.b.asnumpy(), params[1], rtol=1e-9, atol=1e-12)
+
+
+def test_parameter_group_errors() -> None:
+    net = Quadratic()
+    w, b = net.w, net.b
+    cases = [
+        ([{"params": [w]}, {"params": [w, b]}], "parameter 'w' is in groups 0 and 1"),
+        ([{"params": [w], "momentum": 0.5}], r"group 0 has key\(s\) \['momentum'\]"),
+        ([{"lr": 0.1}], "group 0 has no 'params'"),
+        ([{"params": []}], "group 0's 'params' must be a non-empty list of Parameters"),
+        ([{"params": [w]}, {"params": [b]}, {"order_params": [w]}],
+         r"grouped but not ordered: \['b'\]"),
+        ([{"params": [w]}, {"order_params": [w, b]}], r"not in any group: \['b'\]"),
+        ([{"params": [w]}, {"order_params": [w], "lr": 0.1}], "a group of its own"),
+        ([{"params": [w], "weight_decay": -1.0}], "weight_decay must be a float >= 0"),
+        ([{"params": [w], "lr": "fast"}], "learning_rate must be a float"),
+    ]
+    for groups, message in cases:
+        with pytest.raises(InputError, match=message):
+            nn.Adam(groups, learning_rate=0.1)
+    kept = {"params": [w], "weight_decay": 0.01}
+    nn.Adam([kept, {"params": [b]}], learning_rate=0.1)
+    assert kept == {"params": [w], "weight_decay": 0.01}  # the caller's dicts are not changed
+
+
 def test_optimizer_errors() -> None:
     net = Quadratic()
     with pytest.raises(InputError, match="Parameters"):
