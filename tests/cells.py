@@ -1,6 +1,7 @@
 """Helpers several test files share: a Cell whose construct is a plain function, the compile
 options with fusion on and off, a chain of library products (`MatMulChain`), a pointwise net
-with a weight (`Pointwise`, for dynamic batches), and the mark of tests that need OpenMP."""
+with a weight (`Pointwise`, for dynamic batches), the mark of tests that need OpenMP, and the
+absolute tolerances of float32 sums (`product_atol`, `sum_atol`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,6 +19,30 @@ ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
 needs_openmp = pytest.mark.skipif(toolchain.detect() is None or not toolchain.detect().openmp,
                                   reason="needs a C compiler with OpenMP")
+
+
+def _rounding_atol(k: int, magnitude: Any, dtype: Any) -> float:
+    """Two sums of the same k terms in `dtype` (float32 or wider), in any two orders, differ
+    by at most twice the recursive-summation bound k * eps * sum|term| (the largest such sum
+    in `magnitude`)."""
+    eps = np.finfo(np.result_type(dtype, np.float32)).eps
+    return float(2 * k * eps * np.max(magnitude, initial=0.0))
+
+
+def product_atol(a: np.ndarray, b: np.ndarray) -> float:
+    """How far two float32 evaluations of `a @ b` may differ: BLAS picks its kernel, and so
+    its summation order, by CPU and thread count (OpenBLAS on an AMD EPYC differs from the
+    Intel host in the last bit). An rtol alone fails where the terms cancel: a small element
+    of a product of large terms carries the absolute error of its terms."""
+    magnitude = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    return _rounding_atol(a.shape[-1], magnitude, np.result_type(a, b))
+
+
+def sum_atol(x: np.ndarray, axis: Any) -> float:
+    """As product_atol, for a sum of `x` over `axis` (generated kernels vectorise by the
+    CPU's vector width, which sets their summation order)."""
+    magnitude = np.abs(x.astype(np.float64)).sum(axis=axis)
+    return _rounding_atol(x.size // max(magnitude.size, 1), magnitude, x.dtype)
 
 
 class Fn(nn.Cell):

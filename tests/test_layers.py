@@ -5,6 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from cells import product_atol
 
 import graphkernel
 from graphkernel import Tensor, nn, ops
@@ -275,7 +276,8 @@ def test_jit_decorates_functions_and_construct():
     gk_context.set_context(mode=gk_context.PYNATIVE_MODE)
     w, bias = net.fc.weight.asnumpy(), net.fc.bias.asnumpy()
     np.testing.assert_allclose(net(a.asnumpy()[None]).asnumpy(),
-                               (a.asnumpy()[None] @ w.T + bias) * 2, rtol=1e-6)
+                               (a.asnumpy()[None] @ w.T + bias) * 2, rtol=1e-6,
+                               atol=2 * product_atol(a.asnumpy()[None], w.T))
 
 
 def test_flatten_and_layer_errors():

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from cells import product_atol, sum_atol
 
 import graphkernel
 from graphkernel import Tensor, nn
@@ -158,7 +159,7 @@ def test_reduce_mean_expanded_and_library(rng):
         exe = graphkernel.compile(Wrap(OneOp(P.ReduceMean(keep_dims=True), (1,))), x,
                                   options=options)
         np.testing.assert_allclose(exe.run_arrays(x)[0], x.mean(axis=1, keepdims=True),
-                                   rtol=1e-6)
+                                   rtol=1e-6, atol=sum_atol(x, 1) / x.shape[1])
 
 
 SHAPE_OPS = [
@@ -207,12 +208,14 @@ def test_matmul_and_batch_matmul(ta, tb, dtype, rng):
         def construct(self, a, b):
             return self.mm(a, b)
     got = graphkernel.compile(Net(P.MatMul(ta, tb)), a, b, options=ON).run_arrays(a, b)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5,
+                               atol=product_atol(a.T if ta else a, b.T if tb else b))
     ab, bb = np.stack([a, a * 2]), np.stack([b, b - 1])
     want_b = np.stack([(x.T if ta else x) @ (y.T if tb else y) for x, y in zip(ab, bb)])
     got_b = graphkernel.compile(Net(P.BatchMatMul(ta, tb)), ab, bb, options=ON).run_arrays(
         ab, bb)[0]
-    np.testing.assert_allclose(got_b, want_b, rtol=1e-5)
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-5, atol=max(
+        product_atol(x.T if ta else x, y.T if tb else y) for x, y in zip(ab, bb)))
 
 
 # ---- composite ops: expanded (fusion on) and library (fusion off) against float64 formulas --
@@ -327,7 +330,7 @@ def test_functional_forms_share_the_declaration(rng):
     x = random_array(rng, (3, 4), "float32")
     np.testing.assert_allclose(ops.mul(Tensor(x), 2.0).asnumpy(), x * 2)
     np.testing.assert_allclose(ops.reduce_sum(Tensor(x), 1, keep_dims=True).asnumpy(),
-                               x.sum(1, keepdims=True), rtol=1e-6)
+                               x.sum(1, keepdims=True), rtol=1e-6, atol=sum_atol(x, 1))
     assert ops.real_div is not None and P.Div is not None and P.TensorAdd is not None
 
 
