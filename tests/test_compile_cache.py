@@ -523,6 +523,6 @@ def test_a_forged_item_number_is_a_miss(cache_folder: str,
 
     forge(path, last_from_the_end)
     exe, said = _compile_warned(ThreeSpaces(), *arrays)
-    _assert_replaced(exe, said, path, "takes item -1")
+    _assert_replaced(exe, said, path, "index must be an integer from 0, got -1")
     for got, want in zip(exe.run_arrays(*arrays), cold.run_arrays(*arrays)):
         np.testing.assert_array_equal(got, want)
