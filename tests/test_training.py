@@ -383,6 +383,44 @@ def test_a_fused_training_step_runs_as_one_c_call() -> None:
     np.testing.assert_allclose(fused_w, w, rtol=1e-4, atol=1e-6)
 
 
+
+class _TwoLayers(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Dense(4, 4, activation="relu")
+        self.fc2 = nn.Dense(4, 4)
+        for i, p in enumerate(self.trainable_params()):
+            p.set_data(np.random.default_rng(10 + i).normal(size=p.shape).astype(np.float32))
+
+    def construct(self, x: Any) -> Any:
+        return self.fc2(self.fc1(x))
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Momentum"])
+def test_an_input_that_is_a_weights_own_array_is_read_as_it_was(optimizer: str,
+                                                                  fusion: bool) -> None:
+    """`Tensor(w.asnumpy())` holds the weight's own array: the step writes fc2.weight in place
+    (fused, inside the kernel that computes it) before the product for fc1.weight's gradient
+    reads the input, which then read the new weight (losses drifted: 6.158 against 6.066
+    after one step). The input is copied first: the same losses and weights as on a copy."""
+    make = {"SGD": lambda ps: nn.SGD(ps, 0.1), "Momentum": lambda ps: nn.Momentum(ps, 0.1, 0.9)}
+    runs = []
+    for aliased in (True, False):
+        net = _TwoLayers()
+        step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()),
+                                   make[optimizer](net.trainable_params()))
+        target = Tensor(np.ones((4, 4), np.float32))
+        losses = []
+        for _ in range(3):
+            w = net.fc2.weight.asnumpy()
+            losses.append(float(step(Tensor(w if aliased else w.copy()), target).asnumpy()))
+        runs.append((losses, [p.asnumpy().copy() for p in net.trainable_params()]))
+    (aliased_losses, aliased_weights), (losses, weights) = runs
+    assert aliased_losses == losses
+    for got, want in zip(aliased_weights, weights):
+        np.testing.assert_array_equal(got, want)
+
+
 # -- MindSpore's _grad_ops called directly -----------------------------------------------------
 def _grad_op_cases(rng: np.random.Generator) -> list[tuple[Any, list[np.ndarray]]]:
     x = rng.normal(size=(4, 6)).astype(np.float32)

@@ -122,6 +122,7 @@ def _emit(plan: ExecutionPlan, module: str,
         "}",
         "",
         *(_ACCEPT_ANY if plan.symbols else []),
+        *(_OVERLAP if plan.written_weights and plan.inputs else []),
         "static int gk_accept(PyObject *o, int type, int nd, const npy_intp *dims) {",
         "  if (!PyArray_Check(o)) return 0;",
         "  PyArrayObject *a = (PyArrayObject *)o;",
@@ -181,6 +182,12 @@ def _emit(plan: ExecutionPlan, module: str,
                          "Py_RETURN_NOTIMPLEMENTED;")
         if t.dtype == np.bool_:
             lines.append(f"  if (!gk_bool01(args[{vid[s]}])) Py_RETURN_NOTIMPLEMENTED;")
+    # An input sharing memory with a weight the call writes (`Tensor(w.asnumpy())`) would
+    # change under a later read: the Python runner takes a copy (Executable._unaliased).
+    for i in plan.inputs:
+        for w in plan.written_weights:
+            lines.append(f"  if (gk_overlap(args[{vid[i]}], args[{vid[w]}])) "
+                         "Py_RETURN_NOTIMPLEMENTED;")
     for call in calls.values():  # every index in range before anything runs
         if isinstance(call, GatherCall):
             lines += emit_check(call, f"PyArray_DATA((PyArrayObject *)args[{vid[call.indices]}])")
@@ -396,6 +403,15 @@ _ACCEPT_ANY = [
     "  PyArrayObject *a = (PyArrayObject *)o;",
     "  if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd) return 0;",
     "  return PyArray_IS_C_CONTIGUOUS(a) && PyArray_ISALIGNED(a);",
+    "}",
+    "",
+]
+# Two accepted (C-contiguous) arrays whose bytes overlap.
+_OVERLAP = [
+    "static int gk_overlap(PyObject *a, PyObject *b) {",
+    "  const char *p = PyArray_BYTES((PyArrayObject *)a), *q = PyArray_BYTES((PyArrayObject *)b);",
+    "  return p < q + PyArray_NBYTES((PyArrayObject *)b) &&",
+    "         q < p + PyArray_NBYTES((PyArrayObject *)a);",
     "}",
     "",
 ]

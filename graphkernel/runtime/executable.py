@@ -124,9 +124,26 @@ class Executable:
             out = runner.entry(*arrays, *weights, *runner.entry_constants)
             if out is not NotImplemented:
                 return list(out) if type(out) is tuple else [out]
-        return runner.run(self.check_inputs(arrays), weights)
+        return runner.run(self._unaliased(self.check_inputs(arrays), weights), weights)
 
     def profile(self, arrays: Sequence[Any], weights: Sequence[np.ndarray],
                 repeats: int = 20) -> list[float]:
         """Median seconds each kernel takes within one call (steps timed one by one)."""
-        return self.runner.profile(self.check_inputs(arrays), weights, repeats)
+        return self.runner.profile(self._unaliased(self.check_inputs(arrays), weights), weights,
+                                   repeats)
+
+    def _unaliased(self, arrays: list[np.ndarray], weights: Sequence[np.ndarray]
+                   ) -> list[np.ndarray]:
+        """The inputs, each that may share memory with a weight the call writes copied: the
+        plan reads inputs as values, so a write into the weight (an optimizer's update, in
+        place within a kernel or after the call) must not change an input a later step reads
+        (`Tensor(w.asnumpy())` is the weight's own array). Memory bounds only: cheap. The
+        compiled entry refuses such inputs and hands them here (runtime/c_entry.py)."""
+        plan = self.plan
+        written = plan.written_weights
+        if not written:
+            return arrays
+        position = {slot: i for i, slot in enumerate(plan.weights)}
+        targets = [weights[position[w]] for w in written]
+        return [np.array(a) if any(np.may_share_memory(a, w) for w in targets) else a
+                for a in arrays]

@@ -125,6 +125,13 @@ class ExecutionPlan:
     def kernel_steps(self) -> list[Step]:
         return [s for s in self.steps if s.launches_kernel]
 
+    @property
+    def written_weights(self) -> tuple[int, ...]:
+        """Slots of the weights a call writes into (ASSIGN steps, kernels' `in_place`)."""
+        written = {step.reads[1] for step in self.steps if step.kind is StepKind.ASSIGN}
+        written |= {w for step in self.steps for _, w in step.in_place}
+        return tuple(w for w in self.weights if w in written)
+
     def describe(self) -> str:
         """The plan as text: steps with their slots, buffers and releases."""
         def name(slot: int) -> str:
