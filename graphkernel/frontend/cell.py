@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphkernel.errors import GraphModeError, InputError
-from graphkernel.frontend import context, dynamic, guards, symbolic
+from graphkernel.frontend import context, dynamic, symbolic
 from graphkernel.frontend.compile import compile_cached
 from graphkernel.frontend.compiled import CompiledCell
 from graphkernel.frontend.signature import input_names
@@ -22,7 +22,6 @@ class Cell:
         object.__setattr__(self, "_compiled", {})
         object.__setattr__(self, "_auto_prefix", auto_prefix)
         object.__setattr__(self, "training", False)
-        object.__setattr__(self, "_version", 0)  # bumped on every change: frontend/guards.py
 
     def __setattr__(self, name: str, value: Any) -> None:
         if "_cells" not in self.__dict__:
@@ -40,15 +39,11 @@ class Cell:
                 value.name = name
             self._params[name] = value
         object.__setattr__(self, name, value)
-        object.__setattr__(self, "_version", self._version + 1)
-        guards.counter.value += 1
 
     def __delattr__(self, name: str) -> None:
         object.__delattr__(self, name)
         self._cells.pop(name, None)
         self._params.pop(name, None)
-        object.__setattr__(self, "_version", self._version + 1)
-        guards.counter.value += 1
 
     def set_inputs(self, *inputs: Tensor) -> None:
         """Declare the inputs' shapes and dtypes, MindSpore's way: a None (or -1) dimension is
@@ -95,21 +90,19 @@ class Cell:
 
     def set_train(self, mode: bool = True) -> Cell:
         """Training mode for this cell and every cell in it (Dropout drops, BatchNorm uses the
-        batch's statistics). Compiled graphs of another mode are dropped."""
+        batch's statistics). A compiled graph that read a changed `training` (this cell's, a
+        parent's that inlines it) is stale on its next call (frontend/guards.py)."""
         for _, cell in self.cells_and_names():
-            if cell.training != mode:
-                object.__setattr__(cell, "training", mode)
-                cell._compiled.clear()
-                cell.__dict__.pop("_last_call", None)
+            object.__setattr__(cell, "training", bool(mode))
         return self
 
     def __call__(self, *inputs: Any) -> Any:
-        # The per-call path: the graph this cell ran last, if the context and every guard
-        # still hold and nothing is being traced; its entry returns NotImplemented for inputs
-        # of another shape or dtype, and the full path below decides.
+        # The per-call path: the graph this cell ran last, if the context holds and nothing is
+        # being traced; its entry checks the guards (every attribute the trace read still the
+        # same object: frontend/guards.py) and returns NotImplemented when one moved or for
+        # inputs of another shape or dtype, and the full path below decides.
         last = self.__dict__.get("_last_call")
-        if last is not None and last[0] == context._generation and not symbolic.recording \
-                and last[1].guards.generation == guards.counter.value:
+        if last is not None and last[0] == context._generation and not symbolic.recording:
             out = last[2](last[3], *inputs)
             if out is not NotImplemented:
                 return out

@@ -210,8 +210,7 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     if dumper is not None:
         dumper.write_text(plan_dump_name(name), executable.plan.describe() + "\n")
     params = [i.binding for i in final.inputs if i.kind == "weight"]
-    compiled = CompiledCell(executable, params, report)
-    compiled.guards = read
+    compiled = CompiledCell(executable, params, report, read)
     report.compile_seconds = time.perf_counter() - start
     report.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:
@@ -279,7 +278,7 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     try:  # the per-call path: Tensors holding arrays, a graph compiled for them, no guard moved
         key = (context._generation, *[(a._array.shape, a._array.dtype) for a in inputs])
         exe = cell._compiled.get(key)
-        if exe is not None and exe.guards.generation == guards.counter.value:
+        if exe is not None and exe.guards.hold():
             return exe
     except AttributeError:  # arrays, numbers, symbolic or declared tensors: the full path
         pass
@@ -288,11 +287,18 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
         names = input_names(cell, len(inputs))
         key = (context._generation, "static",
                static_inputs.cache_key(inputs, names, type(cell).__name__))
-        if key not in cell._compiled:
+        static = cell._compiled.get(key)
+        stale = None
+        if static is not None and not static.compiled.guards.hold():
+            stale = static.compiled.guards.changed()
+            if stale is not None:
+                static = None
+        if static is None:
             bound = static_inputs.bound_cell(cell, inputs, names)
-            cell._compiled[key] = static_inputs.StaticCall(
+            static = cell._compiled[key] = static_inputs.StaticCall(
                 compile(bound, *static_inputs.leaves(inputs)))
-        return cell._compiled[key]  # type: ignore[no-any-return]
+            static.compiled.report.recompiled_because = stale
+        return static  # type: ignore[no-any-return]
     try:
         key = (context._generation, *[(a.shape, a.dtype) for a in inputs])
     except AttributeError:  # not arrays or tensors: signature() raises the clear error
@@ -300,7 +306,7 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
         raise
     exe = cell._compiled.get(key)
     stale = None
-    if exe is not None and exe.guards.generation != guards.counter.value:
+    if exe is not None:
         stale = _drop_if_stale(cell, exe)
         if stale is not None:
             exe = None
@@ -314,9 +320,9 @@ def compile_cached(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
 
 def _drop_if_stale(cell: CellLike, exe: CompiledCell) -> str | None:
     """Why `exe` is stale (and forget it under every key), or None when it still holds."""
-    if exe.guards.generation == guards.counter.value:
+    if exe.guards.hold():
         return None
-    stale: str | None = exe.guards.changed()  # some cell changed: did this graph read it?
+    stale: str | None = exe.guards.changed()  # an object moved: is its value another?
     if stale is not None:
         for table in (cell._compiled, _generic(cell)):
             for k in [k for k, v in table.items() if v is exe]:

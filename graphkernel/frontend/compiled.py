@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.frontend.guards import Guards
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.graph import Graph
 from graphkernel.passes.stage_names import FINAL
@@ -39,21 +40,24 @@ class CompiledCell:
     compile report."""
 
     def __init__(self, executable: Executable, params: Sequence[Parameter],
-                 report: CompileReport) -> None:
+                 report: CompileReport, guards: Guards | None = None) -> None:
         self.executable = executable
         self.params = tuple(params)  # in the plan's weight order
         self.report = report
-        self.guards: Any = None  # what it was built from (frontend/guards.py `Guards`)
+        # What it was built from besides its input types (none for a graph without a cell)
+        self.guards = guards if guards is not None else Guards()
         runner = self._runner = executable.runner
         self._entry = runner.entry
         self._returns_tuple = executable.plan.returns_tuple
-        # The compiled entry's `call` with this cell's Parameters and the graph's constants:
-        # Tensors in, Tensors out, no Python in between (runtime/c_entry.py).
+        # The compiled entry's `call` with this cell's Parameters, the graph's constants and
+        # the guards it checks: Tensors in, Tensors out, no Python in between
+        # (runtime/c_entry.py).
         self.fast_call: tuple[Any, tuple[Any, ...]] | None = None
         module = runner.entry_module
         if module is not None:
             module.set_tensor_type(Tensor)
-            self.fast_call = (module.call, (*self.params, *runner.entry_constants))
+            self.fast_call = (module.call, (*self.params, *runner.entry_constants,
+                                            self.guards.table))
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:

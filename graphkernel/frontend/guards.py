@@ -1,15 +1,21 @@
 """Guards: what a compiled graph was built from besides its input types, and the per-call check.
 
 While `construct` is traced, every attribute it reads from the cells it runs (the cell and its
-sub-cells) is recorded: plain values (numbers, strings, flags, None, tuples of them) by value,
-everything else (Parameters, sub-cells, primitives, arrays) by identity. `Cell.__setattr__` and
-`__delattr__` bump the cell's version and one process-wide counter, so a call pays one integer
-comparison while no cell changed; after a change, the graph compares only the attributes it read
-of the cells whose version moved, and a different value means a recompile.
+sub-cells, at any depth) is recorded: plain values (numbers, strings, flags, None, tuples of them)
+by value, everything else (Parameters, sub-cells, primitives, arrays) by identity. Each read also
+notes the object the cell's own `__dict__` held under that name (or that it held none). Every
+call checks, for every read, that the dict still holds that very object: a lookup and an
+identity comparison each, in the compiled entry's C (runtime/c_entry.py) or `Guards.hold`. The
+check reads the values themselves, so a write is seen however it was made: `cell.x = v`,
+`object.__setattr__` (`set_train`), a write into `cell.__dict__`, a replaced sub-cell or
+Parameter. When an object differs, `Guards.changed` compares by value: an equal value (the same
+float set again) is remembered as the new object, a different one means a recompile.
 
 Not seen (documented limits): a mutable object changed in place (a list appended to, an array
-attribute written into), a class attribute changed on the class, a module global.
-A Parameter's data changed in place or by `set_data` needs no guard: weights are graph inputs.
+attribute written into), a class attribute changed on the class, a module global, a cell's whole
+`__dict__` replaced by another dict.
+A Parameter's data changed in place or by `set_data` needs no guard: weights are graph inputs
+(the entry checks their shape and dtype on each call).
 """
 from __future__ import annotations
 
@@ -17,25 +23,18 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import is_
 from typing import Any
 
 import numpy as np
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
 # The cell's own bookkeeping, and what every construct reads.
-_INTERNAL = frozenset({"_cells", "_params", "_compiled", "_version", "_traced_call",
+_INTERNAL = frozenset({"_cells", "_params", "_compiled", "_traced_call",
                        "construct", "_declared_inputs", "_shape_history", "_static_families",
                        "_generic", "_last_call"})
 _MISSING = object()
 
-
-class _Counter:
-    """Bumped on every attribute change of any cell (read per call: one comparison)."""
-
-    value = 0
-
-
-counter = _Counter()
 _state = threading.local()
 
 
@@ -74,33 +73,51 @@ class Read:
 
 @dataclass
 class Guards:
-    """The attributes one compiled graph read, and the cell versions it saw."""
+    """The attributes one compiled graph read, and the per-call check that they still hold."""
 
     reads: list[Read] = field(default_factory=list)
-    versions: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (cell, version)
     # (id(cell), name) of every read, so a repeated read is one lookup (BERT-tiny's trace reads
-    # ~500 attributes: a scan of the reads for each was a fifth of the trace). `versions` keeps
+    # ~500 attributes: a scan of the reads for each was a fifth of the trace). `reads` keeps
     # the cells alive, so their ids stay theirs.
     seen: set[tuple[int, str]] = field(default_factory=set)
-    generation: int = 0
+    # The per-call check, one entry per read: dicts[i].get(names[i], _MISSING) is expected[i].
+    # `expected` is changed in place (Guards.changed), so the entry's C sees the new objects.
+    dicts: list[dict[str, Any]] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    expected: list[Any] = field(default_factory=list)
+    _missing: list[object] = field(default_factory=list)  # the `default` column of dict.get
+
+    @property
+    def table(self) -> tuple[list[dict[str, Any]], list[str], list[Any], object]:
+        """What the compiled entry's C checks on each call (runtime/c_entry.py `call`)."""
+        return self.dicts, self.names, self.expected, _MISSING
+
+    def hold(self) -> bool:
+        """Every attribute read still holds the object it held when last checked (builtins
+        only: no Python frame per call)."""
+        return all(map(is_, map(dict.get, self.dicts, self.names, self._missing),
+                       self.expected))
+
+    def add(self, cell: Any, own: dict[str, Any], name: str, value: Any) -> None:
+        self.reads.append(Read(cell, name, value, is_plain(value)))
+        self.dicts.append(own)
+        self.names.append(name)
+        self.expected.append(own.get(name, _MISSING))
+        self._missing.append(_MISSING)
 
     def changed(self) -> str | None:
-        """Why this graph is stale (the first attribute that differs), or None; called only when
-        some cell changed since the last check."""
-        moved = {key for key, (cell, version) in self.versions.items()
-                 if cell.__dict__.get("_version", 0) != version}
-        for read in self.reads:
-            if id(read.cell) not in moved:
+        """Why this graph is stale (the first attribute that differs), or None; called when
+        `hold` failed. Values equal to the traced ones are remembered as the new objects."""
+        for read, own, expected in zip(self.reads, self.dicts, self.expected):
+            current = own.get(read.name, _MISSING)
+            if current is expected:
                 continue
-            current = read.cell.__dict__.get(read.name, _MISSING)
             if current is _MISSING and read.value is not _MISSING:
                 current = getattr(read.cell, read.name, _MISSING)  # a class attribute
             if not _same(read.value, current, read.by_value):
                 return read.describe(current)
-        for key in moved:  # unchanged values: remember the new versions, skip them next time
-            cell, _ = self.versions[key]
-            self.versions[key] = (cell, cell.__dict__.get("_version", 0))
-        self.generation = counter.value
+        for i, (own, name) in enumerate(zip(self.dicts, self.names)):
+            self.expected[i] = own.get(name, _MISSING)
         return None
 
 
@@ -111,12 +128,10 @@ def _record(cell: Any, name: str, value: Any) -> None:
     own = object.__getattribute__(cell, "__dict__")
     if name not in own and not is_plain(value) and value is not _MISSING:
         return  # methods and other class-level objects
-    if id(cell) not in guards.versions:
-        guards.versions[id(cell)] = (cell, own.get("_version", 0))
     if (id(cell), name) in guards.seen:
         return
     guards.seen.add((id(cell), name))
-    guards.reads.append(Read(cell, name, value, is_plain(value)))
+    guards.add(cell, own, name, value)
 
 
 _recording_classes: dict[type, type] = {}
@@ -142,7 +157,14 @@ def _recording_class(cls: type) -> type:
     return _recording_classes[cls]
 
 
+def _is_cell(value: Any) -> bool:
+    own = getattr(value, "__dict__", None)
+    return type(own) is dict and "_cells" in own
+
+
 def _reachable(cell: Any) -> list[Any]:
+    """The cell and every cell its construct may run: sub-cells, and cells held as attributes
+    some other way (set with object.__setattr__, in a list or tuple attribute)."""
     seen: dict[int, Any] = {}
     stack = [cell]
     while stack:
@@ -151,16 +173,19 @@ def _reachable(cell: Any) -> list[Any]:
             continue
         seen[id(c)] = c
         stack.extend(c.__dict__.get("_cells", {}).values())
+        for name, value in c.__dict__.items():
+            if name in _INTERNAL:
+                continue
+            items = value if type(value) in (list, tuple) else (value,)
+            stack.extend(item for item in items if _is_cell(item))
     return list(seen.values())
 
 
 @contextmanager
 def recording(cell: Any) -> Iterator[Guards]:
     """Record what tracing `cell` reads from it and its sub-cells."""
-    guards = Guards(generation=counter.value)
+    guards = Guards()
     cells = _reachable(cell)
-    for c in cells:  # every cell starts watched: a sub-cell construct never read is no guard
-        guards.versions[id(c)] = (c, c.__dict__.get("_version", 0))
     originals = [(c, type(c)) for c in cells]
     previous = getattr(_state, "guards", None)
     _state.guards = guards

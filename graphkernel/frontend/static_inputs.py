@@ -71,6 +71,7 @@ def bound_cell(cell: Any, inputs: tuple[Any, ...], names: list[str]) -> Any:
     bound.construct = construct
     bound._traced_call = lambda args: construct(*args)
     bound._compiled = {}
+    bound._cells = {"cell": cell}  # traced with the cell's guards (frontend/guards.py)
     return bound
 
 

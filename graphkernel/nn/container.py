@@ -14,19 +14,21 @@ from graphkernel.frontend.cell import Cell
 class _Listed(Cell):
     def __init__(self) -> None:
         super().__init__()
-        object.__setattr__(self, "_order", [])
+        # A tuple, replaced on each append: a graph that ran the cells guards it by identity
+        # (a list appended to in place would go unseen: frontend/guards.py).
+        object.__setattr__(self, "_order", ())
 
     def _add(self, name: str, cell: Any) -> None:
         if not isinstance(cell, Cell):
             raise InputError(f"{type(self).__name__} holds cells, got a {type(cell).__name__}")
         setattr(self, name, cell)
-        self._order.append(cell)
+        object.__setattr__(self, "_order", (*self._order, cell))
 
     def __len__(self) -> int:
         return len(self._order)
 
     def __iter__(self) -> Iterator[Cell]:
-        return iter(list(self._order))
+        return iter(self._order)
 
     def __getitem__(self, index: int) -> Cell:
         return self._order[index]  # type: ignore[no-any-return]

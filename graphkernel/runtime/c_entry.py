@@ -274,7 +274,8 @@ def _emit(plan: ExecutionPlan, module: str,
         "static PyMethodDef gk_methods[] = {",
         '  {"run", (PyCFunction)(void (*)(void))gk_run, METH_FASTCALL, "run the graph"},',
         '  {"call", (PyCFunction)(void (*)(void))gk_call, METH_FASTCALL,',
-        '   "call(fixed, *inputs): Tensors or arrays in, Tensors out"},',
+        '   "call(fixed, *inputs): Tensors or arrays in, Tensors out; fixed: Parameters, '
+        'constants, guards"},',
         '  {"set_tensor_type", gk_set_tensor_type, METH_O, "the class `call` reads and makes"},',
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
@@ -321,10 +322,35 @@ _SEED = """static PyObject *gk_seed(PyObject *self, PyObject *const *args, Py_ss
 
 # `call(fixed, *inputs)`: a Cell's per-call path with no Python frame between the user's call
 # and the kernels. Inputs are Tensors (their `_array` is read here) or arrays; `fixed` is the
-# tuple of the cell's Parameters (read on every call: set_data replaces an array) and the
-# graph's constants; results come back as Tensors. Anything `run` would not take as is makes it
-# return NotImplemented, and the caller takes the full path.
+# tuple of the cell's Parameters (read on every call: set_data replaces an array), the graph's
+# constants, and last the guards' table (frontend/guards.py `Guards.table`); results come back
+# as Tensors. A guard that moved, or anything `run` would not take as is, makes it return
+# NotImplemented, and the caller takes the full path.
 _CALL = """static PyTypeObject *gk_tensor_type = NULL;
+
+/* The guards: (dicts, names, expected, missing), three lists of one length; they hold when
+   dicts[i].get(names[i], missing) is expected[i] for every i (a cell's attribute still the
+   object the trace read). */
+static int gk_guards_hold(PyObject *table) {
+  if (!PyTuple_CheckExact(table) || PyTuple_GET_SIZE(table) != 4) return 0;
+  PyObject *dicts = PyTuple_GET_ITEM(table, 0), *names = PyTuple_GET_ITEM(table, 1);
+  PyObject *expected = PyTuple_GET_ITEM(table, 2), *missing = PyTuple_GET_ITEM(table, 3);
+  if (!PyList_CheckExact(dicts) || !PyList_CheckExact(names) || !PyList_CheckExact(expected))
+    return 0;
+  Py_ssize_t n = PyList_GET_SIZE(dicts);
+  if (PyList_GET_SIZE(names) != n || PyList_GET_SIZE(expected) != n) return 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *d = PyList_GET_ITEM(dicts, i), *name = PyList_GET_ITEM(names, i);
+    if (!PyDict_CheckExact(d) || !PyUnicode_CheckExact(name)) return 0;
+    PyObject *v = PyDict_GetItemWithError(d, name);  /* borrowed; str keys: no Python code */
+    if (v == NULL) {
+      if (PyErr_Occurred()) { PyErr_Clear(); return 0; }
+      v = missing;
+    }
+    if (v != PyList_GET_ITEM(expected, i)) return 0;
+  }
+  return 1;
+}
 static PyObject *gk_array_name = NULL;
 
 static PyObject *gk_set_tensor_type(PyObject *self, PyObject *type) {
@@ -364,8 +390,9 @@ static PyObject *gk_wrap(PyObject *array) {
 static PyObject *gk_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs < 1 || !PyTuple_CheckExact(args[0]) || gk_tensor_type == NULL)
     Py_RETURN_NOTIMPLEMENTED;
-  Py_ssize_t ninputs = nargs - 1;
-  if (ninputs + PyTuple_GET_SIZE(args[0]) != NARGS) Py_RETURN_NOTIMPLEMENTED;
+  Py_ssize_t ninputs = nargs - 1, nfixed = PyTuple_GET_SIZE(args[0]) - 1;
+  if (nfixed < 0 || ninputs + nfixed != NARGS) Py_RETURN_NOTIMPLEMENTED;
+  if (!gk_guards_hold(PyTuple_GET_ITEM(args[0], nfixed))) Py_RETURN_NOTIMPLEMENTED;
   PyObject *arrays[ARRAYS];
   PyObject *result = NULL;
   Py_ssize_t n = 0;
