@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from graphkernel import Parameter, Tensor, nn
+from graphkernel.errors import ShapeError
 from graphkernel.frontend import context
 from graphkernel.ops import operations as P
 
@@ -100,6 +101,18 @@ def test_parameter_data_is_read_without_recompiling(fusion, rng):
     net.w.asnumpy()[0, 0] = 100.0  # in place
     np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
     assert _compiled(net) is first
+
+
+def test_set_data_keeps_the_shape_a_new_parameter_changes_it(rng):
+    net, x = Scaled(), rng.standard_normal((4, 4)).astype(np.float32)
+    net(Tensor(x))
+    with pytest.raises(ShapeError, match=r"Parameter 'w' is float32\[4, 4\]; set_data got "
+                                         r"shape \[1, 4\].*cell.weight = Parameter"):
+        net.w.set_data(np.ones((1, 4)))
+    net.w.set_data(np.full((4, 4), 2, np.int64))  # cast to the Parameter's dtype
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
+    net.w = Parameter(np.full((1, 4), 3.0, np.float32))  # another shape: a new Parameter
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), _expected(net, x), rtol=1e-6)
 
 
 def test_unread_or_unchanged_attributes_do_not_recompile(rng):

@@ -14,6 +14,7 @@ from graphkernel.errors import (
     GraphKernelError,
     GraphModeError,
     InputError,
+    ShapeError,
     UnsupportedError,
 )
 from graphkernel.frontend.indexing import strided_slice_args
@@ -296,10 +297,16 @@ class Parameter(Tensor):
         self.requires_grad = requires_grad
 
     def set_data(self, data: Any) -> None:
-        """Replace the value; shape and dtype must stay (compiled graphs rely on them)."""
+        """Replace the value, cast to the Parameter's dtype; the shape must stay (compiled
+        graphs take this Parameter's array as a weight of that type). Another shape is a new
+        Parameter, set as the cell's attribute: graphs that read the old one then recompile."""
         array = np.array(data, dtype=self.dtype, order="C", copy=True)  # owned, as above
         if array.shape != self.shape:
-            raise ValueError(f"Parameter {self.name}: new shape {array.shape} != {self.shape}")
+            raise ShapeError(f"Parameter {self.name!r} is {self.dtype.name}{list(self.shape)}; "
+                             f"set_data got shape {list(array.shape)}. set_data keeps the "
+                             "shape (compiled graphs rely on it): to change it, set a new "
+                             "Parameter on the cell (cell.weight = Parameter(...))",
+                             user_location())
         self._array = array
 
     def __repr__(self) -> str:
