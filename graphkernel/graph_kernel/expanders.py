@@ -21,6 +21,7 @@ import numpy as np
 from graphkernel.ir import types as T
 from graphkernel.ir.build import GraphBuilder
 from graphkernel.ir.graph import Graph, Input, Node, Value
+from graphkernel.ir.opdefs.reduction import inverse_count
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TupleType
 
@@ -197,7 +198,7 @@ def bias_add(b: Builder, x: Value, bias: Value) -> Value:
 @expander("ReduceMean", float16_in_float32=True)
 def reduce_mean(b: Builder, x: Value, axis: Any = (), keep_dims: bool = False) -> Value:
     total = b("ReduceSum", x, axis=axis, keep_dims=keep_dims)
-    return b("Mul", total, _inverse_count(_reduced_size(x, axis)))
+    return b("Mul", total, inverse_count(b, x, axis, keep_dims))
 
 
 @expander("Softmax", float16_in_float32=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +121,51 @@ class SymSize:
 Dim = int | SymSize
 
 
+class SizeMultipleNeeded(ShapeError):
+    """A size that is whole only when the symbol `symbol` is a multiple of `factor` (a Reshape's
+    -1 of [N, 6] into (-1, 4) needs N even). The compiler may declare the symbol so (its
+    dimensions become factor*N, checked on each call) and trace again; uncaught it is a plain
+    ShapeError."""
+
+    def __init__(self, message: str, symbol: str, factor: int) -> None:
+        super().__init__(message)
+        self.symbol = symbol
+        self.factor = factor
+
+
+def quotient(size: int | SymSize, known: int | SymSize, what: str) -> int | SymSize:
+    """`size` divided by `known` (a -1's share), exact for every value of the symbols, or the
+    factor one symbol must have (SizeMultipleNeeded); anything else is a ShapeError naming
+    `what`."""
+    if known == 0:
+        raise ShapeError(f"{what}: the other dimensions hold no elements")
+    if not isinstance(known, SymSize):
+        if not isinstance(size, SymSize):
+            if size % known:
+                raise ShapeError(f"{what}: {size} elements do not split into rows of {known}")
+            return size // known
+        if size.coef % known == 0:
+            return SymSize(size.coef // known, size.names)
+        factor = known // math.gcd(size.coef, known)
+        if len(size.names) == 1:
+            raise SizeMultipleNeeded(f"{what}: the size {size} splits into rows of {known} only "
+                                     f"when {size.names[0]} is a multiple of {factor}",
+                                     size.names[0], factor)
+        raise ShapeError(f"{what}: the size {size} splits into rows of {known} only for some "
+                         f"values of {', '.join(sorted(set(size.names)))}; declare those "
+                         "dimensions static")
+    left = list(size.names) if isinstance(size, SymSize) else []
+    for name in known.names:
+        if name not in left:
+            raise ShapeError(f"{what}: the size {size} is not a multiple of {known} for every "
+                             f"value of {', '.join(sorted(set(known.names)))}")
+        left.remove(name)
+    coef = size.coef if isinstance(size, SymSize) else size
+    if coef % known.coef:
+        raise ShapeError(f"{what}: the size {size} is not a multiple of {known}")
+    return SymSize(coef // known.coef, tuple(left)) if left else coef // known.coef
+
+
 def is_static(shape: tuple[Dim, ...]) -> bool:
     return not any(isinstance(d, SymSize) for d in shape)
 
@@ -175,6 +221,16 @@ class TupleType:
 
     def __str__(self) -> str:
         return "(" + ", ".join(str(t) for t in self.items) + ")"
+
+
+def concrete_attrs(attrs: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any]:
+    """Attributes with the dynamic sizes their shapes hold (a gradient's BroadcastTo back to
+    [N, 4]) replaced by their values in one call."""
+    out = dict(attrs)
+    for key, value in attrs.items():
+        if isinstance(value, tuple) and any(isinstance(d, SymSize) for d in value):
+            out[key] = concrete(value, sizes)
+    return out
 
 
 ValueType = TensorType | TupleType

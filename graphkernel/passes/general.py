@@ -84,6 +84,7 @@ def fold_constants(graph: Graph) -> Graph:
                     and not get_op(node.op).stateful
                     and not isinstance(node.type, TupleType)
                     and all(isinstance(v, Constant) for v in node.inputs)
+                    and node.tensor_type.is_static  # a size known only at run time
                     and node.tensor_type.size <= _FOLD_LIMIT)
         if not foldable:
             kept.append(node)

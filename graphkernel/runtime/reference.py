@@ -8,12 +8,23 @@ import numpy as np
 
 from graphkernel.ir.graph import Constant, Graph, Value
 from graphkernel.ir.opset import get_op
-from graphkernel.ir.types import TensorType
+from graphkernel.ir.types import SymSize, TensorType, concrete_attrs
+
+
+def _sizes(graph: Graph, arrays: list[np.ndarray]) -> dict[str, int]:
+    """This call's value of each dynamic size that an input dimension holds alone (N, 2*N)."""
+    sizes: dict[str, int] = {}
+    for inp, array in zip(graph.inputs, arrays):
+        for dim, have in zip(inp.shape, np.shape(array)):
+            if isinstance(dim, SymSize) and len(dim.names) == 1:
+                sizes.setdefault(dim.names[0], have // dim.coef)
+    return sizes
 
 
 def run_reference_graph(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Evaluate `graph` on `arrays` (its inputs, in order); return its outputs."""
     env: dict[int, Any] = {inp.uid: a for inp, a in zip(graph.inputs, arrays)}
+    sizes: dict[str, int] | None = None
 
     def get(v: Value) -> Any:
         return v.value if isinstance(v, Constant) else env[v.uid]
@@ -27,7 +38,11 @@ def run_reference_graph(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarr
             env[node.uid] = args[0][node.attrs["index"]]
         else:
             opdef = get_op(node.op)
-            result = opdef.reference(*args, **{**opdef.attr_defaults, **node.attrs})
+            attrs = {**opdef.attr_defaults, **node.attrs}
+            if not isinstance(node.type, TensorType) or not node.type.is_static:
+                sizes = _sizes(graph, arrays) if sizes is None else sizes
+                attrs = concrete_attrs(attrs, sizes)
+            result = opdef.reference(*args, **attrs)
             if isinstance(node.type, TensorType):
                 result = np.asarray(result)
                 if result.dtype != node.dtype:

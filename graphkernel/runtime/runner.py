@@ -22,7 +22,7 @@ from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
-from graphkernel.ir.types import concrete, is_static
+from graphkernel.ir.types import concrete, concrete_attrs, is_static
 from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
 from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
@@ -289,9 +289,13 @@ class Runner:
             return elementwise
         reference = opdef.reference
         types = step.out_types
+        sizes = self.size_of
+        # Shapes holding dynamic sizes take this call's values.
+        dynamic = any(isinstance(v, tuple) and not is_static(v) for v in attrs.values())
 
         def library(slots: list[Any]) -> None:
-            result = reference(*[slots[s] for s in reads], **attrs)
+            result = reference(*[slots[s] for s in reads],
+                               **(concrete_attrs(attrs, sizes) if dynamic else attrs))
             results = result if len(writes) > 1 else (result,)
             for s, value, t in zip(writes, results, types):
                 value = np.asarray(value)

@@ -70,11 +70,23 @@ def _sum_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
     return [b.broadcast_to(_kept(b, n, dy, attrs), n.inputs[0].shape)]
 
 
+def inverse_count(b: Any, x: Any, axis: Any, keep_dims: bool) -> Any:
+    """1/n for a mean of `x` over `axis`: a number when n is known; when a dynamic size is
+    among the reduced ones, a value each call computes (the reciprocal of a sum of ones over
+    the reduced axes, shaped as that reduction with `keep_dims`: exact up to 2**24 elements
+    in float32, as a float32 count is)."""
+    axes = T.normalize_axes(axis, len(x.shape))
+    count = math.prod([x.shape[a] for a in axes]) if axes else 1
+    if not isinstance(count, T.SymSize):
+        return 1.0 / count if count else math.inf  # over no elements: NaN, as numpy's
+    ones = b.ones(TensorType(tuple(d if i in axes else 1 for i, d in enumerate(x.shape)),
+                             x.dtype))
+    return b("Reciprocal", b("ReduceSum", ones, axis=axes, keep_dims=keep_dims))
+
+
 def _mean_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
     x = n.inputs[0]
-    axes = T.normalize_axes(attrs["axis"], len(x.shape))
-    count = math.prod([x.shape[a] for a in axes])
-    scaled = b("Mul", _kept(b, n, dy, attrs), 1.0 / count if count else math.inf)
+    scaled = b("Mul", _kept(b, n, dy, attrs), inverse_count(b, x, attrs["axis"], True))
     return [b.broadcast_to(scaled, x.shape)]
 
 

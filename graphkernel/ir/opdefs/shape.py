@@ -14,17 +14,23 @@ from graphkernel.ir.types import TensorType, ValueType
 
 
 def _reshape_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    """A -1 takes what the other sizes leave. Of a dynamic size it may need a symbol to be a
+    multiple of something (T.SizeMultipleNeeded: [N, 6] into (-1, 4) needs N even); a shape
+    may hold dynamic sizes itself (a gradient's Reshape back to its input's shape)."""
     (x,) = types
-    shape = tuple(int(d) for d in attrs["shape"])
+    shape = tuple(d if isinstance(d, T.SymSize) else int(d) for d in attrs["shape"])
+    what = f"Reshape of {x.shape} into {shape}"
     if shape.count(-1) > 1:
         raise ShapeError(f"Reshape: at most one -1 in shape {shape}")
     if -1 in shape:
         known = math.prod([d for d in shape if d != -1])
-        if known == 0 or x.size % known:
-            raise ShapeError(f"Reshape: cannot reshape {x.shape} into {shape}")
-        shape = tuple(x.size // known if d == -1 else d for d in shape)
+        shape = tuple(T.quotient(x.size, known, what) if d == -1 else d for d in shape)
     if any(isinstance(d, int) and d < 0 for d in shape) or math.prod(shape) != x.size:
-        raise ShapeError(f"Reshape: cannot reshape {x.shape} ({x.size} elements) into {shape}")
+        dynamic = " (a dynamic size cannot become a static one: give -1 for the dimension " \
+            "that holds it)" if isinstance(x.size, T.SymSize) and \
+            not isinstance(math.prod(shape), T.SymSize) else ""
+        raise ShapeError(f"Reshape: cannot reshape {x.shape} ({x.size} elements) into "
+                         f"{shape}{dynamic}")
     return TensorType(shape, x.dtype)
 
 
@@ -99,7 +105,8 @@ declare(OpDef(name="Squeeze", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_
 
 def _broadcast_to_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
     (x,) = types
-    target = tuple(int(d) for d in attrs["shape"])
+    # Dynamic sizes stay (a gradient's BroadcastTo back to its input's shape [N, 4]).
+    target = tuple(d if isinstance(d, T.SymSize) else int(d) for d in attrs["shape"])
     target = tuple(x.shape[i - len(target) + x.rank] if d == -1 else d
                    for i, d in enumerate(target))
     if T.broadcast_shapes(x.shape, target) != target:
