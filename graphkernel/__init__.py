@@ -14,10 +14,11 @@ from graphkernel.frontend.compile import compile
 from graphkernel.frontend.export import export, load
 from graphkernel.frontend.grad import ParameterTuple, grad, value_and_grad
 from graphkernel.frontend.jit import jit
+from graphkernel.frontend.symbol import Symbol
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 
 __all__ = ["__version__", "communication", "context", "compile", "dtype", "export", "grad",
            "jit", "load", "load_checkpoint", "load_param_into_net", "Parameter",
-           "ParameterTuple", "save_checkpoint", "set_seed", "Tensor", "nn", "ops",
+           "ParameterTuple", "save_checkpoint", "set_seed", "Symbol", "Tensor", "nn", "ops",
            "value_and_grad", "float16", "float32", "float64", "int32", "int64", "bool_"]

@@ -9,7 +9,7 @@ import pytest
 from cells import Pointwise, pointwise_ref
 
 import graphkernel
-from graphkernel import Parameter, Tensor, nn
+from graphkernel import Parameter, Symbol, Tensor, nn
 from graphkernel.errors import InputError, ShapeError
 from graphkernel.frontend import context
 from graphkernel.ops import operations as P
@@ -332,6 +332,142 @@ def test_the_digits_cnn_with_a_dynamic_batch_matches_its_static_graphs(rng):
         x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
         static = graphkernel.compile(net, x, options=options).run_arrays(x)[0]
         np.testing.assert_allclose(exe.run_arrays(x)[0], static, rtol=1e-5, atol=1e-5)
+
+
+# -- Symbol: shared and constrained dynamic dimensions (MindSpore's mindspore.Symbol) ----------
+
+class Scale(nn.Cell):
+    """Two inputs that meet: rows of x times one weight per row in w."""
+
+    def construct(self, x, w):
+        return x * w + 1.0
+
+
+def test_a_unique_symbol_is_one_batch_of_two_inputs(cache_folder, rng):
+    context.set_context(enable_graph_kernel=True)
+    net = Scale()
+    batch = Symbol(unique=True)
+    net.set_inputs(Tensor(shape=[batch, 8], dtype=graphkernel.float32),
+                   Tensor(shape=[batch, 1], dtype=graphkernel.float32))
+    for b in (1, 5, 17):
+        x = rng.standard_normal((b, 8)).astype(np.float32)
+        w = rng.standard_normal((b, 1)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x), Tensor(w)).asnumpy(), x * w + 1, rtol=1e-6)
+    (exe,) = generic(net)
+    assert [str(i.tensor_type) for i in exe.graph.inputs[:2]] == ["float32[N,8]", "float32[N,1]"]
+    assert len(libraries(cache_folder)) == 1
+    with pytest.raises(InputError, match=r"input 1 is float32\[4, 1\] but set_inputs declared "
+                                         r"float32\[N, 1\] \(axis 0: N is 3 in an earlier "
+                                         r"input, 4 here\)"):
+        net(Tensor(np.ones((3, 8), np.float32)), Tensor(np.ones((4, 1), np.float32)))
+
+
+def test_a_symbol_that_is_not_unique_shares_only_its_constraints(rng):
+    """MindSpore's meaning: without unique, each dimension is a size of its own."""
+    class Both(nn.Cell):
+        def construct(self, x, y):
+            return x * 2.0, y * 3.0
+    net = Both()
+    rows = Symbol(max=8)
+    net.set_inputs(Tensor(shape=[rows, 4], dtype=graphkernel.float32),
+                   Tensor(shape=[rows, 4], dtype=graphkernel.float32))
+    x, y = np.ones((3, 4), np.float32), np.ones((5, 4), np.float32)
+    a, b = net(Tensor(x), Tensor(y))
+    np.testing.assert_array_equal(a.asnumpy(), x * 2)
+    np.testing.assert_array_equal(b.asnumpy(), y * 3)
+    with pytest.raises(InputError, match=r"Both input 1 axis 0 is 9, but it must be at most 8 "
+                                         r"\(Symbol\(max=8\)\)"):
+        net(Tensor(x), Tensor(np.ones((9, 4), np.float32)))
+    net = Scale()
+    net.set_inputs(Tensor(shape=[rows, 8], dtype=graphkernel.float32),
+                   Tensor(shape=[rows, 1], dtype=graphkernel.float32))
+    with pytest.raises(ShapeError, match="dynamic dimension"):
+        net(Tensor(np.ones((3, 8), np.float32)), Tensor(np.ones((3, 1), np.float32)))
+
+
+def test_symbol_constraints_are_checked_on_every_call(rng):
+    """Each call, the compiled entry's per-call path included (it checks only the types)."""
+    context.set_context(enable_graph_kernel=True)
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[Symbol(min=2, max=64, divisor=8, remainder=1), 64],
+                          dtype=graphkernel.float32))
+    for b in (9, 17, 9, 57):
+        x = rng.standard_normal((b, 64)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), pointwise_ref(net, x), rtol=2e-6,
+                                   atol=1e-6)
+    assert len(generic(net)) == 1
+    for b, need in ((10, "1 modulo 8"), (1, "at least 2"), (65, "at most 64")):
+        with pytest.raises(InputError, match=rf"Pointwise input 0 axis 0 is {b}, but it must be "
+                                             rf"{need} \(Symbol\(max=64, min=2, divisor=8, "
+                                             r"remainder=1\)\)"):
+            net(Tensor(np.ones((b, 64), np.float32)))
+    exe = graphkernel.compile(net, np.ones((9, 64), np.float32))
+    with pytest.raises(InputError, match="axis 0 is 10, but it must be 1 modulo 8"):
+        exe(np.ones((10, 64), np.float32))
+
+
+def test_a_symbol_divisor_is_in_the_type(rng):
+    net = Pointwise()
+    net.set_inputs(Tensor(shape=[Symbol(divisor=4), 64], dtype=graphkernel.float32))
+    x = rng.standard_normal((12, 64)).astype(np.float32)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), pointwise_ref(net, x), rtol=2e-6,
+                               atol=1e-6)
+    assert str(generic(net)[0].graph.inputs[0].tensor_type) == "float32[4*N,64]"
+    x = rng.standard_normal((8, 128)).astype(np.float32)[:, ::2]  # the Python runner's path
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), pointwise_ref(net, x), rtol=2e-6,
+                               atol=1e-6)
+    with pytest.raises(InputError, match=r"axis 0: axis size 6 must be a multiple of 4"):
+        net(Tensor(np.ones((6, 64), np.float32)))
+
+
+def test_a_named_symbol_for_importers():
+    batch = Symbol.named("batch", max=32)
+    assert batch.unique and batch.name == "batch"
+    assert repr(batch) == "Symbol(name='batch', max=32, unique=True)"
+    net = Scale()
+    net.set_inputs(Tensor(shape=[batch, 8], dtype=graphkernel.float32),
+                   Tensor(shape=[batch, 1], dtype=graphkernel.float32))
+    assert "Symbol(name='batch'" in repr(Tensor(shape=[batch, 8], dtype=graphkernel.float32))
+    with pytest.raises(InputError, match=r"input 0 axis 0 is 40, but it must be at most 32 "
+                                         r"\(Symbol\(name='batch', max=32, unique=True\)\)"):
+        net(Tensor(np.ones((40, 8), np.float32)), Tensor(np.ones((40, 1), np.float32)))
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"min": 0}, ShapeError, "min must be positive"),
+    ({"divisor": 0}, ShapeError, "divisor must be positive"),
+    ({"divisor": 4, "remainder": 4}, ShapeError, r"remainder must be in \[0, divisor\)"),
+    ({"max": 2.5}, InputError, "max must be an int"),
+    ({"unique": 1}, InputError, "unique must be True or False"),
+    ({"name": ""}, InputError, "name must be a non-empty str"),
+    ({"maximum": 4}, InputError, "got maximum"),
+])
+def test_symbol_arguments_are_checked(arguments, error, message):
+    with pytest.raises(error, match=message):
+        Symbol(**arguments)
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_dynamic_batch_training_step_matches_static_compiles(fusion, reduction, rng):
+    """Data [N, 4] and labels [N] share one Symbol: one compiled step serves batches 3, 8 and
+    16, equal to a step compiled for each batch (the same losses, the same weights after)."""
+    context.set_context(enable_graph_kernel=fusion, automatic_dynamic_shapes=False)
+    step, net = make_training_step(reduction)
+    batch = Symbol(unique=True)
+    step.set_inputs(Tensor(shape=[batch, 4], dtype=graphkernel.float32),
+                    Tensor(shape=[batch], dtype=graphkernel.int32))
+    static_step, static_net = make_training_step(reduction)
+    for b in (3, 8, 16):
+        x = rng.standard_normal((b, 4)).astype(np.float32)
+        y = rng.integers(0, 3, b).astype(np.int32)
+        loss = step(Tensor(x), Tensor(y)).asnumpy()
+        np.testing.assert_allclose(loss, static_step(Tensor(x), Tensor(y)).asnumpy(),
+                                   rtol=1e-6)
+        for p, q in zip(net.trainable_params(), static_net.trainable_params()):
+            np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-6, atol=1e-7)
+    assert len(generic(step)) == 1
+    assert len(generic(static_step)) == 3
 
 
 def test_a_mean_over_a_dynamic_axis_is_shape_generic(rng):

@@ -47,8 +47,10 @@ class Cell:
 
     def set_inputs(self, *inputs: Tensor) -> None:
         """Declare the inputs' shapes and dtypes, MindSpore's way: a None (or -1) dimension is
-        dynamic, and one compiled graph serves every size of it; a call that does not match
-        is an InputError naming both (frontend/dynamic.py)."""
+        dynamic, and one compiled graph serves every size of it; a `Symbol` is a dynamic
+        dimension with constraints, shared by every dimension of a unique one (data [N, F] and
+        labels [N]). A call that does not match, or breaks a constraint, is an InputError naming
+        the input and the dimension (frontend/dynamic.py)."""
         declared = dynamic.declared_types(self, inputs)
         self.__dict__["_declared_inputs"] = declared
         self._compiled.clear()

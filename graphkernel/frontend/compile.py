@@ -158,10 +158,12 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
                          user_location())
     declared = getattr(cell, "__dict__", {}).get("_declared_inputs")
     if types is None and declared is not None:  # set_inputs: the graph serves every size
-        problem = dynamic.mismatch(cell, declared, inputs)
+        problem = dynamic.mismatch(cell, declared.types, inputs, declared.rules)
         if problem is not None:
             raise InputError(problem, user_location())
-        types = declared
+        types = declared.types
+    # The sizes the declared Symbols allow, checked on each call.
+    rules = list(declared.rules) if declared is not None and types is declared.types else []
     types = types if types is not None else signature(inputs, cell)
     options = options or options_from_context()
     folder = _dump_folder()
@@ -211,6 +213,9 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
         dumper.write_text(plan_dump_name(name), executable.plan.describe() + "\n")
     params = [i.binding for i in final.inputs if i.kind == "weight"]
     compiled = CompiledCell(executable, params, report, read)
+    compiled.input_types = [i.tensor_type for i in graph.inputs if i.kind == "input"]
+    if rules:
+        compiled.check_sizes(compiled.input_types, rules)
     report.compile_seconds = time.perf_counter() - start
     report.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:
@@ -343,13 +348,13 @@ def _compile_for(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     generation = context._generation
     declared = cell.__dict__.get("_declared_inputs")
     if declared is not None:
-        problem = dynamic.mismatch(cell, declared, inputs)
+        problem = dynamic.mismatch(cell, declared.types, inputs, declared.rules)
         if problem is not None:
             raise InputError(problem, user_location())
         key: tuple[Any, ...] = ("declared", generation)
         exe = _generic(cell).get(key)
         if exe is None or _drop_if_stale(cell, exe) is not None:
-            exe = _generic(cell)[key] = compile(cell, *inputs, types=declared)
+            exe = _generic(cell)[key] = compile(cell, *inputs, types=declared.types)
         return exe
     for key, exe in list(_generic(cell).items()):
         if key[:2] == ("automatic", generation) and dynamic.matches(key[2], inputs) and \
@@ -371,5 +376,7 @@ def _compile_for(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     except GraphKernelError:  # cannot be shape-generic (or a user error static shapes repeat)
         static_only.add(family)
         return compile(cell, *inputs)
-    _generic(cell)[("automatic", generation, tuple(types))] = exe
+    # Keyed by the types it was built for (a Reshape may have made a size 2*N: odd sizes then
+    # compile anew).
+    _generic(cell)[("automatic", generation, tuple(exe.input_types))] = exe
     return exe

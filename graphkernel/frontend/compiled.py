@@ -8,9 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.errors import InputError
+from graphkernel.frontend.dynamic import SizeRule, broken_rule
 from graphkernel.frontend.guards import Guards
+from graphkernel.frontend.location import user_location
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.graph import Graph
+from graphkernel.ir.types import TensorType
 from graphkernel.passes.stage_names import FINAL
 from graphkernel.runtime.executable import Executable, KernelInfo
 from graphkernel.runtime.plan import ExecutionPlan
@@ -58,10 +62,28 @@ class CompiledCell:
             module.set_tensor_type(Tensor)
             self.fast_call = (module.call, (*self.params, *runner.entry_constants,
                                             self.guards.table))
+        self._entry_call = self.fast_call
+        # The graph's user inputs' types (dynamic sizes as symbols).
+        self.input_types: list[TensorType] = []
+        # Rules on dynamic sizes (a Symbol's range, a Reshape's multiple: frontend/dynamic.py)
+        # checked before each call, with the types that bind their symbols.
+        self.size_rules: tuple[SizeRule, ...] = ()
+
+    def check_sizes(self, types: list[TensorType], rules: Sequence[SizeRule]) -> None:
+        """Check `rules` on every call: a call that breaks one is an InputError naming the
+        input, the axis and the rule's origin. Cells then call through `__call__`, not the bare
+        compiled entry (`fast_call`), which sees only the types."""
+        self.input_types = list(types)
+        self.size_rules = tuple(rules)
+        self.fast_call = None
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
-        fast = self.fast_call
+        if self.size_rules and all(hasattr(a, "shape") for a in args):
+            problem = broken_rule(self.name, self.input_types, args, self.size_rules)
+            if problem is not None:
+                raise InputError(problem, user_location())
+        fast = self._entry_call
         if fast is not None:  # the per-call path: one C call
             if self._runner.prefaulting is not None:  # the first call: take the warm pages
                 self._runner.finish_prefault()

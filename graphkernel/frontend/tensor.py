@@ -20,6 +20,7 @@ from graphkernel.errors import (
 from graphkernel.frontend.indexing import strided_slice_args
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.memory import check_fits_in_memory
+from graphkernel.frontend.symbol import Symbol
 from graphkernel.frontend.symbolic import SymbolicGraph, current_graph
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Value
@@ -44,7 +45,8 @@ class Tensor:
     __array_priority__ = 100  # numpy defers `ndarray * Tensor` to Tensor.__rmul__
     # A tensor declared by shape and dtype only (`Tensor(shape=[None, 64], dtype=...)`, for
     # Cell.set_inputs): its type, None for a dynamic dimension. Others have data or a value.
-    _declared: tuple[tuple[int | None, ...], np.dtype] | None = None
+    # A Symbol (frontend/symbol.py) is a dynamic dimension with constraints.
+    _declared: tuple[tuple[int | Symbol | None, ...], np.dtype] | None = None
     # A result made by a compiled entry (runtime/c_entry.py `call`) sets only `_array`.
     _value: Value | None = None
     _tracer: SymbolicGraph | None = None
@@ -107,7 +109,7 @@ class Tensor:
         if self._value is not None:
             return self._value.shape
         if self._array is None and self._declared is not None:  # -1: dynamic, as MindSpore
-            return tuple(-1 if d is None else d for d in self._declared[0])
+            return tuple(d if isinstance(d, int) else -1 for d in self._declared[0])
         assert self._array is not None
         return tuple(self._array.shape)
 
@@ -259,7 +261,7 @@ class Tensor:
     def __repr__(self) -> str:
         dims = ", ".join(str(d) for d in self.shape)
         if self._array is None and self._declared is not None:
-            dims = ", ".join("None" if d is None else str(d) for d in self._declared[0])
+            dims = ", ".join(repr(d) for d in self._declared[0])
             return f"Tensor(shape=[{dims}], dtype={self.dtype.name}, no data)"
         if self._array is None:
             return f"Tensor(shape=[{dims}], dtype={self.dtype.name}, symbolic)"
@@ -275,13 +277,15 @@ class Tensor:
         return format(str(self), spec)
 
 
-def _declared_shape(shape: Any) -> tuple[int | None, ...]:
+def _declared_shape(shape: Any) -> tuple[int | Symbol | None, ...]:
     if not isinstance(shape, (list, tuple)) or not all(
-            d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and
-                          d >= 0) or d == -1 for d in shape):
-        raise InputError(f"Tensor shape must be a list of sizes (None or -1 for a dynamic "
-                         f"dimension), got {shape!r}", user_location())
-    return tuple(None if d is None or d == -1 else int(d) for d in shape)
+            d is None or isinstance(d, Symbol) or (isinstance(d, (int, np.integer)) and
+                                                   not isinstance(d, bool) and d >= 0) or
+            d == -1 for d in shape):
+        raise InputError(f"Tensor shape must be a list of sizes (None, -1 or a Symbol for a "
+                         f"dynamic dimension), got {shape!r}", user_location())
+    return tuple(d if d is None or isinstance(d, Symbol) else None if d == -1 else int(d)
+                 for d in shape)
 
 
 class Parameter(Tensor):

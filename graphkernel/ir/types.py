@@ -314,12 +314,14 @@ def normalize_axes(axis: int | tuple[int, ...] | list[int] | None, rank: int) ->
 def shape_fits(shape: tuple[int, ...], expected: tuple[int | SymSize, ...],
                sizes: dict[str, int]) -> bool:
     """Whether an array's shape is the expected one: static dims equal, each dynamic size the
-    same wherever it appears (bound in `sizes` by its first appearance)."""
+    same wherever it appears (bound in `sizes` by its first appearance), a multiple of its
+    coefficient (2*N: N is half the size)."""
     if len(shape) != len(expected):
         return False
     for have, want in zip(shape, expected):
         if isinstance(want, SymSize):
-            if sizes.setdefault(want.names[0], have) != have:
+            if have % want.coef or sizes.setdefault(want.names[0], have // want.coef) != \
+                    have // want.coef:
                 return False
         elif have != want:
             return False

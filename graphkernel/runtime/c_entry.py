@@ -471,7 +471,9 @@ def _accept_dynamic(arg: int, t: TensorType, symbol: dict[str, int], bound: set[
     for axis, dim in enumerate(t.shape):
         if isinstance(dim, SymSize) and dim.names[0] not in bound:
             bound.add(dim.names[0])
-            lines.append(f"    gk_size[{symbol[dim.names[0]]}] = have[{axis}];")
+            if dim.coef != 1:  # 2*N: a multiple of 2, N its half
+                lines.append(f"    if (have[{axis}] % {dim.coef}) Py_RETURN_NOTIMPLEMENTED;")
+            lines.append(f"    gk_size[{symbol[dim.names[0]]}] = have[{axis}] / {dim.coef};")
         else:
             lines.append(f"    if (have[{axis}] != {_c_size(dim, symbol)}) "
                          "Py_RETURN_NOTIMPLEMENTED;")

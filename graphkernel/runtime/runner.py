@@ -22,7 +22,7 @@ from graphkernel.codegen.library import BuiltLibrary
 from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
-from graphkernel.ir.types import concrete, concrete_attrs, is_static
+from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
 from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
 from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
@@ -146,8 +146,11 @@ class Runner:
 
     def bind_sizes(self, arrays: Sequence[np.ndarray]) -> None:
         """Read this call's dynamic sizes from its (checked) input arrays."""
-        for j, (name, number, axis) in enumerate(self.plan.symbols):
-            self.sizes[j] = self.size_of[name] = arrays[number].shape[axis]
+        plan = self.plan
+        for j, (name, number, axis) in enumerate(plan.symbols):
+            dim = plan.slots[plan.inputs[number]].type.shape[axis]
+            coef = dim.coef if isinstance(dim, SymSize) else 1  # 2*N: N is half the size
+            self.sizes[j] = self.size_of[name] = arrays[number].shape[axis] // coef
 
     # -- steps ----------------------------------------------------------------------------
     def _step_fn(self, step: Step) -> StepFn:
