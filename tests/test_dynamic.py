@@ -515,11 +515,66 @@ def test_a_training_step_compiles_for_a_batch_symbol(fusion, rng):
             np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=1e-6, atol=1e-7)
 
 
+# -- Reshape's -1 of a dynamic size -----------------------------------------------------------
+
+class Regroup(nn.Cell):
+    def construct(self, x):
+        return P.Reshape()(x * 2.0, (-1, 4)) + 1.0
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_reshape_of_a_dynamic_size_needs_a_multiple(fusion, rng):
+    """[N, 6] into (-1, 4) is whole for even N: compiled once for those, [3N/2, 4] as
+    [3*N, 4] of inputs [2*N, 6]; an odd N is a clear error naming the input, the axis and the
+    Reshape, on every path."""
+    context.set_context(enable_graph_kernel=fusion)
+    net = Regroup()
+    net.set_inputs(Tensor(shape=[None, 6], dtype=graphkernel.float32))
+    for b in (2, 4, 10, 4):
+        x = rng.standard_normal((b, 6)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), (x * 2).reshape(-1, 4) + 1,
+                                   rtol=1e-6)
+    (exe,) = generic(net)
+    assert str(exe.graph.inputs[0].tensor_type) == "float32[2*N,6]"
+    assert str(exe.graph.outputs[0].type) == "float32[3*N,4]"
+    odd = r"(?s)Regroup input 0 axis 0 is {}, but it must be a multiple of 2 \(Reshape of " \
+        r"\(N, 6\) into \(-1, 4\).*line \d+, in construct"
+    for b in (3, 7):
+        with pytest.raises(InputError, match=odd.format(b)):
+            net(Tensor(np.ones((b, 6), np.float32)))
+    first_odd = Regroup()
+    first_odd.set_inputs(Tensor(shape=[None, 6], dtype=graphkernel.float32))
+    with pytest.raises(InputError, match=odd.format(5)):
+        first_odd(Tensor(np.ones((5, 6), np.float32)))
+    with pytest.raises(InputError, match=odd.format(1)):
+        exe(np.ones((1, 6), np.float32))
+
+
+def test_automatic_dynamic_shapes_reshape_even_sizes_generically(rng):
+    """The automatic graph takes 2*N too; an odd size (no Reshape of it is whole) is then the
+    static compile's clear error, and even sizes still use the generic graph."""
+    context.set_context(enable_graph_kernel=True)
+    net = Regroup()
+    for b in (2, 4, 6):
+        x = rng.standard_normal((b, 6)).astype(np.float32)
+        np.testing.assert_allclose(net(Tensor(x)).asnumpy(), (x * 2).reshape(-1, 4) + 1,
+                                   rtol=1e-6)
+    with pytest.raises(ShapeError, match=r"Reshape of \(3, 6\) into \(-1, 4\): 18 elements "
+                                         r"do not split into rows of 4"):
+        net(Tensor(np.ones((3, 6), np.float32)))
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), (x * 2).reshape(-1, 4) + 1, rtol=1e-6)
+    assert [str(exe.graph.inputs[0].tensor_type) for exe in generic(net)] == \
+        ["float32[2,6]", "float32[2*N,6]"]
+
+
 @pytest.mark.parametrize("shape, declared, message", [
     ((4, 6), [None, 6], r"cannot reshape \(N, 6\) \(6\*N elements\) into \(4, 6\) \(a dynamic "
                         r"size cannot become a static one"),
     ((-1, 4), [None, None], r"the size M\*N splits into rows of 4 only for some values of M, N"),
     ((-1, 0), [None, 6], "the other dimensions hold no elements"),
+    ((-1, 4), [Symbol(divisor=2, remainder=1), 6],
+     r"only when N is a multiple of 2, but no size of N is 1 modulo 2 and a multiple of 2"),
 ])
 def test_a_reshape_no_dynamic_size_allows_is_refused(shape, declared, message):
     class Bad(nn.Cell):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import linecache
+import math
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ from graphkernel.errors import (
     GraphModeError,
     InputError,
     ResourceError,
+    ShapeError,
     SourceLocation,
 )
 from graphkernel.frontend import compile_cache, context, dynamic, guards, primitive, static_inputs
@@ -34,7 +36,7 @@ from graphkernel.graph_kernel.pipeline import (
     schedule_composites,
 )
 from graphkernel.ir.graph import Graph, output_types
-from graphkernel.ir.types import TensorType
+from graphkernel.ir.types import SizeMultipleNeeded, SymSize, TensorType
 from graphkernel.passes.dumper import Dumper
 from graphkernel.passes.manager import run_stages, stage_dump_names
 from graphkernel.passes.stage_names import FINAL
@@ -71,6 +73,47 @@ def trace(cell: CellLike, types: list[TensorType]) -> Graph:
     graph.inputs = [i for i in graph.inputs if i.kind == "input"] + \
         [i for i in graph.inputs if i.kind == "weight"]
     return graph
+
+
+# Each retrace settles one Reshape's -1 (its symbol's factor makes the size whole).
+MAX_RETRACES = 16
+
+
+def _trace_whole(cell: CellLike, types: list[TensorType], rules: list[dynamic.SizeRule],
+                 inputs: tuple[Any, ...]) -> tuple[Graph, list[dynamic.SizeRule]]:
+    """Trace `cell`; where a size is whole only for multiples of a factor of an input symbol
+    (a Reshape's -1 of [N, 6] into (-1, 4)), declare the symbol so (its dimensions N become
+    2*N, a rule checks each call) and trace again. Refuses what no size allows (another rule
+    of the symbol contradicts the factor) and a call whose own sizes break the new rule."""
+    name = type(cell).__name__
+    for _ in range(MAX_RETRACES):
+        try:
+            return trace(cell, types), rules
+        except SizeMultipleNeeded as need:
+            dims = {d for t in types for d in t.shape
+                    if isinstance(d, SymSize) and d.names == (need.symbol,)}
+            if len(dims) != 1:  # not an input's symbol
+                raise
+            dim = dims.pop()
+            where = f", at {need.location}" if need.location is not None else ""
+            rule = dynamic.SizeRule(need.symbol, f"{need.problem}{where}",
+                                    divisor=dim.coef * need.factor)
+            for other in rules:
+                if other.symbol == need.symbol and \
+                        other.remainder % math.gcd(other.divisor, rule.divisor):
+                    raise ShapeError(f"{need.problem}, but no size of {dim} is "
+                                     f"{other.remainder} modulo {other.divisor} and a multiple "
+                                     f"of {rule.divisor} ({other.origin})",
+                                     need.location) from None
+            types = [TensorType(tuple(d * need.factor if d == dim else d for d in t.shape),
+                                t.dtype) for t in types]
+            rules = [*rules, rule]
+            if inputs and all(hasattr(a, "shape") for a in inputs):
+                problem = dynamic.broken_rule(name, types, inputs, [rule])
+                if problem is not None:
+                    raise InputError(problem, need.location) from None
+    raise ShapeError(f"{name}: more than {MAX_RETRACES} Reshapes need a multiple of a dynamic "
+                     "size; declare those dimensions static", user_location())
 
 
 def _endless_recursion(exc: RecursionError, cell: CellLike) -> Exception:
@@ -175,7 +218,7 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
                      [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
                       SUMMARY_NAME])
     with guards.recording(cell) as read:
-        graph = trace(cell, types)
+        graph, rules = _trace_whole(cell, types, rules, inputs)
     name = type(cell).__name__
     # Dumps need every stage to run: the compile cache is not read then (nor written).
     key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
