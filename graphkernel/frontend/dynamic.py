@@ -5,7 +5,9 @@ library) serves every size of it:
 - declared: `Cell.set_inputs(Tensor(shape=[None, 64], dtype=float32))`, MindSpore's API; every
   None is its own symbol (N, M, K, ... in order), and so is every Symbol (frontend/symbol.py)
   except that the dimensions of one unique Symbol share one (a batch axis of data and labels);
-  a Symbol's constraints are `SizeRule`s, checked on each call;
+  a Symbol's constraints are `SizeRule`s, checked on each call (a bare Symbol, min 1, has
+  none: a size 0 runs as for None, and its cells keep the compiled entry's per-call path; a
+  divisor with remainder 0 is in the type, 4*N);
 - automatic (no set_inputs; context `automatic_dynamic_shapes`, on by default): when a cell is
   called with a second value of a dimension, the next compile makes that dimension symbolic.
   Dimensions whose values were equal in every call so far share one symbol (a batch axis of two
@@ -105,8 +107,9 @@ def declared_types(cell: Any, tensors: Sequence[Any]) -> Declared:
                     dims.append(_symbol_dim(d, name))
                     if d.unique:
                         shared[id(d)] = dims[-1]
-                    rules.append(SizeRule(name, repr(d), d.divisor, d.remainder, d.min,
-                                          d.max if d.bounded else 0))
+                    if d.min > 1 or d.bounded or d.remainder:  # more than its type says
+                        rules.append(SizeRule(name, repr(d), d.divisor, d.remainder, d.min,
+                                              d.max if d.bounded else 0))
                 else:
                     dims.append(SymSize.dim(name))
             else:
