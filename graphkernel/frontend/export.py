@@ -58,7 +58,7 @@ from graphkernel.ir.serialize import (
     encode_type,
     graph_to_data,
 )
-from graphkernel.ir.types import TensorType
+from graphkernel.ir.types import TensorType, shape_fits
 from graphkernel.passes.stage_names import FINAL
 from graphkernel.runtime.builder import build_executable
 
@@ -305,10 +305,12 @@ def check_signature(loaded: LoadedGraph, arrays: list[Any]) -> None:
         names = ", ".join(n for n, _ in loaded.signature)
         raise InputError(f"GraphCell {loaded.name} takes {len(loaded.signature)} input(s) "
                          f"({names}), got {len(arrays)}")
+    sizes: dict[str, int] = {}  # a dynamic dimension (an ONNX dim_param) is one size throughout
     for array, (name, type_) in zip(arrays, loaded.signature):
         shape = tuple(getattr(array, "shape", ()))
         dtype = getattr(array, "dtype", None)
-        if shape != type_.shape or dtype is None or np.dtype(dtype) != type_.dtype:
+        if not shape_fits(shape, type_.shape, sizes) or dtype is None or \
+                np.dtype(dtype) != type_.dtype:
             raise InputError(f"GraphCell {loaded.name} input {name!r} must be {type_} (the "
                              f"exported signature), got {dtype}{list(shape)}")
 
