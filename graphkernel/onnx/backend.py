@@ -14,6 +14,7 @@ from onnx.backend.base import Backend, BackendRep
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.nn.graph_cell import GraphCell
 from graphkernel.onnx.importer import load_model
+from graphkernel.onnx.ops import ValueNeededError
 
 
 class GraphKernelRep(BackendRep):
@@ -29,6 +30,35 @@ class GraphKernelRep(BackendRep):
         return tuple(o.asnumpy() for o in outs)
 
 
+class BoundRep(BackendRep):
+    """A model whose nodes need, at load, values it takes as inputs (axes, shapes, pads given
+    as graph inputs, as ONNX's node cases do): each run binds its small integer and bool
+    inputs and its one-element inputs to the values given and loads the model for them (one GraphCell per set of values)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.names = [i.name for i in model.graph.input
+                      if i.name not in {t.name for t in model.graph.initializer}]
+        self.cells: dict[str, tuple[list[str], GraphCell]] = {}
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        arrays = [np.asarray(a) for a in ([inputs] if isinstance(inputs, np.ndarray)
+                                          else list(inputs))]
+        bound = {n: a for n, a in zip(self.names, arrays)
+                 if (a.dtype.kind in "biu" and a.size <= _MAX_BOUND) or a.size == 1}
+        key = repr(sorted((n, a.dtype.str, a.shape, a.tobytes()) for n, a in bound.items()))
+        if key not in self.cells:
+            cell = GraphCell(load_model(self.model, bind=bound))
+            self.cells[key] = ([n for n in self.names if n not in bound], cell)
+        names, cell = self.cells[key]
+        rest = [a for n, a in zip(self.names, arrays) if n in names]
+        return GraphKernelRep(cell).run(rest)
+
+
+# Inputs this small (axes, shapes, pads, repeats) are bound; larger ones stay data.
+_MAX_BOUND = 64
+
+
 class GraphKernelBackend(Backend):
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
@@ -40,9 +70,12 @@ class GraphKernelBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU",
-                **kwargs: Any) -> GraphKernelRep:
+                **kwargs: Any) -> BackendRep:
         super().prepare(model, device, **kwargs)
-        return GraphKernelRep(GraphCell(load_model(model)))
+        try:
+            return GraphKernelRep(GraphCell(load_model(model)))
+        except ValueNeededError:
+            return BoundRep(model)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU",

@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import onnx
 
 from graphkernel.errors import FormatError, GraphKernelError, UnsupportedError
@@ -27,7 +28,7 @@ from graphkernel.frontend.tracing import Tracer
 from graphkernel.graph_kernel.pipeline import FRONTEND_STAGES, BackendState, backend_stages
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.onnx import ops
-from graphkernel.onnx.arrays import onnx_dtype, tensor_array
+from graphkernel.onnx.arrays import onnx_dtype, supported_dtype, tensor_array
 from graphkernel.passes.manager import run_stages
 
 # The oldest default-domain opset the converters are written for; older models are converted.
@@ -57,14 +58,16 @@ def load_bytes(data: bytes, label: str, folder: str | None) -> LoadedGraph:
 
 
 def load_model(model: onnx.ModelProto, label: str = "<onnx.ModelProto>",
-               folder: str | None = None, checksum: str | None = None) -> LoadedGraph:
-    """Check `model`, convert it and build its graph (see the module's doc)."""
+               folder: str | None = None, checksum: str | None = None,
+               bind: dict[str, np.ndarray] | None = None) -> LoadedGraph:
+    """Check `model`, convert it and build its graph (see the module's doc). `bind` gives
+    graph inputs fixed values: they become constants, and leave the signature."""
     if checksum is None:
         checksum = hashlib.sha256(model.SerializeToString()).hexdigest()
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # external data and opset conversion never alter the caller's model
     model = _checked(copy, label, folder)
-    return _Importer(model, label, checksum).build()
+    return _Importer(model, label, checksum, bind or {}).build()
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -74,7 +77,7 @@ def _checked(model: onnx.ModelProto, label: str, folder: str | None) -> onnx.Mod
     _load_external_data(model, label, folder)
     _check_initializer_sizes(model.graph, label)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(model, full_check=True)  # types and shapes inferred too
     except Exception as exc:  # onnx.checker.ValidationError, or a parse problem inside it
         raise FormatError(f"{label}: the ONNX checker refuses the model: "
                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
@@ -224,8 +227,10 @@ def input_type(value: onnx.ValueInfoProto, dims: DynamicDims, label: str) -> Ten
 
 # -- building ------------------------------------------------------------------------------
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, label: str, checksum: str) -> None:
+    def __init__(self, model: onnx.ModelProto, label: str, checksum: str,
+                 bind: dict[str, np.ndarray]) -> None:
         self.model = model
+        self.bind = bind
         self.label = label
         self.checksum = checksum
         self.opset = default_opset(model)
@@ -236,8 +241,12 @@ class _Importer:
         converters = self._converters()  # every operator looked up before anything is built
         initializers = {t.name: t for t in graph.initializer}
         dims = DynamicDims()
-        signature = [(i.name, input_type(i, dims, self.label))
-                     for i in graph.input if i.name not in initializers]
+        signature = [(i.name, input_type(i, dims, self.label)) for i in graph.input
+                     if i.name not in initializers and i.name not in self.bind]
+        unknown = set(self.bind) - {i.name for i in graph.input}
+        if unknown:
+            raise FormatError(f"{self.label}: bind names {sorted(unknown)}, which are not "
+                              "inputs of the model")
         tracer = Tracer(self.name)
         values: dict[str, Any] = {}
         with tracer:
@@ -245,6 +254,9 @@ class _Importer:
                 values[name] = tracer.add_input(type_, name)
             for name, tensor in initializers.items():
                 values[name] = tensor_array(tensor, self.label)
+            for name, array in self.bind.items():
+                values[name] = np.array(array, dtype=supported_dtype(
+                    np.asarray(array).dtype, f"bound input {name!r}", self.label))
             for node, convert in zip(graph.node, converters):
                 self._convert(node, convert, values)
             outputs = []

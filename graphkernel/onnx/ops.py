@@ -29,6 +29,12 @@ CONVERTERS: dict[str, Converter] = {}
 FOLDERS: dict[str, Callable[..., Any]] = {}
 
 
+class ValueNeededError(UnsupportedError):
+    """A node needs, when the model is loaded, a value the model computes from its inputs
+    (axes, a shape, pads given as a graph input): binding those inputs to values
+    (`load_model(..., bind=...)`) lets it load."""
+
+
 class NodeContext:
     """One node being converted: its attributes, the opset, and how to refuse."""
 
@@ -57,8 +63,9 @@ class NodeContext:
         """An input that must be known at load time (a shape, axes, pads)."""
         if isinstance(value, np.ndarray):
             return value
-        raise self.refuse(f"{what} must be known when the model is loaded (an initializer, a "
-                          "Constant or a shape computation), not computed from the inputs")
+        raise ValueNeededError(f"{self.where}: {what} must be known when the model is loaded "
+                               "(an initializer, a Constant or a shape computation), not "
+                               "computed from the inputs")
 
     def ints(self, value: Value, what: str) -> list[int]:
         array = self.known(value, what)
@@ -378,9 +385,9 @@ CONVERTERS["LogSoftmax"] = _softmax("LogSoftmax")
 def _matmul(cx: NodeContext, a: Value, b: Value) -> Value:
     a_vec, b_vec = rank(a) == 1, rank(b) == 1
     if a_vec:
-        a = op("ExpandDims", a, 0)
+        a = op("ExpandDims", a, axis=0)
     if b_vec:
-        b = op("ExpandDims", b, -1)
+        b = op("ExpandDims", b, axis=-1)
     out = op("MatMul", a, b)
     if a_vec:
         out = op("Squeeze", out, axis=(rank(out) - 2,))
@@ -475,8 +482,8 @@ def _conv(cx: NodeContext, x: Value, w: Value, bias: Value = None) -> Value:
     dilations = list(cx.attr("dilations", [1] * n))
     pads = _window_pads(cx, shape_of(x)[2:], kernel, strides, dilations)
     if n == 1:  # as a 2-D convolution over a height of 1
-        x = op("ExpandDims", x, 2)
-        w = op("ExpandDims", w, 2)
+        x = op("ExpandDims", x, axis=2)
+        w = op("ExpandDims", w, axis=2)
         kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations
         pads = [0, pads[0], 0, pads[1]]
     out_channels = shape_of(w)[0]
@@ -521,7 +528,7 @@ def _pool_geometry(cx: NodeContext, x: Value, count_pads: bool
 
 def _pool2d(prim: str, x: Value, n: int, kernel: list[int], strides: list[int]) -> Value:
     if n == 1:
-        x = op("ExpandDims", x, 2)
+        x = op("ExpandDims", x, axis=2)
         kernel, strides = [1] + kernel, [1] + strides
     y = op(prim, x, kernel_size=tuple(kernel), strides=tuple(strides), pad_mode="valid")
     return op("Squeeze", y, axis=(2,)) if n == 1 else y
@@ -763,7 +770,7 @@ def _unsqueeze(cx: NodeContext, x: Value, axes: Value = None) -> Value:
     if isinstance(x, np.ndarray):
         return np.expand_dims(x, tuple(listed))
     for a in listed:
-        x = op("ExpandDims", x, a)
+        x = op("ExpandDims", x, axis=a)
     return x
 
 
@@ -1001,17 +1008,32 @@ def _reduce_log_sum_exp(cx: NodeContext, x: Value, axes: Value = None) -> Value:
 
 def _arg(find_max: bool) -> Converter:
     def convert(cx: NodeContext, x: Value) -> Value:
-        if cx.attr("select_last_index", 0):
-            raise cx.refuse("select_last_index=1")
         axis = norm_axis(cx, cx.attr("axis", 0), rank(x))
+        last = cx.attr("select_last_index", 0)
+        length = shape_of(x)[axis]
+        if last:  # the first extreme of the reversed axis is the last one
+            if not isinstance(length, int):
+                raise cx.refuse("select_last_index=1 along a dynamic axis")
+            x = _reversed(x, axis)
         if find_max:
             index = op("Argmax", x, axis=axis, output_type=T.int64)
         else:
             index = op("ArgMinWithValue", x, axis=axis)[0]
             if dtype_of(index) != np.int64:
                 index = op("Cast", index, dtype=T.int64)
-        return op("ExpandDims", index, axis) if cx.attr("keepdims", 1) else index
+        if last:
+            index = op("Sub", const(length - 1, index), index)
+        return op("ExpandDims", index, axis=axis) if cx.attr("keepdims", 1) else index
     return convert
+
+
+def _reversed(x: Value, axis: int) -> Value:
+    n = rank(x)
+    mask = sum(1 << i for i in range(n))
+    strides = [1] * n
+    strides[axis] = -1
+    return op("StridedSlice", x, begin=(0,) * n, end=(0,) * n, strides=tuple(strides),
+              begin_mask=mask, end_mask=mask)
 
 
 CONVERTERS["ArgMax"] = _arg(True)
@@ -1032,7 +1054,7 @@ def _cumsum(cx: NodeContext, x: Value, axis: Value) -> Value:
         keep &= i != j
     perm = tuple(k for k in range(n) if k != a) + (a,)
     moved = op("Transpose", x, perm=perm) if perm != tuple(range(n)) else x
-    summed = op("MatMul", moved if n > 1 else op("ExpandDims", moved, 0),
+    summed = op("MatMul", moved if n > 1 else op("ExpandDims", moved, axis=0),
                 keep.astype(dtype_of(x)))
     if n == 1:
         return op("Squeeze", summed, axis=(0,))
