@@ -33,7 +33,8 @@ class GraphKernelRep(BackendRep):
 class BoundRep(BackendRep):
     """A model whose nodes need, at load, values it takes as inputs (axes, shapes, pads given
     as graph inputs, as ONNX's node cases do): each run binds its small integer and bool
-    inputs and its one-element inputs to the values given and loads the model for them (one GraphCell per set of values)."""
+    inputs and its one-element inputs to the values given and loads the model for them (one
+    GraphCell per set of values)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model

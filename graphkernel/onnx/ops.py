@@ -453,10 +453,10 @@ def _filled_block(x: Value, axis: int, count: int, value: float) -> Value:
     shape[axis] = count
     if all(isinstance(d, int) for d in shape):
         return op("BroadcastTo", const(value, x), shape=tuple(shape))
-    # A dynamic size (an ONNX dim_param) has no number to broadcast to: a one-long slice of
-    # `x` itself, zeroed, filled and repeated, has the shape.
+    # A dynamic size (an ONNX dim_param) has no number to broadcast to: `x` reduced to one
+    # along the axis, zeroed, filled and repeated, has the shape.
     n = rank(x)
-    one = op("Gather", x, np.zeros(1, np.int64), axis=axis)
+    one = op("ReduceSum", x, axis=(axis,), keep_dims=True)
     filled = op("Add", op("ZerosLike", one), const(value, x))
     multiples = [1] * n
     multiples[axis] = count

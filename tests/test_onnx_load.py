@@ -1,0 +1,90 @@
+"""graphkernel.load of ONNX models: told from GKIR exports by content, run by nn.GraphCell,
+compared with ONNX Runtime; shape subgraphs folded, dim_params dynamic, old opsets converted,
+operators graphkernel cannot run refused at load."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx_models import cnn, helper_node, init, mlp, model, onnxruntime_outputs, value  # noqa: E402
+
+import graphkernel  # noqa: E402
+from graphkernel import Tensor, nn  # noqa: E402
+from graphkernel.errors import UnsupportedError  # noqa: E402
+from graphkernel.frontend import context  # noqa: E402
+from graphkernel.ir.types import SymSize  # noqa: E402
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_a_cnn_with_a_dynamic_batch_matches_onnxruntime(rng, fusion):
+    context.set_context(enable_graph_kernel=fusion)
+    made = cnn(rng)
+    loaded = graphkernel.load(made)
+    (name, type_), = loaded.signature
+    assert name == "x" and isinstance(type_.shape[0], SymSize) and type_.shape[1:] == (3, 16, 16)
+    cell = nn.GraphCell(loaded)
+    compiled = []
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        got = cell(Tensor(x)).asnumpy()
+        expected, = onnxruntime_outputs(made, {"x": x})
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+        compiled.append(cell.compiled)
+    assert compiled[0] is compiled[1]  # one compile serves both batch sizes
+
+
+def test_path_bytes_and_model_proto_load_alike(tmp_path, rng):
+    made = mlp(rng)
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(made.SerializeToString())
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    expected, = onnxruntime_outputs(made, {"x": x})
+    for source in (str(path), path, made.SerializeToString(), made, open(path, "rb")):
+        got = nn.GraphCell(graphkernel.load(source))(Tensor(x)).asnumpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [4, "batch"])
+def test_the_shape_subgraph_folds_at_load(rng, batch):
+    nodes = [helper_node("Shape", ["x"], ["shape"]),
+             helper_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+             helper_node("Concat", ["n1", "minus1"], ["flat"], axis=0),
+             helper_node("Reshape", ["x", "flat"], ["f"]),
+             helper_node("Relu", ["f"], ["y"])]
+    inits = [init("zero", np.array(0, np.int64)), init("axes0", np.array([0], np.int64)),
+             init("minus1", np.array([-1], np.int64))]
+    made = model(nodes, [value("x", [batch, 2, 3])], [value("y", [batch, 6])], inits)
+    loaded = graphkernel.load(made)
+    # Shape -> Gather -> Unsqueeze -> Concat became the Reshape's shape, known at load.
+    assert sorted(node.op for node in loaded.graph.nodes) == ["ReLU", "Reshape"]
+    x = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    got = nn.GraphCell(loaded)(Tensor(x)).asnumpy()
+    np.testing.assert_array_equal(got, np.maximum(x.reshape(4, 6), 0))
+
+
+def test_an_old_opset_is_converted(rng):
+    nodes = [helper_node("Unsqueeze", ["x"], ["u"], axes=[1]),  # axes an attribute before 13
+             helper_node("Softmax", ["u"], ["y"], axis=2)]
+    made = model(nodes, [value("x", [2, 5])], [value("y", [2, 1, 5])], opset=11)
+    x = rng.standard_normal((2, 5)).astype(np.float32)
+    got = nn.GraphCell(graphkernel.load(made))(Tensor(x)).asnumpy()
+    expected, = onnxruntime_outputs(made, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_an_operator_it_cannot_run_is_refused_at_load():
+    nodes = [helper_node("Relu", ["x"], ["r"]),
+             helper_node("NonMaxSuppression", ["r", "r"], ["y"], name="nms_1")]
+    made = model(nodes, [value("x", [1, 4, 4])], [value("y", [None, 3], 7)])
+    with pytest.raises(UnsupportedError, match=r"'nms_1' \(NonMaxSuppression, opset 17\)"):
+        graphkernel.load(made)
+
+
+def test_an_attribute_value_it_cannot_run_is_refused_at_load():
+    pads = helper_node("Constant", [], ["pads"], value_ints=[0, 1, 0, 1])
+    nodes = [pads, helper_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="pad")]
+    made = model(nodes, [value("x", [2, 3])], [value("y", [2, 5])])
+    with pytest.raises(UnsupportedError, match=r"'pad' \(Pad, opset 17\): mode='reflect'"):
+        graphkernel.load(made)
