@@ -77,6 +77,23 @@ def test_an_old_opset_is_converted(rng):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("equation,shapes", [
+    ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]),  # attention scores
+    ("bij,jk->bik", [(2, 3, 4), (4, 5)]),
+    ("ij->ji", [(3, 4)]),
+    ("bik,bk->i", [(2, 3, 4), (2, 4)]),  # b summed by the contraction, not kept
+])
+def test_einsum_contractions_match_numpy(rng, equation, shapes):
+    names = [f"x{i}" for i in range(len(shapes))]
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    expected = np.einsum(equation, *arrays)
+    made = model([helper_node("Einsum", names, ["y"], equation=equation)],
+                 [value(n, list(s)) for n, s in zip(names, shapes)],
+                 [value("y", list(expected.shape))])
+    got = nn.GraphCell(graphkernel.load(made))(*[Tensor(a) for a in arrays]).asnumpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_an_operator_it_cannot_run_is_refused_at_load():
     nodes = [helper_node("Relu", ["x"], ["r"]),
              helper_node("NonMaxSuppression", ["r", "r"], ["y"], name="nms_1")]
