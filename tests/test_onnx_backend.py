@@ -14,6 +14,7 @@ import pytest
 if not os.environ.get("CI"):  # CI (.ci/run) installs the test extra: there a missing one fails
     pytest.importorskip("onnx", reason="pip install -e '.[test]' (onnx)")
 
+from onnx import TensorProto, numpy_helper  # noqa: E402
 from onnx.backend.test import loader  # noqa: E402
 
 from graphkernel.errors import GraphKernelError  # noqa: E402
@@ -58,11 +59,11 @@ def _outcome(case):
     try:
         rep = GraphKernelBackend.prepare(case.model)
         for inputs, expected in case.data_sets:
-            got = rep.run([np.asarray(a) for a in inputs])
+            got = rep.run(inputs)
             if len(got) != len(expected):
                 return "wrong", f"{len(got)} outputs, expected {len(expected)}"
             for g, e in zip(got, expected):
-                e = np.asarray(e)
+                e = numpy_helper.to_array(e) if isinstance(e, TensorProto) else np.asarray(e)
                 if g.dtype != e.dtype or g.shape != e.shape or not np.allclose(
                         g, e, rtol=case.rtol, atol=case.atol, equal_nan=True):
                     return "wrong", f"got {g.dtype}{list(g.shape)}, expected " \

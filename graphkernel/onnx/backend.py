@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from graphkernel.frontend.tensor import Tensor
@@ -24,8 +25,7 @@ class GraphKernelRep(BackendRep):
         self.cell = cell
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        arrays = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
-        out = self.cell(*[Tensor(np.asarray(a)) for a in arrays])
+        out = self.cell(*[Tensor(a) for a in _arrays(inputs)])
         outs = out if isinstance(out, tuple) else (out,)
         return tuple(o.asnumpy() for o in outs)
 
@@ -43,8 +43,7 @@ class BoundRep(BackendRep):
         self.cells: dict[str, tuple[list[str], GraphCell]] = {}
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        arrays = [np.asarray(a) for a in ([inputs] if isinstance(inputs, np.ndarray)
-                                          else list(inputs))]
+        arrays = _arrays(inputs)
         bound = {n: a for n, a in zip(self.names, arrays)
                  if (a.dtype.kind in "biu" and a.size <= _MAX_BOUND) or a.size == 1}
         key = repr(sorted((n, a.dtype.str, a.shape, a.tobytes()) for n, a in bound.items()))
@@ -54,6 +53,13 @@ class BoundRep(BackendRep):
         names, cell = self.cells[key]
         rest = [a for n, a in zip(self.names, arrays) if n in names]
         return GraphKernelRep(cell).run(rest)
+
+
+def _arrays(inputs: Any) -> list[np.ndarray]:
+    """A run's inputs as arrays (ONNX's test cases give some as TensorProtos)."""
+    items = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
+    return [numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else np.asarray(a)
+            for a in items]
 
 
 # Inputs this small (axes, shapes, pads, repeats) are bound; larger ones stay data.
