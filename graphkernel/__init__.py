@@ -11,13 +11,12 @@ from graphkernel.common.checkpoint import load_checkpoint, load_param_into_net, 
 from graphkernel.common.initializer import set_seed
 from graphkernel.frontend import context
 from graphkernel.frontend.compile import compile
-from graphkernel.frontend.export import export
 from graphkernel.frontend.grad import ParameterTuple, grad, value_and_grad
 from graphkernel.frontend.jit import jit
 from graphkernel.frontend.symbol import Symbol
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
-from graphkernel.onnx import load  # GKIR exports and ONNX models, told apart by content
+from graphkernel.onnx import export, load  # GKIR and ONNX files (onnx/__init__.py)
 
 __all__ = ["__version__", "communication", "context", "compile", "dtype", "export", "grad",
            "jit", "load", "load_checkpoint", "load_param_into_net", "Parameter",

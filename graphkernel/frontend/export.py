@@ -105,7 +105,7 @@ def export(net: CellLike, *inputs: Any, file_name: str, file_format: str = FORMA
     (".gkir" added when missing). Returns the path written."""
     if file_format != FORMAT:
         raise FormatError(f"file_format={file_format!r}: graphkernel writes {FORMAT!r} only "
-                          "(MINDIR, AIR and ONNX are MindSpore's)")
+                          "(graphkernel.export writes ONNX too; MINDIR and AIR are MindSpore's)")
     path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
     if os.path.exists(path) and not _is_export(path):
         raise FormatError(f"{path} exists and is not a {FORMAT} export; not replacing it")

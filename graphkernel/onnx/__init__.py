@@ -13,7 +13,7 @@ import zipfile
 from typing import Any, BinaryIO
 
 from graphkernel.errors import FormatError
-from graphkernel.frontend import export
+from graphkernel.frontend import export as export_module
 from graphkernel.frontend.export import LoadedGraph
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -34,12 +34,12 @@ def load(file_name: Any, trust_prebuilt: bool = False) -> LoadedGraph:
     if isinstance(file_name, (bytes, bytearray, memoryview)):
         data = bytes(file_name)
         if data.startswith(_ZIP_MAGIC):
-            return export.load(_bytes_file(data), trust_prebuilt)
+            return export_module.load(_bytes_file(data), trust_prebuilt)
         return importer.load_bytes(data, "<ONNX bytes>", folder=None)
     if isinstance(file_name, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(file_name))
         if _starts_like_zip(path) or zipfile.is_zipfile(path) or not os.path.isfile(path):
-            return export.load(file_name, trust_prebuilt)  # its errors name a missing file
+            return export_module.load(file_name, trust_prebuilt)  # its errors name a missing file
         return importer.load_path(path)
     if hasattr(file_name, "read"):
         return _load_file_object(file_name, trust_prebuilt)
@@ -63,13 +63,13 @@ def _load_file_object(file: BinaryIO, trust_prebuilt: bool) -> LoadedGraph:
     if start is not None:
         file.seek(start)
         if head == _ZIP_MAGIC:
-            return export.load(file, trust_prebuilt)
+            return export_module.load(file, trust_prebuilt)
     data = head + file.read() if start is None else file.read()
     if not isinstance(data, bytes):
         raise FormatError(f"graphkernel.load: {getattr(file, 'name', 'the file')} is not opened "
                           "in binary mode")
     if data.startswith(_ZIP_MAGIC):
-        return export.load(_bytes_file(data), trust_prebuilt)
+        return export_module.load(_bytes_file(data), trust_prebuilt)
     name = str(getattr(file, "name", "<ONNX file object>"))
     return importer.load_bytes(data, name, folder=None)
 
@@ -81,4 +81,19 @@ def _bytes_file(data: bytes) -> io.BytesIO:
     return stream
 
 
-__all__ = ["load"]
+def export(net: Any, *inputs: Any, file_name: str, file_format: str = export_module.FORMAT,
+           **options: Any) -> str:
+    """MindSpore's `export`: `file_format="GKIR"` (the default) writes graphkernel's own format
+    (frontend/export.py, with `include_library` and `options`); `"ONNX"` writes the network's
+    forward graph as a standard ONNX model (onnx/exporter.py). Returns the path written."""
+    if isinstance(file_format, str) and file_format.upper() == "ONNX":
+        if options:
+            raise FormatError(f"export to ONNX takes no {', '.join(sorted(options))}")
+        from graphkernel.onnx import exporter  # the onnx package is needed from here on only
+
+        return exporter.export_onnx(net, *inputs, file_name=file_name)
+    return export_module.export(net, *inputs, file_name=file_name, file_format=file_format,
+                                **options)
+
+
+__all__ = ["export", "load"]

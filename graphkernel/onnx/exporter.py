@@ -1,0 +1,308 @@
+"""graphkernel.export(net, *inputs, file_name=..., file_format="ONNX"): a network's initial
+graph (traced, constants folded, before fusion: the forward graph as the user wrote it) written
+as a standard ONNX model, its Parameters as initializers. Each primitive maps to one or a few
+ONNX operators; a primitive without a mapping is an `UnsupportedError` naming it, raised before
+anything is written."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphkernel.errors import FormatError, UnsupportedError
+from graphkernel.frontend.compile import compile
+from graphkernel.frontend.signature import CellLike
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opdefs.nn import pair, window_padding
+from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import TensorType
+from graphkernel.passes.stage_names import VALIDATE
+
+OPSET = 20  # Gelu is new in 20; LayerNormalization 17; Reduce* take axes as an input from 18
+SUFFIX = ".onnx"
+
+
+def export_onnx(net: CellLike, *inputs: Any, file_name: str) -> str:
+    """Write `net`'s forward graph for `inputs` to `file_name` (".onnx" added when missing) as
+    an ONNX model that `onnx.checker` accepts. Returns the path written."""
+    path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
+    compiled = compile(net, *inputs, options=CompileOptions(enable_graph_kernel=False))
+    graph = compiled.report.stages[VALIDATE]
+    made = graph_to_model(graph, type(net).__name__)
+    onnx.checker.check_model(made, full_check=True)
+    try:
+        with open(path, "wb") as fh:
+            fh.write(made.SerializeToString())
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot write the ONNX model ({exc.strerror})") from None
+    return path
+
+
+def graph_to_model(graph: Graph, name: str) -> onnx.ModelProto:
+    writer = _Writer(graph)
+    for node in graph.nodes:
+        writer.node(node)
+    outputs = []
+    for i, value in enumerate(graph.outputs):
+        out_name = f"output_{i}" if len(graph.outputs) > 1 else "output"
+        writer.nodes.append(helper.make_node("Identity", [writer.name(value)], [out_name]))
+        outputs.append(_value_info(out_name, value.tensor_type))
+    inputs = [_value_info(i.name, i.tensor_type) for i in graph.inputs if i.kind == "input"]
+    onnx_graph = helper.make_graph(writer.nodes, name, inputs, outputs, writer.initializers)
+    made = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             producer_name="graphkernel")
+    made.ir_version = 9  # what ONNX Runtime releases of the last two years read
+    return made
+
+
+def _value_info(name: str, type_: TensorType) -> onnx.ValueInfoProto:
+    if not type_.is_static:
+        raise UnsupportedError(f"export to ONNX writes static shapes; {name} is {type_} (from "
+                               "Cell.set_inputs): export a cell without set_inputs")
+    elem = helper.np_dtype_to_tensor_dtype(type_.dtype)
+    return helper.make_tensor_value_info(name, elem, list(type_.shape))
+
+
+class _Writer:
+    def __init__(self, graph: Graph) -> None:
+        self.names: dict[int, str] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.used: set[str] = set()
+        for inp in graph.inputs:
+            self.names[inp.uid] = self.fresh(inp.name)
+            if inp.kind == "weight":
+                self.initializers.append(numpy_helper.from_array(
+                    np.asarray(inp.binding.asnumpy()), self.names[inp.uid]))
+
+    def fresh(self, base: str) -> str:
+        name, count = base or "v", 0
+        while name in self.used:
+            count += 1
+            name = f"{base}_{count}"
+        self.used.add(name)
+        return name
+
+    def name(self, value: Value) -> str:
+        if value.uid not in self.names:
+            assert isinstance(value, Constant), value
+            self.names[value.uid] = self.const(value.value, value.name)
+        return self.names[value.uid]
+
+    def const(self, array: Any, base: str = "const") -> str:
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def emit(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
+        out = self.fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
+        return out
+
+    def node(self, node: Node) -> None:
+        if node.op == "GetItem":
+            source = node.inputs[0]
+            index = node.attrs.get("index", 0)
+            if source.uid in self.names and index == 0 and isinstance(source, Node) and \
+                    source.op in _FIRST_ITEM:
+                self.names[node.uid] = self.names[source.uid]
+                return
+            raise UnsupportedError(f"export to ONNX: item {index} of {source.name} "
+                                   f"({getattr(source, 'op', '?')}) has no ONNX counterpart")
+        write = _WRITERS.get(node.op)
+        if write is None or node.is_composite:
+            raise UnsupportedError(f"export to ONNX: primitive {node.op} ({node.name}) has no "
+                                   "ONNX mapping yet")
+        attrs = {**get_op(node.op).attr_defaults, **node.attrs}
+        self.names[node.uid] = write(self, node, [self.name(v) for v in node.inputs], attrs)
+
+
+_Write = Callable[[_Writer, Node, list[str], dict[str, Any]], str]
+_WRITERS: dict[str, _Write] = {}
+# Ops whose first output is the ONNX operator's only one (the others are training statistics).
+_FIRST_ITEM = {"BatchNorm", "LayerNorm"}
+
+
+def _simple(onnx_op: str) -> _Write:
+    return lambda w, n, ins, attrs: w.emit(onnx_op, ins)
+
+
+for _prim, _onnx in [("Add", "Add"), ("Sub", "Sub"), ("Mul", "Mul"), ("RealDiv", "Div"),
+                     ("Maximum", "Max"), ("Minimum", "Min"), ("Pow", "Pow"), ("Sqrt", "Sqrt"),
+                     ("Exp", "Exp"), ("Log", "Log"), ("Tanh", "Tanh"), ("Erf", "Erf"),
+                     ("Abs", "Abs"), ("Neg", "Neg"), ("Floor", "Floor"),
+                     ("Reciprocal", "Reciprocal"), ("Sigmoid", "Sigmoid"), ("ReLU", "Relu"),
+                     ("Sin", "Sin"), ("Cos", "Cos"), ("Equal", "Equal"), ("Less", "Less"),
+                     ("Greater", "Greater"), ("LessEqual", "LessOrEqual"),
+                     ("GreaterEqual", "GreaterOrEqual"), ("LogicalAnd", "And"),
+                     ("LogicalOr", "Or"), ("LogicalNot", "Not"), ("Select", "Where"),
+                     ("Identity", "Identity"), ("Softplus", "Softplus"),
+                     ("HSwish", "HardSwish"), ("Sign", "Sign")]:
+    _WRITERS[_prim] = _simple(_onnx)
+
+
+def _writer(*names: str) -> Callable[[_Write], _Write]:
+    def register(f: _Write) -> _Write:
+        for name in names:
+            _WRITERS[name] = f
+        return f
+    return register
+
+
+def _scalar(w: _Writer, node: Node, value: float) -> str:
+    return w.const(np.asarray(value, dtype=node.dtype))
+
+
+@_writer("Rsqrt")
+def _rsqrt(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Reciprocal", [w.emit("Sqrt", ins)])
+
+
+@_writer("Square")
+def _square(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Mul", [ins[0], ins[0]])
+
+
+@_writer("SiLU")
+def _silu(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Mul", [ins[0], w.emit("Sigmoid", ins)])
+
+
+@_writer("ReLU6")
+def _relu6(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Clip", [ins[0], _scalar(w, n, 0), _scalar(w, n, 6)])
+
+
+@_writer("GeLU")
+def _gelu(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Gelu", ins, approximate=attrs["approximate"])
+
+
+@_writer("Cast")
+def _cast(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Cast", ins, to=helper.np_dtype_to_tensor_dtype(np.dtype(attrs["dtype"])))
+
+
+@_writer("Softmax", "LogSoftmax")
+def _softmax(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    axis = attrs["axis"]
+    if isinstance(axis, (tuple, list)):
+        if len(axis) != 1:
+            raise UnsupportedError(f"export to ONNX: {n.op} over several axes {axis}")
+        axis = axis[0]
+    return w.emit(n.op, ins, axis=int(axis))
+
+
+@_writer("MatMul", "BatchMatMul")
+def _matmul(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    a, b = ins
+    for i, key in ((0, "transpose_a"), (1, "transpose_b")):
+        if attrs[key]:
+            rank = len(n.inputs[i].shape)
+            perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+            transposed = w.emit("Transpose", [ins[i]], perm=perm)
+            a, b = (transposed, b) if i == 0 else (a, transposed)
+    return w.emit("MatMul", [a, b])
+
+
+@_writer("BiasAdd")
+def _bias_add(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    rank = len(n.inputs[0].shape)
+    channels = n.inputs[1].shape[0]
+    shape = w.const(np.array([channels] + [1] * (rank - 2), np.int64), "bias_shape")
+    return w.emit("Add", [ins[0], w.emit("Reshape", [ins[1], shape])])
+
+
+@_writer("Reshape")
+def _reshape(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Reshape", [ins[0], w.const(np.array(n.shape, np.int64), "shape")])
+
+
+@_writer("BroadcastTo")
+def _broadcast(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Expand", [ins[0], w.const(np.array(n.shape, np.int64), "shape")])
+
+
+@_writer("Transpose")
+def _transpose(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Transpose", ins, perm=[int(p) for p in attrs["perm"]])
+
+
+@_writer("ExpandDims", "Squeeze")
+def _unsqueeze(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    if n.op == "ExpandDims":
+        axes = [int(attrs["axis"])]
+        return w.emit("Unsqueeze", [ins[0], w.const(np.array(axes, np.int64), "axes")])
+    axis = attrs["axis"]
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    if not axes:
+        return w.emit("Squeeze", ins)
+    return w.emit("Squeeze", [ins[0], w.const(np.array(axes, np.int64), "axes")])
+
+
+@_writer("Concat")
+def _concat(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return w.emit("Concat", ins, axis=int(attrs["axis"]))
+
+
+@_writer("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
+def _reduce(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    axis = attrs["axis"]
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    inputs = [ins[0]] + ([w.const(np.array(axes, np.int64), "axes")] if axes else [])
+    return w.emit(n.op, inputs, keepdims=int(bool(attrs["keep_dims"])))
+
+
+def _window_attrs(n: Node, kernel: tuple[int, int], stride: tuple[int, int],
+                  dilation: tuple[int, int], pad_mode: str, pad: Any) -> dict[str, Any]:
+    x = n.inputs[0].shape
+    (top, bottom), (left, right) = window_padding(x[2:4], kernel, stride, dilation, pad_mode,
+                                                  pad, n.op)
+    return {"kernel_shape": list(kernel), "strides": list(stride),
+            "pads": [top, left, bottom, right]}
+
+
+@_writer("Conv2D")
+def _conv(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    kernel = pair(attrs["kernel_size"], "kernel_size", n.op)
+    stride = pair(attrs["stride"], "stride", n.op)
+    dilation = pair(attrs["dilation"], "dilation", n.op)
+    window = _window_attrs(n, kernel, stride, dilation, attrs["pad_mode"], attrs["pad"])
+    return w.emit("Conv", ins, dilations=list(dilation), group=int(attrs["group"]), **window)
+
+
+@_writer("MaxPool", "AvgPool")
+def _pool(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    kernel = pair(attrs["kernel_size"], "kernel_size", n.op)
+    stride = pair(attrs["strides"], "strides", n.op)
+    window = _window_attrs(n, kernel, stride, (1, 1), attrs["pad_mode"], 0)
+    if n.op == "AvgPool" and any(window["pads"]):
+        raise UnsupportedError(f"export to ONNX: AvgPool {n.name} with pad_mode "
+                               f"{attrs['pad_mode']!r} pads its input")
+    return w.emit("MaxPool" if n.op == "MaxPool" else "AveragePool", ins, **window)
+
+
+@_writer("BatchNorm")
+def _batch_norm(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    if attrs["is_training"]:
+        raise UnsupportedError(f"export to ONNX: BatchNorm {n.name} in training mode (call "
+                               "net.set_train(False) first)")
+    return w.emit("BatchNormalization", ins, epsilon=float(attrs["epsilon"]))
+
+
+@_writer("LayerNorm")
+def _layer_norm(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    rank = len(n.inputs[0].shape)
+    norm = attrs["begin_norm_axis"] % rank
+    if attrs["begin_params_axis"] % rank != norm:
+        raise UnsupportedError(f"export to ONNX: LayerNorm {n.name} with begin_params_axis "
+                               "other than begin_norm_axis")
+    return w.emit("LayerNormalization", ins, axis=norm, epsilon=float(attrs["epsilon"]))
+
+
+__all__ = ["export_onnx", "graph_to_model", "OPSET"]

@@ -1,0 +1,58 @@
+"""graphkernel.export(..., file_format="ONNX"): a network's forward graph as an ONNX model that
+onnx.checker accepts and ONNX Runtime runs with graphkernel's result; read back by
+graphkernel.load."""
+import os
+
+import numpy as np
+import pytest
+
+if not os.environ.get("CI"):  # CI (.ci/run) installs the test extra: there a missing one fails
+    pytest.importorskip("onnx", reason="pip install -e '.[test]' (onnx, onnxruntime)")
+    pytest.importorskip("onnxruntime", reason="pip install -e '.[test]' (onnxruntime)")
+
+import onnx  # noqa: E402
+from onnx_models import onnxruntime_outputs  # noqa: E402
+
+import graphkernel  # noqa: E402
+from graphkernel import Tensor, nn  # noqa: E402
+from graphkernel.errors import UnsupportedError  # noqa: E402
+from graphkernel.frontend import context  # noqa: E402
+from graphkernel.ops import operations as P  # noqa: E402
+
+
+def cnn():
+    net = nn.SequentialCell([
+        nn.Conv2d(3, 4, 3, pad_mode="pad", padding=1, has_bias=True), nn.BatchNorm2d(4),
+        nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(4, 6, 3, stride=2, pad_mode="same"),
+        nn.Flatten(), nn.Dense(24, 5), nn.GELU(), nn.LayerNorm((5,)), nn.Softmax()])
+    net.set_train(False)
+    return net
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_an_exported_network_runs_in_onnxruntime_with_the_same_result(tmp_path, rng, fusion):
+    context.set_context(enable_graph_kernel=fusion)
+    net = cnn()
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    expected = net(Tensor(x)).asnumpy()
+    path = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "cnn"),
+                              file_format="ONNX")
+    assert path.endswith(".onnx")
+    made = onnx.load(path)
+    onnx.checker.check_model(made, full_check=True)
+    (name,) = [i.name for i in made.graph.input]
+    got, = onnxruntime_outputs(made, {name: x})
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+    back = nn.GraphCell(graphkernel.load(path))(Tensor(x)).asnumpy()  # and read back in
+    np.testing.assert_allclose(back, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_primitive_without_an_onnx_mapping_is_refused_before_writing(tmp_path):
+    class OneHotCell(nn.Cell):
+        def construct(self, x):
+            return P.OneHot()(x, 4, 1.0, 0.0)
+
+    with pytest.raises(UnsupportedError, match="OneHot"):
+        graphkernel.export(OneHotCell(), Tensor(np.array([0, 2], np.int32)),
+                           file_name=str(tmp_path / "h"), file_format="ONNX")
+    assert not os.listdir(tmp_path)
