@@ -10,6 +10,7 @@ if not os.environ.get("CI"):  # CI (.ci/run) installs the test extra: there a mi
     pytest.importorskip("onnx", reason="pip install -e '.[test]' (onnx, onnxruntime)")
     pytest.importorskip("onnxruntime", reason="pip install -e '.[test]' (onnxruntime)")
 
+from onnx import TensorProto  # noqa: E402
 from onnx_models import cnn, helper_node, init, mlp, model, onnxruntime_outputs, value  # noqa: E402
 
 import graphkernel  # noqa: E402
@@ -108,3 +109,29 @@ def test_an_attribute_value_it_cannot_run_is_refused_at_load():
     made = model(nodes, [value("x", [2, 3])], [value("y", [2, 5])])
     with pytest.raises(UnsupportedError, match=r"'pad' \(Pad, opset 17\): mode='reflect'"):
         graphkernel.load(made)
+
+
+def test_empty_reductions_and_slices_and_integer_powers(rng):
+    """ONNX's answers where graphkernel's primitives refuse: a max or min over no elements is
+    the reduction's identity, an empty slice is known empty, Pow of integers is exact."""
+    nodes = [helper_node("ReduceMax", ["e", "axes1"], ["max_empty"], keepdims=0),
+             helper_node("ReduceMin", ["b", "axes1"], ["all_of"], keepdims=1),
+             helper_node("Slice", ["x", "start", "stop"], ["none"]),
+             helper_node("Pow", ["i", "k"], ["power"])]
+    inits = [init("axes1", np.array([1], np.int64)), init("start", np.array([5], np.int64)),
+             init("stop", np.array([9], np.int64)), init("k", np.array([3], np.int64))]
+    made = model(nodes, [value("e", [2, 0]), value("b", [2, 3], TensorProto.BOOL),
+                         value("x", [4, 2]), value("i", [3], TensorProto.INT64)],
+                 [value("max_empty", [2]), value("all_of", [2, 1], TensorProto.BOOL),
+                  value("none", [0, 2]), value("power", [3], TensorProto.INT64)], inits,
+                 opset=20)  # ReduceMax takes axes as an input from 18, bools from 20
+    b = np.array([[True, True, True], [True, False, True]])
+    i = np.array([-3, 2, 1 << 17], np.int64)
+    x = rng.standard_normal((4, 2)).astype(np.float32)
+    got = nn.GraphCell(graphkernel.load(made))(
+        Tensor(np.zeros((2, 0), np.float32)), Tensor(b), Tensor(x), Tensor(i))
+    max_empty, all_of, none, power = (g.asnumpy() for g in got)
+    np.testing.assert_array_equal(max_empty, np.full(2, -np.inf, np.float32))
+    np.testing.assert_array_equal(all_of, [[True], [False]])
+    assert none.shape == (0, 2) and none.dtype == np.float32
+    np.testing.assert_array_equal(power, i ** 3)

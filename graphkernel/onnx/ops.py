@@ -237,8 +237,9 @@ def _div(cx: NodeContext, a: Value, b: Value) -> Value:
 
 @converts("Pow")
 def _pow(cx: NodeContext, a: Value, b: Value) -> Value:
-    if not T.is_float(dtype_of(a)):
-        raise cx.refuse(f"Pow of a {dtype_of(a).name} base is not supported (float bases only)")
+    if not T.is_float(dtype_of(a)):  # exact in float64 while the result fits its 53 bits
+        wide = op("Pow", op("Cast", a, dtype=T.float64), op("Cast", b, dtype=T.float64))
+        return op("Cast", wide, dtype=dtype_of(a))
     if dtype_of(b) != dtype_of(a):
         b = op("Cast", b, dtype=dtype_of(a))
     return op("Pow", a, b)
@@ -871,8 +872,10 @@ def _slice(cx: NodeContext, x: Value, starts: Value, ends: Value, axes: Value = 
             end_mask |= 1 << axis
     out_shape = [len(range(*sl.indices(d))) if isinstance(d, int) else d
                  for sl, d in zip(index, shape_of(x))]
-    if 0 in out_shape:
-        raise cx.refuse(f"a slice with no elements (shape {out_shape})")
+    if 0 in out_shape:  # nothing to read: the empty result is known
+        if not all(isinstance(d, int) for d in out_shape):
+            raise cx.refuse(f"a slice with no elements of dynamic shape {out_shape}")
+        return np.zeros(out_shape, dtype=dtype_of(x))
     return op("StridedSlice", x, begin=tuple(begin), end=tuple(end), strides=tuple(strides),
               begin_mask=begin_mask, end_mask=end_mask)
 
@@ -975,10 +978,41 @@ def _reduce(prim: str, pre: Callable[[Value], Value] | None = None,
         listed = _axes(cx, axes, rank(x))
         if not listed and cx.attr("noop_with_empty_axes", 0):
             return x
+        empty = _empty_reduction(cx, x, listed, prim)
+        if empty is not None:
+            return post(empty) if post else empty
+        if prim in _EMPTY_IDENTITY and dtype_of(x) == np.bool_:  # any / all, through int32
+            y = convert(cx, op("Cast", x, dtype=T.int32), axes)
+            return y.astype(np.bool_) if isinstance(y, np.ndarray) else \
+                op("Cast", y, dtype=T.bool_)
         y = pre(x) if pre else x
         y = op(prim, y, axis=tuple(listed or ()), keep_dims=bool(cx.attr("keepdims", 1)))
         return post(y) if post else y
     return convert
+
+
+# What a reduction of no elements gives, as ONNX defines it: the reduction's identity.
+_EMPTY_IDENTITY = {"ReduceMax": -np.inf, "ReduceMin": np.inf}
+
+
+def _empty_reduction(cx: NodeContext, x: Value, listed: list[int] | None, prim: str
+                     ) -> np.ndarray | None:
+    """The result of a max or min over an axis of size 0 (a constant), else None."""
+    axes = listed or list(range(rank(x)))
+    if prim not in _EMPTY_IDENTITY or not any(shape_of(x)[a] == 0 for a in axes):
+        return None
+    dtype = dtype_of(x)
+    identity = _EMPTY_IDENTITY[prim]
+    if dtype == np.bool_:  # any of none is False, all of none is True
+        identity = identity > 0
+    elif not T.is_float(dtype):
+        limits = np.iinfo(dtype)
+        identity = limits.min if identity < 0 else limits.max
+    keep = bool(cx.attr("keepdims", 1))
+    shape = [1 if i in axes else d for i, d in enumerate(shape_of(x)) if keep or i not in axes]
+    if not all(isinstance(d, int) for d in shape):
+        raise cx.refuse("a max or min over an empty axis, with a dynamic size left")
+    return np.full(shape, identity, dtype=dtype)
 
 
 CONVERTERS["ReduceSum"] = _reduce("ReduceSum")
@@ -998,6 +1032,9 @@ def _reduce_log_sum_exp(cx: NodeContext, x: Value, axes: Value = None) -> Value:
     if not listed and cx.attr("noop_with_empty_axes", 0):
         return x
     axis = tuple(listed or ())
+    empty = _empty_reduction(cx, x, listed, "ReduceMax")  # log(0) = -inf, as max's identity
+    if empty is not None:
+        return empty
     top = op("ReduceMax", x, axis=axis, keep_dims=True)
     total = op("ReduceSum", op("Exp", op("Sub", x, top)), axis=axis, keep_dims=True)
     y = op("Add", op("Log", total), top)
