@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from graphkernel.frontend.tensor import Tensor
@@ -93,7 +93,21 @@ class GraphKernelBackend(Backend):
     def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
                  outputs_info: Sequence[tuple[Any, Any]] | None = None,
                  **kwargs: Any) -> tuple[np.ndarray, ...]:
-        raise NotImplementedError("graphkernel runs whole models: use prepare/run_model")
+        """One node on arrays: the node as a one-node model (its outputs' types inferred by
+        onnx), run as a model is."""
+        super().run_node(node, inputs, device=device, outputs_info=outputs_info, **kwargs)
+        arrays = _arrays(inputs)
+        names = [n for n in node.input if n]
+        graph_inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(
+            a.dtype), list(a.shape)) for n, a in zip(names, arrays)]
+        outputs = [helper.make_empty_tensor_value_info(n) for n in node.output if n]
+        opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
+        model = helper.make_model(helper.make_graph([node], "node", graph_inputs, outputs),
+                                  opset_imports=[helper.make_opsetid("", opset)])
+        inferred = onnx.shape_inference.infer_shapes(model)
+        del model.graph.output[:]
+        model.graph.output.extend(inferred.graph.output)
+        return cls.run_model(model, arrays, device)
 
 
 prepare = GraphKernelBackend.prepare
