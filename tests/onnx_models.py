@@ -77,4 +77,57 @@ def onnxruntime_outputs(made, feeds):
     return session.run(None, feeds)
 
 
-__all__ = ["cnn", "helper_node", "init", "mlp", "model", "onnx", "onnxruntime_outputs", "value"]
+__all__ = ["cnn", "encoder_block", "helper_node", "init", "mlp", "model", "onnx",
+           "onnxruntime_outputs", "value"]
+
+
+def encoder_block(rng, seq=6, hidden=8, heads=2):
+    """A transformer encoder block as exporters write it: LayerNormalization, Q/K/V MatMuls,
+    head split through a shape subgraph (Shape -> Gather -> Unsqueeze -> Concat -> Reshape),
+    Transpose, scaled scores, Softmax, Gelu MLP, residual Adds; float32[batch, seq, hidden]."""
+    d = hidden // heads
+    f32 = np.float32
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(f32)
+
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "ln_g", "ln_b"], ["h"], axis=-1),
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Gather", ["xs", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"]),
+        helper.make_node("Concat", ["b1", "split_rest"], ["split_shape"], axis=0),
+        helper.make_node("Concat", ["b1", "merge_rest"], ["merge_shape"], axis=0),
+    ]
+    for name in ("q", "k", "v"):
+        nodes += [helper.make_node("MatMul", ["h", f"w{name}"], [f"{name}0"]),
+                  helper.make_node("Add", [f"{name}0", f"b{name}"], [f"{name}1"]),
+                  helper.make_node("Reshape", [f"{name}1", "split_shape"], [f"{name}2"]),
+                  helper.make_node("Transpose", [f"{name}2"], [name],
+                                   perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3])]
+    nodes += [
+        helper.make_node("MatMul", ["q", "k"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["c0"]),
+        helper.make_node("Transpose", ["c0"], ["c1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["c1", "merge_shape"], ["c"]),
+        helper.make_node("MatMul", ["c", "wo"], ["o"]),
+        helper.make_node("Add", ["x", "o"], ["r"]),
+        helper.make_node("MatMul", ["r", "w1"], ["m0"]),
+        helper.make_node("Gelu", ["m0"], ["m1"]),
+        helper.make_node("MatMul", ["m1", "w2"], ["m2"]),
+        helper.make_node("Add", ["r", "m2"], ["y"]),
+    ]
+    inits = [init("ln_g", rng.uniform(0.5, 1.5, hidden).astype(f32)),
+             init("ln_b", w(hidden)), init("zero", np.array(0, np.int64)),
+             init("axes0", np.array([0], np.int64)),
+             init("split_rest", np.array([seq, heads, d], np.int64)),
+             init("merge_rest", np.array([seq, hidden], np.int64)),
+             init("scale", np.array(1 / np.sqrt(d), f32)),
+             init("wo", w(hidden, hidden)), init("w1", w(hidden, 4 * hidden)),
+             init("w2", w(4 * hidden, hidden))]
+    inits += [init(f"w{n}", w(hidden, hidden)) for n in "qkv"]
+    inits += [init(f"b{n}", w(hidden)) for n in "qkv"]
+    return model(nodes, [value("x", ["batch", seq, hidden])],
+                 [value("y", ["batch", seq, hidden])], inits, opset=20, name="encoder")

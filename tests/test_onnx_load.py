@@ -11,11 +11,20 @@ if not os.environ.get("CI"):  # CI (.ci/run) installs the test extra: there a mi
     pytest.importorskip("onnxruntime", reason="pip install -e '.[test]' (onnxruntime)")
 
 from onnx import TensorProto  # noqa: E402
-from onnx_models import cnn, helper_node, init, mlp, model, onnxruntime_outputs, value  # noqa: E402
+from onnx_models import (  # noqa: E402
+    cnn,
+    encoder_block,
+    helper_node,
+    init,
+    mlp,
+    model,
+    onnxruntime_outputs,
+    value,
+)
 
 import graphkernel  # noqa: E402
 from graphkernel import Tensor, nn  # noqa: E402
-from graphkernel.errors import UnsupportedError  # noqa: E402
+from graphkernel.errors import UnsupportedError, VerifyError  # noqa: E402
 from graphkernel.frontend import context  # noqa: E402
 from graphkernel.ir.types import SymSize  # noqa: E402
 
@@ -34,6 +43,25 @@ def test_a_cnn_with_a_dynamic_batch_matches_onnxruntime(rng, fusion):
         got = cell(Tensor(x)).asnumpy()
         expected, = onnxruntime_outputs(made, {"x": x})
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+        compiled.append(cell.compiled)
+    assert compiled[0] is compiled[1]  # one compile serves both batch sizes
+
+
+@pytest.mark.parametrize("fusion", [pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, raises=VerifyError,
+    reason="graph kernel fusion of a broadcast Add and a Reshape makes a BroadcastTo of the "
+           "dynamic size N (hwopt_2_basic_op_fusion); a Cell with set_inputs fails the same")),
+    False])
+def test_an_encoder_block_with_a_dynamic_batch_matches_onnxruntime(rng, fusion):
+    context.set_context(enable_graph_kernel=fusion)
+    made = encoder_block(rng)
+    cell = nn.GraphCell(graphkernel.load(made))
+    compiled = []
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 6, 8)).astype(np.float32)
+        got = cell(Tensor(x)).asnumpy()
+        expected, = onnxruntime_outputs(made, {"x": x})
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
         compiled.append(cell.compiled)
     assert compiled[0] is compiled[1]  # one compile serves both batch sizes
 
