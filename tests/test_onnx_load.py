@@ -163,3 +163,12 @@ def test_empty_reductions_and_slices_and_integer_powers(rng):
     np.testing.assert_array_equal(all_of, [[True], [False]])
     assert none.shape == (0, 2) and none.dtype == np.float32
     np.testing.assert_array_equal(power, i ** 3)
+
+
+def test_local_response_normalisation_matches_onnxruntime(rng):
+    made = model([helper_node("LRN", ["x"], ["y"], size=3, alpha=0.02, beta=0.6, bias=1.5)],
+                 [value("x", ["batch", 5, 4, 4])], [value("y", ["batch", 5, 4, 4])])
+    x = rng.standard_normal((2, 5, 4, 4)).astype(np.float32)
+    got = nn.GraphCell(graphkernel.load(made))(Tensor(x)).asnumpy()
+    expected, = onnxruntime_outputs(made, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -1163,3 +1163,26 @@ def _einsum(cx: NodeContext, *xs: Value) -> Value:
     y = op("MatMul", a, b)
     y = reshape(cx, y, batch_dims + tuple(sizes[c] for c in left + right))
     return _permute(y, batch + left + right, out)
+
+
+@converts("LRN")
+def _lrn(cx: NodeContext, x: Value) -> Value:
+    """Local response normalisation across channels: the windowed sum of squares is a product
+    with a band matrix of ones over the channel axis, moved last."""
+    size = cx.attr("size")
+    if not isinstance(size, int) or size < 1 or rank(x) < 3:
+        raise cx.refuse(f"size={size!r} on an input of rank {rank(x)}")
+    alpha, beta, bias = cx.attr("alpha", 1e-4), cx.attr("beta", 0.75), cx.attr("bias", 1.0)
+    channels = shape_of(x)[1]
+    if not isinstance(channels, int):
+        raise cx.refuse("a dynamic channel count")
+    lo = (size - 1) // 2
+    c_from, c_to = np.arange(channels)[:, None], np.arange(channels)[None, :]
+    band = ((c_from >= c_to - lo) & (c_from <= c_to + size - 1 - lo)).astype(dtype_of(x))
+    n = rank(x)
+    last = (0,) + tuple(range(2, n)) + (1,)
+    back = tuple(int(p) for p in np.argsort(last))
+    sums = op("Transpose", op("MatMul", op("Transpose", op("Mul", x, x), perm=last), band),
+              perm=back)
+    scale = op("Add", op("Mul", sums, const(alpha / size, x)), const(bias, x))
+    return op("Mul", x, op("Pow", scale, const(-beta, x)))
