@@ -7,9 +7,37 @@
 
 The group is MPI's world communicator through mpi4py (Open MPI); TrainOneStepCell then sums its
 gradients over the group (ops AllReduce, nn.DistributedGradReducer) before the optimizer.
+
+A job whose rank fails ends, on every rank, with that rank's error (issue 31). Every rank waits
+on the others in each collective, so one that stops would leave the others waiting forever (and
+a rank that raises would itself hang in MPI_Finalize at exit). Hence, once the group has two
+ranks or more:
+
+- An uncaught exception (sys.excepthook) is printed as usual, then sent to every other rank as
+  a failure notice (its rank, type and message) on a communicator of the group's own; the rank
+  waits until each other rank has acknowledged it (or failed too), at most END_GRACE_S, and
+  calls MPI_Abort, which ends the whole job.
+- A watchdog thread on every rank tests, 20 times a second, for a failure notice and for a
+  collective that has waited longer than `timeout` (default 600 s, $GRAPHKERNEL_COMM_TIMEOUT,
+  or init(timeout=...)). A notice is reported on this rank as a CommunicationError naming the
+  failed rank and its error, acknowledged, and the job aborted after the grace if the failed
+  rank has not done it by then; a timeout is reported as a CommunicationError naming the
+  collective and the limit, and ends the job as an uncaught exception does. A collective begun
+  after either is a CommunicationError raised at once.
+
+The collectives themselves stay blocking (Allreduce): the watchdog is why they need
+not be polled, and Open MPI's non-blocking ones (libnbc) were far slower on a gradient of 39k
+floats here (docs/scaling.md). A collective blocked in MPI cannot raise; MPI_Abort ends it.
 """
 from __future__ import annotations
 
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -19,14 +47,44 @@ from graphkernel.ir.opdefs.collective import set_collectives
 
 _state: dict[str, Any] = {}
 
+DEFAULT_TIMEOUT_S = 600.0
+TIMEOUT_ENV = "GRAPHKERNEL_COMM_TIMEOUT"
+# How long a failing rank waits for the others to report its error before aborting the job.
+END_GRACE_S = 5.0
+_WATCH_INTERVAL_S = 0.05  # how often the watchdog looks: a failure is seen within this
+_NOTICE_BYTES = 4096  # a failure notice: "RuntimeError: message", cut to this many bytes
+_NOTICE_TAG, _ACK_TAG = 1, 2
+
 
 class MPIGroup:
-    """MPI's world communicator as AllReduce's group."""
+    """MPI's world communicator as AllReduce's group. With two ranks or more, a watchdog ends
+    the job when another rank fails or a collective waits past `timeout` seconds."""
 
-    def __init__(self, comm: Any, mpi: Any) -> None:
+    def __init__(self, comm: Any, mpi: Any, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.comm = comm
+        self.timeout = timeout
+        self._mpi = mpi
         self._sum = mpi.SUM
         self._in_place = mpi.IN_PLACE
+        # Why the group can no longer be used (a rank failed, a collective timed out); None
+        # while it is healthy.
+        self.broken: str | None = None
+        # The collective this rank is in (its name, buffer and since when, time.monotonic());
+        # None outside one.
+        self._waiting: tuple[str, np.ndarray, float] | None = None
+        self._watchdog: threading.Thread | None = None
+        self._stop_watching = threading.Event()
+        if self.size > 1:
+            # Failure notices and acknowledgements travel on a communicator of their own, so
+            # they never meet the program's own messages on COMM_WORLD.
+            self._failures = comm.Dup()
+            self._notice = bytearray(_NOTICE_BYTES)
+            self._notice_status = mpi.Status()
+            self._notice_request = self._failures.Irecv(
+                [self._notice, mpi.BYTE], source=mpi.ANY_SOURCE, tag=_NOTICE_TAG)
+            self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                              name="graphkernel-mpi-watchdog")
+            self._watchdog.start()
 
     @property
     def size(self) -> int:
@@ -37,15 +95,163 @@ class MPIGroup:
         return int(self.comm.Get_rank())
 
     def allreduce_sum(self, buffer: np.ndarray) -> None:
-        self.comm.Allreduce(self._in_place, buffer, op=self._sum)
+        self._enter("AllReduce", buffer)
+        try:
+            self.comm.Allreduce(self._in_place, buffer, op=self._sum)
+        finally:
+            self._waiting = None
+
+    def _enter(self, name: str, buffer: np.ndarray) -> None:
+        if self.broken is not None:
+            raise CommunicationError(f"{_collective(name, buffer)} on rank {self.rank} of "
+                                     f"{self.size}: the process group is unusable: "
+                                     f"{self.broken}")
+        self._waiting = (name, buffer, time.monotonic())
+
+    # The watchdog thread and the end of the job.
+
+    def _watch(self) -> None:
+        """Until stopped: end the job on a failure notice or a collective past its time."""
+        while not self._stop_watching.wait(_WATCH_INTERVAL_S):
+            if self._notice_request.Test(self._notice_status):
+                self._end_on_notice(self._notice_status.Get_source())
+            waiting = self._waiting
+            if waiting is not None and time.monotonic() - waiting[2] > self.timeout:
+                what = _collective(waiting[0], waiting[1])
+                error = CommunicationError(
+                    f"{what} on rank {self.rank} of {self.size}: the other ranks did not all "
+                    f"join within {self.timeout:g} s (a rank stuck or gone; "
+                    f"communication.init(timeout=...) or ${TIMEOUT_ENV} sets the limit)")
+                self.broken = f"{what} timed out"
+                _report(error)
+                self._end_as_origin(error)
+
+    def _end_on_notice(self, origin: int) -> None:
+        length = self._notice_status.Get_count(self._mpi.BYTE)
+        text = bytes(self._notice[:length]).decode("utf-8", "replace")
+        self.broken = f"rank {origin} failed"
+        waiting = self._waiting
+        where = "outside any collective" if waiting is None else \
+            f"in {_collective(waiting[0], waiting[1])}"
+        _report(CommunicationError(f"rank {origin} of {self.size} failed with {text} (seen by "
+                                   f"rank {self.rank}, {where}); the MPI job ends"))
+        try:
+            self._failures.Send([b"", self._mpi.BYTE], dest=origin, tag=_ACK_TAG)
+        finally:
+            # The failed rank aborts the job once every rank has reported; if it does not
+            # (it cannot reach this one, say), this rank does.
+            time.sleep(END_GRACE_S)
+            self._abort()
+
+    def end_job(self, error: BaseException) -> None:
+        """This rank ends on `error` (already printed): stop the watchdog (it may be ending
+        the job already: then the abort comes while waiting for it), tell the other ranks,
+        wait until each has reported it or the grace passes, and abort the MPI job."""
+        if self._watchdog is not None:
+            self._stop_watching.set()
+            self._watchdog.join()
+        self._end_as_origin(error)
+
+    def _end_as_origin(self, error: BaseException) -> None:
+        mpi = self._mpi
+        try:
+            text = f"{type(error).__name__}: {error}"
+            print(f"graphkernel: rank {self.rank} of {self.size} failed "
+                  f"({text.splitlines()[0] if text else ''}); telling the other ranks, ending "
+                  "the MPI job", file=sys.stderr)
+            _flush()  # before any other rank can learn of it and end the job
+            payload = text.encode("utf-8", "replace")[:_NOTICE_BYTES - 1]
+            peers = [r for r in range(self.size) if r != self.rank]
+            sends = [self._failures.Isend([payload, mpi.BYTE], dest=r, tag=_NOTICE_TAG)
+                     for r in peers]
+            # A peer is done when it acknowledged the notice or sent one of its own (it failed
+            # too). The posted receive may already hold such a notice.
+            done: set[int] = set()
+            status = mpi.Status()
+            self._notice_request.Cancel()
+            self._notice_request.Wait(status)
+            if not status.Is_cancelled():
+                done.add(status.Get_source())
+            deadline = time.monotonic() + END_GRACE_S
+            scratch = bytearray(_NOTICE_BYTES)
+            while len(done) < len(peers) and time.monotonic() < deadline:
+                if self._failures.Iprobe(source=mpi.ANY_SOURCE, tag=mpi.ANY_TAG, status=status):
+                    self._failures.Recv([scratch, mpi.BYTE], source=status.Get_source(),
+                                        tag=status.Get_tag())
+                    done.add(status.Get_source())
+                else:
+                    time.sleep(0.01)
+            mpi.Request.Testall(sends)
+        finally:
+            self._abort()
+
+    def _abort(self) -> None:
+        _flush()
+        self.comm.Abort(1)
+
+    def close(self) -> None:
+        """Stop the watchdog and stop listening for failure notices (the failure communicator
+        stays until MPI finalizes: freeing it would be one more step the ranks must take
+        together)."""
+        if self._watchdog is None:
+            return
+        self._stop_watching.set()
+        self._watchdog.join()
+        self._watchdog = None
+        if self._notice_request != self._mpi.REQUEST_NULL:
+            self._notice_request.Cancel()
+            self._notice_request.Wait()
 
 
-def init(backend_name: str | None = None) -> None:
-    """Join the process group of this run (MPI's world: every process mpirun started)."""
+def _collective(name: str, buffer: np.ndarray) -> str:
+    return f"{name} of {buffer.size} {buffer.dtype} value(s)"
+
+
+def _report(error: BaseException) -> None:
+    """Print `error` as Python prints an uncaught one (without a traceback: the watchdog's own
+    would say nothing of where the program was)."""
+    print(f"{type(error).__module__}.{type(error).__qualname__}: {error}", file=sys.stderr)
+    _flush()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing more to say there
+            pass
+
+
+def _timeout(timeout: float | None) -> float:
+    where = "communication.init(timeout=...)"
+    if timeout is None:
+        text = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT_S
+        where = f"${TIMEOUT_ENV}"
+        try:
+            timeout = float(text)
+        except ValueError:
+            raise CommunicationError(f"{where}={text!r}: give the seconds a collective may wait "
+                                     "for the other ranks, a positive number") from None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise CommunicationError(f"{where}={timeout!r}: give the seconds a collective may wait "
+                                 "for the other ranks, a positive number")
+    return float(timeout)
+
+
+def init(backend_name: str | None = None, *, timeout: float | None = None) -> None:
+    """Join the process group of this run (MPI's world: every process mpirun started).
+
+    `timeout`: the seconds a collective waits for the other ranks before it raises
+    CommunicationError (default $GRAPHKERNEL_COMM_TIMEOUT, else 600). From here on an uncaught
+    exception on any rank ends the whole job, its error reported on every rank."""
     if backend_name not in (None, "mpi"):
         raise CommunicationError(f"backend_name={backend_name!r}: graphkernel communicates "
                                  "through MPI only (backend_name='mpi' or None); MindSpore's "
                                  "hccl and nccl are for Ascend and GPU devices")
+    seconds = _timeout(timeout)
     if "group" in _state:
         return
     try:
@@ -54,9 +260,26 @@ def init(backend_name: str | None = None) -> None:
         raise CommunicationError(f"communication.init() needs mpi4py and an MPI library "
                                  f"(apt-get install openmpi-bin libopenmpi-dev; pip install "
                                  f"mpi4py): {exc}") from None
-    group = MPIGroup(MPI.COMM_WORLD, MPI)
+    group = MPIGroup(MPI.COMM_WORLD, MPI, seconds)
     _state["group"] = group
     set_collectives(group)
+    if group.size > 1:
+        _install_excepthook(group)
+        # The watchdog must stop before MPI finalizes (mpi4py's own exit handler, registered
+        # earlier, runs later).
+        atexit.register(group.close)
+
+
+def _install_excepthook(group: MPIGroup) -> None:
+    previous = sys.excepthook
+
+    def end_job_on_error(kind: type[BaseException], error: BaseException,
+                         trace: TracebackType | None) -> None:
+        previous(kind, error, trace)  # the traceback, as it would be printed anyway
+        group.end_job(error)
+
+    _state["excepthook"] = (end_job_on_error, previous)
+    sys.excepthook = end_job_on_error
 
 
 def use_group(group: Any) -> None:
@@ -84,8 +307,14 @@ def get_group_size() -> int:
 
 def release() -> None:
     """Leave the group (MPI itself finalizes when the process exits)."""
-    _state.pop("group", None)
+    group = _state.pop("group", None)
     set_collectives(None)
+    hook = _state.pop("excepthook", None)
+    if hook is not None and sys.excepthook is hook[0]:
+        sys.excepthook = hook[1]
+    if isinstance(group, MPIGroup):
+        group.close()
 
 
-__all__ = ["init", "get_rank", "get_group_size", "release", "use_group", "MPIGroup"]
+__all__ = ["init", "get_rank", "get_group_size", "release", "use_group", "MPIGroup",
+           "DEFAULT_TIMEOUT_S"]

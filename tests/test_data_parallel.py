@@ -3,10 +3,12 @@ the process group in one buffer per dtype; TrainOneStepCell averages its gradien
 AllReduce per step; under `mpirun -n 2` over MPI itself, two ranks on half batches end with the
 weights of one process on the whole batches."""
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -119,7 +121,7 @@ def test_all_reduce_sums_and_scales(twin):
     assert twin.calls == [(np.dtype("float32"), 6), (np.dtype("float32"), 4)]  # float16 widened
 
 
-def test_clear_errors():
+def test_clear_errors(monkeypatch):
     communication.release()
     with pytest.raises(CommunicationError, match="init"):
         P.AllReduce()((Tensor(np.ones(3, np.float32)),))
@@ -127,6 +129,12 @@ def test_clear_errors():
         communication.get_rank()
     with pytest.raises(CommunicationError, match="MPI only"):
         communication.init("nccl")
+    for timeout in (0, -1.0, float("nan"), "600", True):
+        with pytest.raises(CommunicationError, match=r"timeout=.*positive number"):
+            communication.init(timeout=timeout)
+    monkeypatch.setenv("GRAPHKERNEL_COMM_TIMEOUT", "ten minutes")
+    with pytest.raises(CommunicationError, match="GRAPHKERNEL_COMM_TIMEOUT='ten minutes'"):
+        communication.init()
     with pytest.raises(ContextError, match="data_parallel"):
         context.set_auto_parallel_context(parallel_mode="semi_auto_parallel")
     with pytest.raises(ContextError, match="gradients_mean"):
@@ -196,3 +204,90 @@ def test_mpirun_two_ranks_match_one_process_on_whole_batches(tmp_path):
     for name in one:
         np.testing.assert_array_equal(rank0[name], rank1[name])  # the very same weights
         np.testing.assert_allclose(rank0[name], one[name], rtol=1e-5, atol=1e-6)
+
+
+# A data-parallel job whose rank fails must end, on every rank, with that rank's error: not
+# wait forever in the others' AllReduce (issue 31). Each job runs under a time limit of the
+# test's own, so the test ends (failing) even where the job would not.
+FAILING_RANKS = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from graphkernel import Tensor, communication, context, nn
+    communication.init()
+    rank = communication.get_rank()
+    context.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+    fault = sys.argv[1]
+    hidden = 17 if fault == "shape" and rank == 1 else 16
+    dtype = np.float64 if fault == "dtype" and rank == 1 else np.float32
+    net = nn.SequentialCell([nn.Dense(8, hidden, dtype=dtype, seed=0), nn.ReLU(),
+                             nn.Dense(hidden, 3, dtype=dtype, seed=1)])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        if rank == 1 and i == 2 and fault in ("raise", "stall"):
+            print(f"failing at {time.time()!r}", flush=True)
+            if fault == "stall":
+                time.sleep(600)
+            raise RuntimeError("rank 1 breaks at step 2")
+        step(Tensor(rng.standard_normal((6, 8)).astype(dtype)),
+             Tensor(rng.integers(0, 3, 6).astype(np.int32)))
+    print("finished", flush=True)
+""")
+
+
+def run_failing_ranks(tmp_path, fault: str, limit: float = 120.0, timeout: str = ""
+                      ) -> tuple[int, dict[int, str]]:
+    """Run FAILING_RANKS under `mpirun -n 2`; its exit status and what each rank printed.
+    `timeout`: the ranks' $GRAPHKERNEL_COMM_TIMEOUT."""
+    script = tmp_path / "failing_ranks.py"
+    script.write_text(FAILING_RANKS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRAPHKERNEL_COMM_TIMEOUT": timeout}
+    job = subprocess.Popen(mpirun() + ["-x", "GRAPHKERNEL_COMM_TIMEOUT", "--tag-output",
+                                       sys.executable, str(script), fault],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        out, _ = job.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        job.terminate()  # mpirun passes SIGTERM on to its ranks
+        try:
+            job.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, 9)
+            job.communicate()
+        pytest.fail(f"the MPI job ({fault}) did not end within {limit:g} s")
+    # --tag-output marks each piece of output with its rank: "[job,rank]<stderr>:text".
+    printed: dict[int, str] = {0: "", 1: ""}
+    pieces = re.split(r"\[\d+,(\d+)\]<std(?:out|err)>:", out.decode(errors="replace"))
+    for rank, text in zip(pieces[1::2], pieces[2::2]):
+        printed[int(rank)] += text
+    return job.returncode, printed
+
+
+def test_mpirun_rank_raising_ends_the_job_on_every_rank(tmp_path):
+    status, printed = run_failing_ranks(tmp_path, "raise")
+    ended = time.time()
+    raised = float(re.search(r"failing at ([0-9.]+)", printed[1]).group(1))
+    assert ended - raised < 10.0, f"the job took {ended - raised:.1f} s to end"
+    assert status != 0 and "finished" not in printed[0] + printed[1]
+    # The failing rank prints its traceback and says it ends the job; the other rank reports
+    # which rank failed, with what.
+    assert "RuntimeError: rank 1 breaks at step 2" in printed[1]
+    assert "rank 1 of 2 failed" in printed[1]
+    assert "CommunicationError: rank 1 of 2 failed with RuntimeError: rank 1 breaks at step 2" \
+        in printed[0]
+
+
+def test_mpirun_collective_waiting_past_its_timeout_ends_the_job(tmp_path):
+    # Rank 1 stops answering (sleeps) at step 2: rank 0's AllReduce gives up after 3 s.
+    status, printed = run_failing_ranks(tmp_path, "stall", timeout="3")
+    ended = time.time()
+    stalled = float(re.search(r"failing at ([0-9.]+)", printed[1]).group(1))
+    assert ended - stalled < 3.0 + 10.0, f"the job took {ended - stalled:.1f} s to end"
+    assert status != 0 and "finished" not in printed[0] + printed[1]
+    waited = (r"CommunicationError: AllReduce of \d+ float32 value\(s\) on rank 0 of 2: the "
+              r"other ranks did not all join within 3 s")
+    assert re.search(waited, printed[0]), printed[0]
+    assert re.search("rank 0 of 2 failed with " + waited, printed[1]), printed[1]
