@@ -25,18 +25,21 @@ ranks or more:
   collective and the limit, and ends the job as an uncaught exception does. A collective begun
   after either is a CommunicationError raised at once.
 
-The collectives themselves stay blocking (Allreduce): the watchdog is why they need
+The collectives themselves stay blocking (Allreduce, Allgather): the watchdog is why they need
 not be polled, and Open MPI's non-blocking ones (libnbc) were far slower on a gradient of 39k
 floats here (docs/scaling.md). A collective blocked in MPI cannot raise; MPI_Abort ends it.
 """
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import math
 import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -100,6 +103,16 @@ class MPIGroup:
             self.comm.Allreduce(self._in_place, buffer, op=self._sum)
         finally:
             self._waiting = None
+
+    def allgather(self, buffer: np.ndarray) -> np.ndarray:
+        """Every rank's `buffer` (the same shape and dtype on all), stacked in rank order."""
+        out = np.empty((self.size, *buffer.shape), buffer.dtype)
+        self._enter("AllGather", buffer)
+        try:
+            self.comm.Allgather(np.ascontiguousarray(buffer), out)
+        finally:
+            self._waiting = None
+        return out
 
     def _enter(self, name: str, buffer: np.ndarray) -> None:
         if self.broken is not None:
@@ -283,8 +296,9 @@ def _install_excepthook(group: MPIGroup) -> None:
 
 
 def use_group(group: Any) -> None:
-    """Install a process group other than MPI's: an object with `size`, `rank` and
-    `allreduce_sum(buffer)` (in place). Tests use one that stands for several ranks."""
+    """Install a process group other than MPI's: an object with `size`, `rank`,
+    `allreduce_sum(buffer)` (in place) and `allgather(buffer)` (every rank's buffer, stacked).
+    Tests use one that stands for several ranks."""
     _state["group"] = group
     set_collectives(group)
 
@@ -305,6 +319,51 @@ def get_group_size() -> int:
     return _group().size
 
 
+def check_same_parameters(parameters: Sequence[tuple[str, tuple[int, ...], np.dtype]],
+                          what: str = "the parameters") -> None:
+    """Raise CommunicationError on every rank unless all ranks hold the same parameters: the
+    same (name, shape, dtype), in the same order. One small collective (a digest of each
+    rank's list); the lists themselves travel only when the digests differ, to name the first
+    difference."""
+    group = _group()
+    if group.size == 1:
+        return
+    listed = [[str(name), [int(n) for n in shape], np.dtype(dtype).name]
+              for name, shape, dtype in parameters]
+    encoded = json.dumps(listed).encode()
+    digests = group.allgather(np.frombuffer(hashlib.sha256(encoded).digest(), np.uint8))
+    if (digests == digests[0]).all():
+        return
+    lengths = group.allgather(np.array([len(encoded)], np.int64))[:, 0]
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+    everyone = [json.loads(row[:n].tobytes()) for row, n in
+                zip(group.allgather(padded), lengths)]
+    other = next(r for r in range(1, group.size) if not (digests[r] == digests[0]).all())
+    raise CommunicationError(f"the ranks disagree on {what}: "
+                             f"{_first_difference(everyone[0], everyone[other], other)} "
+                             f"(seen by rank {group.rank}; every rank must build the same "
+                             "network with the same parameters before the first step)")
+
+
+def _first_difference(first: list[list[Any]], other: list[list[Any]], rank: int) -> str:
+    def shown(entry: list[Any] | None) -> str:
+        if entry is None:
+            return "no such parameter"
+        return f"{entry[0]!r} of shape {tuple(entry[1])} and dtype {entry[2]}"
+
+    for index in range(max(len(first), len(other))):
+        mine = first[index] if index < len(first) else None
+        theirs = other[index] if index < len(other) else None
+        if mine != theirs:
+            name = (mine or theirs or ["?"])[0]
+            counts = "" if len(first) == len(other) else \
+                f" (rank 0 has {len(first)} parameter(s), rank {rank} {len(other)})"
+            return (f"parameter #{index} ({name!r}): rank 0 has {shown(mine)}, rank {rank} has "
+                    f"{shown(theirs)}{counts}")
+    return f"rank 0 and rank {rank} list the same parameters but their digests differ"
+
+
 def release() -> None:
     """Leave the group (MPI itself finalizes when the process exits)."""
     group = _state.pop("group", None)
@@ -316,5 +375,5 @@ def release() -> None:
         group.close()
 
 
-__all__ = ["init", "get_rank", "get_group_size", "release", "use_group", "MPIGroup",
-           "DEFAULT_TIMEOUT_S"]
+__all__ = ["init", "get_rank", "get_group_size", "release", "use_group", "check_same_parameters",
+           "MPIGroup", "DEFAULT_TIMEOUT_S"]

@@ -32,6 +32,9 @@ class TwinRanks:
         self.calls.append((buffer.dtype, buffer.size))
         buffer *= self.size
 
+    def allgather(self, buffer: np.ndarray) -> np.ndarray:
+        return np.stack([buffer] * self.size)
+
 
 @pytest.fixture
 def twin():
@@ -278,6 +281,22 @@ def test_mpirun_rank_raising_ends_the_job_on_every_rank(tmp_path):
     assert "rank 1 of 2 failed" in printed[1]
     assert "CommunicationError: rank 1 of 2 failed with RuntimeError: rank 1 breaks at step 2" \
         in printed[0]
+
+
+@pytest.mark.parametrize("fault, rank1", [
+    ("shape", "'0.weight' of shape (17, 8) and dtype float32"),
+    ("dtype", "'0.weight' of shape (16, 8) and dtype float64")])
+def test_mpirun_ranks_with_different_parameters_fail_on_every_rank(tmp_path, fault, rank1):
+    status, printed = run_failing_ranks(tmp_path, fault)
+    assert status != 0
+    for rank in (0, 1):
+        # Each rank names the first differing parameter and both ranks' values.
+        report = re.search(r"CommunicationError: the ranks disagree on TrainOneStepCell's "
+                           r"parameters: parameter #(\d+) \((.*?)\): rank 0 has (.*?), rank 1 "
+                           r"has (.*?) \(seen by rank (\d)", printed[rank])
+        assert report is not None, printed[rank]
+        assert report.group(4) == rank1 and int(report.group(5)) == rank
+        assert report.group(3) == rank1.replace("17", "16").replace("float64", "float32")
 
 
 def test_mpirun_collective_waiting_past_its_timeout_ends_the_job(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphkernel.communication import check_same_parameters
 from graphkernel.errors import InputError
 from graphkernel.frontend import context
 from graphkernel.frontend.cell import Cell
@@ -52,6 +53,11 @@ class TrainOneStepCell(Cell):
         if context.get_auto_parallel_context("parallel_mode") == context.DATA_PARALLEL:
             self.grad_reducer = DistributedGradReducer(
                 self.weights, context.get_auto_parallel_context("gradients_mean"))
+            # Gradients travel as one flat buffer per dtype: ranks whose parameters differ
+            # would sum misaligned values, or wait on each other forever. Checked once, here.
+            check_same_parameters(
+                [(p.name, p.shape, p.dtype) for p in self.weights],
+                "TrainOneStepCell's parameters")
 
     def __call__(self, *inputs: Any) -> Any:
         if current_tracer() is None:  # compiled in PYNATIVE mode too: the step is one graph

@@ -18,12 +18,15 @@ from graphkernel.ir.types import FLOAT_DTYPES, TensorType, TupleType, ValueType
 
 
 class Collectives(Protocol):
-    """A process group: its size and an in-place sum over its processes."""
+    """A process group: its size, an in-place sum over its processes, and a gather of one
+    buffer from each (stacked in rank order)."""
 
     @property
     def size(self) -> int: ...
 
     def allreduce_sum(self, buffer: np.ndarray) -> None: ...
+
+    def allgather(self, buffer: np.ndarray) -> np.ndarray: ...
 
 
 _group: list[Collectives] = []
