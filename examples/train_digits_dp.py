@@ -1,7 +1,7 @@
 """Data-parallel training of the digits MLP over MPI, MindSpore's way:
 
-    mpirun -n 2 python examples/train_digits_dp.py            # each rank half of every batch
-    python examples/train_digits_dp.py --single                # one process, whole batches
+    mpirun -n 2 --allow-run-as-root .venv/bin/python examples/train_digits_dp.py  # half batches
+    .venv/bin/python examples/train_digits_dp.py --single      # one process, whole batches
 
 `communication.init()` joins MPI's world, `set_auto_parallel_context(parallel_mode=
 "data_parallel", gradients_mean=True)` makes TrainOneStepCell average its gradients over the
