@@ -24,6 +24,9 @@ ranks or more:
   rank has not done it by then; a timeout is reported as a CommunicationError naming the
   collective and the limit, and ends the job as an uncaught exception does. A collective begun
   after either is a CommunicationError raised at once.
+- A rank that leaves (sys.exit, which is no uncaught exception, or the end of its program)
+  tells the others at exit, before MPI finalizes; a rank still waiting in a collective
+  STRANDED_S after that ends the job as a timeout does, and one beginning a collective raises.
 
 The collectives themselves stay blocking (Allreduce, Allgather): the watchdog is why they need
 not be polled, and Open MPI's non-blocking ones (libnbc) were far slower on a gradient of 39k
@@ -56,7 +59,10 @@ TIMEOUT_ENV = "GRAPHKERNEL_COMM_TIMEOUT"
 END_GRACE_S = 5.0
 _WATCH_INTERVAL_S = 0.05  # how often the watchdog looks: a failure is seen within this
 _NOTICE_BYTES = 4096  # a failure notice: "RuntimeError: message", cut to this many bytes
-_NOTICE_TAG, _ACK_TAG = 1, 2
+# A collective still waiting this long after another rank has left (exited: sys.exit, the end
+# of its program) can never complete; one that was to complete does within microseconds.
+STRANDED_S = 5.0
+_NOTICE_TAG, _ACK_TAG, _LEFT_TAG = 1, 2, 3
 
 
 class MPIGroup:
@@ -75,6 +81,8 @@ class MPIGroup:
         # The collective this rank is in (its name, buffer and since when, time.monotonic());
         # None outside one.
         self._waiting: tuple[str, np.ndarray, float] | None = None
+        # The ranks that have left the group, and when this one learned it (time.monotonic()).
+        self._left: dict[int, float] = {}
         self._watchdog: threading.Thread | None = None
         self._stop_watching = threading.Event()
         if self.size > 1:
@@ -119,6 +127,11 @@ class MPIGroup:
             raise CommunicationError(f"{_collective(name, buffer)} on rank {self.rank} of "
                                      f"{self.size}: the process group is unusable: "
                                      f"{self.broken}")
+        if self._left:
+            raise CommunicationError(f"{_collective(name, buffer)} on rank {self.rank} of "
+                                     f"{self.size}: rank(s) {sorted(self._left)} have left the "
+                                     "group (their program ended); this collective would wait "
+                                     "for them forever")
         self._waiting = (name, buffer, time.monotonic())
 
     # The watchdog thread and the end of the job.
@@ -128,7 +141,23 @@ class MPIGroup:
         while not self._stop_watching.wait(_WATCH_INTERVAL_S):
             if self._notice_request.Test(self._notice_status):
                 self._end_on_notice(self._notice_status.Get_source())
+            while self._failures.Iprobe(source=self._mpi.ANY_SOURCE, tag=_LEFT_TAG,
+                                        status=self._notice_status):
+                source = self._notice_status.Get_source()
+                self._failures.Recv([bytearray(0), self._mpi.BYTE], source=source,
+                                    tag=_LEFT_TAG)
+                self._left[source] = time.monotonic()
             waiting = self._waiting
+            if waiting is not None and self._left and time.monotonic() - max(
+                    waiting[2], min(self._left.values())) > STRANDED_S:
+                what = _collective(waiting[0], waiting[1])
+                error = CommunicationError(
+                    f"{what} on rank {self.rank} of {self.size}: rank(s) {sorted(self._left)} "
+                    "left the group (sys.exit, or the end of their program) while this rank "
+                    "waits for them")
+                self.broken = f"rank(s) {sorted(self._left)} left"
+                _report(error)
+                self._end_as_origin(error)
             if waiting is not None and time.monotonic() - waiting[2] > self.timeout:
                 what = _collective(waiting[0], waiting[1])
                 error = CommunicationError(
@@ -177,9 +206,9 @@ class MPIGroup:
             peers = [r for r in range(self.size) if r != self.rank]
             sends = [self._failures.Isend([payload, mpi.BYTE], dest=r, tag=_NOTICE_TAG)
                      for r in peers]
-            # A peer is done when it acknowledged the notice or sent one of its own (it failed
-            # too). The posted receive may already hold such a notice.
-            done: set[int] = set()
+            # A peer is done when it acknowledged the notice, sent one of its own (it failed
+            # too) or left. The posted receive may already hold such a notice.
+            done: set[int] = set(self._left)
             status = mpi.Status()
             self._notice_request.Cancel()
             self._notice_request.Wait(status)
@@ -203,9 +232,11 @@ class MPIGroup:
         self.comm.Abort(1)
 
     def close(self) -> None:
-        """Stop the watchdog and stop listening for failure notices (the failure communicator
-        stays until MPI finalizes: freeing it would be one more step the ranks must take
-        together)."""
+        """Leave the group (at exit, before MPI finalizes; or on release()): stop the watchdog,
+        stop listening for failure notices, and tell the other ranks, so that one left waiting
+        in a collective for this one ends the job (after STRANDED_S) instead of waiting for
+        ever. (The failure communicator stays until MPI finalizes: freeing it would be one
+        more step the ranks must take together.)"""
         if self._watchdog is None:
             return
         self._stop_watching.set()
@@ -214,6 +245,9 @@ class MPIGroup:
         if self._notice_request != self._mpi.REQUEST_NULL:
             self._notice_request.Cancel()
             self._notice_request.Wait()
+        mpi = self._mpi
+        mpi.Request.Waitall([self._failures.Isend([b"", mpi.BYTE], dest=r, tag=_LEFT_TAG)
+                             for r in range(self.size) if r != self.rank])
 
 
 def _collective(name: str, buffer: np.ndarray) -> str:

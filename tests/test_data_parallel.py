@@ -229,10 +229,12 @@ FAILING_RANKS = textwrap.dedent("""
     step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
     rng = np.random.default_rng(3)
     for i in range(4):
-        if rank == 1 and i == 2 and fault in ("raise", "stall"):
+        if rank == 1 and i == 2 and fault in ("raise", "stall", "exit"):
             print(f"failing at {time.time()!r}", flush=True)
             if fault == "stall":
                 time.sleep(600)
+            if fault == "exit":
+                sys.exit("rank 1 leaves at step 2")
             raise RuntimeError("rank 1 breaks at step 2")
         step(Tensor(rng.standard_normal((6, 8)).astype(dtype)),
              Tensor(rng.integers(0, 3, 6).astype(np.int32)))
@@ -310,3 +312,17 @@ def test_mpirun_collective_waiting_past_its_timeout_ends_the_job(tmp_path):
               r"other ranks did not all join within 3 s")
     assert re.search(waited, printed[0]), printed[0]
     assert re.search("rank 0 of 2 failed with " + waited, printed[1]), printed[1]
+
+
+def test_mpirun_rank_exiting_early_ends_the_job(tmp_path):
+    # sys.exit on rank 1 at step 2 is no uncaught exception (no excepthook), but rank 1 leaves
+    # the group at exit: rank 0, left waiting in its AllReduce, ends the job.
+    status, printed = run_failing_ranks(tmp_path, "exit")
+    ended = time.time()
+    left = float(re.search(r"failing at ([0-9.]+)", printed[1]).group(1))
+    assert ended - left < communication.STRANDED_S + 10.0, \
+        f"the job took {ended - left:.1f} s to end"
+    assert status != 0 and "finished" not in printed[0] + printed[1]
+    assert "rank 1 leaves at step 2" in printed[1]
+    assert re.search(r"CommunicationError: AllReduce of \d+ float32 value\(s\) on rank 0 of 2: "
+                     r"rank\(s\) \[1\] left the group", printed[0]), printed[0]
