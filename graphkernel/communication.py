@@ -27,6 +27,8 @@ ranks or more:
 - A rank that leaves (sys.exit, which is no uncaught exception, or the end of its program)
   tells the others at exit, before MPI finalizes; a rank still waiting in a collective
   STRANDED_S after that ends the job as a timeout does, and one beginning a collective raises.
+- An MPI error in a collective (MPI_ERR_TRUNCATE: ranks passing different sizes) is a
+  CommunicationError, uncaught as a rule, so it ends the job too.
 
 The collectives themselves stay blocking (Allreduce, Allgather): the watchdog is why they need
 not be polled, and Open MPI's non-blocking ones (libnbc) were far slower on a gradient of 39k
@@ -42,7 +44,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -106,21 +108,29 @@ class MPIGroup:
         return int(self.comm.Get_rank())
 
     def allreduce_sum(self, buffer: np.ndarray) -> None:
-        self._enter("AllReduce", buffer)
-        try:
-            self.comm.Allreduce(self._in_place, buffer, op=self._sum)
-        finally:
-            self._waiting = None
+        self._collective("AllReduce", buffer,
+                         lambda: self.comm.Allreduce(self._in_place, buffer, op=self._sum))
 
     def allgather(self, buffer: np.ndarray) -> np.ndarray:
         """Every rank's `buffer` (the same shape and dtype on all), stacked in rank order."""
         out = np.empty((self.size, *buffer.shape), buffer.dtype)
-        self._enter("AllGather", buffer)
+        self._collective("AllGather", buffer,
+                         lambda: self.comm.Allgather(np.ascontiguousarray(buffer), out))
+        return out
+
+    def _collective(self, name: str, buffer: np.ndarray, call: Callable[[], None]) -> None:
+        """Run the blocking MPI collective `call` in the watchdog's view; an MPI error (ranks
+        that pass buffers of different sizes: MPI_ERR_TRUNCATE) is a CommunicationError."""
+        self._enter(name, buffer)
         try:
-            self.comm.Allgather(np.ascontiguousarray(buffer), out)
+            call()
+        except self._mpi.Exception as exc:
+            self.broken = f"{_collective(name, buffer)} failed"
+            raise CommunicationError(
+                f"{_collective(name, buffer)} on rank {self.rank} of {self.size} failed in "
+                f"MPI: {exc.Get_error_string()} (do all ranks pass the same tensors?)") from None
         finally:
             self._waiting = None
-        return out
 
     def _enter(self, name: str, buffer: np.ndarray) -> None:
         if self.broken is not None:

@@ -220,6 +220,8 @@ FAILING_RANKS = textwrap.dedent("""
     rank = communication.get_rank()
     context.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
     fault = sys.argv[1]
+    if fault == "sizes":  # a reducer of its own, without TrainOneStepCell's check
+        nn.DistributedGradReducer([0])((Tensor(np.ones(4 + rank, np.float32)),))
     hidden = 17 if fault == "shape" and rank == 1 else 16
     dtype = np.float64 if fault == "dtype" and rank == 1 else np.float32
     net = nn.SequentialCell([nn.Dense(8, hidden, dtype=dtype, seed=0), nn.ReLU(),
@@ -326,3 +328,12 @@ def test_mpirun_rank_exiting_early_ends_the_job(tmp_path):
     assert "rank 1 leaves at step 2" in printed[1]
     assert re.search(r"CommunicationError: AllReduce of \d+ float32 value\(s\) on rank 0 of 2: "
                      r"rank\(s\) \[1\] left the group", printed[0]), printed[0]
+
+
+def test_mpirun_ranks_reducing_different_sizes_end_the_job(tmp_path):
+    # Rank 0 reduces 4 floats, rank 1 5: MPI fails the AllReduce (MPI_ERR_TRUNCATE) on a rank,
+    # which reports it as a CommunicationError and ends the job.
+    status, printed = run_failing_ranks(tmp_path, "sizes")
+    assert status != 0 and "finished" not in printed[0] + printed[1]
+    assert re.search(r"CommunicationError: AllReduce of [45] float32 value\(s\) on rank [01] of "
+                     r"2 failed in MPI: MPI_ERR_TRUNCATE", printed[0] + printed[1]), printed
