@@ -24,7 +24,7 @@ from onnx_models import (  # noqa: E402
 
 import graphkernel  # noqa: E402
 from graphkernel import Tensor, nn  # noqa: E402
-from graphkernel.errors import UnsupportedError, VerifyError  # noqa: E402
+from graphkernel.errors import UnsupportedError  # noqa: E402
 from graphkernel.frontend import context  # noqa: E402
 from graphkernel.ir.types import SymSize  # noqa: E402
 
@@ -47,11 +47,7 @@ def test_a_cnn_with_a_dynamic_batch_matches_onnxruntime(rng, fusion):
     assert compiled[0] is compiled[1]  # one compile serves both batch sizes
 
 
-@pytest.mark.parametrize("fusion", [pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, raises=VerifyError,
-    reason="graph kernel fusion of a broadcast Add and a Reshape makes a BroadcastTo of the "
-           "dynamic size N (hwopt_2_basic_op_fusion); a Cell with set_inputs fails the same")),
-    False])
+@pytest.mark.parametrize("fusion", [True, False])
 def test_an_encoder_block_with_a_dynamic_batch_matches_onnxruntime(rng, fusion):
     context.set_context(enable_graph_kernel=fusion)
     made = encoder_block(rng)

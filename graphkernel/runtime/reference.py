@@ -21,10 +21,12 @@ def _sizes(graph: Graph, arrays: list[np.ndarray]) -> dict[str, int]:
     return sizes
 
 
-def run_reference_graph(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """Evaluate `graph` on `arrays` (its inputs, in order); return its outputs."""
+def run_reference_graph(graph: Graph, arrays: list[np.ndarray],
+                        sizes: dict[str, int] | None = None) -> list[np.ndarray]:
+    """Evaluate `graph` on `arrays` (its inputs, in order); return its outputs. `sizes` gives
+    the dynamic sizes' values where the caller knows them (a group of a larger graph); else
+    they are read off the inputs."""
     env: dict[int, Any] = {inp.uid: a for inp, a in zip(graph.inputs, arrays)}
-    sizes: dict[str, int] | None = None
 
     def get(v: Value) -> Any:
         return v.value if isinstance(v, Constant) else env[v.uid]
@@ -32,7 +34,7 @@ def run_reference_graph(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarr
     for node in graph.nodes:
         args = [get(v) for v in node.inputs]
         if node.subgraph is not None:
-            outs = run_reference_graph(node.subgraph, args)
+            outs = run_reference_graph(node.subgraph, args, sizes)
             env[node.uid] = outs[0] if len(node.subgraph.outputs) == 1 else tuple(outs)
         elif node.op == "GetItem":
             env[node.uid] = args[0][node.attrs["index"]]
@@ -40,7 +42,7 @@ def run_reference_graph(graph: Graph, arrays: list[np.ndarray]) -> list[np.ndarr
             opdef = get_op(node.op)
             attrs = {**opdef.attr_defaults, **node.attrs}
             if not isinstance(node.type, TensorType) or not node.type.is_static:
-                sizes = _sizes(graph, arrays) if sizes is None else sizes
+                sizes = _sizes(graph, arrays) if not sizes else sizes
                 attrs = concrete_attrs(attrs, sizes)
             result = opdef.reference(*args, **attrs)
             if isinstance(node.type, TensorType):

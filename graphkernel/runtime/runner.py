@@ -158,7 +158,7 @@ class Runner:
         if kind is StepKind.KERNEL:
             return self._kernel_fn(step)
         if kind is StepKind.INTERPRETED:
-            return _interpreted_fn(step)
+            return _interpreted_fn(step, self.size_of)
         if kind is StepKind.CONSTANT:
             (source,), (target,) = step.reads, step.writes
 
@@ -315,12 +315,15 @@ def _strided(array: np.ndarray, offset: int, shape: tuple[int, ...],
                       strides=tuple(s * size for s in strides))
 
 
-def _interpreted_fn(step: Step) -> StepFn:
+def _interpreted_fn(step: Step, sizes: dict[str, int]) -> StepFn:
+    """A group run op by op on numpy; `sizes` is the call's value of each dynamic size (the
+    runner fills it in before the steps run), which the group's own inputs may not hold alone
+    (a BroadcastTo or Reshape to `[N, ...]` inside a group whose inputs are `[16*N, ...]`)."""
     graph, reads, writes = step.subgraph, step.reads, step.writes
     assert graph is not None
 
     def interpreted(slots: list[Any]) -> None:
-        outs = run_reference_graph(graph, [slots[s] for s in reads])
+        outs = run_reference_graph(graph, [slots[s] for s in reads], sizes)
         for s, out in zip(writes, outs):
             slots[s] = out
     return interpreted
