@@ -186,6 +186,23 @@ def test_checkpoint_round_trip_and_errors(tmp_path, rng):
         graphkernel.load_checkpoint(str(tmp_path / "junk.ckpt"))
 
 
+def test_checkpoint_of_a_training_step_keeps_mindspore_names(tmp_path):
+    """A checkpoint of TrainOneStepCell (what ModelCheckpoint saves) names each parameter as
+    MindSpore does, by Parameter.name: "fc1.weight" and the optimizer's "moments.fc1.weight",
+    not the wrappers' attribute paths; it loads back into a bare network."""
+    net = Block()
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()),
+                               nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    graphkernel.save_checkpoint(step, str(tmp_path / "step.ckpt"))
+    params = graphkernel.load_checkpoint(str(tmp_path / "step.ckpt"))
+    names = list(net.parameters_dict())
+    assert list(params) == names + [f"moments.{n}" for n in names]
+    not_loaded, unused = graphkernel.load_param_into_net(Block(), params)
+    assert not_loaded == [] and unused == [f"moments.{n}" for n in names]
+    not_loaded, _ = graphkernel.load_param_into_net(step, params, strict_load=True)
+    assert not_loaded == []
+
+
 def test_checkpoint_wire_format_spelled_out(tmp_path):
     """The bytes of a one-tensor checkpoint, spelled out from MindSpore's checkpoint.proto."""
     path = str(tmp_path / "one.ckpt")

@@ -93,9 +93,23 @@ def _signed(value: int) -> int:
 
 # -- writing ----------------------------------------------------------------------------------
 
+def _by_name(net: Cell) -> dict[str, Parameter]:
+    """A cell's parameters by Parameter.name, each once: the names MindSpore keys checkpoints
+    by (auto_prefix's "fc1.weight"), which wrappers such as TrainOneStepCell keep, where the
+    attribute path would read "network._backbone.fc1.weight"."""
+    out: dict[str, Parameter] = {}
+    for path, param in net.parameters_and_names():
+        name = param.name or path
+        if out.setdefault(name, param) is not param:
+            raise CheckpointError(f"two different parameters of {type(net).__name__} are both "
+                                  f"named {name!r} (the second at {path!r}); a checkpoint keys "
+                                  "parameters by name: give them distinct names")
+    return out
+
+
 def _named_arrays(save_obj: Any) -> list[tuple[str, np.ndarray]]:
     if isinstance(save_obj, Cell):
-        return [(name, p.asnumpy()) for name, p in save_obj.parameters_and_names()]
+        return [(name, p.asnumpy()) for name, p in _by_name(save_obj).items()]
     if isinstance(save_obj, dict):
         items = list(save_obj.items())
     elif isinstance(save_obj, list):  # MindSpore's [{"name": ..., "data": ...}, ...]
@@ -192,7 +206,7 @@ def load_param_into_net(net: Cell, parameter_dict: dict[str, Any],
                         strict_load: bool = False) -> tuple[list[str], list[str]]:
     """Copy values into the net's parameters by name. Returns (the net's parameters not
     loaded, the checkpoint's entries not used), as MindSpore 2.x does."""
-    own = dict(net.parameters_and_names())
+    own = _by_name(net)
     used = set()
     for name, param in own.items():
         if name not in parameter_dict:
