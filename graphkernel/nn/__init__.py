@@ -38,7 +38,7 @@ from graphkernel.nn.optim import (
     Momentum,
     Optimizer,
 )
-from graphkernel.nn.wrap import TrainOneStepCell, WithLossCell
+from graphkernel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
 
 __all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPool2d",
            "BatchNorm1d", "BatchNorm2d", "CellList", "Conv2d", "Dense", "Dropout", "Embedding",
@@ -47,4 +47,4 @@ __all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPoo
            "Softsign", "Tanh", "get_activation", "BCEWithLogitsLoss", "L1Loss", "LossBase",
            "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay",
            "ExponentialDecayLR", "LearningRateSchedule", "Momentum", "Optimizer",
-           "TrainOneStepCell", "WithLossCell"]
+           "TrainOneStepCell", "WithEvalCell", "WithLossCell"]

@@ -1,4 +1,5 @@
-"""Training wrappers, MindSpore's: `WithLossCell` joins a network and its loss;
+"""Training wrappers, MindSpore's: `WithLossCell` joins a network and its loss (`WithEvalCell`
+also returns the outputs and label, for metrics);
 `TrainOneStepCell` is one training step in one compiled graph: the forward, its backward
 (passes/autodiff.py) and the optimizer's in-place updates (Graph.assigns)."""
 from __future__ import annotations
@@ -73,3 +74,18 @@ class TrainOneStepCell(Cell):
             grads = self.grad_reducer(grads)
         self.optimizer(grads)
         return loss
+
+
+class WithEvalCell(Cell):
+    """(loss_fn(network(data), label), network(data), label): what `Model.eval` feeds its
+    metrics (MindSpore's)."""
+
+    def __init__(self, network: Cell, loss_fn: Cell, add_cast_fp32: bool = False) -> None:
+        super().__init__(auto_prefix=False)
+        self._network = network
+        self._loss_fn = loss_fn
+        self.add_cast_fp32 = add_cast_fp32
+
+    def construct(self, data: Any, label: Any) -> Any:
+        outputs = self._network(data)
+        return self._loss_fn(outputs, label), outputs, label
