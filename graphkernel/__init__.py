@@ -11,6 +11,7 @@ from graphkernel.common.checkpoint import load_checkpoint, load_param_into_net, 
 from graphkernel.common.initializer import set_seed
 from graphkernel.frontend import context
 from graphkernel.frontend.compile import compile
+from graphkernel.frontend.context import GRAPH_MODE, PYNATIVE_MODE, get_context, set_context
 from graphkernel.frontend.grad import ParameterTuple, grad, value_and_grad
 from graphkernel.frontend.jit import jit
 from graphkernel.frontend.symbol import Symbol
@@ -18,7 +19,8 @@ from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 from graphkernel.onnx import export, load  # GKIR and ONNX files (onnx/__init__.py)
 
-__all__ = ["__version__", "communication", "context", "compile", "dtype", "export", "grad",
-           "jit", "load", "load_checkpoint", "load_param_into_net", "Parameter",
-           "ParameterTuple", "save_checkpoint", "set_seed", "Symbol", "Tensor", "nn", "ops",
-           "value_and_grad", "float16", "float32", "float64", "int32", "int64", "bool_"]
+__all__ = ["__version__", "GRAPH_MODE", "PYNATIVE_MODE", "communication", "context", "compile",
+           "dtype", "export", "get_context", "grad", "jit", "load", "load_checkpoint",
+           "load_param_into_net", "Parameter", "ParameterTuple", "save_checkpoint",
+           "set_context", "set_seed", "Symbol", "Tensor", "nn", "ops", "value_and_grad",
+           "float16", "float32", "float64", "int32", "int64", "bool_"]

@@ -76,6 +76,32 @@ def test_cnn_digits_trains_end_to_end_and_its_epilogues_fuse():
     assert on.kernel_count == 6  # 24 before layout ops, BatchNorm's parameters and blocks fused
 
 
+def test_train_digits_model_reaches_95_percent_and_its_checkpoint_loads(tmp_path, capsys):
+    """The MindSpore tutorial shape (dataset pipeline, Model.train with LossMonitor, TimeMonitor
+    and ModelCheckpoint, Model.eval): >= 95% held out, MindSpore's printed lines, the last
+    checkpoint reproduces the trained net, and the loss curve is a PNG."""
+    example = load("train_digits_model")
+    try:
+        result = example.run(out=str(tmp_path))
+    finally:
+        graphkernel.context.set_context(enable_graph_kernel=False)
+    out = capsys.readouterr().out
+    assert result["metrics"]["accuracy"] >= 0.95, result["metrics"]
+    assert "epoch: 1 step: 10, loss is " in out and "per step time: " in out
+    losses = result["losses"]
+    assert np.mean(losses[-10:]) < 0.2 * np.mean(losses[:10])
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == [
+        "digits-18_22.ckpt", "digits-19_22.ckpt", "digits-20_22.ckpt"]
+    fresh = example.LeNetMLP()
+    not_loaded, _ = graphkernel.load_param_into_net(
+        fresh, graphkernel.load_checkpoint(result["checkpoint"]))
+    assert not_loaded == []
+    images, labels = result["test"]
+    logits = fresh(Tensor((images / 16.0).astype(np.float32))).asnumpy()
+    assert float((logits.argmax(1) == labels).mean()) == result["metrics"]["accuracy"]
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def numpy_bert(net, ids, mask):
     """The same network in plain numpy, from its parameters."""
     p = {name: prm.asnumpy().astype(np.float64) for name, prm in net.parameters_and_names()}
