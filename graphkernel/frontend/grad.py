@@ -34,6 +34,25 @@ class ParameterTuple(tuple):  # type: ignore[type-arg]
                                  user_location())
         return super().__new__(cls, params)
 
+    def clone(self, prefix: str, init: Any = "same") -> ParameterTuple:
+        """New Parameters shaped as these, named "{prefix}.{name}" (MindSpore's: an optimizer's
+        `self.parameters.clone(prefix="moments", init="zeros")`), holding a copy of each value
+        (init "same"), zeros, ones, or a number."""
+        if not isinstance(prefix, str) or not prefix:
+            raise InputError(f"ParameterTuple.clone: prefix must be a non-empty str, got "
+                             f"{prefix!r}", user_location())
+        fills = {"zeros": 0, "ones": 1}
+        if not (init == "same" or init in fills or
+                (isinstance(init, (int, float)) and not isinstance(init, bool))):
+            raise InputError(f"ParameterTuple.clone: init {init!r} is not supported here; "
+                             "give 'same', 'zeros', 'ones' or a number", user_location())
+        clones = []
+        for p in self:
+            value = p.asnumpy().copy() if init == "same" else \
+                np.full(p.shape, fills.get(init, init), p.dtype)
+            clones.append(Parameter(value, f"{prefix}.{p.name}", requires_grad=False))
+        return ParameterTuple(clones)
+
 
 @dataclass(frozen=True)
 class _Spec:

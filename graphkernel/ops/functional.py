@@ -5,14 +5,17 @@ generates from the op table; each calls the primitives, so it traces and fuses l
 from __future__ import annotations
 
 import builtins
+import functools
 from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import GraphModeError, InputError, ShapeError
+from graphkernel.errors import GraphModeError, InputError, ShapeError, UnsupportedError
 from graphkernel.frontend.location import user_location
+from graphkernel.frontend.primitive import make_functional
 from graphkernel.frontend.symbolic import current_graph
 from graphkernel.frontend.tensor import Parameter, Tensor, value_in
+from graphkernel.ir.opset import user_ops
 from graphkernel.ops import operations as P
 
 
@@ -217,3 +220,24 @@ MINDSPORE_SIGNATURES = [
 ]
 
 __all__ = MINDSPORE_SIGNATURES
+
+# `from graphkernel.ops import functional as F`, MindSpore's F: besides the forms above, every
+# functional form graphkernel.ops generates (F.relu, F.cast, F.reduce_sum, ...), F.partial, and
+# MindSpore's older names for a few of them.
+partial = functools.partial
+_OLDER_NAMES = {"tensor_add": "add", "tensor_sub": "sub", "tensor_mul": "mul",
+                "tensor_div": "div", "tensor_pow": "pow", "scalar_cast": "cast"}
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    target = _OLDER_NAMES.get(name, name)
+    for op in user_ops():
+        if target in op.functional_names:
+            fn = make_functional(op)
+            globals()[name] = fn
+            return fn
+    raise UnsupportedError(f"graphkernel.ops.functional has no {name!r} (MindSpore's "
+                           f"F.{name}) yet; graphkernel.ops.__all__ lists the forms it has",
+                           user_location())

@@ -17,9 +17,11 @@ import numpy as np
 
 from graphkernel.errors import InputError
 from graphkernel.frontend.cell import Cell
+from graphkernel.frontend.grad import ParameterTuple
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.frontend.tracing import user_location
 from graphkernel.ops import operations as P
+from graphkernel.ops.composite import HyperMap, Map
 
 
 class LearningRateSchedule(Cell):
@@ -58,13 +60,29 @@ class Optimizer(Cell):
     every grouped parameter once, in the order the optimizer keeps them (else group by
     group)."""
 
-    def __init__(self, learning_rate: Any, parameters: Any, weight_decay: float = 0.0) -> None:
+    def __init__(self, learning_rate: Any, parameters: Any, weight_decay: float = 0.0,
+                 loss_scale: float = 1.0) -> None:
         super().__init__(auto_prefix=False)
         groups = _parameter_groups(type(self).__name__, parameters)
         order = next((g["order_params"] for g in groups if "order_params" in g), None)
         groups = [g for g in groups if "order_params" not in g]
         params = [p for g in groups for p in g["params"]]
-        self.parameters = tuple(_ordered(params, order) if order is not None else params)
+        self.parameters = ParameterTuple(_ordered(params, order) if order is not None else params)
+        self.is_group = isinstance(parameters, (list, tuple)) and \
+            any(isinstance(g, dict) for g in parameters)
+        if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or \
+                not loss_scale > 0:
+            raise InputError(f"loss_scale must be a float > 0, got {loss_scale!r}",
+                             user_location())
+        self.loss_scale = float(loss_scale)
+        self.need_scale = self.loss_scale != 1.0
+        self.reciprocal_scale = 1.0 / self.loss_scale
+        # What MindSpore's optimizers are written with (ops.composite): a subclass's construct
+        # maps its update over (gradients, parameters, moments) with these.
+        self.map_ = Map()
+        self.map_reverse = Map(None, True)
+        self.hyper_map = HyperMap()
+        self.hyper_map_reverse = HyperMap(None, True)
         # Scalars the optimizer keeps (step count, rates, beta powers) in the widest dtype of
         # its parameters: float64 parameters get float64 rates.
         self.scalar_dtype = np.result_type(*(p.dtype for p in params), np.float32)
@@ -91,6 +109,38 @@ class Optimizer(Cell):
         if self.dynamic_lr:
             self.global_step = Parameter(np.zeros((), self.scalar_dtype), "global_step",
                                          requires_grad=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A subclass's state as MindSpore keeps it, `self.moments =
+        # self.parameters.clone(prefix="moments", init="zeros")`: each new Parameter is
+        # registered as this cell's (checkpoints hold it); the network's own stay the
+        # network's.
+        super().__setattr__(name, value)
+        if isinstance(value, ParameterTuple) and name != "parameters":
+            own = {id(p) for p in self.__dict__.get("parameters", ())}
+            for i, p in enumerate(value):
+                if id(p) not in own:
+                    self._params[f"{name}_{i}"] = p
+
+    def decay_weight(self, gradients: Sequence[Any]) -> tuple[Any, ...]:
+        """The gradients with each parameter's weight decay (L2) added, times loss_scale as
+        MindSpore's: the gradients are still scaled here, and scale_grad divides both."""
+        out = []
+        for i, (p, g) in enumerate(zip(self.parameters, self._check(gradients))):
+            rate = self.weight_decays[i] * self.loss_scale
+            out.append(g if rate == 0.0 else g + p * rate)
+        return tuple(out)
+
+    def scale_grad(self, gradients: Sequence[Any]) -> tuple[Any, ...]:
+        """The gradients divided by loss_scale (unchanged when it is 1)."""
+        if not self.need_scale:
+            return tuple(gradients)
+        return tuple(g * self.reciprocal_scale for g in gradients)
+
+    def gradients_centralization(self, gradients: Sequence[Any]) -> tuple[Any, ...]:
+        """The gradients as they are: graphkernel's parameter groups take no
+        "grad_centralization" (a group asking for it is refused when the optimizer is made)."""
+        return tuple(gradients)
 
     def _rate(self, learning_rate: Any) -> Any:
         """A learning rate as kept: a float, an array of per-step rates, or a schedule."""
@@ -121,11 +171,16 @@ class Optimizer(Cell):
         return tuple(states)
 
     def get_lr(self) -> Any:
-        """This step's learning rate (a float, or a float32 scalar tensor), and the step count
-        incremented for the next call; with groups of their own "lr", a tuple of one rate per
-        parameter (as MindSpore's)."""
-        rates = self._step_rates()
+        """This step's learning rate (a scalar tensor in the parameters' widest float dtype),
+        and the step count incremented for the next call; with groups of their own "lr", a
+        tuple of one rate per parameter (as MindSpore's)."""
+        rates = [self._as_tensor(r) for r in self._step_rates()]
         return tuple(rates[k] for k in self.rate_index) if self.is_group_lr else rates[0]
+
+    def _as_tensor(self, rate: Any) -> Any:
+        # A subclass registers its update for ("Tensor", ...) learning rates, as MindSpore's
+        # get_lr returns a tensor: a fixed rate becomes a scalar constant.
+        return Tensor(np.asarray(rate, self.scalar_dtype)) if isinstance(rate, float) else rate
 
     def parameter_lrs(self) -> list[Any]:
         """This step's learning rate of each parameter (get_lr, one per parameter)."""
@@ -232,119 +287,3 @@ def _ordered(params: list[Parameter], order: list[Parameter]) -> list[Parameter]
                          f"{f'grouped but not ordered: {missing}; ' if missing else ''}"
                          f"{len(order)} ordered, {len(params)} grouped", user_location())
     return list(order)
-
-
-class Momentum(Optimizer):
-    """accum = momentum * accum + grad; param -= lr * accum (ApplyMomentum per parameter)."""
-
-    def __init__(self, params: Any, learning_rate: Any, momentum: float,
-                 weight_decay: float = 0.0, use_nesterov: bool = False) -> None:
-        super().__init__(learning_rate, params, weight_decay)
-        if momentum < 0:
-            raise InputError(f"momentum must be >= 0, got {momentum}", user_location())
-        self.momentum = float(momentum)
-        self.moments = self._state("moments")
-        self.apply = P.ApplyMomentum(use_nesterov=use_nesterov)
-
-    def construct(self, gradients: Any) -> Any:
-        lrs = self.parameter_lrs()
-        for i, (p, m, g) in enumerate(zip(self.parameters, self.moments,
-                                          self._check(gradients))):
-            self.apply(p, m, self._typed(lrs[i], p), self.decay(i, p, g), self.momentum)
-        return True
-
-
-class SGD(Optimizer):
-    """MindSpore's SGD: accum = momentum * accum + (1 - dampening) * grad (accum starts at the
-    first gradient); step = grad + momentum * accum with nesterov, else accum; momentum 0:
-    step = grad."""
-
-    def __init__(self, params: Any, learning_rate: Any = 0.1, momentum: float = 0.0,
-                 dampening: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False) -> None:
-        super().__init__(learning_rate, params, weight_decay)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise InputError("SGD: nesterov needs momentum > 0 and dampening 0",
-                             user_location())
-        self.momentum, self.dampening, self.nesterov = float(momentum), float(dampening), \
-            nesterov
-        if self.momentum > 0:
-            self.accum = self._state("accum")
-            self.first = Parameter(np.ones((), self.scalar_dtype), "sgd_first_step",
-                                   requires_grad=False)
-
-    def construct(self, gradients: Any) -> Any:
-        lrs = self.parameter_lrs()
-        grads = self._check(gradients)
-        if self.momentum > 0:
-            first = self.first * 1.0
-        for i, (p, g) in enumerate(zip(self.parameters, grads)):
-            g = self.decay(i, p, g)
-            step = g
-            if self.momentum > 0:
-                a = self.accum[i]
-                later = a * self.momentum + g * (1.0 - self.dampening)
-                f = self._typed(first, p)
-                new = later + (g - later) * f  # the first step starts the average at grad
-                P.Assign()(a, new)
-                step = g + new * self.momentum if self.nesterov else new
-            P.Assign()(p, p - step * self._typed(lrs[i], p))
-        if self.momentum > 0:
-            P.Assign()(self.first, first * 0.0)
-        return True
-
-
-class Adam(Optimizer):
-    """Adam (Kingma & Ba) with bias correction; weight_decay adds decay * param to the gradient
-    (L2), as MindSpore's Adam."""
-
-    def __init__(self, params: Any, learning_rate: Any = 1e-3, beta1: float = 0.9,
-                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-                 use_nesterov: bool = False) -> None:
-        super().__init__(learning_rate, params, weight_decay)
-        _check_betas(beta1, beta2, eps)
-        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
-        self.moment1, self.moment2 = self._state("moment1"), self._state("moment2")
-        one = np.ones((), self.scalar_dtype)
-        self.beta1_power = Parameter(one, "beta1_power", requires_grad=False)
-        self.beta2_power = Parameter(one.copy(), "beta2_power", requires_grad=False)
-        self.apply = P.Adam(use_nesterov=use_nesterov)
-
-    def construct(self, gradients: Any) -> Any:
-        lrs = self.parameter_lrs()
-        b1p = P.Assign()(self.beta1_power, self.beta1_power * self.beta1)
-        b2p = P.Assign()(self.beta2_power, self.beta2_power * self.beta2)
-        for i, (p, m, v, g) in enumerate(zip(self.parameters, self.moment1, self.moment2,
-                                             self._check(gradients))):
-            typed = [self._typed(x, p) for x in (b1p, b2p)]
-            self.apply(p, m, v, typed[0], typed[1], self._typed(lrs[i], p), self.beta1,
-                       self.beta2, self.eps, self.decay(i, p, g))
-        return True
-
-
-class AdamWeightDecay(Optimizer):
-    """AdamW as MindSpore's (no bias correction): param -= lr * (m / (sqrt(v) + eps) +
-    weight_decay * param)."""
-
-    def __init__(self, params: Any, learning_rate: Any = 1e-3, beta1: float = 0.9,
-                 beta2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0) -> None:
-        super().__init__(learning_rate, params, weight_decay)
-        _check_betas(beta1, beta2, eps)
-        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
-        self.moments1, self.moments2 = self._state("adam_m"), self._state("adam_v")
-        self.apply = P.AdamWeightDecay()
-
-    def construct(self, gradients: Any) -> Any:
-        lrs = self.parameter_lrs()
-        for i, (p, m, v, g) in enumerate(zip(self.parameters, self.moments1, self.moments2,
-                                             self._check(gradients))):
-            # Decoupled: the decay is applied by the update itself, not added to the gradient.
-            self.apply(p, m, v, self._typed(lrs[i], p), self.beta1, self.beta2, self.eps,
-                       self.weight_decays[i], g)
-        return True
-
-
-def _check_betas(beta1: float, beta2: float, eps: float) -> None:
-    if not (0 <= beta1 < 1 and 0 <= beta2 < 1 and eps > 0):
-        raise InputError(f"need 0 <= beta1, beta2 < 1 and eps > 0; got beta1={beta1}, "
-                         f"beta2={beta2}, eps={eps}", user_location())
