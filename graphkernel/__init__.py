@@ -4,7 +4,8 @@ Write a network the MindSpore way (an `nn.Cell` whose `construct` calls primitiv
 `context.set_context(enable_graph_kernel=True)`, and graphkernel fuses its operators into
 generated C kernels. See docs/architecture.md for the map of the house.
 """
-from graphkernel import communication, nn, ops  # noqa: E402  (after Tensor, which they use)
+# `ms.train.Model` (also `ms.Model`) and `ms.dataset` after a bare import, as MindSpore's.
+from graphkernel import communication, dataset, nn, ops, train  # noqa: E402
 from graphkernel._version import __version__
 from graphkernel.common import dtype
 from graphkernel.common.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
@@ -18,9 +19,10 @@ from graphkernel.frontend.symbol import Symbol
 from graphkernel.frontend.tensor import Parameter, Tensor
 from graphkernel.ir.types import bool_, float16, float32, float64, int32, int64
 from graphkernel.onnx import export, load  # GKIR and ONNX files (onnx/__init__.py)
+from graphkernel.train import Model
 
 __all__ = ["__version__", "GRAPH_MODE", "PYNATIVE_MODE", "communication", "context", "compile",
-           "dtype", "export", "get_context", "grad", "jit", "load", "load_checkpoint",
+           "dataset", "dtype", "export", "get_context", "grad", "jit", "load", "load_checkpoint",
            "load_param_into_net", "Parameter", "ParameterTuple", "save_checkpoint",
            "set_context", "set_seed", "Symbol", "Tensor", "nn", "ops", "value_and_grad",
-           "float16", "float32", "float64", "int32", "int64", "bool_"]
+           "float16", "float32", "float64", "int32", "int64", "bool_", "Model", "train"]

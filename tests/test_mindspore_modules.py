@@ -27,13 +27,16 @@ def graph_mode():
 
 def test_set_context_at_the_top_level():
     """
-    Feature: ms.set_context / ms.get_context
+    Feature: ms.set_context / ms.get_context, ms.Model
     Description: set the mode and fusion through the top-level names
-    Expectation: the context module reads the same values
+    Expectation: the context module reads the same values; Model is at the top level
     """
     ms.set_context(mode=ms.PYNATIVE_MODE)
     assert ms.get_context("mode") == ms.context.PYNATIVE_MODE
     assert ms.get_context("enable_graph_kernel") is True
+    # and `ms.Model`, `ms.train`, `ms.dataset` after `import graphkernel as ms`
+    import graphkernel.train as train
+    assert ms.Model is train.Model and ms.dataset.NumpySlicesDataset is not None
 
 
 def test_common_api_jit_on_a_function_and_a_construct():
