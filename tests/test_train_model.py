@@ -29,6 +29,7 @@ from graphkernel.train import (
     TimeMonitor,
     Top1CategoricalAccuracy,
     Top5CategoricalAccuracy,
+    TrainingError,
 )
 
 
@@ -255,3 +256,24 @@ def test_model_arguments_are_checked():
     with pytest.warns(NoEffectWarning, match="dataset_sink_mode=True has no effect") as record:
         model.train(1, _dataset(), dataset_sink_mode=True)
     assert record[0].filename == __file__
+
+
+def test_loss_monitor_stops_on_a_nan_loss_and_predict_keeps_the_mode():
+    """
+    Feature: LossMonitor's check, Model.predict
+    Description: a NaN pixel in the second batch; predict on a net in train and eval mode
+    Expectation: a TrainingError (a ValueError) naming the epoch and step, as MindSpore's;
+        predict leaves the network's mode as it found it
+    """
+    model, net = _model()
+    x, y = _blobs()
+    x[20, 1] = np.nan
+    data = ds.NumpySlicesDataset((x, y), shuffle=False).batch(16)
+    with pytest.raises(TrainingError, match=r"epoch: 1 step: 2\. Invalid loss nan"):
+        model.train(3, data, callbacks=LossMonitor(per_print_times=0))
+    net.set_train(True)
+    model.predict(Tensor(_blobs(4)[0]))
+    assert net.training
+    net.set_train(False)
+    model.predict(Tensor(_blobs(4)[0]))
+    assert not net.training

@@ -89,9 +89,6 @@ class Dataset:
     def __iter__(self) -> Iterator[list[Any]]:
         return iter(self.create_tuple_iterator(num_epochs=1))
 
-    def __len__(self) -> int:
-        return self.get_dataset_size()
-
 
 def _as_row(item: Any, columns: list[str], where: str) -> Row:
     """A source's item as a row: a tuple (or list) of values, one per column, or a single value

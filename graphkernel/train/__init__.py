@@ -11,6 +11,7 @@ from graphkernel.train.callback import (
     ModelCheckpoint,
     RunContext,
     TimeMonitor,
+    TrainingError,
 )
 from graphkernel.train.metrics import (
     Accuracy,
@@ -26,5 +27,5 @@ from graphkernel.train.model import Model
 
 __all__ = ["Accuracy", "Callback", "CheckpointConfig", "EarlyStopping", "History", "Loss",
            "LossMonitor", "Metric", "MetricError", "Model", "ModelCheckpoint", "RunContext",
-           "TimeMonitor", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy",
+           "TimeMonitor", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy", "TrainingError",
            "TopKCategoricalAccuracy", "get_metric_fn"]

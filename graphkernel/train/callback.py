@@ -12,9 +12,13 @@ from typing import Any
 import numpy as np
 
 from graphkernel.common.checkpoint import save_checkpoint
-from graphkernel.errors import InputError, NoEffectWarning, UnsupportedError
+from graphkernel.errors import GraphKernelError, InputError, NoEffectWarning, UnsupportedError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter, Tensor
+
+
+class TrainingError(GraphKernelError, ValueError):
+    """Training cannot go on: the loss is NaN or infinite (a ValueError, as MindSpore's)."""
 
 
 class InternalCallbackParam(dict):  # type: ignore[type-arg]
@@ -170,8 +174,8 @@ class LossMonitor(Callback):
         loss = loss_value(cb_params.net_outputs)
         step_in_epoch = (cb_params.cur_step_num - 1) % cb_params.batch_num + 1
         if loss is not None and not np.isfinite(loss):
-            raise InputError(f"epoch: {cb_params.cur_epoch_num} step: {step_in_epoch}. "
-                             f"Invalid loss {loss}, terminating training.")
+            raise TrainingError(f"epoch: {cb_params.cur_epoch_num} step: {step_in_epoch}. "
+                                f"Invalid loss {loss}, terminating training.")
         if self._per_print_times and \
                 cb_params.cur_step_num - self._last_print_time >= self._per_print_times:
             self._last_print_time = cb_params.cur_step_num

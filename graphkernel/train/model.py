@@ -241,9 +241,11 @@ class Model:
             metric.update(outputs[out_index], outputs[label_index])
 
     def predict(self, *predict_data: Any) -> Any:
-        """The network's outputs on `predict_data`, in inference mode."""
+        """The network's outputs on `predict_data`, in inference mode (the network's mode
+        is restored after)."""
+        training = self._network.training
         self._network.set_train(False)
         try:
             return self._network(*predict_data)
         finally:
-            self._network.set_train(True)
+            self._network.set_train(training)
