@@ -170,6 +170,12 @@ def test_model_checkpoint_writes_ckpt_files_that_load_back(tmp_path):
     again.train(1, _dataset(), callbacks=ModelCheckpoint("CKP", str(tmp_path),
                                                          CheckpointConfig(6)))
     assert "CKP_1-1_6.ckpt" in os.listdir(tmp_path)
+    # A prefix with a dash is matched whole: "my-net" is taken by its own files only.
+    for prefix, expected in [("my-net", "my-net-1_6.ckpt"), ("my-net", "my-net_1-1_6.ckpt"),
+                             ("my", "my-1_6.ckpt")]:
+        again.train(1, _dataset(), callbacks=ModelCheckpoint(prefix, str(tmp_path),
+                                                             CheckpointConfig(6)))
+        assert expected in os.listdir(tmp_path)
     with pytest.raises(InputError, match="can't both be 0"):
         CheckpointConfig(save_checkpoint_steps=0)
 
@@ -277,3 +283,43 @@ def test_loss_monitor_stops_on_a_nan_loss_and_predict_keeps_the_mode():
     net.set_train(False)
     model.predict(Tensor(_blobs(4)[0]))
     assert not net.training
+
+
+def test_eval_network_with_and_without_eval_indexes():
+    """
+    Feature: Model(eval_network=..., eval_indexes=...)
+    Description: an evaluation network returning (logits, label) with no eval_indexes, and one
+        returning (label, loss, logits) with eval_indexes [1, 2, 0]
+    Expectation: as MindSpore's: without indexes each metric gets all the outputs; with them,
+        Loss gets the loss and Accuracy (logits, label); both agree with the default
+        WithEvalCell
+    """
+    model, net = _model(metrics={"accuracy", "loss"})
+    model.train(2, _dataset())
+    expected = model.eval(_dataset())
+
+    class Plain(nn.Cell):
+        def __init__(self, backbone):
+            super().__init__(auto_prefix=False)
+            self.backbone = backbone
+
+        def construct(self, x, label):
+            return self.backbone(x), label
+
+    class Shuffled(nn.Cell):
+        def __init__(self, backbone, loss_fn):
+            super().__init__(auto_prefix=False)
+            self.backbone, self.loss_fn = backbone, loss_fn
+
+        def construct(self, x, label):
+            logits = self.backbone(x)
+            return label, self.loss_fn(logits, label), logits
+
+    plain = Model(net, eval_network=Plain(net), metrics={"acc": Accuracy()})
+    assert plain.eval(_dataset()) == {"acc": expected["accuracy"]}
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    indexed = Model(net, eval_network=Shuffled(net, loss), eval_indexes=[1, 2, 0],
+                    metrics={"accuracy", "loss"})
+    result = indexed.eval(_dataset())
+    assert result["accuracy"] == expected["accuracy"]
+    assert result["loss"] == pytest.approx(expected["loss"], rel=1e-6)

@@ -277,10 +277,14 @@ class ModelCheckpoint(Callback):
 
     def _unique_prefix(self) -> None:
         os.makedirs(self._directory, exist_ok=True)
-        taken = {name.split("-")[0] for name in os.listdir(self._directory)
-                 if name.endswith(".ckpt")}
+        names = os.listdir(self._directory)
+
+        def taken(prefix: str) -> bool:
+            pattern = re.compile(re.escape(prefix) + r"-\d+_\d+\.ckpt")
+            return any(pattern.fullmatch(name) for name in names)
+
         prefix, n = self._prefix, 0
-        while prefix in taken:
+        while taken(prefix):
             n += 1
             prefix = f"{self._prefix}_{n}"
         self._prefix = prefix

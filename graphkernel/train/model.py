@@ -17,7 +17,7 @@ from graphkernel.frontend.cell import Cell
 from graphkernel.nn.optim import Optimizer
 from graphkernel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
 from graphkernel.train.callback import CallbackList, InternalCallbackParam, RunContext
-from graphkernel.train.metrics import Loss, Metric, names_to_metrics
+from graphkernel.train.metrics import Loss, names_to_metrics
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -194,9 +194,10 @@ class Model:
 
     def _evaluate(self, dataset: Dataset, callback_list: CallbackList
                   ) -> tuple[dict[str, Any], float | None]:
+        """One pass of the evaluation network over `dataset`: the metrics, and the mean loss
+        when eval_indexes say where it is (None otherwise)."""
         network = self._eval_network
-        assert network is not None and self._eval_indexes is not None
-        loss_index, out_index, label_index = self._eval_indexes
+        assert network is not None
         cb_params = InternalCallbackParam(
             eval_network=network, valid_dataset=dataset,
             batch_num=dataset.get_dataset_size(), cur_step_num=0, net_outputs=None,
@@ -204,7 +205,7 @@ class Model:
         run_context = RunContext(cb_params)
         for metric in self._metric_fns.values():
             metric.clear()
-        eval_loss = Loss()
+        eval_loss = Loss() if self._eval_indexes is not None else None
         network.set_train(False)
         callback_list.on_eval_begin(run_context)
         callback_list.on_eval_epoch_begin(run_context)
@@ -214,15 +215,11 @@ class Model:
                 cb_params.cur_step_num += 1
                 callback_list.on_eval_step_begin(run_context)
                 outputs = network(*batch)
-                if not isinstance(outputs, (tuple, list)) or len(outputs) <= max(
-                        loss_index, out_index, label_index):
-                    raise InputError("Model.eval: the evaluation network must return (loss, "
-                                     "outputs, label) at eval_indexes "
-                                     f"{self._eval_indexes}")
+                outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
                 cb_params.net_outputs = outputs
-                for metric in self._metric_fns.values():
-                    self._update(metric, outputs, loss_index, out_index, label_index)
-                eval_loss.update(outputs[loss_index])
+                self._update_metrics(outputs)
+                if eval_loss is not None:
+                    eval_loss.update(outputs[self._eval_indexes[0]])  # type: ignore[index]
                 callback_list.on_eval_step_end(run_context)
         finally:
             iterator.stop()
@@ -230,15 +227,25 @@ class Model:
         metrics = {name: metric.eval() for name, metric in self._metric_fns.items()}
         cb_params.metrics = metrics
         callback_list.on_eval_end(run_context)
-        return metrics, eval_loss.eval()
+        return metrics, eval_loss.eval() if eval_loss is not None else None
 
-    @staticmethod
-    def _update(metric: Metric, outputs: Any, loss_index: int, out_index: int,
-                label_index: int) -> None:
-        if isinstance(metric, Loss):
-            metric.update(outputs[loss_index])
-        else:
-            metric.update(outputs[out_index], outputs[label_index])
+    def _update_metrics(self, outputs: tuple[Any, ...]) -> None:
+        """As MindSpore's: with eval_indexes (loss, outputs, label), Loss gets the loss and
+        the others (outputs, label); without, every metric gets all the outputs."""
+        if self._eval_indexes is None:
+            for metric in self._metric_fns.values():
+                metric.update(*outputs)
+            return
+        loss_index, out_index, label_index = self._eval_indexes
+        if len(outputs) <= max(self._eval_indexes):
+            raise InputError(f"Model.eval: the evaluation network returned {len(outputs)} "
+                             f"output(s); eval_indexes {self._eval_indexes} need (loss, "
+                             "outputs, label) among them")
+        for metric in self._metric_fns.values():
+            if isinstance(metric, Loss):
+                metric.update(outputs[loss_index])
+            else:
+                metric.update(outputs[out_index], outputs[label_index])
 
     def predict(self, *predict_data: Any) -> Any:
         """The network's outputs on `predict_data`, in inference mode (the network's mode
