@@ -214,3 +214,20 @@ def test_bad_arguments_are_input_errors():
     with pytest.raises(InputError, match="shuffle=True needs a random-access source"):
         ds.GeneratorDataset(lambda: iter([]), ["a"], shuffle=True)
     assert ds.NumpySlicesDataset(list(range(5))).repeat().get_dataset_size() == -1
+
+
+def test_generator_object_source_is_one_pass_and_says_so():
+    """
+    Feature: GeneratorDataset over a generator object (gen() rather than gen)
+    Description: read it once, then a second epoch
+    Expectation: the first pass has the rows; the second is a DatasetError saying to pass the
+        function, not an epoch silently empty
+    """
+    def gen():
+        for i in range(3):
+            yield (np.array(i),)
+
+    iterator = ds.GeneratorDataset(gen(), ["n"]).create_tuple_iterator(output_numpy=True)
+    assert [int(row[0]) for row in iterator] == [0, 1, 2]
+    with pytest.raises(DatasetError, match=r"already read once.*pass the generator function"):
+        list(iterator)

@@ -200,13 +200,23 @@ class GeneratorDataset(Dataset):
                              ".shuffle(buffer_size)")
         self._rng = config.new_rng()
         self._size: int | None = None
+        self._passes_begun = False
 
     def _items(self) -> Iterator[Any]:
         if self._random_access:
             n = len(self._source)
             order = self._rng.permutation(n) if self._shuffle else range(n)
             return (self._source[int(i)] for i in order)
-        return iter(self._source() if callable(self._source) else self._source)
+        if callable(self._source):
+            return iter(self._source())
+        if iter(self._source) is self._source:  # an iterator (a generator object): one pass
+            if self._passes_begun:
+                raise DatasetError("GeneratorDataset: the source is an iterator, already read "
+                                   "once: a second pass (epoch, repeat, get_dataset_size) "
+                                   "would be empty; pass the generator function (gen, not "
+                                   "gen()) or a list")
+            self._passes_begun = True
+        return iter(self._source)
 
     def _rows(self) -> Iterator[Row]:
         items = self._items()
