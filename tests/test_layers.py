@@ -218,6 +218,139 @@ def test_checkpoint_wire_format_spelled_out(tmp_path):
     np.testing.assert_array_equal(got, [1.0, 2.0])
 
 
+def test_a_training_steps_checkpoint_loads_into_the_bare_network(tmp_path, rng):
+    """Entries are keyed by Parameter.name, as MindSpore keys them: the step's own attribute
+    paths (network._backbone.fc1.weight) would load nothing into the bare net."""
+    net = Block()
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()),
+                               nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    x, y = rng.standard_normal((4, 6)).astype(np.float32), np.zeros((4, 3), np.float32)
+    step(Tensor(x), Tensor(y))
+    path = str(tmp_path / "step.ckpt")
+    graphkernel.save_checkpoint(step, path)
+    params = graphkernel.load_checkpoint(path)
+    names = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert list(params) == names + [f"moments.{n}" for n in names]
+    bare = Block()
+    not_loaded, unused = graphkernel.load_param_into_net(bare, params)
+    assert not_loaded == [] and unused == [f"moments.{n}" for n in names]
+    for (_, a), (_, b) in zip(net.parameters_and_names(), bare.parameters_and_names()):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    # a file of an older graphkernel, keyed by attribute path, still loads into the step
+    old = {path: p.asnumpy() for path, p in step.parameters_and_names()}
+    again = Block()
+    fresh = nn.TrainOneStepCell(nn.WithLossCell(again, nn.MSELoss()),
+                                nn.Momentum(again.trainable_params(), 0.1, 0.9))
+    assert graphkernel.load_param_into_net(fresh, old) == ([], [])
+    np.testing.assert_array_equal(again.fc2.weight.asnumpy(), net.fc2.weight.asnumpy())
+
+
+def test_a_checkpoint_that_fits_nothing_is_an_error(tmp_path):
+    path = str(tmp_path / "other.ckpt")
+    graphkernel.save_checkpoint({"conv.weight": np.ones((2, 2), np.float32)}, path)
+    with pytest.raises(CheckpointError, match=r"none of the 4 parameters of Block \('fc1.weight"
+                                              r"'.*entries are 'conv.weight': nothing loaded"):
+        graphkernel.load_param_into_net(Block(), graphkernel.load_checkpoint(path))
+    with pytest.raises(CheckpointError, match="takes a dict of parameters"):
+        graphkernel.load_param_into_net(Block(), [("fc1.weight", 1)])
+
+
+class Typed(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.steps = graphkernel.Parameter(np.zeros(3, np.int32), "steps")
+        self.scale = graphkernel.Parameter(np.ones(3, np.float32), "scale")
+        self.half = graphkernel.Parameter(np.ones(2, np.float16), "half")
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("steps", np.array([1.5, np.nan, 2.0], np.float32),
+     r"parameter 'steps': the checkpoint holds float32, the net's parameter is int32"),
+    ("steps", np.array([1, 2 ** 40, 3], np.int64),
+     r"parameter 'steps': the checkpoint's int64 value 1099511627776 does not fit the net's "
+     r"int32"),
+    ("scale", np.array([1.0, 1e300, 2.0]),
+     r"parameter 'scale': the checkpoint's float64 value .*1e\+300.* does not fit the net's "
+     r"float32 \(it would become .*inf"),
+    ("half", np.array([1.0, 70000.0], np.float32), r"'half'.*does not fit the net's float16"),
+    ("scale", np.array([True, False, True]), r"'scale': the checkpoint holds bool"),
+    ("scale", np.array(["a", "b", "c"]), r"'scale': the checkpoint's value has dtype <U1"),
+])
+def test_a_value_the_parameter_cannot_hold_is_refused_and_nothing_loads(name, value, message):
+    net = Typed()
+    params = {"steps": np.array([7, 8, 9], np.int32), name: value}
+    with pytest.raises(CheckpointError, match=message):
+        graphkernel.load_param_into_net(net, params)
+    np.testing.assert_array_equal(net.steps.asnumpy(), [0, 0, 0])  # not even the good entry
+
+
+def test_value_preserving_conversions_load_as_mindspore_converts():
+    net = Typed()
+    params = {"steps": np.array([1, -2, 3], np.int64), "scale": np.array([0.5, 1e-3, 2.0]),
+              "half": np.array([1.5, -3.0], np.float32)}
+    assert graphkernel.load_param_into_net(net, params) == ([], [])
+    assert net.steps.dtype == np.int32 and list(net.steps.asnumpy()) == [1, -2, 3]
+    np.testing.assert_allclose(net.scale.asnumpy(), [0.5, 1e-3, 2.0], rtol=1e-7)
+    with pytest.raises(CheckpointError, match="not converting under strict_load"):
+        graphkernel.load_param_into_net(Typed(), params, strict_load=True)
+
+
+def _ckpt(name, dims, type_name, content):
+    """One entry of MindSpore's Checkpoint message, dims as int64 varints (ten bytes when
+    negative, as protobuf writes them)."""
+    def varint(v):
+        v &= (1 << 64) - 1
+        out = bytearray()
+        while True:
+            out.append((v & 0x7F) | (0x80 if v >> 7 else 0))
+            v >>= 7
+            if not v:
+                return bytes(out)
+
+    def field(number, payload):
+        return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+    tensor = b"".join(b"\x08" + varint(d) for d in dims) + field(2, type_name) + \
+        field(3, content)
+    return field(1, field(1, name) + field(2, tensor))
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"", "is empty"),
+    (_ckpt(b"w", [-1, -2], b"Float32", bytes(8)), r"bad shape \(-1, -2\)"),
+    # 2**32 * 2**32 wraps to 0 in int64: zero bytes must not pass for that many elements
+    (_ckpt(b"w", [2 ** 32, 2 ** 32], b"Float32", b""),
+     r"0 bytes for a Float32 tensor of shape \(4294967296, 4294967296\)"),
+    (_ckpt(b"w", [1] * 40, b"Float32", bytes(4)), "bad shape"),
+    (_ckpt(b"w", [2], b"Bool", b"\x01\x07"), "bytes other than 0 and 1"),
+    (_ckpt(b"w", [1], b"Float32", bytes(4)) * 2, "'w' appears twice"),
+    (_ckpt(b"w", [1], b"Float32", bytes(4)) + b"\x0d\x01\x02", "truncated"),
+], ids=["empty", "negative dims", "wrapping dims", "40 dims", "bool bytes", "twice",
+        "cut fixed32"])
+def test_malformed_checkpoints_are_refused_clearly(tmp_path, data, message):
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match=message) as info:
+        graphkernel.load_checkpoint(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_a_failed_save_is_a_clear_error_and_keeps_the_old_file(tmp_path):
+    missing = tmp_path / "no" / "such" / "folder" / "net.ckpt"
+    with pytest.raises(CheckpointError, match=r"cannot save checkpoint .*net.ckpt: No such file"):
+        graphkernel.save_checkpoint(Block(), str(missing))
+    path = tmp_path / "net.ckpt"
+    graphkernel.save_checkpoint(Block(), str(path))
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError, match="dtype object"):
+        graphkernel.save_checkpoint({"w": np.array([{}])}, str(path))
+    (tmp_path / "folder.ckpt").mkdir()
+    with pytest.raises(CheckpointError, match="cannot save checkpoint .*folder.ckpt"):
+        graphkernel.save_checkpoint(Block(), str(tmp_path / "folder.ckpt"))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.ckpt", "net.ckpt"]
+
+
 def test_mstype_and_functional_names(rng):
     assert mstype.float32 == graphkernel.float32 == np.float32 and graphkernel.dtype is mstype
     x = Tensor(rng.standard_normal((2, 6)).astype(np.float32))

@@ -8,9 +8,15 @@ A `.ckpt` file is one protobuf message (MindSpore's checkpoint.proto):
 Three messages of known fields: this module reads and writes the wire format directly (varints
 and length-delimited fields) rather than depend on protobuf. Fields it does not know (MindSpore's
 map tensors, checksums) are skipped when reading. tests/test_layers.py reads a file MindSpore
-2.10 wrote, and writes the same parameters back byte for byte."""
+2.10 wrote, and writes the same parameters back byte for byte.
+
+Entries are keyed by `Parameter.name`, as MindSpore keys them: a net's parameters keep their
+names however the net is wrapped (TrainOneStepCell, WithLossCell), so a checkpoint saved from a
+training step loads into the bare network. A checkpoint file is data from anywhere: every size,
+dimension and type in it is checked, and loading refuses a value a parameter cannot hold."""
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from typing import Any
@@ -27,6 +33,7 @@ _TYPE_NAMES = {np.dtype("float16"): "Float16", np.dtype("float32"): "Float32",
                np.dtype("int64"): "Int64", np.dtype("bool"): "Bool"}
 _NAME_TYPES = {v: k for k, v in _TYPE_NAMES.items()}
 _WIRE_VARINT, _WIRE_I64, _WIRE_BYTES, _WIRE_I32 = 0, 1, 2, 5
+_MAX_RANK = 32  # numpy's arrays have at most 64 dimensions; no parameter has this many
 
 
 class CheckpointError(InputError):
@@ -59,7 +66,7 @@ def _read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return value, pos
+            return value & ((1 << 64) - 1), pos  # bits past 64 are dropped, as protobuf does
         shift += 7
         if shift > 63:
             raise CheckpointError(f"{where}: malformed number")
@@ -80,6 +87,8 @@ def _fields(data: bytes, where: str) -> list[tuple[int, int, Any]]:
             value, pos = data[pos:pos + size], pos + size
         elif wire in (_WIRE_I64, _WIRE_I32):
             step = 8 if wire == _WIRE_I64 else 4
+            if pos + step > len(data):
+                raise CheckpointError(f"{where}: truncated (a field runs past the end)")
             value, pos = data[pos:pos + step], pos + step
         else:
             raise CheckpointError(f"{where}: not a MindSpore checkpoint (wire type {wire})")
@@ -93,26 +102,34 @@ def _signed(value: int) -> int:
 
 # -- writing ----------------------------------------------------------------------------------
 
-def _by_name(net: Cell) -> dict[str, Parameter]:
-    """A cell's parameters by Parameter.name, each once: the names MindSpore keys checkpoints
-    by (auto_prefix's "fc1.weight"), which wrappers such as TrainOneStepCell keep, where the
-    attribute path would read "network._backbone.fc1.weight"."""
-    out: dict[str, Parameter] = {}
+def _cell_parameters(net: Cell) -> list[tuple[str, Parameter]]:
+    """(checkpoint key, Parameter) of each of the net's parameters, once: the key is the
+    Parameter's name (MindSpore's), or its attribute path when it has none."""
+    seen: set[int] = set()
+    out = []
     for path, param in net.parameters_and_names():
-        name = param.name or path
-        if out.setdefault(name, param) is not param:
-            raise CheckpointError(f"two different parameters of {type(net).__name__} are both "
-                                  f"named {name!r} (the second at {path!r}); a checkpoint keys "
-                                  "parameters by name: give them distinct names")
+        if id(param) not in seen:  # a shared parameter is one entry
+            seen.add(id(param))
+            out.append((param.name or path, param))
     return out
 
 
 def _named_arrays(save_obj: Any) -> list[tuple[str, np.ndarray]]:
     if isinstance(save_obj, Cell):
-        return [(name, p.asnumpy()) for name, p in _by_name(save_obj).items()]
+        named = _cell_parameters(save_obj)
+        keys = [key for key, _ in named]
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        if twice:
+            raise CheckpointError(f"save_checkpoint: two different parameters of "
+                                  f"{type(save_obj).__name__} are both named {twice[0]!r}; "
+                                  "a checkpoint keys parameters by name: rename one")
+        return [(key, p.asnumpy()) for key, p in named]
     if isinstance(save_obj, dict):
         items = list(save_obj.items())
     elif isinstance(save_obj, list):  # MindSpore's [{"name": ..., "data": ...}, ...]
+        if not all(isinstance(e, dict) and "name" in e and "data" in e for e in save_obj):
+            raise CheckpointError("save_checkpoint: a list to save holds {'name': ..., "
+                                  "'data': ...} dicts only")
         items = [(entry["name"], entry["data"]) for entry in save_obj]
     else:
         raise CheckpointError(f"save_checkpoint saves a Cell, a dict or a list of "
@@ -137,11 +154,21 @@ def save_checkpoint(save_obj: Any, ckpt_file_name: str) -> None:
             _field(3, np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes())
         message += _field(1, _field(1, name.encode()) + _field(2, tensor))
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)
+    except OSError as exc:
+        raise CheckpointError(f"cannot save checkpoint {path}: {exc.strerror} "
+                              f"(folder {folder})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(bytes(message))
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name moves to them
         os.replace(tmp, path)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise CheckpointError(f"cannot save checkpoint {path}: {exc.strerror}; "
+                              "any file there is left as it was") from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -168,12 +195,17 @@ def _tensor(data: bytes, where: str) -> np.ndarray:
         raise CheckpointError(f"{where}: tensor type {type_name!r} is not one graphkernel "
                               f"computes in ({', '.join(_NAME_TYPES)})")
     dtype = _NAME_TYPES[type_name]
-    # A 0-d tensor has no dims: one element.
-    count = int(np.prod(dims)) if dims else 1
+    if len(dims) > _MAX_RANK or any(d < 0 for d in dims):
+        raise CheckpointError(f"{where}: bad shape {tuple(dims)!s:.200} (dimensions are "
+                              f"0 or more, at most {_MAX_RANK} of them)")
+    count = math.prod(dims)  # Python's integers: a huge shape cannot wrap around to fit
     if len(content) != count * dtype.itemsize:
         raise CheckpointError(f"{where}: {len(content)} bytes for a {type_name} tensor of shape "
                               f"{tuple(dims)}")
-    return np.frombuffer(content, dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+    array = np.frombuffer(content, dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+    if dtype == np.bool_ and not np.isin(np.frombuffer(content, np.uint8), (0, 1)).all():
+        raise CheckpointError(f"{where}: a Bool tensor holds bytes other than 0 and 1")
+    return array
 
 
 def load_checkpoint(ckpt_file_name: str) -> dict[str, Parameter]:
@@ -196,31 +228,95 @@ def load_checkpoint(ckpt_file_name: str) -> dict[str, Parameter]:
                 tensor = _tensor(bytes(v), f"{path}: {name}")
         if name is None or tensor is None:
             continue  # a map tensor or another entry graphkernel has no use for
+        if name in params:
+            raise CheckpointError(f"{path}: the entry {name!r} appears twice (altered file?)")
         params[name] = Parameter(tensor, name)
-    if not params and data:
+    if not data:
+        raise CheckpointError(f"{path} is empty: not a checkpoint (an interrupted copy?)")
+    if not params:
         raise CheckpointError(f"{path} holds no tensors: not a MindSpore checkpoint")
     return params
 
 
+def _value_for(param: Parameter, name: str, value: Any, strict_load: bool) -> np.ndarray:
+    """The checkpoint's value for `param`, in its dtype; refused when the shape differs, the
+    kind of number differs (float against int or bool, as MindSpore refuses it), or the
+    conversion would change a value (1e300 into float32, 2**40 into int32). Rounding between
+    float types is no change of value here (MindSpore converts float32 to float16 too)."""
+    array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
+    if array.dtype not in _TYPE_NAMES:
+        raise CheckpointError(f"parameter {name!r}: the checkpoint's value has dtype "
+                              f"{array.dtype}, not a number type a parameter holds")
+    if tuple(array.shape) != param.shape:
+        raise CheckpointError(f"parameter {name!r}: the checkpoint's shape "
+                              f"{tuple(array.shape)} differs from the net's {param.shape}")
+    want = np.dtype(param.dtype)
+    if array.dtype == want:
+        return array
+    kinds = {array.dtype.kind, want.kind}
+    if strict_load or not (kinds == {"f"} or kinds <= {"i", "u"}):
+        raise CheckpointError(f"parameter {name!r}: the checkpoint holds {array.dtype}, the "
+                              f"net's parameter is {want}; not converting "
+                              f"{'under strict_load' if strict_load else 'between kinds'}")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is looked for just below
+        converted = array.astype(want)
+    if want.kind == "f":
+        changed = np.isinf(converted) & np.isfinite(array)
+    else:
+        changed = converted.astype(array.dtype) != array
+    if changed.any():
+        bad, became = array[changed].flat[0].item(), converted[changed].flat[0].item()
+        raise CheckpointError(f"parameter {name!r}: the checkpoint's {array.dtype} value "
+                              f"{bad!r} does not fit the net's {want} (it would become "
+                              f"{became!r})")
+    return converted
+
+
 def load_param_into_net(net: Cell, parameter_dict: dict[str, Any],
                         strict_load: bool = False) -> tuple[list[str], list[str]]:
-    """Copy values into the net's parameters by name. Returns (the net's parameters not
-    loaded, the checkpoint's entries not used), as MindSpore 2.x does."""
-    own = _by_name(net)
-    used = set()
-    for name, param in own.items():
-        if name not in parameter_dict:
+    """Copy values into the net's parameters, each found by its `Parameter.name` (as
+    MindSpore does; files of older graphkernels keyed by attribute path load too). Returns
+    (names of the net's parameters not loaded, checkpoint entries not used), as MindSpore 2.x
+    does. Nothing is loaded when any value is refused; a checkpoint of which no entry fits the
+    net is an error, never a silent no-op."""
+    if not isinstance(net, Cell):
+        raise CheckpointError(f"load_param_into_net loads into a Cell, not a "
+                              f"{type(net).__name__}")
+    if not isinstance(parameter_dict, dict):
+        raise CheckpointError(f"load_param_into_net takes a dict of parameters (from "
+                              f"load_checkpoint), not a {type(parameter_dict).__name__}")
+    paths = {id(p): path for path, p in reversed(net.parameters_and_names())}
+    named = _cell_parameters(net)
+    names = {key for key, _ in named}
+    planned: list[tuple[Parameter, np.ndarray]] = []
+    not_loaded: list[str] = []
+    used: set[str] = set()
+    for name, param in named:
+        key = name
+        if key not in parameter_dict:
+            # Older graphkernels keyed entries by attribute path ("network.fc1.weight").
+            path = paths[id(param)]
+            key = path if path in parameter_dict and path not in names else None
+        if key is None:
+            not_loaded.append(name)
             continue
-        value = parameter_dict[name]
-        array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
-        if tuple(array.shape) != param.shape:
-            raise CheckpointError(f"parameter {name!r}: the checkpoint's shape "
-                                  f"{tuple(array.shape)} differs from the net's {param.shape}")
-        param.set_data(array.astype(param.dtype))
-        used.add(name)
-    not_loaded = [n for n in own if n not in used]
-    unused = [n for n in parameter_dict if n not in used]
+        planned.append((param, _value_for(param, name, parameter_dict[key], strict_load)))
+        used.add(key)
+    unused = [str(n) for n in parameter_dict if n not in used]
+    if named and not planned:
+        raise CheckpointError(
+            f"none of the {len(named)} parameters of {type(net).__name__} "
+            f"({_some(not_loaded)}) is in the checkpoint, whose {len(parameter_dict)} "
+            f"entries are {_some(unused) or 'none'}: nothing loaded (another network's "
+            "checkpoint?)")
     if strict_load and (not_loaded or unused):
         raise CheckpointError(f"strict load: parameters not loaded {not_loaded}, checkpoint "
                               f"entries unused {unused}")
+    for param, array in planned:
+        param.set_data(array)
     return not_loaded, unused
+
+
+def _some(names: list[str], most: int = 4) -> str:
+    more = f", ... ({len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(repr(n) for n in names[:most]) + more
