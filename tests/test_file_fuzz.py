@@ -127,7 +127,8 @@ def fuzz(kind: str, recipes: list[list], seeds: dict[str, str], folder: str,
     return counts, failures
 
 
-def _report(request: pytest.FixtureRequest, kind: str, counts: Counter[str]) -> None:
+def _report(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str], kind: str,
+            counts: Counter[str]) -> None:
     line = (f"file fuzz {kind}: {counts['files']} files, {counts['runs']} runs, "
             f"{counts['signal']} signals, {counts['hang']} hangs, {counts['raw']} raw errors, "
             f"{counts['wrong']} wrong results, {counts['known failing']} known failing; "
@@ -135,11 +136,8 @@ def _report(request: pytest.FixtureRequest, kind: str, counts: Counter[str]) -> 
             (f" (cache {counts['hit']} hits of which {counts['forged hit, another result']} "
              f"forged to another result, {counts['miss']} misses)" if kind == "gkc" else ""))
     request.node.user_properties.append(("fuzz_counts", dict(counts)))
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
-        print(line)
+    with capsys.disabled():  # the counts show in every run, -q too
+        print(f"\n{line}")
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +160,11 @@ def _seed(seeds: dict[str, str], kind: str) -> bytes:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mutated_files_are_refused_clearly_or_run(kind: str, seeds: dict[str, str], tmp_path,
-                                                  request: pytest.FixtureRequest) -> None:
+                                                  request: pytest.FixtureRequest,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     counts, failures = fuzz(kind, file_fuzz.recipes(kind, _seed(seeds, kind), 0, SHORT[kind]),
                             seeds, str(tmp_path))
-    _report(request, kind, counts)
+    _report(request, capsys, kind, counts)
     assert not failures, "\n".join(failures)
     assert counts["files"] == SHORT[kind]
     assert counts["miss" if kind == "gkc" else "refused"], "no mutant reached the checks"
@@ -182,7 +181,8 @@ def test_known_failing_mutants(key: str, seeds: dict[str, str], tmp_path) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_long_file_fuzz(kind: str, seeds: dict[str, str], tmp_path,
-                        request: pytest.FixtureRequest) -> None:
+                        request: pytest.FixtureRequest,
+                        capsys: pytest.CaptureFixture[str]) -> None:
     """Only with `-m slow`: four streams of GRAPHKERNEL_FUZZ_MUTANTS mutants each, and every
     edge number in every field."""
     if "slow" not in (request.config.getoption("markexpr") or ""):
@@ -192,5 +192,5 @@ def test_long_file_fuzz(kind: str, seeds: dict[str, str], tmp_path,
     recipes = [r for stream in range(1, 5) for r in file_fuzz.recipes(kind, seed, stream, count)]
     recipes += file_fuzz.edge_recipes(kind, seed)
     counts, failures = fuzz(kind, recipes, seeds, str(tmp_path))
-    _report(request, kind, counts)
+    _report(request, capsys, kind, counts)
     assert not failures, "\n".join(failures)
