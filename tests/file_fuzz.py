@@ -22,9 +22,12 @@ import hashlib
 import io
 import json
 import math
+import os
 import random
+import signal
 import struct
 import sys
+import time
 import warnings
 import zipfile
 from typing import Any
@@ -76,8 +79,6 @@ def _nets() -> Any:
 def make_seeds(folder: str) -> dict[str, str]:
     """Write the three seed files and the seed's output into `folder`; returns their paths,
     and the compile-cache entry's path as "entry" (where mutants of it go)."""
-    import os
-
     import numpy as np
 
     import graphkernel
@@ -477,7 +478,20 @@ def forged(recipe: list) -> bool:
 
 # -- the child --------------------------------------------------------------------------------
 def _run_job(job: dict[str, Any], state: dict[str, Any]) -> tuple[str, str]:
-    """("ok" | "wrong", detail) when the mutant loaded and ran; an exception otherwise."""
+    """("ran" | "wrong" | "hit" | "miss", detail) when the mutant loaded and ran; an exception
+    otherwise."""
+    if job["kind"] == "selftest":  # the harness's own test: the job does what it says
+        from graphkernel.errors import FormatError
+        how = job["how"]
+        if how == "signal":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif how == "hang":
+            time.sleep(3600)
+        elif how == "raw":
+            raise KeyError("a raw error")
+        elif how == "refused":
+            raise FormatError("a clear error")
+        return "ran", ""
     import shutil
 
     import numpy as np
