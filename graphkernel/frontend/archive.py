@@ -141,8 +141,13 @@ _NPY_HEADER = re.compile(rb"\x93NUMPY\x01\x00..\{'descr': '([<>|][a-z][0-9]{1,2}
                          re.DOTALL)
 
 
-def _plain_npy(blob: bytes) -> np.ndarray | None:
-    """A C-order array of a supported dtype as np.save writes it, or None (np.load decides)."""
+_MAX_RANK = 32  # numpy allows 64 (32 before numpy 2); no graph value has this many
+
+
+def _plain_npy(blob: bytes) -> np.ndarray | str | None:
+    """A C-order array of a supported dtype as np.save writes it; or what is wrong with such
+    an entry (its header's shape past its bytes, too many dimensions); or None when the entry
+    is not in that form (_other_npy decides)."""
     match = _NPY_HEADER.match(blob)
     if match is None:
         return None
@@ -153,12 +158,40 @@ def _plain_npy(blob: bytes) -> np.ndarray | None:
     if dtype not in SUPPORTED_DTYPES:
         return None
     shape = tuple(int(d) for d in match[2].split(b",") if d.strip())
-    data = blob[match.end():]
-    # Python's exact integers: numpy's int64 product of a forged shape wraps around (or
-    # overflows) and could match the data's length.
-    if len(data) != dtype.itemsize * math.prod(shape):
-        return None  # np.load refuses it with its own message
+    return _dense(blob[match.end():], dtype, shape)
+
+
+def _dense(data: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | str:
+    """`data` as a C-order array of `shape`, or why the header's shape does not fit the bytes.
+    Checked before any array is made: np.load allocates the declared size first, and numpy's
+    int64 product of a forged shape wraps around (Python's exact integers here)."""
+    if len(shape) > _MAX_RANK:
+        return f"its header declares {len(shape)} dimensions, more than {_MAX_RANK}"
+    need = dtype.itemsize * math.prod(shape)
+    if len(data) != need:
+        return (f"its header declares shape {shape} of {dtype} ({need} bytes), but "
+                f"{len(data)} bytes follow")
     return np.frombuffer(data, dtype).reshape(shape).copy()
+
+
+def _other_npy(blob: bytes) -> np.ndarray | str:
+    """An entry in another form np.save writes (Fortran order, another header version), or
+    why it is not one: its header read and checked against its bytes before any array is
+    made, never with pickles."""
+    stream = io.BytesIO(blob)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0) else
+                       np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(stream)
+    except (ValueError, OverflowError, OSError, EOFError, TypeError, SyntaxError) as exc:
+        return f"not an npy array ({exc})"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"it has unsupported dtype {dtype}"
+    out = _dense(blob[stream.tell():], dtype, tuple(shape[::-1] if fortran else shape))
+    if isinstance(out, str) or not fortran:
+        return out
+    return np.ascontiguousarray(out.T)
 
 
 def constant_arrays(entries: dict[str, bytes], manifest: dict[str, Any], path: str
@@ -176,13 +209,9 @@ def array(entries: dict[str, bytes], key: Any, path: str) -> np.ndarray:
     name = f"arrays/{key}.npy"
     if not isinstance(key, str) or name not in entries:
         raise FormatError(f"{path}: array {key!r:.40} is missing")
-    plain = _plain_npy(entries[name])
-    if plain is not None:
-        return plain
-    try:
-        out = np.load(io.BytesIO(entries[name]), allow_pickle=False)
-    except (ValueError, OverflowError, OSError, EOFError) as exc:  # Overflow: a size past int64
-        raise FormatError(f"{path}: array {key} is unreadable: {exc}") from None
-    if out.dtype not in SUPPORTED_DTYPES:
-        raise FormatError(f"{path}: array {key} has unsupported dtype {out.dtype}")
-    return out if out.flags.c_contiguous else out.copy(order="C")  # keeps 0-d
+    out = _plain_npy(entries[name])
+    if out is None:
+        out = _other_npy(entries[name])
+    if isinstance(out, str):
+        raise FormatError(f"{path}: array {key} is unreadable: {out}")
+    return out
