@@ -36,11 +36,11 @@ def _key(kind: str, recipe: list) -> str:
     return f"{kind} {json.dumps(recipe)}"
 
 
-# Mutants that fail today in code other engineers are changing (GKIR loading: export.py,
-# archive.py, serialize.py; the compile cache: compile_cache.py, codegen/cache.py): kept out of
-# the failing set until those land. Each finding is a strict xfail below (all its recipes run),
-# so a fix shows as XPASS: then delete its recipes here.
-FINDINGS = {
+# What earlier long runs found, with the recipes that showed it: each crashed, or raised a raw
+# exception, before its fix. They run in the suite as regressions (all must be refused or run).
+# A finding not yet fixed goes in KNOWN_FAILING instead (counted apart, not failed, until its
+# fix lands); today there is none.
+FOUND = {
     "composite node arity": "a binary op inside a composite left with one input passes "
     "data_to_graph and the verifier; codegen/c_emitter.py's template.format raises IndexError",
     "npy shape past its bytes": "an array entry whose npy header claims 2**31 or 10**12 x "
@@ -132,8 +132,7 @@ _RECIPES: dict[str, list[tuple[str, list]]] = {
         ("gkc", ["json", ["graph", "nodes", 3, "type", "shape", 1], "set", 4294967296]),
     ],
 }
-KNOWN_FAILING: dict[str, str] = {_key(kind, recipe): finding for finding, recipes in
-                                 _RECIPES.items() for kind, recipe in recipes}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def _limit_memory() -> None:
@@ -285,10 +284,10 @@ def test_a_signal_or_a_hang_is_put_on_the_job_that_caused_it(tmp_path, monkeypat
     assert results[1][1] == "signal 11" and runs == 5  # the batch, then four alone
 
 
-@pytest.mark.parametrize("finding", sorted(FINDINGS))
-@pytest.mark.xfail(strict=True, reason="a known finding (KNOWN_FAILING): its fix is due")
-def test_known_failing_mutants(finding: str, seeds: dict[str, str], tmp_path) -> None:
-    keys = [key for key, name in KNOWN_FAILING.items() if name == finding]
+@pytest.mark.parametrize("finding", sorted(FOUND))
+def test_what_earlier_runs_found_is_refused(finding: str, seeds: dict[str, str],
+                                            tmp_path) -> None:
+    keys = [_key(kind, recipe) for kind, recipe in _RECIPES[finding]]
     failures = []
     for kind in KINDS:
         recipes = [json.loads(key.split(" ", 1)[1]) for key in keys if key.startswith(kind + " ")]

@@ -26,6 +26,17 @@ def infer_node_type(node: Node) -> ValueType:
     return opdef.infer(types, {**opdef.attr_defaults, **node.attrs})
 
 
+def _check_arity(node: Node, where: str) -> None:
+    """A basic op takes the inputs its declaration names (any number, at least one, where it
+    is variadic): a node read from a file could have lost one, and code generation indexes
+    its operands by the declaration."""
+    opdef = get_op(node.op)
+    want, have = len(opdef.inputs), len(node.inputs)
+    if have != want and not (opdef.variadic and have >= 1):
+        raise VerifyError(f"{where}: node {node.name} ({node.op}) has {have} inputs; "
+                          f"{node.op} takes {want} ({', '.join(opdef.inputs) or 'none'})")
+
+
 def verify(graph: Graph, where: str = "") -> None:
     """Raise VerifyError naming the first problem found."""
     _verify(graph, where or graph.name)
@@ -51,6 +62,8 @@ def _verify(graph: Graph, where: str) -> None:
                     raise VerifyError(f"{where}: composite {node.name} input {inner.name} is "
                                       f"{inner.type} inside but {outer.type} outside")
             _verify(sub, f"{where}/{node.name}")
+        elif node.op != "GetItem":
+            _check_arity(node, where)
         try:
             expected = infer_node_type(node)
         except Exception as exc:  # inference errors are verifier findings here
