@@ -476,6 +476,17 @@ class ThreeSpaces(nn.Cell):
         return (P.Tanh()(x * 2.0), P.Add()(y, 1.0), P.ReduceSum()(P.Exp()(z), 1))
 
 
+def _three_spaces_entry(cache_folder: str) -> tuple[tuple[np.ndarray, ...], Any, str]:
+    """ThreeSpaces compiled cold (a parallel kernel of three loop nests, a 3-tuple): its
+    inputs, the compiled graph, and the path of the compile-cache entry it wrote."""
+    rng = np.random.default_rng(3)
+    arrays = (rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7),
+              rng.standard_normal((3, 8)).astype(np.float32))
+    cold = graphkernel.compile(ThreeSpaces(), *arrays, options=FUSED)
+    [name] = _entries(cache_folder)
+    return arrays, cold, os.path.join(cache_folder, compile_cache.FOLDER, name)
+
+
 @needs_cc
 @pytest.mark.parametrize("nests", [[[0], [1], [7]], [[0], [1]], [[0], [1, 2], [2]], "0,1,2"])
 def test_forged_loop_nests_are_a_miss(cache_folder: str, monkeypatch: pytest.MonkeyPatch,
@@ -483,12 +494,7 @@ def test_forged_loop_nests_are_a_miss(cache_folder: str, monkeypatch: pytest.Mon
     """Out of range: an IndexError on every compile; an output no nest writes: returned
     unwritten."""
     monkeypatch.setattr(cache, "_warned", set())
-    rng = np.random.default_rng(3)
-    arrays = (rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7),
-              rng.standard_normal((3, 8)).astype(np.float32))
-    cold = graphkernel.compile(ThreeSpaces(), *arrays, options=FUSED)
-    [name] = _entries(cache_folder)
-    path = os.path.join(cache_folder, compile_cache.FOLDER, name)
+    arrays, cold, path = _three_spaces_entry(cache_folder)
 
     def renumber(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
         [node] = [n for n in manifest["graph"]["nodes"] if "loop_nests" in n["notes"]]
@@ -509,12 +515,7 @@ def test_a_forged_item_number_is_a_miss(cache_folder: str,
     """Item -1 of a 3-tuple has the type of item 2, but the runtime's slots are numbered from
     0: a raw KeyError on every compile."""
     monkeypatch.setattr(cache, "_warned", set())
-    rng = np.random.default_rng(3)
-    arrays = (rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7),
-              rng.standard_normal((3, 8)).astype(np.float32))
-    cold = graphkernel.compile(ThreeSpaces(), *arrays, options=FUSED)
-    [name] = _entries(cache_folder)
-    path = os.path.join(cache_folder, compile_cache.FOLDER, name)
+    arrays, cold, path = _three_spaces_entry(cache_folder)
 
     def last_from_the_end(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
         [item] = [n for n in manifest["graph"]["nodes"]
