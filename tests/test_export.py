@@ -61,8 +61,17 @@ def _run(cell, x):
     return [o.asnumpy() for o in out] if isinstance(out, tuple) else [out.asnumpy()]
 
 
+class EveryAxis(nn.Cell):
+    """Reductions over every axis, given as None (`ops.mean(x)`): the attribute a file holds
+    then is None, which loading must take as MindSpore's 'all axes'."""
+
+    def construct(self, x):
+        return P.ReduceMean()(x, None) * P.ReduceMax(keep_dims=True)(x, None) + x
+
+
 @pytest.mark.parametrize("fusion", [True, False])
-@pytest.mark.parametrize("make,shape", [(mlp, (7, 12)), (TwoOutputs, (3, 6))])
+@pytest.mark.parametrize("make,shape", [(mlp, (7, 12)), (TwoOutputs, (3, 6)),
+                                        (EveryAxis, (5, 4))])
 def test_loaded_graph_gives_the_same_results(tmp_path, rng, fusion, make, shape):
     context.set_context(enable_graph_kernel=fusion)
     net = make()

@@ -43,6 +43,7 @@ class AttrKind(Enum):
     TEXT = "a word"
     INTS = "a tuple of integers"
     INT_OR_INTS = "an integer or a tuple of integers"
+    AXES = "an axis, a tuple of axes, or None (every axis)"
 
 
 # Integers reach generated C as literals: int64's range.
@@ -68,8 +69,10 @@ def _is_kind(value: Any, kind: AttrKind) -> bool:
         return isinstance(value, np.dtype)
     if kind is AttrKind.TEXT:
         return isinstance(value, str)
+    if kind is AttrKind.AXES and value is None:  # `ReduceSum()(x, None)`, `ops.mean(x)`
+        return True
     ints = isinstance(value, (tuple, list)) and all(_is_int(v) for v in value)
-    return ints or (kind is AttrKind.INT_OR_INTS and _is_int(value))
+    return ints or (kind in (AttrKind.INT_OR_INTS, AttrKind.AXES) and _is_int(value))
 
 
 def _kind_of_default(default: Any) -> AttrKind | None:
@@ -77,7 +80,7 @@ def _kind_of_default(default: Any) -> AttrKind | None:
     for kind in (AttrKind.BOOL, AttrKind.INT, AttrKind.REAL, AttrKind.DTYPE, AttrKind.TEXT):
         if _is_kind(default, kind):
             return kind
-    return AttrKind.INT_OR_INTS if default == () else None  # an axis, or several
+    return AttrKind.AXES if default == () else None  # a reduction's or Squeeze's axes
 
 
 def int_tuple_kinds(*names: str) -> tuple[tuple[str, AttrKind], ...]:
