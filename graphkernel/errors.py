@@ -4,6 +4,9 @@ This module sits at the bottom of the package: it imports nothing from graphkern
 """
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 
 
@@ -110,6 +113,22 @@ class CommunicationError(GraphKernelError, RuntimeError):
 
 class NoEffectWarning(UserWarning):
     """A MindSpore setting graphkernel accepts but that changes nothing here."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_no_effect(message: str) -> None:
+    """Warn NoEffectWarning at the user's line: the first caller outside graphkernel, however
+    deep inside the package the setting was read (a fixed stacklevel points into graphkernel
+    whenever a call path gains or loses a frame)."""
+    frame = sys._getframe(1)
+    level = 2  # stacklevel 2 is the frame that called this function
+    while frame.f_back is not None and \
+            os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, NoEffectWarning, stacklevel=level)
 
 
 class GradientError(GraphKernelError, TypeError):

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import difflib
 import os
-import warnings
 from typing import Any
 
-from graphkernel.errors import ContextError, NoEffectWarning
+from graphkernel.errors import ContextError, warn_no_effect
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1
@@ -97,9 +96,9 @@ def _validate(key: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ContextError(f"graph_kernel_flags must be a string, got {value!r}")
         from graphkernel.graph_kernel.flags import parse_flags
-        from graphkernel.graph_kernel.pipeline import check_flags
-        # Raises FlagError for an unknown flag; warns once about flags with no effect here.
-        check_flags(parse_flags(value, warn=True))
+        # Raises FlagError for an unknown flag; warns once about flags, op names and stage
+        # names with no effect here.
+        parse_flags(value, warn=True)
         return value
     if key == "deterministic":
         if value not in ("ON", "OFF"):
@@ -132,7 +131,7 @@ def _validate(key: str, value: Any) -> Any:
 
 
 def _warn(message: str) -> None:
-    warnings.warn(f"set_context: {message}", NoEffectWarning, stacklevel=4)
+    warn_no_effect(f"set_context: {message}")
 
 
 def _jit_config(value: Any) -> dict[str, Any]:

@@ -3,18 +3,21 @@
 
 Every flag MindSpore 2.x registers (its graph_kernel_flags.cc) is accepted, so a MindSpore
 script starts unchanged. The flags graphkernel implements act; the others are parsed, checked for
-a well-formed value, and named in one warning as having no effect here. A name MindSpore does not
-know is an error that suggests the closest known flag (MindSpore itself only logs a warning, and
-a misspelt flag then silently does nothing).
+a well-formed value, and named in one warning as having no effect here. A flag name MindSpore does
+not know is an error that suggests the closest known flag (MindSpore itself only logs a warning,
+and a misspelt flag then silently does nothing). Op and stage names inside a list flag are
+MindSpore's vocabulary, larger than graphkernel's (Conv2D expanders, `highlevelopt2.atomic_clean`
+passes): one graphkernel lacks is named in the same warning, with the closest name it has, as
+MindSpore warns about names it does not know, and never fails the program.
 """
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from graphkernel.errors import FlagError, NoEffectWarning
+from graphkernel.errors import FlagError, warn_no_effect
+from graphkernel.passes.stage_names import SWITCHABLE
 
 DEFAULT_OP_LIMIT = 64
 
@@ -93,7 +96,9 @@ class GraphKernelFlags:
     or `basic_op_fusion`). enable_parallel_fusion (on by default, from opt_level 1): independent
     fused groups and siblings of one input launched as one kernel where the cost model says it
     pays (graph_kernel/parallel_fusion.py); `--enable_parallel_fusion=false` turns it off.
-    `no_effect` lists the MindSpore flags given that do nothing here.
+    `no_effect` lists the MindSpore flags given that do nothing here; `unused_names` the op
+    and stage names in list flags that name nothing graphkernel has (each `--flag=Name` with
+    why), which the stages asking these flags never match.
     """
 
     opt_level: int = 2
@@ -110,6 +115,7 @@ class GraphKernelFlags:
     enable_parallel_fusion: bool = True
     no_effect: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  # given, but overridden by a *_only flag
+    unused_names: tuple[str, ...] = ()
 
     # -- decisions the graph-kernel stages ask --------------------------------------------
     def expands(self, op: str, has_reduction: bool) -> bool:
@@ -132,22 +138,8 @@ class GraphKernelFlags:
             return f"opt_level {self.opt_level} fuses elementwise ops only"
         return None
 
-    def stage_runs(self, stage: str, level: int, known: Iterable[str]) -> bool:
-        """Whether backend stage `stage` (on from opt_level `level`) runs; names in
-        enable_pass/disable_pass must be among `known` (full or short stage names)."""
-        known = list(known)
-        for flag in ("enable_pass", "disable_pass"):
-            for name in getattr(self, flag):
-                if not any(name in (k, short_stage_name(k)) for k in known):
-                    choices = known + [short_stage_name(k) for k in known]
-                    raise FlagError(f"graph_kernel_flags: --{flag} names unknown stage {name!r}"
-                                    f"{_suggest(name, choices)}; the stages that can be "
-                                    f"switched: {', '.join(known)}")
-        both = {short_stage_name(n) for n in self.enable_pass} & \
-            {short_stage_name(n) for n in self.disable_pass}
-        if both:
-            raise FlagError(f"graph_kernel_flags: stage {', '.join(sorted(both))} is both in "
-                            "--enable_pass and --disable_pass")
+    def stage_runs(self, stage: str, level: int) -> bool:
+        """Whether backend stage `stage` (on from opt_level `level`) runs."""
         names = (stage, short_stage_name(stage))
         if any(n in names for n in self.disable_pass):
             return False
@@ -192,10 +184,11 @@ def _parse_value(key: str, kind: str, sep: str, raw: str) -> object:
 
 def parse_flags(text: str, warn: bool = False) -> GraphKernelFlags:
     """Parse a flags string. An unknown flag or a bad value raises FlagError; with `warn`, the
-    MindSpore flags that have no effect here are named in one NoEffectWarning."""
-    from graphkernel.ir.opset import OPS
+    MindSpore flags that have no effect here, and the op or stage names graphkernel lacks, are
+    named in one NoEffectWarning."""
     values: dict[str, object] = {}
     no_effect: list[str] = []
+    unused: list[str] = []
     for token in text.split():
         if not token.startswith("--") or len(token) == 2:
             raise FlagError(f"graph_kernel_flags: {token!r} does not start with '--'; flags are "
@@ -218,26 +211,43 @@ def parse_flags(text: str, warn: bool = False) -> GraphKernelFlags:
             raise FlagError(f"graph_kernel_flags: --composite_op_limit_size must be >= 1, "
                             f"got {value}")
         if key in _OP_LISTS:
-            unknown = sorted(n for n in value if n not in OPS)  # type: ignore[attr-defined]
-            if unknown:
-                raise FlagError(f"graph_kernel_flags: --{key} names unknown op(s) "
-                                f"{', '.join(unknown)}{_suggest(unknown[0], OPS)}")
-            if "expand" in key:
-                # The op table's composite ops are the ones graph_kernel/expanders.py expands.
-                expandable = sorted(n for n, op in OPS.items() if op.composite)
-                plain = sorted(n for n in value if n not in expandable)  # type: ignore[attr-defined]
-                if plain:
-                    raise FlagError(f"graph_kernel_flags: --{key} names {', '.join(plain)}, "
-                                    "which graphkernel does not expand; ops it expands: "
-                                    f"{', '.join(expandable)}")
+            unused += _unused_op_names(key, value)  # type: ignore[arg-type]
+        if key in ("enable_pass", "disable_pass"):
+            unused += _unused_stage_names(key, value)  # type: ignore[arg-type]
         values[key] = value
+    both = {short_stage_name(n) for n in values.get("enable_pass", ())} & \
+        {short_stage_name(n) for n in values.get("disable_pass", ())}  # type: ignore[attr-defined]
+    if both:
+        raise FlagError(f"graph_kernel_flags: stage {', '.join(sorted(both))} is both in "
+                        "--enable_pass and --disable_pass")
     ignored = [k for base in ("expand_ops", "cluster_ops") if f"enable_{base}_only" in values
                for k in (f"enable_{base}", f"disable_{base}") if k in values]
     flags = GraphKernelFlags(**values, no_effect=tuple(no_effect),  # type: ignore[arg-type]
-                             ignored=tuple(ignored))
+                             ignored=tuple(ignored), unused_names=tuple(unused))
     if warn:
-        warn_no_effect(flags)
+        warn_no_effect_flags(flags)
     return flags
+
+
+def _unused_op_names(key: str, names: frozenset[str]) -> list[str]:
+    """`--key=Name (why)` for each name in an op list that selects no graphkernel op."""
+    from graphkernel.ir.opset import OPS
+    out = []
+    for name in sorted(names):
+        if name not in OPS:
+            out.append(f"--{key}={name} (graphkernel has no op {name}{_suggest(name, OPS)})")
+        elif "expand" in key and not OPS[name].composite:
+            # The op table's composite ops are the ones graph_kernel/expanders.py expands.
+            out.append(f"--{key}={name} (graphkernel does not expand {name}; the ops it "
+                       f"expands: {', '.join(sorted(n for n, o in OPS.items() if o.composite))})")
+    return out
+
+
+def _unused_stage_names(key: str, names: frozenset[str]) -> list[str]:
+    choices = list(SWITCHABLE) + [short_stage_name(k) for k in SWITCHABLE]
+    return [f"--{key}={name} (graphkernel has no stage {name}{_suggest(name, choices)}; the "
+            f"stages that can be switched: {', '.join(SWITCHABLE)})"
+            for name in sorted(names) if name not in choices]
 
 
 def _suggest_flag(key: str) -> str:
@@ -245,8 +255,8 @@ def _suggest_flag(key: str) -> str:
     return f" (did you mean --{close[0]}?)" if close else ""
 
 
-def warn_no_effect(flags: GraphKernelFlags) -> None:
-    """One warning naming every given flag that does nothing here."""
+def warn_no_effect_flags(flags: GraphKernelFlags) -> None:
+    """One warning naming every given flag, op name and stage name that does nothing here."""
     parts = []
     if flags.no_effect:
         parts.append(f"{', '.join('--' + k for k in flags.no_effect)} "
@@ -255,8 +265,10 @@ def warn_no_effect(flags: GraphKernelFlags) -> None:
     if flags.ignored:
         parts.append(f"{', '.join('--' + k for k in flags.ignored)} ignored because the "
                      "matching *_only flag is set")
+    if flags.unused_names:
+        parts.append(f"{'; '.join(flags.unused_names)}: no effect")
     if parts:
-        warnings.warn("graph_kernel_flags: " + "; ".join(parts), NoEffectWarning, stacklevel=4)
+        warn_no_effect("graph_kernel_flags: " + "; ".join(parts))
 
 
 def flags_text(flags: GraphKernelFlags) -> str:

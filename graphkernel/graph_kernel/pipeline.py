@@ -6,7 +6,6 @@ stages (hwopt_*) end with hwopt_d_end, the graph that runs.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from graphkernel.graph_kernel import (  # noqa: F401  (register their expanders)
@@ -181,8 +180,8 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
               "pays (--enable_parallel_fusion)", 1),
     ]
     # enable_pass and disable_pass override a stage's opt_level by its name.
-    known = [s.name for s in stages]
-    runs = [s for s in stages if flags.stage_runs(s.name, s.opt_level, known)]
+    assert tuple(s.name for s in stages) == names.SWITCHABLE  # the names flags.py checks
+    runs = [s for s in stages if flags.stage_runs(s.name, s.opt_level)]
     if not flags.enable_parallel_fusion and not {names.PARALLEL_FUSION, short_stage_name(
             names.PARALLEL_FUSION)} & flags.enable_pass:
         runs = [s for s in runs if s.name != names.PARALLEL_FUSION]
@@ -216,9 +215,3 @@ def check_final_notes(graph: Graph) -> None:
     for node in graph.nodes:
         if node.subgraph is not None and LOOP_NESTS in node.notes:
             check_loop_nests(node)
-
-
-def check_flags(flags: GraphKernelFlags) -> None:
-    """Raise FlagError now for stage names the backend would refuse at compile time."""
-    on = dataclasses.replace(flags, opt_level=max(flags.opt_level, 1))
-    backend_stages(CompileOptions(enable_graph_kernel=True, flags=on), BackendState())

@@ -14,3 +14,6 @@ PARALLEL_FUSION = "hwopt_5_parallel_fusion"  # independent groups launched as on
 END = "hwopt_d_end"  # the graph that runs
 
 INITIAL, FINAL = VALIDATE, END
+
+# The backend stages graph_kernel_flags' --enable_pass / --disable_pass switch, in order.
+SWITCHABLE = (EXPAND, BASIC_FUSION, COMPOSITE_FUSION, SIMPLIFY, PARALLEL_FUSION)
