@@ -9,8 +9,10 @@ import pytest
 
 import graphkernel
 from graphkernel import Tensor, nn
+from graphkernel.errors import DTypeError
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
+from graphkernel.ops.operations import _grad_ops as G
 
 ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
@@ -120,6 +122,51 @@ def test_float16_expanders_round_once():
     ulp = np.spacing(np.abs(want.astype(np.float16))).astype(np.float64)
     got = run(lambda a: P.GeLU()(a), x, kernels=1).astype(np.float64)
     assert np.all(np.abs(got - want) <= ulp + 1e-7)
+
+
+def _layer_norm_grad_args(rng):
+    x = (3 * rng.standard_normal((32, 64)) + 30).astype(np.float16)
+    x64 = x.astype(np.float64)
+    return (x, rng.standard_normal(x.shape).astype(np.float16),
+            x64.var(axis=1, keepdims=True).astype(np.float16),
+            x64.mean(axis=1, keepdims=True).astype(np.float16),
+            (2 * rng.standard_normal(64) + 5).astype(np.float16))
+
+
+def test_float16_layer_norm_grad_fused_matches_unfused():
+    # Issue 28: float16 LayerNormGrad fused and unfused differed by 3 ulp (0.047 at 30): the
+    # expansion rounded to float16 after every basic op. Both paths now compute in float32 (or
+    # wider) and round once, as the forward LayerNorm does.
+    args = _layer_norm_grad_args(np.random.default_rng(28))
+    fused = run(G.LayerNormGrad(1, 1), *args, options=ON)
+    unfused = run(G.LayerNormGrad(1, 1), *args, options=OFF)
+    for f, u in zip(fused, unfused):
+        assert f.dtype == u.dtype == np.float16
+        f64, u64 = f.astype(np.float64), u.astype(np.float64)
+        ulp = np.spacing(np.maximum(np.abs(f), np.abs(u))).astype(np.float64)
+        assert np.all(np.abs(f64 - u64) <= ulp), float(np.max(np.abs(f64 - u64) / ulp))
+
+
+@pytest.mark.parametrize("options", [ON, OFF], ids=["fused", "unfused"])
+def test_gradient_composites_refuse_mixed_dtypes(options):
+    # Issue 28: GeLUGrad with y float64 and dy, x float32 gave float64 values 3.3 off unfused
+    # (the fused path was right). MindSpore's kernels take one dtype for all three: both paths
+    # refuse, naming the dtypes.
+    rng = np.random.default_rng(3)
+    dy, x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    y = x.astype(np.float64)
+    with pytest.raises(DTypeError, match="GeLUGrad: gradient inputs must share one dtype, "
+                       "got float32, float32, float64"):
+        run(G.GeLUGrad(), dy, x, y, options=options)
+
+
+@pytest.mark.parametrize("options", [ON, OFF], ids=["fused", "unfused"])
+def test_relu_grad_takes_int32_as_mindspore(options):
+    dy = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
+    y = np.array([[1, 0, -1, 3]] * 3, np.int32)
+    got = run(G.ReluGrad(), dy, y, options=options)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.where(y > 0, dy, 0))
 
 
 # ---- long rows, long columns, large magnitudes: blocked and pairwise sums ---------------------

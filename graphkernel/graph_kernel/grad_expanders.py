@@ -1,5 +1,9 @@
 """Expanders of the gradient composites (ir/opdefs/grad.py): MindSpore's GeLUGrad, SoftmaxGrad,
-LayerNormGrad, ... written in basic ops, so a backward graph fuses as a forward one does."""
+LayerNormGrad, ... written in basic ops, so a backward graph fuses as a forward one does.
+
+Those that compute (not only select) compute float16 inputs in float32 and round once, as the
+forward LayerNorm and Softmax do and as their numpy references do: rounding after each basic op
+put float16 LayerNormGrad several ulp away from its unfused result."""
 from __future__ import annotations
 
 import math
@@ -23,7 +27,7 @@ def _sum_to(b: Builder, g: Value, shape: tuple[int, ...]) -> Value:
     return out if out.shape == shape else b("Reshape", out, shape=shape)
 
 
-@expander("GeLUGrad")
+@expander("GeLUGrad", float16_in_float32=True)
 def gelu_grad(b: Builder, dy: Value, x: Value, y: Value, approximate: str = "tanh") -> Value:
     if approximate == "tanh":
         # d/dx x s, s = sigmoid(2u) = 0.5 (1 + tanh(u)), u = c (x + 0.044715 x^3):
@@ -48,7 +52,7 @@ def gelu_grad(b: Builder, dy: Value, x: Value, y: Value, approximate: str = "tan
     return b("Mul", dy, slope)
 
 
-@expander("FastGeLUGrad")
+@expander("FastGeLUGrad", float16_in_float32=True)
 def fast_gelu_grad(b: Builder, dy: Value, x: Value) -> Value:
     s = sigmoid(b, b("Mul", x, 1.702))
     # s + 1.702 x s (1 - s)
@@ -60,39 +64,39 @@ def relu_grad(b: Builder, dy: Value, y: Value) -> Value:
     return b("Select", b("Greater", y, b.const(0, y)), dy, b.const(0, dy))
 
 
-@expander("SigmoidGrad")
+@expander("SigmoidGrad", float16_in_float32=True)
 def sigmoid_grad(b: Builder, y: Value, dy: Value) -> Value:
     return b("Mul", dy, b("Mul", y, b("Sub", 1.0, y)))
 
 
-@expander("TanhGrad")
+@expander("TanhGrad", float16_in_float32=True)
 def tanh_grad(b: Builder, y: Value, dy: Value) -> Value:
     return b("Mul", dy, b("Sub", 1.0, b("Mul", y, y)))
 
 
-@expander("SqrtGrad")
+@expander("SqrtGrad", float16_in_float32=True)
 def sqrt_grad(b: Builder, y: Value, dy: Value) -> Value:
     return b("RealDiv", b("Mul", dy, 0.5), y)
 
 
-@expander("RsqrtGrad")
+@expander("RsqrtGrad", float16_in_float32=True)
 def rsqrt_grad(b: Builder, y: Value, dy: Value) -> Value:
     return b("Mul", b("Mul", dy, -0.5), b("Mul", b("Mul", y, y), y))
 
 
-@expander("SoftmaxGrad")
+@expander("SoftmaxGrad", float16_in_float32=True)
 def softmax_grad(b: Builder, y: Value, dy: Value, axis: Any = -1) -> Value:
     total = b("ReduceSum", b("Mul", dy, y), axis=axis, keep_dims=True)
     return b("Mul", b("Sub", dy, total), y)
 
 
-@expander("LogSoftmaxGrad")
+@expander("LogSoftmaxGrad", float16_in_float32=True)
 def log_softmax_grad(b: Builder, y: Value, dy: Value, axis: Any = -1) -> Value:
     total = b("ReduceSum", dy, axis=axis, keep_dims=True)
     return b("Sub", dy, b("Mul", b("Exp", y), total))
 
 
-@expander("LayerNormGrad")
+@expander("LayerNormGrad", float16_in_float32=True)
 def layer_norm_grad(b: Builder, x: Value, dy: Value, var: Value, mean: Value, gamma: Value,
                     begin_norm_axis: int = 1, begin_params_axis: int = 1,
                     epsilon: float = 1e-7) -> tuple[Value, ...]:
@@ -110,7 +114,7 @@ def layer_norm_grad(b: Builder, x: Value, dy: Value, var: Value, mean: Value, ga
     return dx, dgamma, dbeta
 
 
-@expander("BiasAddGrad")
+@expander("BiasAddGrad", float16_in_float32=True)
 def bias_add_grad(b: Builder, dy: Value, data_format: str = "NCHW") -> Value:
     return b("ReduceSum", dy, axis=bias_add_grad_axes(len(dy.shape)))
 
@@ -135,12 +139,12 @@ def minimum_grad(b: Builder, x1: Value, x2: Value, dy: Value, grad_x: bool = Tru
     return _extremum_grad(b, x1, x2, dy, "LessEqual")
 
 
-@expander("DropoutGrad")
+@expander("DropoutGrad", float16_in_float32=True)
 def dropout_grad(b: Builder, dy: Value, mask: Value, keep_prob: float = 0.5) -> Value:
     return b("Mul", b("Mul", dy, mask), 1.0 / keep_prob)
 
 
-@expander("BatchNormGrad")
+@expander("BatchNormGrad", float16_in_float32=True)
 def batch_norm_grad(b: Builder, dy: Value, x: Value, scale: Value, mean: Value, var: Value,
                     reserve: Value, is_training: bool = False, epsilon: float = 1e-5,
                     data_format: str = "NCHW") -> tuple[Value, ...]:
@@ -166,6 +170,6 @@ def batch_norm_grad(b: Builder, dy: Value, x: Value, scale: Value, mean: Value, 
     return dx, dscale, dbias
 
 
-@expander("SigmoidCrossEntropyWithLogitsGrad")
+@expander("SigmoidCrossEntropyWithLogitsGrad", float16_in_float32=True)
 def sigmoid_cross_entropy_grad(b: Builder, x: Value, y: Value, dout: Value) -> Value:
     return b("Mul", b("Sub", sigmoid(b, x), y), dout)

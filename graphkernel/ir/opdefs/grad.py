@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import ShapeError
+from graphkernel.errors import DTypeError, ShapeError
 from graphkernel.ir import types as T
 from graphkernel.ir.opdefs.elementwise import erf_reference
-from graphkernel.ir.opset import FLOATS, Infer, OpDef, PatternKind, declare
+from graphkernel.ir.opset import FLOATS, NUMBERS, Infer, OpDef, PatternKind, declare
 from graphkernel.ir.types import TensorType, TupleType, ValueType
 
 # The names declared here: `graphkernel.ops.operations._grad_ops` offers them, as MindSpore.
@@ -23,16 +23,17 @@ GRAD_OPS: list[str] = []
 
 def _grad_composite(name: str, inputs: tuple[str, ...], reference: Callable[..., Any],
                     infer: Infer, init_attrs: tuple[tuple[str, Any], ...] = (),
-                    doc: str = "", grad: Callable[..., Any] | None = None) -> None:
+                    doc: str = "", grad: Callable[..., Any] | None = None,
+                    accepts: tuple[np.dtype, ...] = FLOATS) -> None:
     declare(OpDef(name=name, kind=PatternKind.OPAQUE, inputs=inputs, infer=infer,
-                  reference=reference, accepts=FLOATS, init_attrs=init_attrs, composite=True,
+                  reference=reference, accepts=accepts, init_attrs=init_attrs, composite=True,
                   doc=doc, grad=grad))
     GRAD_OPS.append(name)
 
 
 def _wide(f: Callable[..., Any]) -> Callable[..., Any]:
-    """A reference computed in float64 (float32 for float16 results), cast to the first
-    input's dtype."""
+    """A reference computed in float64 and rounded once to the first input's dtype (the
+    expanders compute float16 in float32 and round once: the two agree to within an ulp)."""
     def ref(*args: Any, **attrs: Any) -> Any:
         dtype = args[0].dtype
         with np.errstate(all="ignore"):
@@ -43,13 +44,19 @@ def _wide(f: Callable[..., Any]) -> Callable[..., Any]:
     return ref
 
 
-def _same_as(index: int) -> Infer:
+def _same_as(op: str, index: int) -> Infer:
     def infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
         shapes = {t.shape for t in types}
         if len(shapes) != 1:
-            raise ShapeError(f"gradient inputs must share one shape, got "
+            raise ShapeError(f"{op}: gradient inputs must share one shape, got "
                              f"{', '.join(str(t.shape) for t in types)}")
-        return TensorType(types[index].shape, T.promote(*(t.dtype for t in types)))
+        # MindSpore's kernels for these take one dtype for all inputs (a float64 y beside
+        # float32 dy and x has no kernel): refused on both paths rather than promoted on one.
+        if len({t.dtype for t in types}) != 1:
+            raise DTypeError(f"{op}: gradient inputs must share one dtype, got "
+                             f"{', '.join(t.dtype.name for t in types)}; cast them to one "
+                             "dtype first (P.Cast), as MindSpore requires")
+        return TensorType(types[index].shape, types[index].dtype)
     return infer
 
 
@@ -136,22 +143,23 @@ def _gelu_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]
             b("Mul", b("Mul", dd, dy), second), None]
 
 
-_grad_composite("GeLUGrad", ("dy", "x", "y"), _wide(_gelu_grad_ref), _same_as(1),
+_grad_composite("GeLUGrad", ("dy", "x", "y"), _wide(_gelu_grad_ref), _same_as("GeLUGrad", 1),
                 init_attrs=(("approximate", "tanh"),), grad=_gelu_grad_grad,
                 doc="dy * GeLU'(x); y is GeLU(x) (MindSpore's signature; recomputed here)")
-_grad_composite("FastGeLUGrad", ("dy", "x"), _wide(_fast_gelu_grad_ref), _same_as(1),
-                grad=_fast_gelu_grad_grad)
+_grad_composite("FastGeLUGrad", ("dy", "x"), _wide(_fast_gelu_grad_ref),
+                _same_as("FastGeLUGrad", 1), grad=_fast_gelu_grad_grad)
 _grad_composite("ReluGrad", ("y_backprop", "x"),
-                _wide(lambda dy, y: np.where(y > 0, dy, 0.0)), _same_as(0), grad=_relu_grad_grad,
+                lambda dy, y: np.where(y > 0, dy, np.zeros_like(dy)), _same_as("ReluGrad", 0),
+                grad=_relu_grad_grad, accepts=NUMBERS,  # MindSpore's ReluGrad takes int32 too
                 doc="dy where the ReLU's output (or input) is positive, else 0")
-_grad_composite("SigmoidGrad", ("y", "dy"), _wide(lambda y, dy: dy * y * (1 - y)), _same_as(0),
-                grad=_sigmoid_grad_grad)
-_grad_composite("TanhGrad", ("y", "dy"), _wide(lambda y, dy: dy * (1 - y * y)), _same_as(0),
-                grad=_tanh_grad_grad)
-_grad_composite("SqrtGrad", ("y", "dy"), _wide(lambda y, dy: dy * 0.5 / y), _same_as(0),
+_grad_composite("SigmoidGrad", ("y", "dy"), _wide(lambda y, dy: dy * y * (1 - y)),
+                _same_as("SigmoidGrad", 0), grad=_sigmoid_grad_grad)
+_grad_composite("TanhGrad", ("y", "dy"), _wide(lambda y, dy: dy * (1 - y * y)),
+                _same_as("TanhGrad", 0), grad=_tanh_grad_grad)
+_grad_composite("SqrtGrad", ("y", "dy"), _wide(lambda y, dy: dy * 0.5 / y), _same_as("SqrtGrad", 0),
                 grad=_sqrt_grad_grad)
 _grad_composite("RsqrtGrad", ("y", "dy"), _wide(lambda y, dy: dy * -0.5 * y * y * y),
-                _same_as(0), grad=_rsqrt_grad_grad)
+                _same_as("RsqrtGrad", 0), grad=_rsqrt_grad_grad)
 
 
 def _softmax_grad_grad(b: Any, n: Any, dd: Any, attrs: dict[str, Any]) -> list[Any]:
@@ -182,16 +190,19 @@ def _log_softmax_grad_ref(y: np.ndarray, dy: np.ndarray, axis: Any = -1) -> np.n
     return dy - np.exp(y) * dy.sum(axis=axes, keepdims=True)
 
 
-def _axis_same_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
-    out = _same_as(0)(types, attrs)
-    T.normalize_axes(attrs["axis"], out.rank)  # type: ignore[union-attr]
-    return out
+def _axis_same(op: str) -> Infer:
+    def infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+        out = _same_as(op, 0)(types, attrs)
+        T.normalize_axes(attrs["axis"], out.rank)  # type: ignore[union-attr]
+        return out
+    return infer
 
 
-_grad_composite("SoftmaxGrad", ("y", "dy"), _wide(_softmax_grad_ref), _axis_same_infer,
+_grad_composite("SoftmaxGrad", ("y", "dy"), _wide(_softmax_grad_ref), _axis_same("SoftmaxGrad"),
                 init_attrs=(("axis", -1),), grad=_softmax_grad_grad,
                 doc="(dy - sum(dy * y)) * y, y = Softmax(x)")
-_grad_composite("LogSoftmaxGrad", ("y", "dy"), _wide(_log_softmax_grad_ref), _axis_same_infer,
+_grad_composite("LogSoftmaxGrad", ("y", "dy"), _wide(_log_softmax_grad_ref),
+                _axis_same("LogSoftmaxGrad"),
                 init_attrs=(("axis", -1),), grad=_log_softmax_grad_grad,
                 doc="dy - exp(y) * sum(dy), y = LogSoftmax(x)")
 
@@ -287,7 +298,8 @@ _grad_composite("MaximumGrad", ("x1", "x2", "grads"), _wide(_extremum_grad_ref(n
 _grad_composite("MinimumGrad", ("x1", "x2", "grads"), _wide(_extremum_grad_ref(np.less_equal)),
                 _extremum_grad_infer, init_attrs=(("grad_x", True), ("grad_y", True)))
 _grad_composite("DropoutGrad", ("dy", "mask"),
-                _wide(lambda dy, mask, keep_prob=0.5: dy * mask / keep_prob), _same_as(0),
+                _wide(lambda dy, mask, keep_prob=0.5: dy * mask / keep_prob),
+                _same_as("DropoutGrad", 0),
                 init_attrs=(("keep_prob", 0.5),), doc="dy * mask / keep_prob")
 
 
@@ -326,4 +338,5 @@ _grad_composite("BatchNormGrad", ("dy", "x", "scale", "save_mean", "save_varianc
                     "(channels on axis 1; `reserve` is accepted for MindSpore's signature and "
                     "not read)")
 _grad_composite("SigmoidCrossEntropyWithLogitsGrad", ("x", "y", "dout"),
-                _wide(lambda x, y, dout: (_sigmoid(x) - y) * dout), _same_as(0))
+                _wide(lambda x, y, dout: (_sigmoid(x) - y) * dout),
+                _same_as("SigmoidCrossEntropyWithLogitsGrad", 0))
