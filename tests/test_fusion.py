@@ -195,7 +195,6 @@ def test_dump_as_text_writes_summary_with_reasons(tmp_path, rng):
 @pytest.mark.parametrize("flags,message", [
     ("--opt_level=7", "opt_level must be"),
     ("--fuse_everything", "unknown flag --fuse_everything; the flags that act here: --opt_level"),
-    ("--disable_expand_ops=Nope", "unknown op(s) Nope"),
     ("--composite_op_limit_size=x", "needs an integer"),
     ("opt_level=2", "does not start with '--'"),
 ])
