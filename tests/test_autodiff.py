@@ -190,6 +190,13 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[Any, tuple[int, ...]]]]] =
     "SoftmaxGrad": (lambda y, dy: G.SoftmaxGrad()(y, dy), [(A, (3, 4)), (A, (3, 4))]),
     "LogSoftmaxGrad": (lambda y, dy: G.LogSoftmaxGrad(axis=0)(y, dy),
                        [(A, (3, 4)), (A, (3, 4))]),
+    # MindSpore's bprops give the labels no gradient (zeros): they are constants here.
+    "SigmoidCrossEntropyWithLogits": (
+        lambda x: P.SigmoidCrossEntropyWithLogits()(x, Tensor(np.linspace(0, 1, 12).reshape(
+            3, 4))), [(A, (3, 4))]),
+    "SoftmaxCrossEntropyWithLogits": (
+        lambda x: P.SoftmaxCrossEntropyWithLogits()(x, Tensor(np.eye(4)[[2, 0, 3]]))[0],
+        [(A, (3, 4))]),
 }
 
 

@@ -195,6 +195,15 @@ def _adamw(p: np.ndarray, g: np.ndarray, s: dict[str, Any], lr: float) -> np.nda
     return p - lr * (s["m"] / (np.sqrt(s["v"]) + 1e-6) + 0.05 * p)
 
 
+def _lamb(p: np.ndarray, g: np.ndarray, s: dict[str, Any], lr: float) -> np.ndarray:
+    s["t"] = s.get("t", 0) + 1
+    s["m"] = 0.9 * s.get("m", 0) + 0.1 * g
+    s["v"] = 0.999 * s.get("v", 0) + 0.001 * g * g
+    m_hat, v_hat = s["m"] / (1 - 0.9 ** s["t"]), s["v"] / (1 - 0.999 ** s["t"])
+    update = m_hat / (np.sqrt(v_hat) + 1e-6) + 0.01 * p
+    return p - lr * np.linalg.norm(p) / np.linalg.norm(update) * update
+
+
 OPTIMIZERS = {
     "Momentum": (lambda ps, lr: nn.Momentum(ps, lr, 0.9), _momentum),
     "SGD-nesterov": (lambda ps, lr: nn.SGD(ps, lr, momentum=0.8, weight_decay=0.01,
@@ -202,6 +211,7 @@ OPTIMIZERS = {
     "SGD-plain": (lambda ps, lr: nn.SGD(ps, lr), lambda p, g, s, lr: p - lr * g),
     "Adam": (lambda ps, lr: nn.Adam(ps, lr), _adam),
     "AdamWeightDecay": (lambda ps, lr: nn.AdamWeightDecay(ps, lr, weight_decay=0.05), _adamw),
+    "Lamb": (lambda ps, lr: nn.Lamb(ps, lr, weight_decay=0.01), _lamb),
 }
 
 

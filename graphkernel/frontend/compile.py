@@ -43,8 +43,10 @@ from graphkernel.passes.stage_names import FINAL
 from graphkernel.runtime.builder import build_executable
 
 
-def trace(cell: CellLike, types: list[TensorType]) -> Graph:
-    """Run `construct` on symbolic tensors; every primitive call becomes a node."""
+def trace(cell: CellLike, types: list[TensorType]) -> tuple[Graph, Any]:
+    """Run `construct` on symbolic tensors; every primitive call becomes a node. Returns the
+    graph and, when construct returned nested tuples (MindSpore allows `(x, (y, z))`), their
+    shape as nested tuples of output positions (None for a tensor or a flat tuple)."""
     name = type(cell).__name__
     tracer = Tracer(name)
     names = input_names(cell, len(types))
@@ -54,7 +56,8 @@ def trace(cell: CellLike, types: list[TensorType]) -> Graph:
             result = cell._traced_call(tuple(args))
         except RecursionError as exc:
             raise _endless_recursion(exc, cell) from None
-        outs = result if isinstance(result, (tuple, list)) else (result,)
+        outs: list[Any] = []
+        tree = _output_tree(result, outs)
         if not outs:
             raise GraphModeError(f"{name}.construct returned no tensor (an empty "
                                  f"{type(result).__name__}); graph mode returns a tensor or a "
@@ -63,8 +66,8 @@ def trace(cell: CellLike, types: list[TensorType]) -> Graph:
         for i, out in enumerate(outs):
             if not isinstance(out, Tensor):
                 raise GraphModeError(f"{name}.construct returned a {type(out).__name__} (output "
-                                     f"{i}); graph mode returns tensors or a tuple of tensors",
-                                     function_location(cell.construct))
+                                     f"{i}); graph mode returns tensors or (nested) tuples of "
+                                     "tensors", function_location(cell.construct))
             values.append(tracer.value_of(out))
     graph = tracer.graph
     graph.outputs = values
@@ -72,7 +75,16 @@ def trace(cell: CellLike, types: list[TensorType]) -> Graph:
     # Weights were appended as they were met; user inputs first keeps call order simple.
     graph.inputs = [i for i in graph.inputs if i.kind == "input"] + \
         [i for i in graph.inputs if i.kind == "weight"]
-    return graph
+    nested = isinstance(tree, tuple) and any(not isinstance(t, int) for t in tree)
+    return graph, tree if nested else None
+
+
+def _output_tree(result: Any, outs: list[Any]) -> Any:
+    """`result`'s items appended to `outs` depth first; the same nesting of their positions."""
+    if isinstance(result, (tuple, list)):
+        return tuple(_output_tree(item, outs) for item in result)
+    outs.append(result)
+    return len(outs) - 1
 
 
 # Each retrace settles one Reshape's -1 (its symbol's factor makes the size whole).
@@ -80,15 +92,16 @@ MAX_RETRACES = 16
 
 
 def _trace_whole(cell: CellLike, types: list[TensorType], rules: list[dynamic.SizeRule],
-                 inputs: tuple[Any, ...]) -> tuple[Graph, list[dynamic.SizeRule]]:
+                 inputs: tuple[Any, ...]) -> tuple[Graph, Any, list[dynamic.SizeRule]]:
     """Trace `cell`; where a size is whole only for multiples of a factor of an input symbol
     (a Reshape's -1 of [N, 6] into (-1, 4)), declare the symbol so (its dimensions N become
     2*N, a rule checks each call) and trace again. Refuses what no size allows (another rule
-    of the symbol contradicts the factor) and a call whose own sizes break the new rule."""
+    of the symbol contradicts the factor) and a call whose own sizes break the new rule.
+    Returns the graph, its output tree (trace) and the rules."""
     name = type(cell).__name__
     for _ in range(MAX_RETRACES):
         try:
-            return trace(cell, types), rules
+            return (*trace(cell, types), rules)
         except SizeMultipleNeeded as need:
             dims = {d for t in types for d in t.shape
                     if isinstance(d, SymSize) and d.names == (need.symbol,)}
@@ -218,7 +231,7 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
                      [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
                       SUMMARY_NAME])
     with guards.recording(cell) as read:
-        graph, rules = _trace_whole(cell, types, rules, inputs)
+        graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
     name = type(cell).__name__
     # Dumps need every stage to run: the compile cache is not read then (nor written).
     key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
@@ -255,7 +268,7 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     if dumper is not None:
         dumper.write_text(plan_dump_name(name), executable.plan.describe() + "\n")
     params = [i.binding for i in final.inputs if i.kind == "weight"]
-    compiled = CompiledCell(executable, params, report, read)
+    compiled = CompiledCell(executable, params, report, read, output_tree)
     compiled.input_types = [i.tensor_type for i in graph.inputs if i.kind == "input"]
     if rules:
         compiled.check_sizes(compiled.input_types, rules)

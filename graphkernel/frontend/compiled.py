@@ -44,8 +44,11 @@ class CompiledCell:
     compile report."""
 
     def __init__(self, executable: Executable, params: Sequence[Parameter],
-                 report: CompileReport, guards: Guards | None = None) -> None:
+                 report: CompileReport, guards: Guards | None = None,
+                 output_tree: Any = None) -> None:
         self.executable = executable
+        # construct's nested tuples of outputs, as positions in the flat outputs (None: flat)
+        self.output_tree = output_tree
         self.params = tuple(params)  # in the plan's weight order
         self.report = report
         # What it was built from besides its input types (none for a graph without a cell)
@@ -63,6 +66,8 @@ class CompiledCell:
             self.fast_call = (module.call, (*self.params, *runner.entry_constants,
                                             self.guards.table))
         self._entry_call = self.fast_call
+        if output_tree is not None:  # the bare entry returns the flat tuple: nest it first
+            self.fast_call = None
         # The graph's user inputs' types (dynamic sizes as symbols).
         self.input_types: list[TensorType] = []
         # Rules on dynamic sizes (a Symbol's range, a Reshape's multiple: frontend/dynamic.py)
@@ -79,6 +84,11 @@ class CompiledCell:
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
+        if self.output_tree is not None:
+            return _nest(self.output_tree, self._call(*args))
+        return self._call(*args)
+
+    def _call(self, *args: Any) -> Any:
         if self.size_rules and all(hasattr(a, "shape") for a in args):
             problem = broken_rule(self.name, self.input_types, args, self.size_rules)
             if problem is not None:
@@ -195,3 +205,10 @@ class CompiledCell:
 def _arrays(args: Sequence[Any]) -> list[Any]:
     """Tensors as their arrays; anything else is left for the runtime's check, which names it."""
     return [arg.asnumpy() if isinstance(arg, Tensor) else arg for arg in args]
+
+
+def _nest(tree: Any, flat: Sequence[Any]) -> Any:
+    """The outputs in construct's nested tuples (`tree` holds their positions)."""
+    if isinstance(tree, int):
+        return flat[tree]
+    return tuple(_nest(t, flat) for t in tree)

@@ -1,6 +1,7 @@
 """Cell inputs that are not tensors, as MindSpore's graph mode takes them: Python numbers,
-strings, None and tuples or lists of them are constants baked into the graph (one compile per
-value); tuples and lists holding Tensors pass each Tensor as a graph input (AddN((x, y)))."""
+strings, dtypes (`mstype.float16`), None and tuples or lists of them are constants baked into the
+graph (one compile per value); tuples and lists holding Tensors pass each Tensor as a graph
+input (AddN((x, y)))."""
 from __future__ import annotations
 
 import inspect
@@ -12,7 +13,7 @@ from graphkernel.errors import InputError
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.tensor import Tensor
 
-_CONSTANTS = (bool, int, float, str, type(None), np.generic)
+_CONSTANTS = (bool, int, float, str, type(None), np.generic, np.dtype)
 
 
 def has_static(inputs: tuple[Any, ...]) -> bool:
@@ -28,7 +29,7 @@ def _spec(value: Any, where: str) -> Any:
     if isinstance(value, (tuple, list)):
         return ("seq", type(value) is list, tuple(_spec(v, where) for v in value))
     raise InputError(f"{where} is a {type(value).__name__} ({value!r:.40}); graph mode takes "
-                     "Tensors, numbers, strings, None, and tuples or lists of them",
+                     "Tensors, numbers, strings, dtypes, None, and tuples or lists of them",
                      user_location())
 
 

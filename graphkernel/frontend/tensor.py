@@ -127,6 +127,12 @@ class Tensor:
         return len(self.shape)
 
     @property
+    def data(self) -> Tensor:
+        """The tensor itself, as MindSpore's `Parameter.data` and `Tensor.data` are: code that
+        reads `param.data` (in construct too) gets the same value."""
+        return self
+
+    @property
     def size(self) -> int:
         return math.prod(self.shape)
 
@@ -404,9 +410,9 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         result = op.reference(*arrays, **full_attrs)
         wrapped = _wrap_eager(result, out_type)
         written = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-        for i, new in zip(op.writes, written):
-            operands[i].asnumpy()[...] = new.asnumpy()  # type: ignore[union-attr]
-        return wrapped
+        for i, k in zip(op.writes, op.written_outputs):
+            operands[i].asnumpy()[...] = written[k].asnumpy()  # type: ignore[union-attr]
+        return written[0] if op.returns_first_only else wrapped
     values: list[Value] = []
     for o in operands:
         if isinstance(o, Tensor):
@@ -419,9 +425,9 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         for index, item in enumerate(out_type.items):
             getter = tracer.add_node("GetItem", [node], {"index": index}, item, loc)
             items.append(Tensor._symbolic(getter, tracer))
-        for i, new in zip(op.writes, items):
-            tracer.assign(operands[i], new._value)  # type: ignore[arg-type]
-        return tuple(items)
+        for i, k in zip(op.writes, op.written_outputs):
+            tracer.assign(operands[i], items[k]._value)  # type: ignore[arg-type]
+        return items[0] if op.returns_first_only else tuple(items)
     for i in op.writes:
         tracer.assign(operands[i], node)  # type: ignore[arg-type]
     return Tensor._symbolic(node, tracer)

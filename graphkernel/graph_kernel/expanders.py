@@ -189,7 +189,7 @@ def add_n(b: Builder, *xs: Value) -> Value:
 
 
 @expander("BiasAdd")
-def bias_add(b: Builder, x: Value, bias: Value) -> Value:
+def bias_add(b: Builder, x: Value, bias: Value, data_format: str = "NCHW") -> Value:
     if len(x.shape) > 2:
         bias = b("Reshape", bias, shape=(bias.shape[0],) + (1,) * (len(x.shape) - 2))
     return b("Add", x, bias)
@@ -240,3 +240,25 @@ def layer_norm(b: Builder, x: Value, gamma: Value, beta: Value, begin_norm_axis:
     # correction (inf - inf) would turn an infinite mean into NaN.
     finite = b("Equal", b("Sub", rough, rough), 0.0)
     return y, b("Select", finite, b("Add", rough, shift), rough), var
+
+
+@expander("EqualCount", float16_in_float32=True)
+def equal_count(b: Builder, x: Value, y: Value) -> Value:
+    # float16 counts in float32 (exact to 2^24) and rounds once, as the reference
+    hits = b("Cast", b("Equal", x, y), dtype=x.dtype)
+    total = b("ReduceSum", hits, axis=tuple(range(len(x.shape))), keep_dims=False)
+    return b("Reshape", total, shape=(1,))
+
+
+@expander("SquareSumAll", float16_in_float32=True)
+def square_sum_all(b: Builder, x: Value, y: Value) -> tuple[Value, Value]:
+    axes = tuple(range(len(x.shape)))
+    return (b("ReduceSum", b("Mul", x, x), axis=axes, keep_dims=False),
+            b("ReduceSum", b("Mul", y, y), axis=axes, keep_dims=False))
+
+
+@expander("FloatStatus")
+def float_status(b: Builder, x: Value) -> Value:
+    bad = b("Cast", b("LogicalNot", b("IsFinite", x)), dtype=T.float32)
+    worst = b("ReduceMax", bad, axis=tuple(range(len(x.shape))), keep_dims=False)
+    return b("Reshape", worst, shape=(1,))

@@ -1,5 +1,6 @@
 """Expanders of the neural-network composites (ir/opdefs/nn.py): BatchNorm as a per-channel
-scale and shift (inference) or batch statistics then that scale and shift (training)."""
+scale and shift (inference) or batch statistics then that scale and shift (training); the loss
+primitives (ir/opdefs/composite.py) in their stable forms."""
 from __future__ import annotations
 
 import math
@@ -46,3 +47,20 @@ def batch_norm(b: Builder, x: Value, scale: Value, bias: Value, mean: Value, var
     if y.dtype != x.dtype:
         y = b("Cast", y, dtype=x.dtype)
     return y, out_mean, out_var, out_mean, out_var
+
+
+@expander("SigmoidCrossEntropyWithLogits", float16_in_float32=True)
+def sigmoid_cross_entropy_with_logits(b: Builder, x: Value, y: Value) -> Value:
+    # max(x, 0) - x y + log1p(exp(-|x|)): exp never overflows
+    soft = b("Log1p", b("Exp", b("Neg", b("Abs", x))))
+    return b("Add", b("Sub", b("Maximum", x, 0.0), b("Mul", x, y)), soft)
+
+
+@expander("SoftmaxCrossEntropyWithLogits", float16_in_float32=True)
+def softmax_cross_entropy_with_logits(b: Builder, x: Value, labels: Value
+                                      ) -> tuple[Value, Value]:
+    shifted = b("Sub", x, b("ReduceMax", x, axis=(1,), keep_dims=True))
+    log_p = b("Sub", shifted, b("Log", b("ReduceSum", b("Exp", shifted), axis=(1,),
+                                         keep_dims=True)))
+    loss = b("Neg", b("ReduceSum", b("Mul", labels, log_p), axis=(1,), keep_dims=False))
+    return loss, b("Sub", b("Exp", log_p), labels)

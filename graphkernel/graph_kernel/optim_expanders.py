@@ -59,3 +59,32 @@ def adam_weight_decay(b: Builder, var: Value, m: Value, v: Value, lr: Value, bet
     v = b("Add", b("Mul", v, b2), b("Mul", b("Mul", grad, grad), b("Sub", 1.0, b2)))
     update = b("Add", b("RealDiv", m, b("Add", b("Sqrt", v), eps)), b("Mul", var, wd))
     return b("Sub", var, b("Mul", update, lr)), m, v
+
+
+@expander("LambApplyOptimizerAssign")
+def lamb_apply_optimizer_assign(b: Builder, grad: Value, v: Value, m: Value, var: Value,
+                                beta1: Value, one_minus_beta1: Value, beta2: Value,
+                                one_minus_beta2: Value, epsilon: Value, steps: Value,
+                                do_use_weight: Value, weight_decay_rate: Value
+                                ) -> tuple[Value, ...]:
+    b1, c1, b2, c2, eps, t, use, wd = (_scalar(b, x, grad) for x in (
+        beta1, one_minus_beta1, beta2, one_minus_beta2, epsilon, steps, do_use_weight,
+        weight_decay_rate))
+    next_v = b("Add", b("Mul", v, b2), b("Mul", b("Mul", grad, grad), c2))
+    next_m = b("Add", b("Mul", m, b1), b("Mul", grad, c1))
+    # 1 - beta^steps, beta^steps = exp(steps log beta) (MindSpore's form)
+    m_hat = b("RealDiv", next_m, b("Sub", 1.0, b("Exp", b("Mul", b("Log", b1), t))))
+    v_hat = b("RealDiv", next_v, b("Sub", 1.0, b("Exp", b("Mul", b("Log", b2), t))))
+    update = b("Add", b("RealDiv", m_hat, b("Add", b("Sqrt", v_hat), eps)),
+               b("Mul", b("Mul", var, wd), use))
+    return update, next_v, next_m
+
+
+@expander("LambApplyWeightAssign")
+def lamb_apply_weight_assign(b: Builder, w_norm: Value, g_norm: Value, lr: Value,
+                             update: Value, param: Value) -> Value:
+    w, g, rate = (_scalar(b, x, param) for x in (w_norm, g_norm, lr))
+    one = b.const(1.0, param)
+    both = b("LogicalAnd", b("Greater", w, 0.0), b("Greater", g, 0.0))
+    ratio = b("Select", both, b("RealDiv", w, b("Select", both, g, one)), one)
+    return b("Sub", param, b("Mul", b("Mul", update, rate), ratio))

@@ -136,6 +136,12 @@ class OpDef:
     # Input positions it writes in place (Assign, ApplyMomentum): each must be a Parameter, and
     # its outputs are their new values, in that order (the graph records them in `assigns`).
     writes: tuple[int, ...] = ()
+    # Which outputs are those new values, in `writes` order, when they are not the first ones
+    # (LambApplyOptimizerAssign returns the update first, then the written v and m).
+    write_outputs: tuple[int, ...] = ()
+    # Calling it returns its first output alone, as MindSpore's primitive does (ApplyMomentum
+    # returns the updated variable; the accumulation's new value is written, not returned).
+    returns_first_only: bool = False
     # Runs as its numpy reference unfused; expanded into basic ops when fusing.
     composite: bool = False
     # An op of the IR itself (GetItem), not callable from the frontend.
@@ -173,6 +179,11 @@ class OpDef:
         if (self.kind == PatternKind.REDUCE) != (self.reduction is not None) and \
                 not self.composite:
             raise ValueError(f"op {self.name}: a reduce op declares its Reduction, no other op")
+
+    @property
+    def written_outputs(self) -> tuple[int, ...]:
+        """The output positions holding each written input's new value, in `writes` order."""
+        return self.write_outputs or tuple(range(len(self.writes)))
 
     @property
     def attr_defaults(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from graphkernel.nn.optim import (
     Adam,
     AdamWeightDecay,
     ExponentialDecayLR,
+    Lamb,
     LearningRateSchedule,
     Momentum,
     Optimizer,
@@ -45,6 +46,6 @@ __all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPoo
            "FastGelu", "Flatten", "GELU", "HSwish", "Identity", "LayerNorm", "LogSoftmax",
            "MaxPool2d", "ReLU", "ReLU6", "SequentialCell", "Sigmoid", "SiLU", "Softmax",
            "Softsign", "Tanh", "get_activation", "BCEWithLogitsLoss", "L1Loss", "LossBase",
-           "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay",
+           "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Lamb",
            "ExponentialDecayLR", "LearningRateSchedule", "Momentum", "Optimizer",
            "TrainOneStepCell", "WithEvalCell", "WithLossCell"]

@@ -1,7 +1,8 @@
 """Array ops, MindSpore's signatures: joining and splitting (Concat, Split, Stack, Unstack),
 slicing (Slice, StridedSlice with all five masks), indexing (Gather, OneHot), arg-reductions
-(Argmax, ArgMaxWithValue, ArgMinWithValue), new tensors (ZerosLike, OnesLike, Fill) and the
-static Shape and Size. The data-moving ones run as numpy kernels between fused kernels."""
+(Argmax, ArgMaxWithValue, ArgMinWithValue), Median, new tensors (ZerosLike, OnesLike, Fill,
+Ones, Zeros) and the static Shape, Size and DType. The data-moving ones run as numpy kernels
+between fused kernels."""
 from __future__ import annotations
 
 import math
@@ -471,6 +472,24 @@ declare(OpDef(name="Fill", kind=PatternKind.INJECTIVE, inputs=(), infer=_fill_in
               attr_kinds=(("type", AttrKind.DTYPE), ("shape", AttrKind.INTS),
                           ("value", AttrKind.REAL)), functional=("fill",)))
 
+def _filled_infer(op: str) -> Any:
+    def infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+        dims = _ints(attrs["shape"], "shape", op)
+        if any(d < 0 for d in dims):
+            raise ShapeError(f"{op}: shape {dims} has a negative dimension")
+        return TensorType(dims, T.to_dtype(attrs["type"]))
+    return infer
+
+
+# MindSpore's Ones()(shape, type) and Zeros()(shape, type): Fill with a fixed value, constants
+# in the graph (the type defaults to float32, as ops.ones' does).
+for _name, _value in (("Ones", 1), ("Zeros", 0)):
+    declare(OpDef(name=_name, kind=PatternKind.INJECTIVE, inputs=(), infer=_filled_infer(_name),
+                  reference=lambda shape, type, _v=_value: np.full(  # noqa: A002
+                      _ints(shape, "shape", "Ones/Zeros"), _v, dtype=T.to_dtype(type)),
+                  call_attrs=(("shape", None), ("type", T.float32)),
+                  attr_kinds=(("shape", AttrKind.INT_OR_INTS),), functional=()))
+
 # Static facts of a tensor's type: Python values while tracing (MindSpore's graph mode too).
 declare(OpDef(name="Shape", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=lambda types, attrs: types[0], reference=lambda x: tuple(x.shape),
@@ -480,3 +499,46 @@ declare(OpDef(name="Size", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=lambda types, attrs: types[0], reference=lambda x: int(x.size),
               static_value=lambda types, attrs: math.prod(types[0].shape),
               functional=("size", "numel")))
+declare(OpDef(name="DType", kind=PatternKind.INJECTIVE, inputs=("x",),
+              infer=lambda types, attrs: types[0], reference=lambda x: x.dtype,
+              static_value=lambda types, attrs: types[0].dtype, functional=("dtype",),
+              doc="the input's dtype (mstype.float32, ...), a Python value while tracing"))
+
+
+# -- Median -----------------------------------------------------------------------------------
+
+def _median_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    (x,) = types
+    if attrs["global_median"]:
+        shape: tuple[int, ...] = (1,) * x.rank if attrs["keep_dims"] else ()
+    else:
+        axis = _axis(attrs["axis"], x.rank, "Median")
+        shape = x.shape[:axis] + ((1,) if attrs["keep_dims"] else ()) + x.shape[axis + 1:]
+    if x.size == 0:
+        raise ShapeError(f"Median of an empty tensor (shape {x.shape}) has no value")
+    return TupleType((TensorType(shape, x.dtype), TensorType(shape, T.int64)))
+
+
+def _median_ref(x: np.ndarray, global_median: bool = False, axis: int = 0,
+                keep_dims: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    # The lower median (of an even count, the smaller middle value), as MindSpore's: the
+    # element at (n - 1) // 2 in a stable sort; its index is where it stands in the input.
+    flat = x.reshape(1, -1) if global_median else np.moveaxis(x, axis, -1)
+    order = np.argsort(flat, axis=-1, kind="stable")
+    index = order[..., (flat.shape[-1] - 1) // 2]
+    value = np.take_along_axis(flat, index[..., None], axis=-1)[..., 0]
+    if global_median:
+        value, index = value.reshape(()), np.zeros((), np.int64)
+        shape = (1,) * x.ndim if keep_dims else ()
+        return value.reshape(shape), index.reshape(shape)
+    if keep_dims:
+        value, index = np.expand_dims(value, axis), np.expand_dims(index, axis)
+    return np.ascontiguousarray(value), index.astype(np.int64)
+
+
+declare(OpDef(name="Median", kind=PatternKind.OPAQUE, inputs=("x",), infer=_median_infer,
+              reference=_median_ref,
+              init_attrs=(("global_median", False), ("axis", 0), ("keep_dims", False)),
+              accepts=NUMBERS, functional=("median",),
+              doc="(the lower median along axis, or of all elements, its index) as MindSpore's "
+                  "Median; the index of a global median is 0, as MindSpore leaves it unset"))

@@ -1,5 +1,5 @@
 """Composite ops: opaque library kernels (their numpy references) when fusion is off; expanded
-into basic ops by graph_kernel/expanders.py when it is on."""
+into basic ops by graph_kernel/expanders.py (nn_expanders.py for the losses) when it is on."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import DTypeError, ShapeError
+from graphkernel.errors import DTypeError, GradientError, InputError, ShapeError
 from graphkernel.ir import types as T
 from graphkernel.ir.opdefs.elementwise import erfc_reference
 from graphkernel.ir.opset import (
@@ -155,21 +155,32 @@ _composite("SquaredDifference", ("x", "y"),
            infer=_binary_same_infer, accepts=NUMBERS, grad=_squared_difference_grad)
 
 
+def check_bias_data_format(op: str, data_format: str) -> None:
+    """MindSpore's BiasAdd formats that put the channels on axis 1 (the last axis of a 2-d
+    input): NCHW and NCDHW. NHWC is refused rather than added along the wrong axis."""
+    if data_format not in ("NCHW", "NCDHW"):
+        raise InputError(f"{op}: data_format {data_format!r} is not supported; graphkernel adds "
+                         "the bias along axis 1 (data_format 'NCHW' or 'NCDHW'): transpose an "
+                         "NHWC input first")
+
+
 def _bias_add_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
     x, b = types
+    check_bias_data_format("BiasAdd", attrs["data_format"])
     if b.rank != 1 or x.rank < 2 or x.shape[1 if x.rank > 2 else -1] != b.shape[0]:
         raise ShapeError(f"BiasAdd: bias of shape {b.shape} does not match the channel axis of "
                          f"input {x.shape} (axis 1, or the last axis of a 2-d input)")
     return TensorType(x.shape, T.promote(x.dtype, b.dtype))
 
 
-def _bias_add_ref(x: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _bias_add_ref(x: np.ndarray, b: np.ndarray, data_format: str = "NCHW") -> np.ndarray:
     shape = (1, -1) + (1,) * (x.ndim - 2)
     return same_dtype_ref(np.add)(x, b.reshape(shape))
 
 
 _composite("BiasAdd", ("x", "b"), _bias_add_ref, infer=_bias_add_infer,
-           grad=lambda b, n, dy, a: [dy, b("BiasAddGrad", dy)])
+           init_attrs=(("data_format", "NCHW"),),
+           grad=lambda b, n, dy, a: [dy, b("BiasAddGrad", dy, data_format=a["data_format"])])
 
 
 def _addn_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -287,3 +298,103 @@ def _layer_norm_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any
 _composite("LayerNorm", ("x", "gamma", "beta"), _layer_norm_ref, infer=_layer_norm_infer,
            init_attrs=(("begin_norm_axis", -1), ("begin_params_axis", -1), ("epsilon", 1e-7)),
            grad=_layer_norm_grad)
+
+
+# -- MindSpore's counting and checking primitives (EqualCount, SquareSumAll, FloatStatus) ------
+
+def _same_shape_and_dtype(op: str, types: tuple[TensorType, ...]) -> TensorType:
+    first = types[0]
+    if any(t.shape != first.shape or t.dtype != first.dtype for t in types):
+        raise ShapeError(f"{op}: inputs must share one shape and dtype, got "
+                         f"{', '.join(f'{t.dtype.name}{list(t.shape)}' for t in types)}")
+    return first
+
+
+def _equal_count_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    return TensorType((1,), _same_shape_and_dtype("EqualCount", types).dtype)
+
+
+_composite("EqualCount", ("x", "y"),
+           lambda x, y: np.asarray([np.count_nonzero(x == y)]).astype(x.dtype),
+           infer=_equal_count_infer, accepts=NUMBERS)
+
+
+def _square_sum_all_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x = _same_shape_and_dtype("SquareSumAll", types)
+    return TupleType((TensorType((), x.dtype),) * 2)
+
+
+def _square_sum_all_ref(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return tuple(np.asarray(np.sum(np.square(v.astype(np.float64)))).astype(v.dtype)
+                 for v in (x, y))  # type: ignore[return-value]
+
+
+_composite("SquareSumAll", ("x", "y"), _square_sum_all_ref, infer=_square_sum_all_infer)
+
+
+def _float_status_ref(x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.asarray([0.0 if np.all(np.isfinite(x)) else 1.0], np.float32)
+
+
+# 1.0 when the input holds an inf or a NaN (an overflowed step), else 0.0: MindSpore's CPU
+# form, which needs no NPUAllocFloatStatus buffer.
+_composite("FloatStatus", ("x",), _float_status_ref,
+           infer=lambda types, attrs: TensorType((1,), T.float32))
+
+
+# -- Losses as MindSpore's primitives -----------------------------------------------------------
+
+def _sigmoid_ce_ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # max(x, 0) - x y + log(1 + exp(-|x|)): no overflow for any finite x
+    def f(v: np.ndarray) -> np.ndarray:
+        return np.maximum(v, 0) - v * y + np.log1p(np.exp(-np.abs(v)))
+    return _as(x, f)
+
+
+def _sigmoid_ce_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
+    x, y = n.inputs  # MindSpore's bprop: no gradient reaches the labels (zeros)
+    return [b("SigmoidCrossEntropyWithLogitsGrad", x, y, dy), b("ZerosLike", y)]
+
+
+_composite("SigmoidCrossEntropyWithLogits", ("logits", "label"), _sigmoid_ce_ref,
+           infer=lambda types, attrs: _same_shape_and_dtype("SigmoidCrossEntropyWithLogits",
+                                                            types),
+           grad=_sigmoid_ce_grad)
+
+
+def _softmax_ce_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x = _same_shape_and_dtype("SoftmaxCrossEntropyWithLogits", types)
+    if x.rank != 2:
+        raise ShapeError(f"SoftmaxCrossEntropyWithLogits takes (batch, classes) logits, got "
+                         f"shape {x.shape}")
+    return TupleType((TensorType(x.shape[:1], x.dtype), x))
+
+
+def _softmax_ce_ref(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v, t = x.astype(np.float64), labels.astype(np.float64)
+    with np.errstate(all="ignore"):
+        shifted = v - v.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return ((-(t * log_p).sum(axis=1)).astype(x.dtype),
+                (np.exp(log_p) - t).astype(x.dtype))
+
+
+def _softmax_ce_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]
+                     ) -> list[Any]:
+    dloss, dbackprop = dout
+    if dbackprop is not None:
+        raise GradientError("SoftmaxCrossEntropyWithLogits: its second output (the loss's "
+                            "gradient, softmax - labels) has no gradient of its own, as in "
+                            "MindSpore; differentiate the loss (the first output)")
+    if dloss is None:
+        return [None, None]
+    # MindSpore's bprop: the saved backprop scaled by each row's incoming gradient; zeros for
+    # the labels.
+    backprop = b.item(n, 1)
+    dx = b("Mul", backprop, b("Reshape", dloss, shape=(dloss.tensor_type.shape[0], 1)))
+    return [dx, b("ZerosLike", n.inputs[1])]
+
+
+_composite("SoftmaxCrossEntropyWithLogits", ("logits", "labels"), _softmax_ce_ref,
+           infer=_softmax_ce_infer, grad=_softmax_ce_grad)

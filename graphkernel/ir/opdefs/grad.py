@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.errors import DTypeError, ShapeError
+from graphkernel.errors import DTypeError, InputError, ShapeError
 from graphkernel.ir import types as T
 from graphkernel.ir.opdefs.elementwise import erf_reference
 from graphkernel.ir.opset import FLOATS, NUMBERS, Infer, OpDef, PatternKind, declare
@@ -257,6 +257,9 @@ def bias_add_grad_axes(rank: int) -> tuple[int, ...]:
 
 def _bias_add_grad_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
     (dy,) = types
+    if attrs["data_format"] not in ("NCHW", "NCDHW"):  # as BiasAdd's (opdefs/composite.py)
+        raise InputError(f"BiasAddGrad: data_format {attrs['data_format']!r} is not "
+                         "supported; the channels are on axis 1 ('NCHW' or 'NCDHW')")
     if dy.rank < 2:
         raise ShapeError(f"BiasAddGrad needs a rank >= 2 gradient, got {dy.shape}")
     return TensorType((dy.shape[1 if dy.rank > 2 else -1],), dy.dtype)

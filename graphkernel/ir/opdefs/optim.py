@@ -1,7 +1,8 @@
 """Primitives that write Parameters in place (MindSpore's Assign, AssignAdd, AssignSub,
-ApplyMomentum, Adam, AdamWeightDecay). `OpDef.writes` names the inputs written: tracing a call
-records each written Parameter's new value in `Graph.assigns`, and the runtime writes it into
-the Parameter's own array after the call. Their outputs are the new values, in that order.
+ApplyMomentum, Adam, AdamWeightDecay, LambApplyOptimizerAssign, LambApplyWeightAssign).
+`OpDef.writes` names the inputs written: tracing a call records each written Parameter's new
+value in `Graph.assigns`, and the runtime writes it into the Parameter's own array after the
+call. Their outputs are the new values, in that order (`OpDef.write_outputs` where not).
 Unfused each runs its numpy reference; with fusion on graph_kernel/optim_expanders.py expands
 it into basic elementwise ops, which fuse with the gradient that feeds them."""
 from __future__ import annotations
@@ -44,11 +45,11 @@ def _scalar(x: np.ndarray, dtype: np.dtype) -> Any:
 def _declare(name: str, inputs: tuple[str, ...], writes: tuple[int, ...],
              reference: Callable[..., Any], tensors: tuple[int, ...] = (),
              init_attrs: tuple[tuple[str, Any], ...] = (), accepts: Any = FLOATS,
-             doc: str = "", composite: bool = True) -> None:
+             doc: str = "", composite: bool = True, returns_first_only: bool = False) -> None:
     declare(OpDef(name=name, kind=PatternKind.OPAQUE, inputs=inputs,
                   infer=_update_infer(len(writes), tensors), reference=reference,
                   accepts=accepts, init_attrs=init_attrs, composite=composite, writes=writes,
-                  doc=doc))
+                  doc=doc, returns_first_only=returns_first_only))
 
 
 def _assign_ref(var: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -81,7 +82,8 @@ _declare("ApplyMomentum", ("variable", "accumulation", "learning_rate", "gradien
          init_attrs=(("use_locking", False), ("use_nesterov", False)),
          doc="accumulation = accumulation * momentum + gradient; variable -= learning_rate * "
              "accumulation (Nesterov: learning_rate * (gradient + momentum * accumulation)). "
-             "Returns (variable, accumulation), both written in place")
+             "Both are written in place; the call returns the variable, as MindSpore's",
+         returns_first_only=True)
 
 
 def _adam_ref(var: np.ndarray, m: np.ndarray, v: np.ndarray, beta1_power: np.ndarray,
@@ -121,3 +123,75 @@ _declare("AdamWeightDecay", ("var", "m", "v", "lr", "beta1", "beta2", "epsilon",
          init_attrs=(("use_locking", False),),
          doc="AdamW without bias correction, as MindSpore's: m, v moving averages; var -= lr * "
              "(m / (sqrt(v) + epsilon) + decay * var); returns (var, m, v) written in place")
+
+
+def _lamb_optimizer_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    grad = types[0]
+    for i, (name, t) in enumerate(zip(_LAMB_OPTIMIZER_INPUTS, types)):
+        if i < 4:  # gradient, v, m, var: tensors of one shape; the rest scalars
+            if t.shape != grad.shape or t.dtype != grad.dtype:
+                raise ShapeError(f"LambApplyOptimizerAssign: {name} is {t.dtype.name}"
+                                 f"{list(t.shape)}; the gradient is {grad.dtype.name}"
+                                 f"{list(grad.shape)}")
+        elif t.size != 1:
+            raise ShapeError(f"LambApplyOptimizerAssign: {name} must be a scalar (one element), "
+                             f"got shape {t.shape}")
+    return TupleType((grad,) * 3)
+
+
+def _lamb_optimizer_ref(grad: np.ndarray, v: np.ndarray, m: np.ndarray, var: np.ndarray,
+                        beta1: np.ndarray, one_minus_beta1: np.ndarray, beta2: np.ndarray,
+                        one_minus_beta2: np.ndarray, epsilon: np.ndarray, steps: np.ndarray,
+                        do_use_weight: np.ndarray, weight_decay_rate: np.ndarray
+                        ) -> tuple[np.ndarray, ...]:
+    b1, c1, b2, c2, eps, t, use, wd = (_scalar(a, grad.dtype) for a in (
+        beta1, one_minus_beta1, beta2, one_minus_beta2, epsilon, steps, do_use_weight,
+        weight_decay_rate))
+    next_v = v * b2 + grad * grad * c2
+    next_m = m * b1 + grad * c1
+    # beta^steps as exp(steps log beta), as MindSpore's expander computes the bias correction
+    m_hat = next_m / (1 - np.exp(np.log(b1) * t))
+    v_hat = next_v / (1 - np.exp(np.log(b2) * t))
+    update = m_hat / (np.sqrt(v_hat) + eps) + var * wd * use
+    return tuple(a.astype(grad.dtype) for a in (update, next_v, next_m))
+
+
+_LAMB_OPTIMIZER_INPUTS = ("gradient", "v", "m", "var", "beta_1", "one_minus_beta_1", "beta_2",
+                          "one_minus_beta_2", "epsilon", "steps", "do_use_weight",
+                          "weight_decay_rate")
+declare(OpDef(name="LambApplyOptimizerAssign", kind=PatternKind.OPAQUE,
+              inputs=_LAMB_OPTIMIZER_INPUTS, infer=_lamb_optimizer_infer,
+              reference=_lamb_optimizer_ref, accepts=FLOATS, composite=True, writes=(1, 2),
+              write_outputs=(1, 2),
+              doc="LAMB's Adam-style step: v, m moving averages (written in place), bias-"
+                  "corrected by beta^steps; returns (update, v, m), update = m^ / (sqrt(v^) + "
+                  "epsilon) + do_use_weight * weight_decay_rate * var"))
+
+
+def _lamb_weight_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    w_norm, g_norm, lr, update, param = types
+    if update.shape != param.shape or update.dtype != param.dtype:
+        raise ShapeError(f"LambApplyWeightAssign: update is {update.dtype.name}"
+                         f"{list(update.shape)}; the parameter is {param.dtype.name}"
+                         f"{list(param.shape)}")
+    for name, t in (("w_norm", w_norm), ("g_norm", g_norm), ("lr", lr)):
+        if t.size != 1:
+            raise ShapeError(f"LambApplyWeightAssign: {name} must be a scalar (one element), "
+                             f"got shape {t.shape}")
+    return param
+
+
+def _lamb_weight_ref(w_norm: np.ndarray, g_norm: np.ndarray, lr: np.ndarray,
+                     update: np.ndarray, param: np.ndarray) -> np.ndarray:
+    w, g, rate = (_scalar(a, param.dtype) for a in (w_norm, g_norm, lr))
+    # The trust ratio |w| / |g|, 1 where either norm is 0
+    with np.errstate(all="ignore"):
+        ratio = np.where((w > 0) & (g > 0), w / g, np.ones((), param.dtype))
+    return (param - ratio * rate * update).astype(param.dtype)
+
+
+declare(OpDef(name="LambApplyWeightAssign", kind=PatternKind.OPAQUE,
+              inputs=("w_norm", "g_norm", "lr", "update", "param"), infer=_lamb_weight_infer,
+              reference=_lamb_weight_ref, accepts=FLOATS, composite=True, writes=(4,),
+              doc="param -= lr * trust_ratio * update, trust_ratio = w_norm / g_norm (1 where "
+                  "either is 0); returns the new param, written in place"))

@@ -15,7 +15,39 @@ for _op in user_ops():
 for _alias, _target in ALIASES.items():
     globals()[_alias] = make_primitive_class(OPS[_target], _alias)
 
-__all__ = ["Primitive"] + [op.name for op in user_ops()] + list(ALIASES)
+
+class Depend:
+    """MindSpore's Depend(value, expr): `value`, after `expr`. MindSpore needs it to keep a
+    side effect (an Assign) that nothing reads; graphkernel keeps every Parameter write of a
+    traced call anyway, so `value` is returned as it is."""
+
+    def __call__(self, value: Any, expr: Any) -> Any:
+        return value
+
+
+class ScalarCast:
+    """MindSpore's ScalarCast()(x, type): a Python number (or a one-element Tensor known when
+    compiling) as a Python scalar of `type`'s kind (float, int or bool)."""
+
+    def __call__(self, value: Any, to: Any) -> Any:
+        from graphkernel.errors import InputError
+        from graphkernel.frontend.location import user_location
+        from graphkernel.frontend.tensor import Tensor
+        from graphkernel.ir import types as T
+        dtype = T.to_dtype(to)
+        if isinstance(value, Tensor):
+            if value.is_symbolic or value.size != 1:
+                raise InputError("ScalarCast takes a Python number (or a one-element Tensor "
+                                 "known when compiling), not a Tensor computed in construct; "
+                                 "use P.Cast for tensors", user_location())
+            value = value.asnumpy().reshape(()).item()
+        if not isinstance(value, (bool, int, float)):
+            raise InputError(f"ScalarCast takes a number, got {value!r:.60}", user_location())
+        return {"f": float, "i": int, "b": bool}[dtype.kind](value)
+
+
+__all__ = ["Primitive"] + [op.name for op in user_ops()] + list(ALIASES) + ["Depend",
+                                                                            "ScalarCast"]
 
 
 def __getattr__(name: str) -> Any:
