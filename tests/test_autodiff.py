@@ -190,6 +190,8 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[Any, tuple[int, ...]]]]] =
     "SoftmaxGrad": (lambda y, dy: G.SoftmaxGrad()(y, dy), [(A, (3, 4)), (A, (3, 4))]),
     "LogSoftmaxGrad": (lambda y, dy: G.LogSoftmaxGrad(axis=0)(y, dy),
                        [(A, (3, 4)), (A, (3, 4))]),
+    "Median": (lambda x: (P.Median(axis=1)(x)[0], P.Median(axis=0, keep_dims=True)(x)[0],
+                          P.Median(global_median=True)(x)[0]), [(A, (3, 4))]),
     # MindSpore's bprops give the labels no gradient (zeros): they are constants here.
     "SigmoidCrossEntropyWithLogits": (
         lambda x: P.SigmoidCrossEntropyWithLogits()(x, Tensor(np.linspace(0, 1, 12).reshape(

@@ -536,8 +536,32 @@ def _median_ref(x: np.ndarray, global_median: bool = False, axis: int = 0,
     return np.ascontiguousarray(value), index.astype(np.int64)
 
 
+def _median_grad(b: Any, n: Any, dout: tuple[Any, ...], attrs: dict[str, Any]) -> list[Any]:
+    """dy to the median's position along the axis (MindSpore's MedianGrad); a global median's
+    dy spread evenly over the elements equal to it (its index is not kept)."""
+    dy = dout[0]
+    if dy is None:
+        return [None]
+    (x,) = n.inputs
+    dtype = x.tensor_type.dtype
+    if attrs["global_median"]:
+        hits = b("Cast", b("Equal", x, b.item(n, 0)), dtype=dtype)
+        share = b("RealDiv", dy, b("ReduceSum", hits, axis=(), keep_dims=attrs["keep_dims"]))
+        return [b("Mul", hits, share)]
+    rank = x.tensor_type.rank
+    axis = _axis(attrs["axis"], rank, "Median")
+    index, grad = b.item(n, 1), dy
+    if attrs["keep_dims"]:
+        index = b("Squeeze", index, axis=(axis,))
+    else:
+        grad = b("ExpandDims", grad, axis=axis)
+    hot = b("OneHot", index, depth=x.tensor_type.shape[axis], on_value=1.0, off_value=0.0,
+            axis=axis)
+    return [b("Mul", b("Cast", hot, dtype=dtype), grad)]
+
+
 declare(OpDef(name="Median", kind=PatternKind.OPAQUE, inputs=("x",), infer=_median_infer,
-              reference=_median_ref,
+              reference=_median_ref, grad=_median_grad,
               init_attrs=(("global_median", False), ("axis", 0), ("keep_dims", False)),
               accepts=NUMBERS, functional=("median",),
               doc="(the lower median along axis, or of all elements, its index) as MindSpore's "
