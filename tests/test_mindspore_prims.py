@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import graphkernel as gk
-from graphkernel import Parameter, Tensor, context, nn
+from graphkernel import Parameter, Tensor, context, nn, ops
 from graphkernel.common import dtype as mstype
 from graphkernel.errors import GradientError, InputError
 from graphkernel.graph_kernel.pipeline import CompileOptions
@@ -180,6 +180,7 @@ def test_scalar_cast():
     assert cast(Tensor(np.array(1.5)), mstype.float64) == 1.5
     with pytest.raises(InputError, match="ScalarCast takes a number"):
         cast("1", mstype.float32)
+    assert ops.scalar_cast(7, mstype.float64) == 7.0
 
 
 def _lamb_reference(grad, v, m, var, beta1, beta2, eps, steps, use, wd):

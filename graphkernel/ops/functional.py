@@ -213,10 +213,17 @@ def depend(value: Any, expr: Any) -> Any:
     return value
 
 
+def scalar_cast(input_x: Any, input_y: Any) -> Any:
+    """MindSpore's ops.scalar_cast: a Python number as a Python scalar of dtype input_y's
+    kind (P.ScalarCast)."""
+    return P.ScalarCast()(input_x, input_y)
+
+
 MINDSPORE_SIGNATURES = [
     "gelu", "softmax", "log_softmax", "concat", "cat", "stack", "unstack", "unbind", "split",
     "one_hot", "argmax", "argmin", "sum", "mean", "prod", "amax", "amin", "all", "any", "squeeze",
     "broadcast_to", "layer_norm", "conv2d", "batch_norm", "dropout", "depend", "assign",
+    "scalar_cast",
 ]
 
 __all__ = MINDSPORE_SIGNATURES

@@ -17,9 +17,9 @@ for _alias, _target in ALIASES.items():
 
 
 class Depend:
-    """MindSpore's Depend(value, expr): `value`, after `expr`. MindSpore needs it to keep a
-    side effect (an Assign) that nothing reads; graphkernel keeps every Parameter write of a
-    traced call anyway, so `value` is returned as it is."""
+    """MindSpore's Depend()(value, expr), the primitive form of `ops.depend`: `value`, once
+    `expr` has been computed. Every graph here runs its ops in the order construct called them
+    and keeps every Parameter write, so the order already holds."""
 
     def __call__(self, value: Any, expr: Any) -> Any:
         return value
