@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.common.initializer import initializer
+from graphkernel.common.initializer import init_array
 from graphkernel.errors import InputError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter
@@ -27,17 +27,24 @@ class Conv2d(Cell):
         if in_channels % group or out_channels % group:
             raise InputError(f"Conv2d: group={group} must divide in_channels={in_channels} and "
                              f"out_channels={out_channels}")
+        # MindSpore's attributes, which initialisation loops (MindCV's) read.
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = kernel
+        self.stride = pair(stride, "stride", "Conv2d")
+        self.pad_mode, self.padding = pad_mode, padding
+        self.dilation = pair(dilation, "dilation", "Conv2d")
+        self.group, self.has_bias, self.data_format = group, has_bias, data_format
         shape = (out_channels, in_channels // group) + kernel
-        self.weight = Parameter(initializer(
-            "he_uniform" if weight_init is None else weight_init, shape, dtype,
-            negative_slope=math.sqrt(5)), "weight")
-        self.has_bias = has_bias
+        self.weight = Parameter(
+            init_array("he_uniform", shape, dtype, negative_slope=math.sqrt(5))
+            if weight_init is None else init_array(weight_init, shape, dtype), "weight")
+        self.bias = None  # MindSpore's: None without a bias
         if has_bias:
             fan_in = (in_channels // group) * kernel[0] * kernel[1]
             bound = 1 / math.sqrt(fan_in)
-            self.bias = Parameter(initializer("uniform", (out_channels,), dtype, scale=bound)
+            self.bias = Parameter(init_array("uniform", (out_channels,), dtype, scale=bound)
                                   if bias_init is None else
-                                  initializer(bias_init, (out_channels,), dtype), "bias")
+                                  init_array(bias_init, (out_channels,), dtype), "bias")
             self.bias_add = P.BiasAdd()
         self.conv2d = P.Conv2D(out_channels, kernel, pad_mode=pad_mode, pad=padding,
                                stride=stride, dilation=dilation, group=group,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.common.initializer import initializer
+from graphkernel.common.initializer import init_array
 from graphkernel.errors import InputError, ShapeError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter
@@ -17,16 +17,17 @@ from graphkernel.ops import operations as P
 
 def _init(init: Any, shape: tuple[int, ...], dtype: Any, default: str,
           rng: np.random.Generator | None = None, **params: Any) -> np.ndarray:
-    """`init` by name, number or array; None is the layer's default (`default`, with
-    `params`). A seeded `rng` draws the default uniform initialisation locally."""
+    """`init` by name, Initializer, number or array; None is the layer's default (`default`,
+    with `params`). A seeded `rng` draws the default uniform initialisation locally."""
     if init is None and rng is not None:
         bound = params["bound"]
         return rng.uniform(-bound, bound, shape).astype(dtype)
-    if init is None:
-        init = default
     if isinstance(init, str) and init.lower() == "uniform" and "bound" in params:
-        return initializer("uniform", shape, dtype, scale=params["bound"])
-    return initializer(init, shape, dtype, **{k: v for k, v in params.items() if k != "bound"})
+        return init_array("uniform", shape, dtype, scale=params["bound"])
+    if init is None:  # the layer's default takes the layer's arguments
+        return init_array(default, shape, dtype,
+                          **{k: v for k, v in params.items() if k != "bound"})
+    return init_array(init, shape, dtype)
 
 
 class Dense(Cell):
@@ -45,6 +46,7 @@ class Dense(Cell):
                                       "he_uniform", rng, negative_slope=math.sqrt(5),
                                       bound=bound), "weight")
         self.has_bias = has_bias
+        self.bias = None  # MindSpore's: None without a bias
         if has_bias:
             self.bias = Parameter(_init(bias_init, (out_channels,), dtype, "uniform", rng,
                                         bound=bound), "bias")
@@ -74,8 +76,11 @@ class LayerNorm(Cell):
                  epsilon: float = 1e-7, dtype: Any = np.float32) -> None:
         super().__init__()
         shape = tuple(normalized_shape)
-        self.gamma = Parameter(initializer(gamma_init, shape, dtype), "gamma")
-        self.beta = Parameter(initializer(beta_init, shape, dtype), "beta")
+        self.normalized_shape = shape
+        self.begin_norm_axis, self.begin_params_axis = begin_norm_axis, begin_params_axis
+        self.epsilon = epsilon
+        self.gamma = Parameter(init_array(gamma_init, shape, dtype), "gamma")
+        self.beta = Parameter(init_array(beta_init, shape, dtype), "beta")
         self.layer_norm = P.LayerNorm(begin_norm_axis=begin_norm_axis,
                                       begin_params_axis=begin_params_axis, epsilon=epsilon)
 
@@ -139,7 +144,7 @@ class Embedding(Cell):
             raise InputError(f"Embedding: padding_idx {padding_idx} is outside the vocabulary "
                              f"of {vocab_size}")
         self.vocab_size, self.embedding_size = vocab_size, embedding_size
-        table = initializer(embedding_table, (vocab_size, embedding_size), np.float32)
+        table = init_array(embedding_table, (vocab_size, embedding_size), np.float32)
         if padding_idx is not None:
             table[padding_idx] = 0
         self.embedding_table = Parameter(table, "embedding_table")

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.common.initializer import initializer
+from graphkernel.common.initializer import init_array
 from graphkernel.errors import ShapeError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter
@@ -29,11 +29,11 @@ class _BatchNorm(Cell):
             raise ShapeError(f"{type(self).__name__}: momentum must be in [0, 1], got {momentum}")
         c = (num_features,)
         self.num_features = num_features
-        self.gamma = Parameter(initializer(gamma_init, c, dtype), "gamma", requires_grad=affine)
-        self.beta = Parameter(initializer(beta_init, c, dtype), "beta", requires_grad=affine)
-        self.moving_mean = Parameter(initializer(moving_mean_init, c, dtype), "moving_mean",
+        self.gamma = Parameter(init_array(gamma_init, c, dtype), "gamma", requires_grad=affine)
+        self.beta = Parameter(init_array(beta_init, c, dtype), "beta", requires_grad=affine)
+        self.moving_mean = Parameter(init_array(moving_mean_init, c, dtype), "moving_mean",
                                      requires_grad=False)
-        self.moving_variance = Parameter(initializer(moving_var_init, c, dtype),
+        self.moving_variance = Parameter(init_array(moving_var_init, c, dtype),
                                          "moving_variance", requires_grad=False)
         self.eps, self.momentum = eps, momentum
         self.use_batch_statistics = use_batch_statistics
@@ -72,3 +72,4 @@ class BatchNorm1d(_BatchNorm):
 
 class BatchNorm2d(_BatchNorm):
     rank = 4
+

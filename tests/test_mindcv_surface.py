@@ -1,0 +1,184 @@
+"""The MindSpore surface MindCV's model files stand on (issue 28, its blockers): the
+`common.initializer` module with its classes and lazily drawn tensors, and Conv2d's and
+Dense's attributes. Written the way MindSpore's own tests are: a small net per API,
+compared with numpy, graph mode with fusion on and off (and op by op where it differs)."""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import graphkernel as gk
+from graphkernel import Parameter, Tensor, nn
+from graphkernel.errors import InputError
+from graphkernel.frontend import context
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+
+
+def run_both(net: nn.Cell, *arrays: np.ndarray) -> list[np.ndarray]:
+    """The net's outputs fused, after checking the unfused ones agree."""
+    outs = []
+    for options in (ON, OFF):
+        outs.append(gk.compile(net, *arrays, options=options).run_arrays(*arrays))
+    for fused, unfused in zip(*outs):
+        np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-6)
+    return outs[0]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=[False, True], ids=["unfused", "fused"])
+def fusion(request: Any) -> Any:
+    context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=request.param)
+    yield request.param
+    context.set_context(enable_graph_kernel=False)
+
+
+# -- common.initializer ---------------------------------------------------------------------
+def test_initializer_imports_as_a_module_the_way_mindcv_does():
+    init = importlib.import_module("graphkernel.common.initializer")
+    import graphkernel.common.initializer as as_written  # MindCV: `import ... as init`
+    assert as_written is init
+    for name in ("HeNormal", "HeUniform", "Normal", "TruncatedNormal", "XavierUniform",
+                 "XavierNormal", "Constant", "Zero", "One", "Uniform", "initializer"):
+        assert callable(getattr(as_written, name)), name
+    from graphkernel.common.initializer import TruncatedNormal, XavierUniform, initializer
+    assert isinstance(initializer(XavierUniform(), (2, 3)), Tensor)
+    assert isinstance(initializer(TruncatedNormal(0.02), (2, 3)), Tensor)
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    field = math.prod(shape[2:])
+    return shape[1] * field, shape[0] * field
+
+
+def test_initializer_classes_follow_mindspore_formulas():
+    import graphkernel.common.initializer as init
+    gk.set_seed(3)
+    shape = (64, 32, 3, 3)
+    fan_in, fan_out = _fans(shape)
+
+    def values(initialiser: Any) -> np.ndarray:
+        return init.initializer(initialiser, shape, gk.float32).asnumpy().astype(np.float64)
+
+    # Uniform ones: inside their bound and reaching near it; normal ones: their std.
+    uniform_bounds = {
+        init.Uniform(): 0.07, init.Uniform(scale=0.5): 0.5,
+        init.XavierUniform(): math.sqrt(6 / (fan_in + fan_out)),
+        init.XavierUniform(gain=2.0): 2 * math.sqrt(6 / (fan_in + fan_out)),
+        init.HeUniform(): math.sqrt(2) * math.sqrt(3 / fan_in),
+        init.HeUniform(negative_slope=math.sqrt(5)): math.sqrt(2 / 6) * math.sqrt(3 / fan_in),
+        init.HeUniform(mode="fan_out", nonlinearity="relu"): math.sqrt(2) * math.sqrt(
+            3 / fan_out),
+    }
+    for initialiser, bound in uniform_bounds.items():
+        v = values(initialiser)
+        assert np.abs(v).max() <= bound * (1 + 1e-6) and np.abs(v).max() > 0.99 * bound, \
+            initialiser
+        assert abs(v.std() - bound / math.sqrt(3)) < 0.02 * bound, initialiser
+    stds = {
+        init.Normal(): 0.01, init.Normal(sigma=0.2, mean=1.0): 0.2,
+        init.XavierNormal(): math.sqrt(2 / (fan_in + fan_out)),
+        init.HeNormal(): math.sqrt(2 / fan_in),
+        init.HeNormal(mode="fan_out", nonlinearity="relu"): math.sqrt(2 / fan_out),
+    }
+    for initialiser, std in stds.items():
+        v = values(initialiser)
+        assert abs(v.std() - std) < 0.02 * std, initialiser
+    assert abs(values(init.Normal(sigma=0.2, mean=1.0)).mean() - 1.0) < 0.01
+    truncated = values(init.TruncatedNormal(sigma=0.02))
+    assert np.abs(truncated).max() <= 0.04 + 1e-7 and 0.015 < truncated.std() < 0.02
+    np.testing.assert_array_equal(values(init.Constant(0.5)), 0.5)
+    np.testing.assert_array_equal(values(init.Zero()), 0)
+    np.testing.assert_array_equal(values(init.One()), 1)
+    # An Initializer also fills a numpy array in place, as MindSpore's do.
+    array = np.zeros((2, 2))
+    init.Constant(3)(array)
+    np.testing.assert_array_equal(array, 3)
+    # The names MindSpore takes give the same classes.
+    gk.set_seed(9)
+    by_name = init.initializer("he_normal", (8, 4)).asnumpy()
+    gk.set_seed(9)
+    np.testing.assert_array_equal(init.initializer(init.HeNormal(), (8, 4)).asnumpy(), by_name)
+
+
+def test_initializer_returns_a_lazily_drawn_tensor():
+    import graphkernel.common.initializer as init
+    gk.set_seed(1)
+    lazy = init.initializer(init.Normal(sigma=1.0), [2, 3], gk.float16)
+    assert lazy.shape == (2, 3) and lazy.dtype == np.float16  # known before drawing
+    gk.set_seed(7)  # the values are drawn when first read, from the generator as it is then
+    drawn = lazy.init_data()
+    assert isinstance(drawn, Tensor) and drawn.dtype == np.float16
+    gk.set_seed(7)
+    np.testing.assert_array_equal(drawn.asnumpy(),
+                                  init.initializer(init.Normal(sigma=1.0), (2, 3),
+                                                   gk.float16).asnumpy())
+    np.testing.assert_array_equal(lazy.asnumpy(), drawn.asnumpy())  # drawn once
+
+    # Accepted wherever a tensor was: a Parameter, set_data, a layer's weight_init.
+    weight = Parameter(init.initializer("ones", (2, 3)), "w")
+    np.testing.assert_array_equal(weight.asnumpy(), np.ones((2, 3)))
+    weight.set_data(init.initializer(init.Constant(2.5), weight.shape, weight.dtype))
+    np.testing.assert_array_equal(weight.asnumpy(), np.full((2, 3), 2.5))
+    dense = nn.Dense(3, 2, weight_init=init.initializer(init.Zero(), (2, 3)),
+                     bias_init=init.One())
+    out = dense(Tensor(np.ones((1, 3), np.float32))).asnumpy()
+    np.testing.assert_array_equal(out, [[1, 1]])
+    assert init.initializer(5, (2,), gk.int32).asnumpy().tolist() == [5, 5]
+
+    with pytest.raises(InputError, match="unknown initializer 'glorot'"):
+        init.initializer("glorot", (2, 2))
+    with pytest.raises(InputError, match="shape"):
+        init.initializer(init.Normal(), (2, -1))
+    with pytest.raises(InputError, match="mode must be 'fan_in' or 'fan_out'"):
+        init.HeNormal(mode="fan_avg")
+    with pytest.raises(InputError, match=r"initial value has shape \(3,\)"):
+        init.initializer(np.ones(3), (2,))
+
+
+def test_conv2d_dense_and_norm_attributes_and_a_mindcv_style_init_loop():
+    import graphkernel.common.initializer as init
+    conv = nn.Conv2d(4, 8, (3, 1), stride=2, pad_mode="pad", padding=1, group=2)
+    assert conv.bias is None and conv.has_bias is False
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.pad_mode,
+            conv.padding, conv.dilation, conv.group) == (4, 8, (3, 1), (2, 2), "pad", 1, (1, 1), 2)
+    assert conv.weight.shape == (8, 2, 3, 1)
+    assert nn.Conv2d(2, 2, 1, has_bias=True).bias.shape == (2,)
+    dense = nn.Dense(3, 5, has_bias=False)
+    assert dense.bias is None and (dense.in_channels, dense.out_channels) == (3, 5)
+    norm = nn.LayerNorm((6,), epsilon=1e-6)
+    assert norm.normalized_shape == (6,) and norm.epsilon == 1e-6
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, has_bias=False)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Dense(4, 2)
+
+        def construct(self, x):
+            return self.fc(P.ReduceMean()(self.bn(self.conv(x)), (2, 3)))
+
+    net = Net()
+    for _, cell in net.cells_and_names():  # the loop MindCV's models run
+        if isinstance(cell, nn.Conv2d):
+            n = cell.kernel_size[0] * cell.kernel_size[1] * cell.out_channels
+            cell.weight.set_data(init.initializer(init.Normal(sigma=math.sqrt(2.0 / n)),
+                                                  cell.weight.shape, cell.weight.dtype))
+            if cell.bias is not None:
+                cell.bias.set_data(init.initializer("zeros", cell.bias.shape, cell.bias.dtype))
+        elif isinstance(cell, nn.BatchNorm2d):
+            cell.gamma.set_data(init.initializer("ones", cell.gamma.shape, cell.gamma.dtype))
+        elif isinstance(cell, nn.Dense):
+            cell.weight.set_data(init.initializer(init.TruncatedNormal(sigma=0.02),
+                                                  cell.weight.shape, cell.weight.dtype))
+            cell.bias.set_data(init.initializer(init.Zero(), cell.bias.shape, cell.bias.dtype))
+    assert not net.fc.bias.asnumpy().any() and np.abs(net.fc.weight.asnumpy()).max() <= 0.04
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype(np.float32)
+    assert run_both(net, x)[0].shape == (2, 2)
