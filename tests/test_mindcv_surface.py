@@ -1,7 +1,8 @@
 """The MindSpore surface MindCV's model files stand on (issue 28, its blockers): the
-`common.initializer` module with its classes and lazily drawn tensors, and Conv2d's and
-Dense's attributes. Written the way MindSpore's own tests are: a small net per API,
-compared with numpy, graph mode with fusion on and off (and op by op where it differs)."""
+`common.initializer` module with its classes and lazily drawn tensors, Conv2d's and Dense's
+attributes, nn.HSigmoid, nn.GroupNorm, ops.constexpr and the `nn.cell` module path. Written
+the way MindSpore's own tests are: a small net per API, compared with numpy, graph mode with
+fusion on and off (and op by op where it differs)."""
 from __future__ import annotations
 
 import importlib
@@ -10,10 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_autodiff import A, check_gradients
 
 import graphkernel as gk
-from graphkernel import Parameter, Tensor, nn
-from graphkernel.errors import InputError
+from graphkernel import Parameter, Tensor, nn, ops
+from graphkernel.errors import GraphModeError, InputError, ShapeError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
@@ -182,3 +184,113 @@ def test_conv2d_dense_and_norm_attributes_and_a_mindcv_style_init_loop():
     assert not net.fc.bias.asnumpy().any() and np.abs(net.fc.weight.asnumpy()).max() <= 0.04
     x = np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype(np.float32)
     assert run_both(net, x)[0].shape == (2, 2)
+
+
+def test_nn_cell_module_path():
+    from graphkernel.nn.cell import Cell
+    assert Cell is nn.Cell
+
+
+# -- nn.HSigmoid, nn.GroupNorm ----------------------------------------------------------------
+def test_hsigmoid_against_numpy_and_its_gradient(fusion):
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.hsigmoid = nn.HSigmoid()
+
+        def construct(self, x):
+            return self.hsigmoid(x)
+
+    x = np.linspace(-5, 5, 24, dtype=np.float32).reshape(2, 3, 4)
+    np.testing.assert_allclose(Net()(Tensor(x)).asnumpy(), np.clip(x + 3, 0, 6) / 6,
+                               rtol=1e-6, atol=1e-7)
+    assert isinstance(nn.get_activation("hsigmoid"), nn.HSigmoid)
+    check_gradients(lambda t: nn.HSigmoid()(t), [A(np.random.default_rng(2), (3, 5)) * 2])
+
+
+def _group_norm(x: np.ndarray, groups: int, gamma: np.ndarray, beta: np.ndarray,
+                eps: float) -> np.ndarray:
+    n, c = x.shape[:2]
+    g = x.astype(np.float64).reshape(n, groups, -1)
+    normed = (g - g.mean(2, keepdims=True)) / np.sqrt(g.var(2, keepdims=True) + eps)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    return normed.reshape(x.shape) * gamma.reshape(shape) + beta.reshape(shape)
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 6, 4, 5), 3), ((3, 4, 7), 4), ((2, 4), 1)])
+def test_group_norm_against_numpy(shape, groups):
+    rng = np.random.default_rng(4)
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.GroupNorm(groups, shape[1], eps=1e-4)
+
+        def construct(self, x):
+            return self.norm(x)
+
+    net = Net()
+    net.norm.gamma.set_data(rng.uniform(0.5, 1.5, shape[1]))
+    net.norm.beta.set_data(rng.standard_normal(shape[1]))
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    want = _group_norm(x, groups, net.norm.gamma.asnumpy(), net.norm.beta.asnumpy(), 1e-4)
+    np.testing.assert_allclose(run_both(net, x)[0], want, rtol=1e-5, atol=2e-5)
+    context.set_context(mode=context.PYNATIVE_MODE)
+    np.testing.assert_allclose(net(Tensor(x)).asnumpy(), want, rtol=1e-5, atol=2e-5)
+
+
+def test_group_norm_gradient(fusion):
+    rng = np.random.default_rng(6)
+    norm = nn.GroupNorm(2, 4, dtype=np.float64)
+
+    # gamma and beta reach the gradient as the cell's own weights: the input's gradient here,
+    # the weights' through a training step below.
+    check_gradients(lambda x: norm(x), [A(rng, (2, 4, 3))])
+
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.GroupNorm(2, 4, dtype=np.float64)
+
+        def construct(self, x):
+            return P.ReduceSum()(self.norm(x) * Tensor(np.arange(24.0).reshape(2, 4, 3)))
+
+    net = Loss()
+    x = A(rng, (2, 4, 3))
+    grads = gk.grad(net, None, net.trainable_params())(Tensor(x))
+    normed = _group_norm(x, 2, np.ones(4), np.zeros(4), 1e-5)
+    weights = np.arange(24.0).reshape(2, 4, 3)
+    np.testing.assert_allclose(grads[0].asnumpy(), (normed * weights).sum((0, 2)), rtol=1e-9)
+    np.testing.assert_allclose(grads[1].asnumpy(), weights.sum((0, 2)), rtol=1e-9)
+
+
+def test_group_norm_errors():
+    with pytest.raises(ShapeError, match="must be positive and divide num_channels=6"):
+        nn.GroupNorm(4, 6)
+    with pytest.raises(ShapeError, match=r"expects input \(N, 4, ...\)"):
+        nn.GroupNorm(2, 4)(Tensor(np.ones((2, 3, 5), np.float32)))
+
+
+# -- ops.constexpr --------------------------------------------------------------------------
+def test_constexpr_computes_constants_while_compiling(fusion):
+    @ops.constexpr
+    def window_shape(shape, size):
+        return (shape[0] * (shape[1] // size), size)
+
+    class Net(nn.Cell):
+        def construct(self, x):
+            return P.Reshape()(x, window_shape(x.shape, 2)) * 2.0
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(Net()(Tensor(x)).asnumpy(), x.reshape(6, 2) * 2)
+
+    @ops.constexpr(reuse_result=False)
+    def twice(value):
+        return value * 2
+
+    class Bad(nn.Cell):
+        def construct(self, x):
+            return twice(x)
+
+    with pytest.raises(GraphModeError, match="@constexpr function 'twice' got a tensor"):
+        Bad()(Tensor(x))

@@ -12,8 +12,8 @@ from graphkernel.frontend.tensor import Tensor, apply_op
 from graphkernel.ir.opset import OpDef, get_op
 
 # Re-exported: the compile driver checks a whole graph against the machine's memory with them.
-__all__ = ["Primitive", "apply_op", "format_bytes", "make_functional", "make_primitive_class",
-           "physical_memory"]
+__all__ = ["Primitive", "apply_op", "constexpr", "format_bytes", "make_functional",
+           "make_primitive_class", "physical_memory"]
 
 
 class Primitive:
@@ -106,3 +106,30 @@ def make_functional(op: OpDef) -> Any:
     functional.__qualname__ = op.functional_name
     functional.__doc__ = f"Functional form of {op.name}."
     return functional
+
+
+def constexpr(fn: Any = None, *, get_instance: bool = True, reuse_result: bool = True,
+              check: bool = True) -> Any:
+    """MindSpore's `@constexpr`: a Python function `construct` calls on constants (shapes,
+    numbers, dtypes) to compute another constant while the graph is compiled. Tracing runs
+    `construct` as Python, so the function simply runs; a tensor computed by the graph has no
+    value yet and is refused by name. `get_instance`, `reuse_result`, `check`: MindSpore's
+    arguments, with nothing to change here."""
+    import functools
+
+    from graphkernel.errors import GraphModeError
+
+    def wrap(func: Any) -> Any:
+        @functools.wraps(func)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for arg in (*args, *kwargs.values()):
+                if isinstance(arg, Tensor) and arg.is_symbolic:
+                    raise GraphModeError(
+                        f"@constexpr function {func.__name__!r} got a tensor the graph "
+                        "computes: a constexpr function runs while compiling, on constants "
+                        "only (pass x.shape or a number, or compute it with ops)",
+                        user_location())
+            return func(*args, **kwargs)
+        return call
+
+    return wrap if fn is None else wrap(fn)

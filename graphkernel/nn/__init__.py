@@ -4,6 +4,7 @@ from graphkernel.frontend.cell import Cell, GraphKernel
 from graphkernel.nn.activation import (
     GELU,
     FastGelu,
+    HSigmoid,
     HSwish,
     Identity,
     LogSoftmax,
@@ -28,7 +29,7 @@ from graphkernel.nn.loss import (
     MSELoss,
     SoftmaxCrossEntropyWithLogits,
 )
-from graphkernel.nn.normalization import BatchNorm1d, BatchNorm2d
+from graphkernel.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm
 from graphkernel.nn.optim import (
     SGD,
     Adam,
@@ -43,7 +44,8 @@ from graphkernel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
 
 __all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPool2d",
            "BatchNorm1d", "BatchNorm2d", "CellList", "Conv2d", "Dense", "Dropout", "Embedding",
-           "FastGelu", "Flatten", "GELU", "HSwish", "Identity", "LayerNorm", "LogSoftmax",
+           "FastGelu", "Flatten", "GELU", "GroupNorm", "HSigmoid", "HSwish", "Identity",
+           "LayerNorm", "LogSoftmax",
            "MaxPool2d", "ReLU", "ReLU6", "SequentialCell", "Sigmoid", "SiLU", "Softmax",
            "Softsign", "Tanh", "get_activation", "BCEWithLogitsLoss", "L1Loss", "LossBase",
            "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Lamb",

@@ -49,6 +49,17 @@ class HSwish(_Unary):
     primitive = P.HSwish
 
 
+class HSigmoid(Cell):
+    """relu6(x + 3) / 6, MindSpore's hard sigmoid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relu6 = P.ReLU6()
+
+    def construct(self, x: Any) -> Any:
+        return self.relu6(x + 3.0) / 6.0
+
+
 class FastGelu(_Unary):
     primitive = P.FastGeLU
 
@@ -87,8 +98,8 @@ class LogSoftmax(Cell):
 
 _BY_NAME: dict[str, Any] = {
     "relu": ReLU, "relu6": ReLU6, "tanh": Tanh, "sigmoid": Sigmoid, "silu": SiLU,
-    "softsign": Softsign, "hswish": HSwish, "fast_gelu": FastGelu, "gelu": GELU,
-    "softmax": Softmax, "logsoftmax": LogSoftmax,
+    "softsign": Softsign, "hswish": HSwish, "hsigmoid": HSigmoid, "fast_gelu": FastGelu,
+    "gelu": GELU, "softmax": Softmax, "logsoftmax": LogSoftmax,
 }
 
 

@@ -1,5 +1,5 @@
 """BatchNorm1d and BatchNorm2d: gamma, beta, moving_mean, moving_variance as MindSpore names
-them. In inference (the default, `set_train(False)`) they normalise with the moving
+them; GroupNorm. In inference (the default, `set_train(False)`) they normalise with the moving
 statistics; in training with the batch's, and update the moving statistics after each call."""
 from __future__ import annotations
 
@@ -73,3 +73,41 @@ class BatchNorm1d(_BatchNorm):
 class BatchNorm2d(_BatchNorm):
     rank = 4
 
+
+class GroupNorm(Cell):
+    """MindSpore's nn.GroupNorm: the channels of an (N, C, ...) input split into `num_groups`
+    groups, each normalised over its channels and positions (biased variance), then scaled by
+    gamma and shifted by beta per channel. Built from primitives, so it fuses and its gradient
+    is the composition's."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True, gamma_init: Any = "ones", beta_init: Any = "zeros",
+                 dtype: Any = np.float32) -> None:
+        super().__init__()
+        if num_groups < 1 or num_channels % num_groups:
+            raise ShapeError(f"GroupNorm: num_groups={num_groups} must be positive and divide "
+                             f"num_channels={num_channels}")
+        self.num_groups, self.num_channels, self.eps, self.affine = \
+            num_groups, num_channels, eps, affine
+        c = (num_channels,)
+        self.gamma = Parameter(init_array(gamma_init, c, dtype), "gamma", requires_grad=affine)
+        self.beta = Parameter(init_array(beta_init, c, dtype), "beta", requires_grad=affine)
+        self.reshape = P.Reshape()
+        self.mean = P.ReduceMean(keep_dims=True)
+        self.square = P.Square()
+        self.rsqrt = P.Rsqrt()
+
+    def construct(self, x: Any) -> Any:
+        shape = tuple(x.shape)
+        if len(shape) < 2 or shape[1] != self.num_channels:
+            raise ShapeError(f"GroupNorm({self.num_groups}, {self.num_channels}) expects input "
+                             f"(N, {self.num_channels}, ...), got shape {shape}")
+        grouped = self.reshape(x, (shape[0], self.num_groups, -1))
+        mean = self.mean(grouped, 2)
+        centred = grouped - mean
+        variance = self.mean(self.square(centred), 2)
+        normed = self.reshape(centred * self.rsqrt(variance + self.eps), shape)
+        # gamma and beta broadcast over the positions after the channel axis
+        per_channel = (self.num_channels,) + (1,) * (len(shape) - 2)
+        return normed * self.reshape(self.gamma, per_channel) + \
+            self.reshape(self.beta, per_channel)

@@ -2,9 +2,10 @@
 MindSpore 2.x) and functional forms under MindSpore 2.x's names (`ops.gelu`, `ops.matmul`,
 `ops.concat`), generated from the op table in graphkernel/ir/opdefs/; where MindSpore's signature
 differs from the primitive's, `ops/functional.py` writes the function by hand. `GradOperation`
-is MindSpore's gradient operation (frontend/grad.py)."""
+is MindSpore's gradient operation (frontend/grad.py); `constexpr` its compile-time function
+decorator (frontend/primitive.py)."""
 from graphkernel.frontend.grad import GradOperation
-from graphkernel.frontend.primitive import Primitive, make_functional
+from graphkernel.frontend.primitive import Primitive, constexpr, make_functional
 from graphkernel.ir.opset import user_ops
 from graphkernel.ops import operations
 from graphkernel.ops import operations as _P
@@ -20,6 +21,6 @@ from graphkernel.ops import functional  # noqa: E402  (after the generated forms
 from graphkernel.ops.functional import *  # noqa: E402, F403
 from graphkernel.ops.functional import MINDSPORE_SIGNATURES as _HAND_WRITTEN  # noqa: E402
 
-__all__ = ["operations", "functional", "Primitive", "GradOperation"]
+__all__ = ["operations", "functional", "Primitive", "GradOperation", "constexpr"]
 __all__ += sorted({*_P.__all__[1:], *_HAND_WRITTEN,
                    *(name for op in user_ops() for name in op.functional_names)})
