@@ -5,7 +5,7 @@ Write a network the MindSpore way (an `nn.Cell` whose `construct` calls primitiv
 generated C kernels. See docs/architecture.md for the map of the house.
 """
 # `ms.train.Model` (also `ms.Model`) and `ms.dataset` after a bare import, as MindSpore's.
-from graphkernel import communication, dataset, nn, ops, train  # noqa: E402
+from graphkernel import communication, dataset, nn, numpy, ops, train  # noqa: E402
 from graphkernel._version import __version__
 from graphkernel.common import dtype
 from graphkernel.common.checkpoint import load_checkpoint, load_param_into_net, save_checkpoint
@@ -23,6 +23,6 @@ from graphkernel.train import Model
 
 __all__ = ["__version__", "GRAPH_MODE", "PYNATIVE_MODE", "communication", "context", "compile",
            "dataset", "dtype", "export", "get_context", "grad", "jit", "load", "load_checkpoint",
-           "load_param_into_net", "Parameter", "ParameterTuple", "save_checkpoint",
+           "load_param_into_net", "numpy", "Parameter", "ParameterTuple", "save_checkpoint",
            "set_context", "set_seed", "Symbol", "Tensor", "nn", "ops", "value_and_grad",
            "float16", "float32", "float64", "int32", "int64", "bool_", "Model", "train"]

@@ -1,8 +1,8 @@
 """The MindSpore surface MindCV's model files stand on (issue 28, its blockers): the
-`common.initializer` module with its classes and lazily drawn tensors, Conv2d's and Dense's
-attributes, nn.HSigmoid, nn.GroupNorm, ops.constexpr and the `nn.cell` module path. Written
-the way MindSpore's own tests are: a small net per API, compared with numpy, graph mode with
-fusion on and off (and op by op where it differs)."""
+`common.initializer` module with its classes and lazily drawn tensors, `graphkernel.numpy`
+(mindspore.numpy), Conv2d's and Dense's attributes, nn.HSigmoid, nn.GroupNorm, ops.constexpr
+and the `nn.cell` module path. Written the way MindSpore's own tests are: a small net per API,
+compared with numpy, graph mode with fusion on and off (and op by op where it differs)."""
 from __future__ import annotations
 
 import importlib
@@ -15,7 +15,7 @@ from test_autodiff import A, check_gradients
 
 import graphkernel as gk
 from graphkernel import Parameter, Tensor, nn, ops
-from graphkernel.errors import GraphModeError, InputError, ShapeError
+from graphkernel.errors import GraphModeError, InputError, ShapeError, UnsupportedError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
@@ -294,3 +294,97 @@ def test_constexpr_computes_constants_while_compiling(fusion):
 
     with pytest.raises(GraphModeError, match="@constexpr function 'twice' got a tensor"):
         Bad()(Tensor(x))
+
+
+# -- graphkernel.numpy (mindspore.numpy) ----------------------------------------------------
+class Fn(nn.Cell):
+    """A net applying one mindspore.numpy function to its inputs."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, *xs: Any) -> Any:
+        return self.fn(*xs)
+
+
+def test_numpy_imports_as_mindspore_code_does():
+    from graphkernel import numpy as mnp
+    from graphkernel.numpy import ones, roll
+    assert mnp.roll is roll and gk.numpy.ones is ones
+    with pytest.raises(UnsupportedError, match="graphkernel.numpy .mindspore.numpy. has no "
+                                               "'fft' yet; it has arange"):
+        mnp.fft  # noqa: B018
+
+
+@pytest.mark.parametrize("shift, axis", [(1, 1), ((2, -1), (1, 2)), (-3, None), (5, 0),
+                                         ((1, 1), 1), (0, 2)])
+def test_numpy_roll(shift, axis):
+    x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    np.testing.assert_array_equal(run_both(Fn(lambda t: gk.numpy.roll(t, shift, axis)), x)[0],
+                                  np.roll(x, shift, axis))
+
+
+def test_numpy_roll_gradient(fusion):
+    rng = np.random.default_rng(8)
+    check_gradients(lambda t: gk.numpy.roll(t, (1, -2), (0, 1)), [A(rng, (3, 4))])
+
+
+def test_numpy_creation_functions():
+    from graphkernel import numpy as mnp
+    cases = [(mnp.ones((2, 3)), np.ones((2, 3), np.float32)),
+             (mnp.zeros(4, gk.int32), np.zeros(4, np.int32)),
+             (mnp.full((2,), 1.5), np.full(2, 1.5, np.float32)),
+             (mnp.arange(5), np.arange(5, dtype=np.int32)),
+             (mnp.arange(1, 2, 0.25), np.arange(1, 2, 0.25, dtype=np.float32)),
+             (mnp.arange(6, dtype=gk.float32), np.arange(6, dtype=np.float32)),
+             (mnp.linspace(0, 1, 5), np.linspace(0, 1, 5, dtype=np.float32)),
+             (mnp.linspace(0, 1, 4, endpoint=False), np.linspace(0, 1, 4, False,
+                                                                  dtype=np.float32))]
+    for got, want in cases:
+        assert isinstance(got, Tensor) and got.dtype == want.dtype, (got, want)
+        np.testing.assert_array_equal(got.asnumpy(), want)
+    with pytest.raises(InputError, match="step must not be zero"):
+        mnp.arange(0, 3, 0)
+
+    class DropPathLike(nn.Cell):  # MindCV's DropPath: ones of a shape read in construct
+        def construct(self, x):
+            return x * mnp.ones((x.shape[0],) + (1,) * (x.ndim - 1))
+
+    x = np.ones((2, 3, 4), np.float32)
+    np.testing.assert_array_equal(run_both(DropPathLike(), x)[0], x)
+
+
+def test_numpy_joining_splitting_and_elementwise():
+    from graphkernel import numpy as mnp
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((2, 6)).astype(np.float32)
+    b = rng.standard_normal((2, 6)).astype(np.float32)
+    cases = [
+        (lambda x, y: mnp.concatenate((x, y), 1), np.concatenate((a, b), 1)),
+        (lambda x, y: mnp.concatenate((x, y), None), np.concatenate((a, b), None)),
+        (lambda x, y: mnp.stack([x, y], -1), np.stack([a, b], -1)),
+        (lambda x, y: mnp.where(x > y, x, 0.0), np.where(a > b, a, 0)),
+        (lambda x, y: mnp.clip(x, -0.5, y), np.clip(a, -0.5, b)),
+        (lambda x, y: mnp.clip(x, None, 0.25), np.clip(a, None, 0.25)),
+        (lambda x, y: mnp.tile(x, (2, 1, 2)), np.tile(a, (2, 1, 2))),
+        (lambda x, y: mnp.tile(x, 3), np.tile(a, 3)),
+        (lambda x, y: mnp.tensordot(x, y, ([1], [1])), np.tensordot(a, b, ([1], [1]))),
+        (lambda x, y: mnp.tensordot(x, mnp.stack([y, x * y], -1), 2),
+         np.tensordot(a, np.stack([b, a * b], -1), 2)),
+        (lambda x, y: mnp.split(x, 3, 1), np.split(a, 3, 1)),
+        (lambda x, y: mnp.split(x, [1, 4, -1], 1), np.split(a, [1, 4, -1], 1)),
+        (lambda x, y: mnp.split(x, [4, 2], 1), np.split(a, [4, 2], 1)),
+    ]
+    for fn, want in cases:
+        got = run_both(Fn(fn), a, b)
+        want = want if isinstance(want, list) else [want]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ShapeError, match="4 sections do not divide axis 1 of size 6"):
+        mnp.split(Tensor(a), 4, 1)
+    with pytest.raises(UnsupportedError, match="where.condition. alone"):
+        mnp.where(Tensor(a))
+    with pytest.raises(ShapeError, match="axis 2 is out of range"):
+        mnp.roll(Tensor(a), 1, 2)
