@@ -1,8 +1,9 @@
-"""Small configurations of MindCV's ResNet-18 and MobileNetV2 (issue 28), built here from the
-same public layer APIs MindCV's model files use (nn.Conv2d with pad_mode="pad" and groups,
-BatchNorm2d, ReLU/ReLU6, MaxPool2d, Dense, SequentialCell, an init loop over
-`cells_and_names` with `common.initializer` classes): inference and one training step, fused
-and unfused float32 against the same network in float64."""
+"""Small configurations of MindCV's ResNet-18, MobileNetV2 and ViT (issue 28), built here from
+the same public layer APIs MindCV's model files use (nn.Conv2d with pad_mode="pad" and groups,
+BatchNorm2d, ReLU/ReLU6, MaxPool2d, Dense, LayerNorm, GELU, SequentialCell, CellList,
+BatchMatMul, Unstack, broadcast_to, an init loop over `cells_and_names` with
+`common.initializer` classes): inference and one training step, fused and unfused float32
+against the same network in float64."""
 from __future__ import annotations
 
 from typing import Any
@@ -192,16 +193,89 @@ def test_one_training_step_fused_unfused_and_float64(name: str) -> None:
     context.set_context(enable_graph_kernel=False)
     assert abs(losses[0] - losses[2]) < 1e-5 * abs(losses[2])
     assert abs(losses[1] - losses[2]) < 1e-5 * abs(losses[2])
-    moved = 0
     for key, start in before.items():
         want = after[2][key] - start  # the float64 step's update (moving statistics too)
         scale = max(np.abs(want).max(), 1e-3 * max(np.abs(start).max(), 1e-6))
         for got in after[:2]:
             error = np.abs((got[key] - start) - want).max() / scale
             assert error < 5e-4, (key, error)
+        # Every weight and statistic took part in the step. (A beta can rightly stay: one
+        # feeding a 1x1 convolution and a training BatchNorm has no gradient, the batch mean
+        # taking its shift out.)
         if key.endswith(("weight", "moving_mean", "moving_variance")):
-            assert np.abs(want).max() > 0, key  # took part in the step
-            moved += 1
-    # (A beta can rightly stay: one feeding a 1x1 convolution and a training BatchNorm has no
-    # gradient, the batch mean taking its shift out.)
-    assert moved > len(before) // 2
+            assert np.abs(want).max() > 0, key
+
+
+class Attention(nn.Cell):
+    """ViT's multi-head self-attention: one qkv Dense, heads split by Reshape/Transpose and
+    Unstack, scaled BatchMatMul scores, softmax, BatchMatMul with the values, projection."""
+
+    def __init__(self, dim: int, heads: int, dtype: Any) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.scale = self.head_dim ** -0.25  # applied to q and to k
+        self.qkv = nn.Dense(dim, dim * 3, dtype=dtype)
+        self.proj = nn.Dense(dim, dim, dtype=dtype)
+        self.unstack = ops.Unstack(axis=0)
+        self.q_matmul_k = ops.BatchMatMul(transpose_b=True)
+        self.attn_matmul_v = ops.BatchMatMul()
+
+    def construct(self, x: Any) -> Any:
+        b, n, c = x.shape
+        qkv = ops.reshape(self.qkv(x), (b, n, 3, self.heads, self.head_dim))
+        q, k, v = self.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)))
+        attn = ops.softmax(self.q_matmul_k(q * self.scale, k * self.scale), axis=-1)
+        out = ops.transpose(self.attn_matmul_v(attn, v), (0, 2, 1, 3))
+        return self.proj(ops.reshape(out, (b, n, c)))
+
+
+class EncoderBlock(nn.Cell):
+    def __init__(self, dim: int, heads: int, dtype: Any) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm((dim,), epsilon=1e-6, dtype=dtype)
+        self.attn = Attention(dim, heads, dtype)
+        self.norm2 = nn.LayerNorm((dim,), epsilon=1e-6, dtype=dtype)
+        self.mlp = nn.SequentialCell([nn.Dense(dim, 2 * dim, dtype=dtype), nn.GELU(),
+                                      nn.Dense(2 * dim, dim, dtype=dtype)])
+
+    def construct(self, x: Any) -> Any:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Cell):
+    """ViT's layout: a strided-convolution patch embedding, a class token and position
+    embedding (TruncatedNormal(0.02) through `initializer`), pre-norm encoder blocks, the
+    class token's features through LayerNorm and the head."""
+
+    def __init__(self, image: int = 32, patch: int = 8, dim: int = 16, depth: int = 2,
+                 heads: int = 2, num_classes: int = 10, dtype: Any = np.float32) -> None:
+        super().__init__()
+        tokens = (image // patch) ** 2
+        self.patch_embed = nn.Conv2d(3, dim, patch, patch, pad_mode="valid", has_bias=True,
+                                     dtype=dtype)
+        self.cls_token = gk.Parameter(init.initializer(init.TruncatedNormal(sigma=0.02),
+                                                       (1, 1, dim), dtype), "cls_token")
+        self.pos_embed = gk.Parameter(init.initializer(init.TruncatedNormal(sigma=0.02),
+                                                       (1, tokens + 1, dim), dtype),
+                                      "pos_embed")
+        self.blocks = nn.CellList([EncoderBlock(dim, heads, dtype) for _ in range(depth)])
+        self.norm = nn.LayerNorm((dim,), epsilon=1e-6, dtype=dtype)
+        self.head = nn.Dense(dim, num_classes, dtype=dtype)
+        for _, cell in self.cells_and_names():
+            if isinstance(cell, nn.Dense):
+                cell.weight.set_data(init.initializer(init.XavierUniform(), cell.weight.shape,
+                                                      cell.weight.dtype))
+
+    def construct(self, x: Any) -> Any:
+        x = self.patch_embed(x)
+        b, c = x.shape[:2]
+        x = ops.transpose(ops.reshape(x, (b, c, -1)), (0, 2, 1))
+        x = ops.concat((ops.broadcast_to(self.cls_token, (b, -1, -1)), x), axis=1)
+        x = x + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+NETWORKS["vit"] = lambda dtype: ViT(dtype=dtype)
