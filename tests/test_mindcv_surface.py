@@ -388,3 +388,46 @@ def test_numpy_joining_splitting_and_elementwise():
         mnp.where(Tensor(a))
     with pytest.raises(ShapeError, match="axis 2 is out of range"):
         mnp.roll(Tensor(a), 1, 2)
+
+
+# -- the call forms MindCV's ViT, ConvNeXt and Swin use -------------------------------------
+def test_tensor_reshape_astype_and_mean(fusion):
+    class Net(nn.Cell):
+        def construct(self, x):
+            pooled = x.mean([-2, -1])  # ConvNeXt's global pooling
+            tokens = x.reshape(x.shape[0], -1).astype(gk.float16)
+            return pooled, tokens.reshape((2, 3, -1)), x.mean(), x.mean(1, keep_dims=True)
+
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5) / 7
+    pooled, tokens, everything, kept = Net()(Tensor(x))
+    np.testing.assert_allclose(pooled.asnumpy(), x.mean((-2, -1)), rtol=1e-6)
+    assert tokens.dtype == np.float16
+    np.testing.assert_array_equal(tokens.asnumpy(), x.reshape(2, 3, -1).astype(np.float16))
+    np.testing.assert_allclose(everything.asnumpy(), x.mean(), rtol=1e-6)
+    np.testing.assert_allclose(kept.asnumpy(), x.mean(1, keepdims=True), rtol=1e-6)
+    weight = Parameter(np.zeros((4, 6), np.float32), "w")  # ViT's init: set_data of a reshape
+    weight.set_data(Tensor(np.arange(24.0)).reshape(weight.shape))
+    assert weight.asnumpy()[3, 5] == 23
+
+
+def test_cells_take_keyword_inputs(fusion):
+    class Attention(nn.Cell):
+        def construct(self, x, scale=2.0, mask=None):
+            out = x * scale
+            return out if mask is None else out + mask
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attention()
+
+        def construct(self, x, mask):
+            return self.attn(x, mask=mask)  # Swin's call
+
+    x, mask = np.ones((2, 3), np.float32), np.full((2, 3), 0.5, np.float32)
+    np.testing.assert_array_equal(Net()(Tensor(x), Tensor(mask)).asnumpy(), x * 2 + 0.5)
+    np.testing.assert_array_equal(Attention()(Tensor(x), mask=Tensor(mask)).asnumpy(),
+                                  x * 2 + 0.5)
+    with pytest.raises(InputError, match="Attention.construct: got an unexpected keyword "
+                                         "argument 'bias'"):
+        Attention()(Tensor(x), bias=Tensor(mask))

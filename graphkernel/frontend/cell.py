@@ -1,6 +1,7 @@
 """nn.Cell and nn.GraphKernel: networks whose `construct` calls primitives."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from graphkernel.errors import GraphModeError, InputError
@@ -98,7 +99,23 @@ class Cell:
             object.__setattr__(cell, "training", bool(mode))
         return self
 
-    def __call__(self, *inputs: Any) -> Any:
+    def _positional(self, inputs: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[Any, ...]:
+        """`cell(x, mask=m)`: the keyword inputs placed by `construct`'s signature, the defaults
+        of any skipped before them filled in, so every path below sees positional inputs."""
+        try:
+            bound = inspect.signature(self.construct).bind(*inputs, **keywords)
+        except TypeError as err:
+            raise InputError(f"{type(self).__name__}.construct: {err}", user_location()) from None
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise InputError(f"{type(self).__name__}.construct takes {', '.join(bound.kwargs)} "
+                             "by keyword only: graphkernel passes a cell's inputs by position "
+                             "(make them positional parameters)", user_location())
+        return tuple(bound.args)
+
+    def __call__(self, *inputs: Any, **keywords: Any) -> Any:
+        if keywords:
+            inputs = self._positional(inputs, keywords)
         # The per-call path: the graph this cell ran last, if the context holds and nothing is
         # being traced; its entry checks the guards (every attribute the trace read still the
         # same object: frontend/guards.py) and returns NotImplemented when one moved or for

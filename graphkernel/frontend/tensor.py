@@ -149,14 +149,34 @@ class Tensor:
         array = self.asnumpy()
         return array if dtype is None else array.astype(dtype)
 
+    # -- MindSpore's Tensor methods that MindCV's models call: their primitives ---------------
+    def reshape(self, *shape: Any) -> Tensor:
+        """x.reshape(2, -1) or x.reshape((2, -1)): Reshape."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return apply_op("Reshape", [self], {"shape": tuple(shape)})  # type: ignore[return-value]
+
+    def astype(self, dtype: Any, copy: bool = True) -> Tensor:
+        """The values cast to `dtype`: Cast (the tensor itself when it has that dtype)."""
+        if T.to_dtype(dtype) == self.dtype and not copy:
+            return self
+        return apply_op("Cast", [self], {"dtype": dtype})  # type: ignore[return-value]
+
+    def mean(self, axis: Any = None, keep_dims: bool = False) -> Tensor:
+        """The mean over `axis` (an int, a tuple or list, or None for all): ReduceMean."""
+        axes = () if axis is None else tuple(axis) if isinstance(axis, list) else axis
+        return apply_op("ReduceMean", [self], {"axis": axes,  # type: ignore[return-value]
+                                               "keep_dims": keep_dims})
+
     def __getattr__(self, name: str) -> Any:
-        # Only called for attributes Tensor lacks (x.sum(), x.reshape(...)): say what exists.
+        # Only called for attributes Tensor lacks (x.sum(), x.view(...)): say what exists.
         if name.startswith("_"):
             raise AttributeError(name)
         raise UnsupportedError(f"Tensor has no attribute {name!r}: graphkernel tensors have "
-                               "shape, dtype, ndim, size and asnumpy(), the operators + - * / ** "
-                               "@ < <= > >=, and every op as a primitive (e.g. P.ReduceSum()(x, "
-                               "axis)) from graphkernel.ops.operations", user_location())
+                               "shape, dtype, ndim, size, asnumpy(), reshape(), astype() and "
+                               "mean(), the operators + - * / ** @ < <= > >=, and every op as a "
+                               "primitive (e.g. P.ReduceSum()(x, axis)) from "
+                               "graphkernel.ops.operations", user_location())
 
     # -- Python protocols that need values ---------------------------------------------------
     def _needs_value(self, what: str) -> None:
