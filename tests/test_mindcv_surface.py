@@ -431,3 +431,29 @@ def test_cells_take_keyword_inputs(fusion):
     with pytest.raises(InputError, match="Attention.construct: got an unexpected keyword "
                                          "argument 'bias'"):
         Attention()(Tensor(x), bias=Tensor(mask))
+
+
+def test_drop_path_mask_of_ones_is_drawn_on_every_call(fusion):
+    """MindCV's DropPath: `dropout(ones(shape))` in construct, a random op on a constant. It is
+    a node of the graph, drawing a new mask on every step, not a draw made once while tracing
+    and frozen into the graph."""
+    from graphkernel.numpy import ones
+
+    class DropPath(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dropout = nn.Dropout(p=0.5)
+
+        def construct(self, x):
+            return x * self.dropout(ones((x.shape[0],) + (1,) * (x.ndim - 1)))
+
+    net = DropPath()
+    net.set_train(True)
+    x = np.ones((64, 3), np.float32)
+    masks = [net(Tensor(x)).asnumpy() for _ in range(2)]
+    for mask in masks:
+        assert set(np.unique(mask)) <= {0.0, 2.0} and (mask == mask[:, :1]).all()
+        assert 0 < mask[:, 0].sum() < 128  # both kept and dropped rows
+    assert not np.array_equal(masks[0], masks[1])
+    net.set_train(False)
+    np.testing.assert_array_equal(net(Tensor(x)).asnumpy(), x)

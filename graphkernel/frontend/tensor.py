@@ -424,7 +424,7 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         if not isinstance(operands[i], Parameter):
             raise InputError(f"{op.name} writes its input {op.inputs[i]!r} in place, so it must "
                              f"be a Parameter, not a {type(args[i]).__name__}")
-    tracer = _tracer_for(operands)
+    tracer = _tracer_for(operands, op.stateful)
     if tracer is None:
         arrays = [o.asnumpy() if isinstance(o, Tensor) else o for o in operands]
         result = op.reference(*arrays, **full_attrs)
@@ -465,13 +465,18 @@ def attrs_for_ir(op: OpDef, attrs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _tracer_for(operands: list[Tensor | np.ndarray]) -> SymbolicGraph | None:
+def _tracer_for(operands: list[Tensor | np.ndarray], stateful: bool = False
+                ) -> SymbolicGraph | None:
     for o in operands:
         if isinstance(o, Tensor) and o._tracer is not None:
             return current_graph() or o._tracer
     tracer = current_graph()
     if tracer is not None and any(isinstance(o, Parameter) for o in operands):
         return tracer  # weights stay graph inputs, never folded into constants
+    if tracer is not None and stateful:
+        # A random op (Dropout) on constants, as DropPath's mask of ones: a node drawing anew
+        # on every call, not one draw frozen into the graph while tracing.
+        return tracer
     return None
 
 
