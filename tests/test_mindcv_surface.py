@@ -102,6 +102,13 @@ def test_initializer_classes_follow_mindspore_formulas():
     array = np.zeros((2, 2))
     init.Constant(3)(array)
     np.testing.assert_array_equal(array, 3)
+    # A user's initialiser written MindSpore's way, filling an array in _initialize.
+    class Arange(init.Initializer):
+        def _initialize(self, arr):
+            arr[...] = np.arange(arr.size).reshape(arr.shape)
+
+    np.testing.assert_array_equal(init.initializer(Arange(), (2, 3)).asnumpy(),
+                                  np.arange(6).reshape(2, 3))
     # The names MindSpore takes give the same classes.
     gk.set_seed(9)
     by_name = init.initializer("he_normal", (8, 4)).asnumpy()
@@ -457,3 +464,30 @@ def test_drop_path_mask_of_ones_is_drawn_on_every_call(fusion):
     assert not np.array_equal(masks[0], masks[1])
     net.set_train(False)
     np.testing.assert_array_equal(net(Tensor(x)).asnumpy(), x)
+
+
+def test_initializer_and_numpy_errors_check_arguments_and_name_the_users_line():
+    import graphkernel.common.initializer as init
+    from graphkernel import numpy as mnp
+    cases = [
+        (lambda: init.Normal(sigma="x"), InputError, "Normal: sigma must be a finite"),
+        (lambda: init.Uniform(scale=-1), InputError, "Uniform: scale must be a finite non-neg"),
+        (lambda: init.TruncatedNormal(a=1.0, b=-1.0), InputError, "leave no interval"),
+        (lambda: init.HeNormal(nonlinearity="swish"), InputError, "unknown nonlinearity"),
+        (lambda: init.initializer("normal", (2,), foo=1), InputError, "unexpected keyword"),
+        (lambda: init.initializer(object(), (2,)), InputError, "init must be a name"),
+        (lambda: mnp.split(Tensor(np.ones((2, 6), np.float32)), 4, 1), ShapeError,
+         "4 sections do not divide"),
+    ]
+    for make, error, message in cases:
+        with pytest.raises(error, match=message) as info:
+            make()
+        assert info.value.location is not None and info.value.location.filename == __file__
+
+    class Net(nn.Cell):
+        def construct(self, x):
+            return mnp.roll(x, 1, 5)  # the line the error names
+
+    with pytest.raises(ShapeError, match="roll: axis 5 is out of range") as info:
+        Net()(Tensor(np.ones((2, 3), np.float32)))
+    assert "the line the error names" in info.value.location.text

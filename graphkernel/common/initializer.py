@@ -53,7 +53,16 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     if nonlinearity == "selu":
         return 3.0 / 4
     raise InputError(f"unknown nonlinearity {nonlinearity!r} for a gain; graphkernel has "
-                     f"{', '.join(_LINEAR_GAINS)}, tanh, relu, leaky_relu, selu")
+                     f"{', '.join(_LINEAR_GAINS)}, tanh, relu, leaky_relu, selu", user_location())
+
+
+def _real(owner: str, name: str, value: Any, non_negative: bool = False) -> float:
+    """An initialiser's numeric argument, checked when it is made (not when first drawn)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or (non_negative and value < 0):
+        kind = "a finite non-negative number" if non_negative else "a finite number"
+        raise InputError(f"{owner}: {name} must be {kind}, got {value!r}", user_location())
+    return float(value)
 
 
 class Initializer:
@@ -64,8 +73,15 @@ class Initializer:
         self._kwargs = kwargs
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray:
-        """float64 values for a tensor of `shape`."""
-        raise NotImplementedError
+        """float64 values for a tensor of `shape`. A user's subclass may instead fill an array
+        in MindSpore's `_initialize(arr)`."""
+        fill = getattr(self, "_initialize", None)
+        if fill is None:
+            raise InputError(f"{type(self).__name__} defines neither draw(shape) nor "
+                             "MindSpore's _initialize(arr)", user_location())
+        arr = np.zeros(shape)
+        fill(arr)
+        return arr
 
     def __call__(self, arr: np.ndarray) -> None:
         if not isinstance(arr, np.ndarray):
@@ -91,7 +107,7 @@ class One(Initializer):
 class Constant(Initializer):
     def __init__(self, value: Any) -> None:
         super().__init__(value=value)
-        self.value = value
+        self.value = _real("Constant", "value", value)
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.full(shape, self.value, dtype=np.float64)
@@ -102,7 +118,8 @@ class Normal(Initializer):
 
     def __init__(self, sigma: float = 0.01, mean: float = 0.0) -> None:
         super().__init__(sigma=sigma, mean=mean)
-        self.sigma, self.mean = sigma, mean
+        self.sigma = _real("Normal", "sigma", sigma, non_negative=True)
+        self.mean = _real("Normal", "mean", mean)
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray:
         return _rng.normal(self.mean, self.sigma, shape)
@@ -115,6 +132,9 @@ class TruncatedNormal(Initializer):
     def __init__(self, sigma: float = 0.01, mean: float = 0.0, a: float = -2.0,
                  b: float = 2.0) -> None:
         super().__init__(sigma=sigma, mean=mean, a=a, b=b)
+        sigma = _real("TruncatedNormal", "sigma", sigma, non_negative=True)
+        mean = _real("TruncatedNormal", "mean", mean)
+        a, b = _real("TruncatedNormal", "a", a), _real("TruncatedNormal", "b", b)
         if not a < b:
             raise InputError(f"TruncatedNormal: the bounds a={a} and b={b} leave no interval",
                              user_location())
@@ -135,7 +155,7 @@ class Uniform(Initializer):
 
     def __init__(self, scale: float = 0.07) -> None:
         super().__init__(scale=scale)
-        self.scale = scale
+        self.scale = _real("Uniform", "scale", scale, non_negative=True)
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray:
         return _rng.uniform(-self.scale, self.scale, shape)
@@ -146,7 +166,7 @@ class XavierUniform(Initializer):
 
     def __init__(self, gain: float = 1.0) -> None:
         super().__init__(gain=gain)
-        self.gain = gain
+        self.gain = _real("XavierUniform", "gain", gain)
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray:
         fan_in, fan_out = _fans(shape)
@@ -159,7 +179,7 @@ class XavierNormal(Initializer):
 
     def __init__(self, gain: float = 1.0) -> None:
         super().__init__(gain=gain)
-        self.gain = gain
+        self.gain = _real("XavierNormal", "gain", gain)
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray:
         fan_in, fan_out = _fans(shape)
@@ -173,7 +193,9 @@ class _He(Initializer):
         if mode not in ("fan_in", "fan_out"):
             raise InputError(f"{type(self).__name__}: mode must be 'fan_in' or 'fan_out', got "
                              f"{mode!r}", user_location())
-        self.negative_slope, self.mode, self.nonlinearity = negative_slope, mode, nonlinearity
+        self.negative_slope = _real(type(self).__name__, "negative_slope", negative_slope)
+        self.mode, self.nonlinearity = mode, nonlinearity
+        calculate_gain(nonlinearity, self.negative_slope)  # an unknown name is refused now
 
     def _std(self, shape: tuple[int, ...]) -> float:
         fan_in, fan_out = _fans(shape)

@@ -9,10 +9,12 @@ from typing import Any
 from graphkernel.errors import SourceLocation
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Frames in these folders are the compiler itself; any other frame (a user's script, or cells
-# that ship with graphkernel such as nn/layers.py and tools/lab.py) is where a node came from.
+# Frames in these folders (and mindspore.numpy's functions, numpy.py, which are ops) are the
+# compiler itself; any other frame (a user's script, or cells that ship with graphkernel such
+# as nn/layers.py and tools/lab.py) is where a node came from.
 _INTERNAL_DIRS = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in (
-    "frontend", "ir", "passes", "graph_kernel", "codegen", "runtime", "ops"))
+    "frontend", "ir", "passes", "graph_kernel", "codegen", "runtime", "ops", "common")) + (
+    os.path.join(_PACKAGE_DIR, "numpy.py"),)
 
 
 # A code object's file name, made absolute, by that name (one normpath per file, not per frame:
