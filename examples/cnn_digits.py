@@ -10,6 +10,8 @@ same network in inference mode (`set_train(False)`: BatchNorm normalises with it
 statistics, folded into the convolutions' weights when fusion is on).
 
     python examples/cnn_digits.py [--train N] [--epochs N] [--no-fusion]
+
+Needs the examples extra (scikit-learn's digits): `.venv/bin/pip install -e '.[examples]'`.
 """
 import argparse
 import time

@@ -3,6 +3,8 @@
     .venv/bin/python examples/dask_batch_inference.py                 # a LocalCluster here
     .venv/bin/python examples/dask_batch_inference.py --scheduler tcp://host:8786
 
+Needs the examples extra (Dask): `.venv/bin/pip install -e '.[examples]'`.
+
 Exports a small MLP (batch 256), runs it over a Dask array of `--rows` rows in chunks of
 `--chunk` rows, checks the result against the local run, then prints the time per chunk on the
 cluster against the same chunks run in this process: the difference is Dask's overhead per chunk

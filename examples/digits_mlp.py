@@ -4,6 +4,8 @@ way: nn.Dense + nn.ReLU, SoftmaxCrossEntropyWithLogits, nn.Momentum, TrainOneSte
     python examples/digits_mlp.py                 # fusion on and off, side by side
     python examples/digits_mlp.py --fusion on --epochs 30 --save-graphs dumps/
 
+Needs the examples extra (scikit-learn's digits): `.venv/bin/pip install -e '.[examples]'`.
+
 Each training step is one compiled graph: forward, backward and the momentum update of every
 parameter, written in place. It prints the loss per epoch, the held-out accuracy (a fifth of the
 data, never trained on), and the kernels one step launches with and without fusion.

@@ -3,6 +3,9 @@
     mpirun -n 2 --allow-run-as-root .venv/bin/python examples/train_digits_dp.py  # half batches
     .venv/bin/python examples/train_digits_dp.py --single      # one process, whole batches
 
+Needs the examples extra (scikit-learn's digits), mpi4py and Open MPI: `apt-get install
+openmpi-bin libopenmpi-dev`, then `.venv/bin/pip install -e '.[examples]' mpi4py`.
+
 `communication.init()` joins MPI's world, `set_auto_parallel_context(parallel_mode=
 "data_parallel", gradients_mean=True)` makes TrainOneStepCell average its gradients over the
 ranks (one AllReduce per step, one buffer per dtype) before the momentum update, so every rank

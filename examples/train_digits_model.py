@@ -2,8 +2,9 @@
 `LossMonitor`, `TimeMonitor` and `ModelCheckpoint`, `Model.eval`, and the loss curve as a PNG.
 A MindSpore script ports by changing `mindspore` to `graphkernel` in its imports.
 
-Needs scikit-learn (the digits set it ships): pip install -e '.[test]'. The PNG is drawn with
-matplotlib when it is installed, else by the few lines of `plain_png` below (no dependency).
+Needs the examples extra (scikit-learn's digits): pip install -e '.[examples]'. The PNG is
+drawn with matplotlib when it is installed, else by the few lines of `plain_png` below (no
+dependency).
 
     python examples/train_digits_model.py                      # 20 epochs, into ./digits_run/
     python examples/train_digits_model.py --epochs 30 --out /tmp/run

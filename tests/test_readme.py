@@ -39,6 +39,8 @@ HOW: dict[str, tuple[str, str]] = {
     ".venv/bin/python -m bench --quick": ("ci", ".ci/run's bench smoke step"),
     ".venv/bin/python -m bench": ("not_run", "the full benchmark takes hours"),
     ".venv/bin/pip install -r bench/requirements.txt": ("not_run", "downloads several GB"),
+    ".venv/bin/pip install -e '.[examples]'": ("not_run", "its packages are in the test extra, "
+                                               "which made this environment"),
     ".venv/bin/python -m bench.targets bench/results/results.json": ("run", ""),
     ".venv/bin/graphkernel bench": ("not_run", "the same program as python -m bench"),
 }
