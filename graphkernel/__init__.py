@@ -4,7 +4,8 @@ Write a network the MindSpore way (an `nn.Cell` whose `construct` calls primitiv
 `context.set_context(enable_graph_kernel=True)`, and graphkernel fuses its operators into
 generated C kernels. See docs/architecture.md for the map of the house.
 """
-# `ms.train.Model` (also `ms.Model`) and `ms.dataset` after a bare import, as MindSpore's.
+# `ms.train.Model` (also `ms.Model`), `ms.dataset` and `ms.numpy` after a bare import, as
+# MindSpore's.
 from graphkernel import communication, dataset, nn, numpy, ops, train  # noqa: E402
 from graphkernel._version import __version__
 from graphkernel.common import dtype
