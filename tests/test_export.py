@@ -16,7 +16,7 @@ from cells import Fn
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
-from graphkernel.errors import FormatError, InputError, UnsupportedError
+from graphkernel.errors import FormatError, InputError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.graph import Constant, Graph, Input, Node
@@ -325,20 +325,57 @@ def test_export_refuses_other_formats_and_foreign_files(tmp_path, rng):
     assert graphkernel.export(mlp(), x, file_name=first) == first  # an export is replaced
 
 
-def test_a_graph_with_symbolic_dimensions_is_refused_clearly(tmp_path):
-    class Net(nn.Cell):
-        def construct(self, x):
-            return P.Softmax()(x * 2.0)
+# -- forged dynamic sizes: symbols become C locals of generated kernels -------------------------
+@pytest.fixture
+def exported_generic(tmp_path):
+    context.set_context(enable_graph_kernel=True)
+    net = mlp()
+    net.set_inputs(Tensor(shape=[graphkernel.Symbol(min=2, max=64), 12],
+                          dtype=graphkernel.float32))
+    return graphkernel.export(net, Tensor(np.ones((4, 12), np.float32)),
+                              file_name=str(tmp_path / "generic"))
 
-    net = Net()
-    net.set_inputs(Tensor(shape=[None, 64], dtype=graphkernel.float32))
-    x = np.ones((5, 64), np.float32)
-    with pytest.raises(UnsupportedError, match=r"symbolic dimensions \(x float32\[N, ?64\]"):
-        graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "net"))
-    assert list(tmp_path.iterdir()) == []  # nothing written
-    path = graphkernel.export(Net(), Tensor(x), file_name=str(tmp_path / "static"))
-    np.testing.assert_allclose(nn.GraphCell(graphkernel.load(path))(Tensor(x)).asnumpy(),
-                               Net()(Tensor(x)).asnumpy())
+
+def _input_dim(m, symbols, coef=1):
+    size = {"coef": coef, "symbols": symbols}
+    m["graph"]["inputs"][0]["type"]["shape"][0] = size
+    m["signature"][0]["shape"][0] = size
+
+
+def _weight_dim(m):
+    weight = next(i for i in m["graph"]["inputs"] if i["kind"] == "weight")
+    weight["type"]["shape"][0] = {"coef": 1, "symbols": ["N"]}
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: _input_dim(m, ['N; system("rm -rf /"); int x']), "bad dynamic size: symbols"),
+    (lambda m: _input_dim(m, ["i"]), "bad dynamic size: symbols"),  # a kernel's loop index
+    (lambda m: _input_dim(m, ["N0099"]), "bad dynamic size: symbols"),
+    (lambda m: _input_dim(m, ["N"], coef=0), "coefficient 0"),
+    (lambda m: _input_dim(m, ["N"], coef=-2), "coefficient -2"),
+    (lambda m: _input_dim(m, ["N"], coef=True), "coefficient True"),
+    (lambda m: _input_dim(m, ["N", "M"]), "does not check|one symbol per dynamic dimension"),
+    (lambda m: m["graph"]["inputs"][0]["type"]["shape"].__setitem__(0, "N"), "bad size 'N'"),
+    (lambda m: _weight_dim(m), "does not check|a weight.*takes static sizes"),
+    (lambda m: m.update(version=1), "version 1 holds static shapes only"),
+    (lambda m: m.pop("size_rules"), "bad size rules None"),
+    (lambda m: m["size_rules"][0].update(symbol="M"), "no dynamic dimension of the inputs"),
+    (lambda m: m["size_rules"][0].update(symbol="N\"); system(\""),
+     "no dynamic dimension of the inputs"),
+    (lambda m: m["size_rules"][0].update(divisor=0), "bad numbers"),
+    (lambda m: m["size_rules"][0].update(remainder=5, divisor=3), "bad numbers"),
+    (lambda m: m["size_rules"][0].update(max=-1), "bad numbers"),
+    (lambda m: m["size_rules"][0].update(min=1 << 70), "bad numbers"),
+    (lambda m: m["size_rules"][0].update(origin="\x1b[2J"), "bad origin"),
+    (lambda m: m["size_rules"][0].update(code="__import__('os')"), "not a record"),
+    (lambda m: m["size_rules"].extend([m["size_rules"][0]] * 65), "bad size rules"),
+    (lambda m: _first_node(m)["type"]["shape"].__setitem__(0, {"coef": 1, "symbols": ["M"]}),
+     "does not check"),
+])
+def test_forged_dynamic_sizes_are_refused(exported_generic, edit, message):
+    rewrite(exported_generic, lambda m, e: edit(m))
+    with pytest.raises(FormatError, match=message):
+        graphkernel.load(exported_generic)
 
 
 # -- forged files: checksums consistent, contents hostile ----------------------------------------

@@ -397,6 +397,16 @@ def _generic(cell: CellLike) -> dict[tuple[Any, ...], CompiledCell]:
     return cell.__dict__.setdefault("_generic", {})  # type: ignore[attr-defined, no-any-return]
 
 
+def automatic_types(cell: CellLike, inputs: tuple[Any, ...]) -> list[TensorType] | None:
+    """The input types of the shape-generic graph automatic dynamic shapes made for `cell` that
+    serves `inputs` (in this context), or None when calls have made none."""
+    generation = context._generation
+    for key in _generic(cell):
+        if key[:2] == ("automatic", generation) and dynamic.matches(key[2], inputs):
+            return list(key[2])
+    return None
+
+
 def _compile_for(cell: CellLike, inputs: tuple[Any, ...]) -> CompiledCell:
     """A call whose shapes have no executable yet: the declared (set_inputs) graph, a
     shape-generic graph that fits, or a new compile (shape-generic once a dimension varied)."""

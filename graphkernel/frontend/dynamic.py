@@ -29,15 +29,7 @@ from graphkernel.errors import InputError
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.symbol import Symbol
 from graphkernel.ir import types as T
-from graphkernel.ir.types import SymSize, TensorType, shape_fits
-
-SYMBOL_NAMES = ("N", "M", "K", "L", "P", "Q", "R", "S")
-
-
-def symbol_name(index: int) -> str:
-    if index < len(SYMBOL_NAMES):
-        return SYMBOL_NAMES[index]
-    return f"N{index}"
+from graphkernel.ir.types import SymSize, TensorType, shape_fits, symbol_name
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,17 @@ from graphkernel.errors import (
     FormatError,
     GraphKernelError,
     InputError,
-    UnsupportedError,
     VerifyError,
 )
 from graphkernel.frontend import archive
-from graphkernel.frontend.compile import _check_memory, compile, options_from_context
+from graphkernel.frontend.compile import (
+    _check_memory,
+    automatic_types,
+    compile,
+    options_from_context,
+)
 from graphkernel.frontend.compiled import CompiledCell, CompileReport
+from graphkernel.frontend.dynamic import SizeRule, broken_rule
 from graphkernel.frontend.signature import CellLike
 from graphkernel.frontend.tensor import Parameter
 from graphkernel.graph_kernel.cost_model import CostModel
@@ -55,15 +60,18 @@ from graphkernel.ir.graph import Graph
 from graphkernel.ir.serialize import (
     check_array,
     data_to_graph,
+    encode_dim,
     encode_type,
     graph_to_data,
 )
-from graphkernel.ir.types import TensorType, shape_fits
+from graphkernel.ir.types import SymSize, TensorType, shape_fits
 from graphkernel.passes.stage_names import FINAL
 from graphkernel.runtime.builder import build_executable
 
 FORMAT = "GKIR"
-FORMAT_VERSION = 1
+# 1: static shapes only. 2: dynamic sizes (`{"coef": c, "symbols": [...]}` in shapes) and the
+# rules their sizes follow ("size_rules"); written only for a shape-generic graph.
+FORMAT_VERSION = 2
 SUFFIX = ".gkir"
 # The only entries an export holds besides the manifest and its checksum.
 _ENTRY_NAME = re.compile(rf"{archive.ARRAY_NAME.pattern}|kernels\.c|prebuilt/[0-9a-f]{{32}}\.so")
@@ -84,6 +92,9 @@ class LoadedGraph:
     # (cache key, library) when trusted: used only if the kernels generated here have that key
     prebuilt: tuple[str, bytes] | None = None
     notes: list[str] = field(default_factory=list)
+    # What the sizes of the signature's dynamic dimensions must be (a Symbol's range, a
+    # Reshape's multiple), checked on every call
+    size_rules: tuple[SizeRule, ...] = ()
 
     def __repr__(self) -> str:
         args = ", ".join(f"{n}: {t}" for n, t in self.signature)
@@ -102,14 +113,31 @@ def export(net: CellLike, *inputs: Any, file_name: str, file_format: str = FORMA
            include_library: bool = True, options: CompileOptions | None = None) -> str:
     """Compile `net` for `inputs` (the current context's settings, or `options`) and write the
     final graph, its weights, kernel sources, options and input signature to `file_name`
-    (".gkir" added when missing). Returns the path written."""
+    (".gkir" added when missing). Returns the path written.
+
+    The graph is shape-generic when `net` is: dimensions declared dynamic by
+    `net.set_inputs` (with their Symbols' rules), or made dynamic by automatic dynamic shapes
+    in earlier calls of `net` (its shape-generic graph that serves `inputs`), or the dynamic
+    dimensions of a loaded graph (`nn.GraphCell` of a GKIR or ONNX file, `inputs` optional);
+    `load`ed, it runs every size they allow with one compile. Otherwise the export takes
+    `inputs`' shapes only."""
     if file_format != FORMAT:
         raise FormatError(f"file_format={file_format!r}: graphkernel writes {FORMAT!r} only "
                           "(graphkernel.export writes ONNX too; MINDIR and AIR are MindSpore's)")
     path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
     if os.path.exists(path) and not _is_export(path):
         raise FormatError(f"{path} exists and is not a {FORMAT} export; not replacing it")
-    compiled = compile(net, *inputs, options=options)
+    loaded = getattr(net, "_loaded", None)
+    if isinstance(loaded, LoadedGraph) and hasattr(net, "compiled"):
+        # An nn.GraphCell (a loaded GKIR or ONNX graph): its graph as it is, dynamic sizes too
+        if inputs:
+            check_signature(loaded, list(inputs))
+        return write_compiled(net.compiled, path, loaded.options, include_library)
+    types = None
+    if getattr(net, "__dict__", {}).get("_declared_inputs") is None and inputs and \
+            all(hasattr(a, "shape") and hasattr(a, "dtype") for a in inputs):
+        types = automatic_types(net, inputs)
+    compiled = compile(net, *inputs, options=options, types=types)
     return write_compiled(compiled, path, options or options_from_context(), include_library)
 
 
@@ -117,14 +145,6 @@ def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
                    include_library: bool = True) -> str:
     """Write an already compiled graph (see `export`)."""
     graph = compiled.graph
-    symbolic = [f"{i.name} {i.type}" for i in graph.inputs
-                if isinstance(i.type, TensorType) and
-                not all(isinstance(d, int) for d in i.type.shape)]
-    if symbolic:  # the format stores sizes as numbers; size symbols are not written yet
-        raise UnsupportedError(
-            f"export writes graphs of static shapes, and {compiled.name} has symbolic "
-            f"dimensions ({', '.join(symbolic)}, from Cell.set_inputs): export a cell without "
-            "set_inputs, compiled for the input shapes it will run on")
     data, arrays = graph_to_data(graph)
     weights = [i for i in graph.inputs if i.kind == "weight"]
     for i, param in enumerate(compiled.params):  # the plan's weight order is the graph's
@@ -139,9 +159,11 @@ def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
             with open(library.path, "rb") as fh:
                 entries[f"prebuilt/{key}.so"] = fh.read()
             prebuilt = {"key": key, "entry": f"prebuilt/{key}.so"}
+    # Version 1 holds static graphs only: a static export stays readable by older releases.
+    generic = not all(i.tensor_type.is_static for i in graph.inputs)
     manifest = {
-        "format": FORMAT, "version": FORMAT_VERSION, "producer": f"graphkernel {__version__}",
-        "name": compiled.name, **data,
+        "format": FORMAT, "version": FORMAT_VERSION if generic else 1,
+        "producer": f"graphkernel {__version__}", "name": compiled.name, **data,
         "weights": [{"name": inp.name, "array": f"weight{i}"} for i, inp in enumerate(weights)],
         "signature": [{"name": i.name, **encode_type(i.type)}
                       for i in graph.inputs if i.kind == "input"],
@@ -150,8 +172,19 @@ def write_compiled(compiled: CompiledCell, path: str, options: CompileOptions,
         "library": None if library is None else {"with_entry": library.entry is not None},
         "prebuilt": prebuilt,
     }
+    if generic:
+        manifest["size_rules"] = [{**dataclasses.asdict(rule), "origin": _origin_text(rule)}
+                                  for rule in compiled.size_rules]
     archive.write(path, manifest, entries, prefix=".gkir.")
     return path
+
+
+def _origin_text(rule: SizeRule) -> str:
+    """A rule's origin as the file keeps it: printable ASCII (escapes for the rest), cut to
+    the length `load` takes."""
+    text = rule.origin.encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c if " " <= c <= "~" else " " for c in text)
+    return text[:_ORIGIN_LENGTH] or "a rule on " + rule.symbol
 
 
 def _is_export(path: str) -> bool:
@@ -255,15 +288,17 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
     listed = manifest.get("signature")
     if not isinstance(listed, list) or [
             (r.get("name"), r.get("shape"), r.get("dtype")) if isinstance(r, dict) else None
-            for r in listed] != [(n, list(t.shape), t.dtype.name) for n, t in signature]:
+            for r in listed] != [(n, [encode_dim(d) for d in t.shape], t.dtype.name)
+                                 for n, t in signature]:
         raise FormatError(f"{path}: the input signature does not match the graph")
+    rules = _size_rules(manifest, graph, path)
     _check_memory(graph, graph.name)  # refuse a graph too large for this machine up front
     kernels = manifest.get("kernels")
     source = entries[kernels].decode("utf-8", "replace") if kernels in entries else None
     loaded = LoadedGraph(_name(manifest, path), graph, weights,
                          _options(manifest.get("options"), path), signature, source,
                          hashlib.sha256(entries[archive.MANIFEST]).hexdigest(),
-                         str(manifest.get("producer", "?")))
+                         str(manifest.get("producer", "?")), size_rules=rules)
     prebuilt = manifest.get("prebuilt")
     if trust_prebuilt and isinstance(prebuilt, dict) and prebuilt.get("entry") in entries:
         library = manifest.get("library") or {}
@@ -274,6 +309,57 @@ def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph
             loaded.notes.append("the prebuilt library was made for another toolchain or CPU: "
                                 "compiling here")
     return loaded
+
+
+# A rule's origin is text for error messages (a Symbol's repr, a Reshape at a source line).
+_ORIGIN_LENGTH = 300
+_ORIGIN = re.compile(rf"[ -~]{{1,{_ORIGIN_LENGTH}}}")
+
+
+def _size_rules(manifest: dict[str, Any], graph: Graph, path: str) -> tuple[SizeRule, ...]:
+    """The rules on the graph's dynamic sizes. Dynamic sizes come in through the inputs only
+    (the verifier inferred every other type from them): each input's dynamic dimension is one
+    symbol (N or c*N), weights are static, and each rule is on a symbol of the inputs."""
+    symbols: set[str] = set()
+    for inp in graph.inputs:
+        for axis, dim in enumerate(inp.tensor_type.shape):
+            if not isinstance(dim, SymSize):
+                continue
+            if inp.kind == "weight" or len(dim.names) != 1:
+                what = "a weight" if inp.kind == "weight" else "an input"
+                raise FormatError(f"{path}: {what}, {inp.name}, has the dynamic size {dim} at "
+                                  f"axis {axis}; {what} takes " +
+                                  ("static sizes" if inp.kind == "weight" else
+                                   "one symbol per dynamic dimension"))
+            symbols.add(dim.names[0])
+    version = manifest["version"]
+    records = manifest.get("size_rules", [] if version < 2 or not symbols else None)
+    if symbols and version < 2:
+        raise FormatError(f"{path}: {FORMAT} version {version} holds static shapes only, and "
+                          f"this graph has dynamic sizes ({', '.join(sorted(symbols))})")
+    if not isinstance(records, list) or len(records) > 64:
+        raise FormatError(f"{path}: bad size rules {records!r:.80}")
+    rules = []
+    for i, rec in enumerate(records):
+        fields = {f.name: f.type for f in dataclasses.fields(SizeRule)}
+        if not isinstance(rec, dict) or set(rec) != set(fields):
+            raise FormatError(f"{path}: size rule {i} is not a record of "
+                              f"{', '.join(fields)}")
+        if rec["symbol"] not in symbols:
+            raise FormatError(f"{path}: size rule {i} is on {rec['symbol']!r:.20}, which is no "
+                              f"dynamic dimension of the inputs "
+                              f"({', '.join(sorted(symbols)) or 'none'})")
+        if not isinstance(rec["origin"], str) or not _ORIGIN.fullmatch(rec["origin"]):
+            raise FormatError(f"{path}: size rule {i} has a bad origin {rec['origin']!r:.60}")
+        numbers = [rec[k] for k in ("divisor", "remainder", "min", "max")]
+        if not all(type(n) is int and 0 <= n < _COST_LIMIT for n in numbers) or \
+                not 0 <= rec["remainder"] < rec["divisor"]:
+            raise FormatError(f"{path}: size rule {i} on {rec['symbol']} has bad numbers "
+                              f"(divisor {rec['divisor']!r:.20}, remainder "
+                              f"{rec['remainder']!r:.20}, min {rec['min']!r:.20}, max "
+                              f"{rec['max']!r:.20}): a divisor from 1, a remainder below it")
+        rules.append(SizeRule(**rec))
+    return tuple(rules)
 
 
 def _name(manifest: dict[str, Any], path: str) -> str:
@@ -295,6 +381,9 @@ def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -
     report = CompileReport(stages={FINAL: graph},
                            stage_docs={FINAL: "the final graph, loaded from an export"})
     compiled = CompiledCell(executable, params, report)
+    compiled.input_types = [t for _, t in loaded.signature]
+    if loaded.size_rules:
+        compiled.check_sizes(compiled.input_types, loaded.size_rules)
     report.compile_seconds = time.perf_counter() - start
     return compiled
 
@@ -313,6 +402,10 @@ def check_signature(loaded: LoadedGraph, arrays: list[Any]) -> None:
                 np.dtype(dtype) != type_.dtype:
             raise InputError(f"GraphCell {loaded.name} input {name!r} must be {type_} (the "
                              f"exported signature), got {dtype}{list(shape)}")
+    problem = broken_rule(f"GraphCell {loaded.name}", [t for _, t in loaded.signature],
+                          arrays, loaded.size_rules)
+    if problem is not None:
+        raise InputError(problem)
 
 
 __all__ = ["export", "load", "LoadedGraph", "FORMAT", "FORMAT_VERSION"]

@@ -44,6 +44,9 @@ class AttrKind(Enum):
     INTS = "a tuple of integers"
     INT_OR_INTS = "an integer or a tuple of integers"
     AXES = "an axis, a tuple of axes, or None (every axis)"
+    # A target shape the compiler wrote for a shape-generic graph (a broadcast to [N, 4]): its
+    # dynamic sizes are the graph's symbols, checked against the input types by shape inference
+    SHAPE = "a tuple of integers and dynamic sizes"
 
 
 # Integers reach generated C as literals: int64's range.
@@ -71,6 +74,9 @@ def _is_kind(value: Any, kind: AttrKind) -> bool:
         return isinstance(value, str)
     if kind is AttrKind.AXES and value is None:  # `ReduceSum()(x, None)`, `ops.mean(x)`
         return True
+    if kind is AttrKind.SHAPE:
+        return isinstance(value, (tuple, list)) and \
+            all(_is_int(v) or isinstance(v, T.SymSize) for v in value)
     ints = isinstance(value, (tuple, list)) and all(_is_int(v) for v in value)
     return ints or (kind in (AttrKind.INT_OR_INTS, AttrKind.AXES) and _is_int(value))
 

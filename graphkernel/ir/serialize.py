@@ -16,7 +16,14 @@ import numpy as np
 from graphkernel.errors import FormatError, GraphKernelError, SourceLocation
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
 from graphkernel.ir.opset import OPS
-from graphkernel.ir.types import SUPPORTED_DTYPES, TensorType, TupleType, ValueType
+from graphkernel.ir.types import (
+    SUPPORTED_DTYPES,
+    SymSize,
+    TensorType,
+    TupleType,
+    ValueType,
+    is_symbol_name,
+)
 from graphkernel.ir.verifier import verify
 
 _DTYPES = {dt.name: dt for dt in SUPPORTED_DTYPES}
@@ -27,10 +34,17 @@ _ATTR_TEXT = re.compile(r"[A-Za-z0-9_]{0,64}")
 
 
 # -- writing -------------------------------------------------------------------------------
+def encode_dim(dim: int | SymSize) -> Any:
+    """A size: a number, or a dynamic size as {"coef": 2, "symbols": ["N"]} (2*N)."""
+    if isinstance(dim, SymSize):
+        return {"coef": dim.coef, "symbols": list(dim.names)}
+    return dim
+
+
 def encode_type(type_: ValueType) -> dict[str, Any]:
     if isinstance(type_, TupleType):
         return {"tuple": [encode_type(t) for t in type_.items]}
-    return {"shape": list(type_.shape), "dtype": type_.dtype.name}
+    return {"shape": [encode_dim(d) for d in type_.shape], "dtype": type_.dtype.name}
 
 
 def encode_attr(value: Any, where: str) -> Any:
@@ -43,12 +57,14 @@ def encode_attr(value: Any, where: str) -> Any:
         return {"float": value.hex()}
     if isinstance(value, np.dtype):
         return {"dtype": value.name}
+    if isinstance(value, SymSize):  # a dynamic size in a shape attribute (a broadcast's)
+        return {"size": encode_dim(value)}
     if isinstance(value, (np.integer, np.floating, np.bool_)):
         return {"scalar": value.dtype.name, "value": encode_attr(value.item(), where)}
     if isinstance(value, (tuple, list)):
         return {type(value).__name__: [encode_attr(v, where) for v in value]}
     raise FormatError(f"{where} is a {type(value).__name__} ({value!r:.60}); an export holds "
-                      "ints, floats, strings, tuples, lists, dtypes and bools")
+                      "ints, floats, strings, tuples, lists, dtypes, bools and dynamic sizes")
 
 
 class _Writer:
@@ -137,9 +153,27 @@ def decode_type(data: Any, where: str, depth: int = 0) -> ValueType:
         types = tuple(decode_type(t, where, 1) for t in items)
         return TupleType(types)  # type: ignore[arg-type]
     shape = _field(data, "shape", list, where)
-    if not (len(shape) <= 32 and all(type(d) is int and 0 <= d < _MAX_DIM for d in shape)):
-        raise FormatError(f"{where}: bad shape {shape!r:.80}")
-    return TensorType(tuple(shape), decode_dtype(data.get("dtype"), where))
+    _expect(len(shape) <= 32, where, f"bad shape {shape!r:.80}")
+    return TensorType(tuple(decode_dim(d, where) for d in shape),
+                      decode_dtype(data.get("dtype"), where))
+
+
+def decode_dim(data: Any, where: str) -> int | SymSize:
+    """A size `encode_dim` wrote. A dynamic size names only symbols the compiler names (they
+    become C locals of generated kernels): anything else is refused, never spliced into code."""
+    if type(data) is int:
+        _expect(0 <= data < _MAX_DIM, where, f"bad size {data!r}")
+        return data
+    _expect(isinstance(data, dict) and set(data) == {"coef", "symbols"}, where,
+            f"bad size {data!r:.80}")
+    coef, names = data["coef"], data["symbols"]
+    _expect(type(coef) is int and 0 < coef < _MAX_DIM, where,
+            f"bad dynamic size: coefficient {coef!r:.40}")
+    _expect(isinstance(names, list) and 0 < len(names) <= 8 and
+            all(is_symbol_name(n) for n in names), where,
+            f"bad dynamic size: symbols {names!r:.80} (a symbol is named N, M, K, L, P, Q, R, "
+            "S or N8, N9, ...)")
+    return SymSize(coef, tuple(names))
 
 
 def decode_attr(data: Any, where: str, depth: int = 0) -> Any:
@@ -157,6 +191,10 @@ def decode_attr(data: Any, where: str, depth: int = 0) -> Any:
             raise FormatError(f"{where}: bad float {data['float']!r:.40}") from None
     if "dtype" in data:
         return decode_dtype(data["dtype"], where)
+    if "size" in data:
+        size = decode_dim(data["size"], where)
+        _expect(isinstance(size, SymSize), where, "bad dynamic size")
+        return size
     if "scalar" in data:
         dtype = decode_dtype(data["scalar"], where)
         inner = decode_attr(data.get("value"), where, depth + 1)

@@ -120,6 +120,29 @@ class SymSize:
 
 Dim = int | SymSize
 
+# The names the compiler gives symbols (frontend/dynamic.py, the ONNX importer), in order. They
+# become C locals of generated kernels, so a name read from a file must be one of these.
+SYMBOL_NAMES = ("N", "M", "K", "L", "P", "Q", "R", "S")
+MAX_SYMBOLS = 4096
+
+
+def symbol_name(index: int) -> str:
+    """The name of the `index`-th symbol of a graph."""
+    if index < len(SYMBOL_NAMES):
+        return SYMBOL_NAMES[index]
+    return f"N{index}"
+
+
+def is_symbol_name(name: object) -> bool:
+    """Whether `name` is one the compiler gives (`symbol_name` of some index)."""
+    if not isinstance(name, str):
+        return False
+    if name in SYMBOL_NAMES:
+        return True
+    digits = name[1:]
+    return (name[:1] == "N" and digits.isascii() and digits.isdigit() and
+            digits == str(int(digits)) and len(SYMBOL_NAMES) <= int(digits) < MAX_SYMBOLS)
+
 
 class SizeMultipleNeeded(ShapeError):
     """A size that is whole only when the symbol `symbol` is a multiple of `factor` (a Reshape's

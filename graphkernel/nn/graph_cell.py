@@ -12,9 +12,10 @@ from graphkernel.frontend.tracing import current_tracer
 
 
 class GraphCell(Cell):
-    """Runs `graph` (from `graphkernel.load`) on Tensors or arrays of its exported signature.
-    Its weights are Parameters this cell owns (`parameters_and_names()`, `set_data`); the
-    graph is compiled on first use, through the kernel cache."""
+    """Runs `graph` (from `graphkernel.load`) on Tensors or arrays of its exported signature:
+    every size its dynamic dimensions (and their rules) allow, or the exported shapes when it
+    has none. Its weights are Parameters this cell owns (`parameters_and_names()`,
+    `set_data`); the graph is compiled once, on first use, through the kernel cache."""
 
     def __init__(self, graph: LoadedGraph) -> None:
         super().__init__()
@@ -32,12 +33,16 @@ class GraphCell(Cell):
                 params.append(param)
         self._param_list = params
         self._compiled_graph: CompiledCell | None = None
+        # Builds of the graph so far: one serves every shape the signature allows (a loaded
+        # shape-generic graph is compiled once, whatever sizes its calls bring).
+        self.compile_count = 0
 
     @property
     def compiled(self) -> CompiledCell:
         """The compiled graph (compiled now if it was not yet)."""
         if self._compiled_graph is None:
             self._compiled_graph = compile_loaded(self._loaded, self._graph, self._param_list)
+            self.compile_count += 1
         return self._compiled_graph
 
     def __call__(self, *inputs: Any) -> Any:

@@ -44,7 +44,8 @@ def _reshape_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 # they run as numpy views between kernels.
 declare(OpDef(name="Reshape", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_reshape_infer,
               reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),),
-              c_template="{0}", view=True, grad=_reshape_grad, int_tuple_attrs=("shape",)))
+              c_template="{0}", view=True, grad=_reshape_grad, int_tuple_attrs=("shape",),
+              attr_kinds=(("shape", AttrKind.SHAPE),)))
 
 
 def _transpose_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -123,7 +124,7 @@ declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
               infer=_broadcast_to_infer, reference=_broadcast_to_ref,
               init_attrs=(("shape", None),), c_template="{0}",
               grad=lambda b, n, dy, attrs: [b.sum_to(dy, n.inputs[0].shape)],
-              int_tuple_attrs=("shape",)))
+              int_tuple_attrs=("shape",), attr_kinds=(("shape", AttrKind.SHAPE),)))
 
 
 def _tile_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
