@@ -56,3 +56,33 @@ def test_a_primitive_without_an_onnx_mapping_is_refused_before_writing(tmp_path)
         graphkernel.export(OneHotCell(), Tensor(np.array([0, 2], np.int32)),
                            file_name=str(tmp_path / "h"), file_format="ONNX")
     assert not os.listdir(tmp_path)
+
+
+class Pairs(nn.Cell):
+    """A Reshape whose size depends on the batch (rows of 8 from rows of 4: batch 2*N)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(6, 4)
+
+    def construct(self, x):
+        return P.Reshape()(self.dense(x), (-1, 8)) * 2.0
+
+
+@pytest.mark.parametrize("make,features,batches", [(cnn, (3, 8, 8), (1, 3)),
+                                                   (Pairs, (6,), (2, 6))])
+def test_a_shape_generic_network_exports_dim_params(tmp_path, rng, make, features, batches):
+    context.set_context(enable_graph_kernel=True)
+    net = make()
+    net.set_inputs(Tensor(shape=[None, *features], dtype=graphkernel.float32))
+    path = graphkernel.export(net, Tensor(np.zeros((batches[0], *features), np.float32)),
+                              file_name=str(tmp_path / "generic"), file_format="ONNX")
+    made = onnx.load(path)
+    onnx.checker.check_model(made, full_check=True)
+    (inp,) = made.graph.input
+    dims = [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim]
+    assert dims[1:] == list(features) and dims[0] in ("N", "2*N")
+    for batch in batches:  # one file, two batch sizes, as graphkernel runs them
+        x = rng.standard_normal((batch, *features)).astype(np.float32)
+        got, = onnxruntime_outputs(made, {inp.name: x})
+        np.testing.assert_allclose(got, net(Tensor(x)).asnumpy(), rtol=1e-4, atol=1e-6)

@@ -14,13 +14,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkernel.errors import FormatError, UnsupportedError
-from graphkernel.frontend.compile import compile
+from graphkernel.frontend.compile import automatic_types, compile
 from graphkernel.frontend.signature import CellLike
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opdefs.nn import pair, window_padding
 from graphkernel.ir.opset import get_op
-from graphkernel.ir.types import TensorType
+from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.passes.stage_names import VALIDATE
 
 OPSET = 20  # Gelu is new in 20; LayerNormalization 17; Reduce* take axes as an input from 18
@@ -31,7 +31,12 @@ def export_onnx(net: CellLike, *inputs: Any, file_name: str) -> str:
     """Write `net`'s forward graph for `inputs` to `file_name` (".onnx" added when missing) as
     an ONNX model that `onnx.checker` accepts. Returns the path written."""
     path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
-    compiled = compile(net, *inputs, options=CompileOptions(enable_graph_kernel=False))
+    types = None  # as the GKIR export: the shape-generic graph automatic dynamic shapes made
+    if getattr(net, "__dict__", {}).get("_declared_inputs") is None and inputs and \
+            all(hasattr(a, "shape") and hasattr(a, "dtype") for a in inputs):
+        types = automatic_types(net, inputs)
+    compiled = compile(net, *inputs, options=CompileOptions(enable_graph_kernel=False),
+                       types=types)
     graph = compiled.report.stages[VALIDATE]
     made = graph_to_model(graph, type(net).__name__)
     onnx.checker.check_model(made, full_check=True)
@@ -61,15 +66,17 @@ def graph_to_model(graph: Graph, name: str) -> onnx.ModelProto:
 
 
 def _value_info(name: str, type_: TensorType) -> onnx.ValueInfoProto:
-    if not type_.is_static:
-        raise UnsupportedError(f"export to ONNX writes static shapes; {name} is {type_} (from "
-                               "Cell.set_inputs): export a cell without set_inputs")
+    """A graph input's or output's type; a dynamic size is a `dim_param` of its text (N, 2*N:
+    ONNX Runtime binds each name to one size, as graphkernel binds its symbols)."""
     elem = helper.np_dtype_to_tensor_dtype(type_.dtype)
-    return helper.make_tensor_value_info(name, elem, list(type_.shape))
+    return helper.make_tensor_value_info(
+        name, elem, [str(d) if isinstance(d, SymSize) else d for d in type_.shape])
 
 
 class _Writer:
     def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.symbols: dict[str, str] = {}  # a dynamic size's symbol -> its int64[1] value
         self.names: dict[int, str] = {}
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
@@ -98,6 +105,42 @@ class _Writer:
         name = self.fresh(base)
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
+
+    def shape(self, dims: tuple[int | SymSize, ...]) -> str:
+        """An int64 shape tensor: a constant when static; otherwise built at run time, each
+        dynamic size from the graph input dimension that carries its symbol."""
+        if all(isinstance(d, int) for d in dims):
+            return self.const(np.array(dims, np.int64), "shape")
+        parts = []
+        for d in dims:
+            if isinstance(d, SymSize):
+                value = self.symbol(d.names[0])
+                for other in d.names[1:]:
+                    value = self.emit("Mul", [value, self.symbol(other)])
+                if d.coef != 1:
+                    value = self.emit("Mul", [value, self.const(np.array([d.coef], np.int64))])
+                parts.append(value)
+            else:
+                parts.append(self.const(np.array([d], np.int64), "dim"))
+        return self.emit("Concat", parts, axis=0)
+
+    def symbol(self, name: str) -> str:
+        if name not in self.symbols:
+            for inp in self.graph.inputs:
+                found = [(axis, d.coef) for axis, d in enumerate(inp.tensor_type.shape)
+                         if isinstance(d, SymSize) and d.names == (name,)]
+                if inp.kind == "input" and found:
+                    axis, coef = found[0]
+                    size = self.emit("Gather", [self.emit("Shape", [self.names[inp.uid]]),
+                                                self.const(np.array([axis], np.int64))])
+                    if coef != 1:
+                        size = self.emit("Div", [size, self.const(np.array([coef], np.int64))])
+                    self.symbols[name] = size
+                    break
+            else:
+                raise UnsupportedError(f"export to ONNX: the dynamic size {name} is no input "
+                                       "dimension")
+        return self.symbols[name]
 
     def emit(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         out = self.fresh(op_type.lower())
@@ -220,12 +263,12 @@ def _bias_add(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str
 
 @_writer("Reshape")
 def _reshape(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
-    return w.emit("Reshape", [ins[0], w.const(np.array(n.shape, np.int64), "shape")])
+    return w.emit("Reshape", [ins[0], w.shape(n.shape)])
 
 
 @_writer("BroadcastTo")
 def _broadcast(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
-    return w.emit("Expand", [ins[0], w.const(np.array(n.shape, np.int64), "shape")])
+    return w.emit("Expand", [ins[0], w.shape(n.shape)])
 
 
 @_writer("Transpose")
