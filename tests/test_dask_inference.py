@@ -16,7 +16,11 @@ import graphkernel  # noqa: E402
 from graphkernel import Tensor, nn  # noqa: E402
 from graphkernel.errors import InputError  # noqa: E402
 from graphkernel.frontend import context  # noqa: E402
-from graphkernel.tools.dask_inference import ExportedGraph, loads_in_this_process  # noqa: E402
+from graphkernel.tools.dask_inference import (  # noqa: E402
+    ExportedGraph,
+    compiles_in_this_process,
+    loads_in_this_process,
+)
 
 BATCH, FEATURES, CLASSES = 16, 10, 4
 
@@ -37,6 +41,17 @@ def exported(tmp_path):
     x = np.zeros((BATCH, FEATURES), np.float32)
     path = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "net"))
     return path, net
+
+
+@pytest.fixture
+def exported_generic(tmp_path):
+    """The same network exported shape-generic: its batch dimension declared dynamic."""
+    context.set_context(enable_graph_kernel=True)
+    net = nn.SequentialCell([nn.Dense(FEATURES, 32), nn.GELU(), nn.LayerNorm((32,)),
+                             nn.Dense(32, CLASSES), nn.Softmax()])
+    net.set_inputs(Tensor(shape=[None, FEATURES], dtype=graphkernel.float32))
+    x = np.zeros((BATCH, FEATURES), np.float32)
+    return graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "generic")), net
 
 
 def local(net, x):
@@ -132,3 +147,39 @@ def test_a_string_column_is_refused_by_name(client, exported, rng):
         model.map_partitions(lying, names).compute()
     with pytest.raises(InputError, match="input .* is not numbers"):
         model.map_blocks(da.from_array(np.full((BATCH, FEATURES), "x"))).compute()
+
+
+def test_a_shape_generic_export_runs_ragged_chunks_without_pad(client, exported_generic, rng):
+    path, net = exported_generic
+    model = ExportedGraph.from_file(path).register(client)
+    assert model.batch is None
+    x = rng.standard_normal((10, FEATURES)).astype(np.float32)
+    y = model.map_blocks(da.from_array(x, chunks=(4, FEATURES)))  # chunks of 4, 4 and 2 rows
+    assert y.chunks[0] == (4, 4, 2)
+    assert_matches_local(y.compute(), net(Tensor(x)).asnumpy())  # one process, all 10 rows
+    # Six chunks of five sizes over two workers: some worker ran several sizes, and each
+    # compiled the graph once (or never, if it ran no chunk of it).
+    x = rng.standard_normal((20, FEATURES)).astype(np.float32)
+    ragged = da.from_array(x, chunks=((4, 4, 2, 3, 1, 6), (FEATURES,)))
+    assert_matches_local(model.map_blocks(ragged).compute(), net(Tensor(x)).asnumpy())
+    counts = client.run(compiles_in_this_process, model.checksum)
+    assert len(counts) == 2 and all(n <= 1 for n in counts.values()) and \
+        sum(counts.values()) >= 1, counts
+
+
+def test_a_shape_generic_export_runs_an_empty_partition_without_pad(client, exported_generic,
+                                                                   rng):
+    path, net = exported_generic
+    model = ExportedGraph.from_file(path).register(client)
+    names = [f"f{i}" for i in range(FEATURES)]
+    x = rng.standard_normal((23, FEATURES)).astype(np.float32)
+    x[8:16, 0] = 100.0  # the filter below empties the second partition
+    frame = dd.from_pandas(pd.DataFrame(x, columns=names), npartitions=3)
+    kept = frame[frame.f0 < 50]
+    assert [len(p) for p in kept.partitions] == [8, 0, 7]
+    out = model.map_partitions(kept, names).compute()
+    rows = x[x[:, 0] < 50]
+    np.testing.assert_array_equal(out.index, np.flatnonzero(x[:, 0] < 50))
+    assert_matches_local(out.to_numpy(), net(Tensor(rows)).asnumpy())
+    counts = client.run(compiles_in_this_process, model.checksum)
+    assert all(n <= 1 for n in counts.values()) and sum(counts.values()) >= 1, counts

@@ -10,16 +10,23 @@
 `register` sends the file's bytes to every worker once (a WorkerPlugin, so workers that join
 later get it too); each worker process loads it once, compiles it on its first chunk through
 its node's kernel cache, and keeps the compiled graph, keyed by the file's sha256, for every
-later chunk. Tasks carry only that key. A chunk's rows are run in batches of the exported
-batch size; a ragged last batch is refused unless `pad=True` (zero rows added and their
-results dropped: right only when each output row depends on its own input row alone, as in
-the usual inference nets, not after an op that mixes rows).
+later chunk. Tasks carry only that key.
+
+A shape-generic export (a dynamic batch dimension: `Cell.set_inputs` with None, automatic
+dynamic shapes, an ONNX `dim_param`) runs each chunk whole, whatever its row count: ragged
+chunks and empty partitions need nothing, and each worker compiles once for every chunk size.
+An export of a fixed batch runs a chunk's rows in batches of that size; a ragged last batch is
+refused unless `pad=True` (zero rows added and their results dropped: right only when each
+output row depends on its own input row alone, as in the usual inference nets, not after an op
+that mixes rows). `pad` is still useful for such a graph (one exported before dynamic sizes, or
+from a cell that cannot be shape-generic) and is ignored for a shape-generic one.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import io
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +36,7 @@ import numpy as np
 from graphkernel.errors import InputError
 from graphkernel.frontend.export import LoadedGraph, load
 from graphkernel.frontend.tensor import Tensor
+from graphkernel.ir.types import SymSize
 from graphkernel.nn.graph_cell import GraphCell
 
 # Per worker process: the graphs registered with it (file sha256 -> bytes) and the cells
@@ -57,6 +65,14 @@ def loads_in_this_process() -> int:
     return len(_CELLS)
 
 
+def compiles_in_this_process(checksum: str) -> int:
+    """How many times this process compiled the registered graph `checksum` (0: it ran none
+    of its chunks); a shape-generic graph compiles once for every chunk size."""
+    with _GUARD:
+        found = _CELLS.get(checksum)
+    return 0 if found is None else found[0].compile_count
+
+
 def run_rows(cell: GraphCell, lock: threading.Lock, blocks: list[np.ndarray], output: int,
              pad: bool) -> np.ndarray:
     """Run the graph over the rows of `blocks` (one array per graph input), batch by batch."""
@@ -64,13 +80,17 @@ def run_rows(cell: GraphCell, lock: threading.Lock, blocks: list[np.ndarray], ou
     if len(blocks) != len(signature):
         raise InputError(f"{cell._loaded.name} takes {len(signature)} input(s), got "
                          f"{len(blocks)}")
-    batch = signature[0][1].shape[0] if signature[0][1].shape else 0
     rows = blocks[0].shape[0]
+    batch: Any = signature[0][1].shape[0] if signature[0][1].shape else 0
+    if isinstance(batch, SymSize):  # shape-generic: the whole chunk is one call
+        batch = max(rows, 1)
     for block, (name, type_) in zip(blocks, signature):
         if not _is_numeric(block.dtype):
             raise InputError(f"input {name!r}: a chunk of dtype {block.dtype} is not numbers; "
                              f"the exported graph takes {type_.dtype}")
-        if block.shape[0] != rows or tuple(block.shape[1:]) != type_.shape[1:]:
+        if block.shape[0] != rows or len(block.shape) != type_.rank or any(
+                not isinstance(want, SymSize) and want != have
+                for want, have in zip(type_.shape[1:], block.shape[1:])):
             raise InputError(f"input {name!r}: a chunk of shape {block.shape} does not fit the "
                              f"exported {type_} (rows of {list(type_.shape[1:])})")
     if rows % batch and not pad:
@@ -170,15 +190,21 @@ class ExportedGraph:
         return self
 
     @property
-    def batch(self) -> int:
-        return self.loaded.signature[0][1].shape[0]
+    def batch(self) -> int | None:
+        """The exported batch size; None for a shape-generic export (any row count)."""
+        batch = self.loaded.signature[0][1].shape[0]
+        return None if isinstance(batch, SymSize) else batch
 
     def _out_type(self, output: int) -> Any:
         graph = self.loaded.graph
         if not 0 <= output < len(graph.outputs):
             raise InputError(f"{self.loaded.name} has {len(graph.outputs)} output(s); "
                              f"output={output} is none of them")
-        return graph.outputs[output].tensor_type
+        out = graph.outputs[output].tensor_type
+        if not out.shape or not all(isinstance(d, int) for d in out.shape[1:]):
+            raise InputError(f"{self.loaded.name} output {output} is {out}: Dask runs a graph "
+                             "whose outputs are rows of a fixed size")
+        return out
 
     def map_blocks(self, *arrays: Any, output: int = 0, pad: bool = False) -> Any:
         """The graph over dask arrays (one per input), chunked along rows only; a dask array
@@ -206,7 +232,7 @@ class ExportedGraph:
         columns = list(columns)
         _check_columns(frame.dtypes, columns)
         out = self._out_type(0)
-        width = out.size // out.shape[0] if out.shape and out.shape[0] else 1
+        width = math.prod(out.shape[1:])
         names = [f"{prefix}{i}" for i in range(width)]
         meta = pd.DataFrame({n: np.empty((0,), out.dtype) for n in names})
         return frame.map_partitions(_run_partition, columns, names, self.checksum, pad,
