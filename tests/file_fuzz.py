@@ -1,9 +1,10 @@
 """Mutants of graphkernel's files, and a child process that loads and runs them
 (tests/test_file_fuzz.py).
 
-Three kinds of file: a GKIR export (`graphkernel.export`), a `.ckpt` checkpoint and a compile-cache
-entry (`.gkc`). A mutant is its seed file changed by one *recipe*, a JSON list that says what
-was done and replays it exactly (`apply`), so a failure prints its own reproducer:
+Three kinds of file: a GKIR export (`graphkernel.export`; a static seed and a shape-generic one),
+a `.ckpt` checkpoint and a compile-cache entry (`.gkc`). A mutant is its seed file changed by
+one *recipe*, a JSON list that says what was done and replays it exactly (`apply`), so a failure
+prints its own reproducer:
 
   byte level, any file:  ["flip", pos, bit], ["cut", size], ["set", pos, byte],
                          ["del", pos, n], ["dup", pos, n]          (checksums left stale)
@@ -77,7 +78,7 @@ def _nets() -> Any:
 
 
 def make_seeds(folder: str) -> dict[str, str]:
-    """Write the three seed files and the seed's output into `folder`; returns their paths,
+    """Write the seed files and the seeds' outputs into `folder`; returns their paths,
     and the compile-cache entry's path as "entry" (where mutants of it go)."""
     import numpy as np
 
@@ -88,6 +89,15 @@ def make_seeds(folder: str) -> dict[str, str]:
              "gkc": os.path.join(folder, "seed.gkc"), "want": os.path.join(folder, "want.npy")}
     graphkernel.export(Block(), graphkernel.Tensor(x), file_name=paths["gkir"],
                        include_library=False, options=fused)
+    # The same block shape-generic (format version 2: dynamic sizes and their rules)
+    generic = Block()
+    generic.set_inputs(graphkernel.Tensor(shape=[graphkernel.Symbol(min=1, max=64), 6],
+                                          dtype=graphkernel.float32))
+    paths["gkir_generic"] = graphkernel.export(
+        generic, graphkernel.Tensor(x), file_name=os.path.join(folder, "seed_generic.gkir"),
+        include_library=False, options=fused)
+    paths["want_generic"] = os.path.join(folder, "want_generic.npy")
+    np.save(paths["want_generic"], graphkernel.compile(generic, x, options=fused).run_arrays(x)[0])
     graphkernel.save_checkpoint(CkptNet(), paths["ckpt"])
     graphkernel.compile(Block(), x, options=fused)
     again = graphkernel.compile(Block(), x, options=fused)
@@ -502,7 +512,7 @@ def _run_job(job: dict[str, Any], state: dict[str, Any]) -> tuple[str, str]:
     Block, CkptNet, fused = _nets()
     x = input_array()
     kind = job["kind"]
-    if kind == "gkir":
+    if kind in ("gkir", "gkir_generic"):
         cell = nn.GraphCell(graphkernel.load(job["path"]))
         out = cell(graphkernel.Tensor(x)).asnumpy()
     elif kind == "ckpt":
