@@ -133,3 +133,24 @@ def test_an_onnx_dim_param_survives_a_gkir_export(tmp_path, rng):
         np.testing.assert_allclose(cell(Tensor(x)).asnumpy(), np.maximum(x @ weight, 0),
                                    rtol=1e-5, atol=1e-6)
     assert cell.compile_count == 1
+
+
+def test_declared_tensors_as_inputs_export_shape_generic(tmp_path, rng):
+    """MindSpore's call: export(net, Tensor(shape=[None, 12], dtype=...)) declares the inputs
+    as set_inputs does (it compiled a graph of size -1 before, and wrote an unloadable file)."""
+    context.set_context(enable_graph_kernel=True)
+    net = mlp()
+    batch = Symbol(max=20)
+    declared = Tensor(shape=[batch, FEATURES], dtype=graphkernel.float32)
+    assert str(graphkernel.compile(net, declared).graph.inputs[0].type) == "float32[N,12]"
+    path = graphkernel.export(net, declared, file_name=str(tmp_path / "declared"))
+    cell = nn.GraphCell(graphkernel.load(path))
+    for n in (2, 20):
+        x = rows(rng, n)
+        np.testing.assert_array_equal(cell(Tensor(x)).asnumpy(), net(Tensor(x)).asnumpy())
+    with pytest.raises(InputError, match=r"at most 20 \(Symbol\(max=20\)\)"):
+        cell(Tensor(rows(rng, 21)))
+    assert cell.compile_count == 1
+    with pytest.raises(InputError, match="a declaration of an input.*call the cell on Tensors "
+                                         "holding data"):
+        net(declared)

@@ -213,7 +213,12 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
                          "`class Net(nn.Cell)` with `def construct(self, ...)` and pass Net()",
                          user_location())
     declared = getattr(cell, "__dict__", {}).get("_declared_inputs")
-    if types is None and declared is not None:  # set_inputs: the graph serves every size
+    if types is None and any(dynamic.is_declaration(a) for a in inputs):
+        # compile(net, Tensor(shape=[None, 64], dtype=...)), MindSpore's export call: the
+        # inputs declare the types as set_inputs would; they hold no sizes to check
+        declared = dynamic.declared_types(cell, inputs)
+        types, inputs = declared.types, ()
+    elif types is None and declared is not None:  # set_inputs: the graph serves every size
         problem = dynamic.mismatch(cell, declared.types, inputs, declared.rules)
         if problem is not None:
             raise InputError(problem, user_location())
@@ -399,7 +404,12 @@ def _generic(cell: CellLike) -> dict[tuple[Any, ...], CompiledCell]:
 
 def automatic_types(cell: CellLike, inputs: tuple[Any, ...]) -> list[TensorType] | None:
     """The input types of the shape-generic graph automatic dynamic shapes made for `cell` that
-    serves `inputs` (in this context), or None when calls have made none."""
+    serves `inputs` (in this context), or None when calls have made none, and for a cell or
+    inputs that declare their types (set_inputs, Tensor(shape=[None, 64], dtype=...))."""
+    if getattr(cell, "__dict__", {}).get("_declared_inputs") is not None or not inputs or \
+            not all(hasattr(a, "shape") and hasattr(a, "dtype") and
+                    not dynamic.is_declaration(a) for a in inputs):
+        return None
     generation = context._generation
     for key in _generic(cell):
         if key[:2] == ("automatic", generation) and dynamic.matches(key[2], inputs):

@@ -66,6 +66,13 @@ class Declared:
     rules: tuple[SizeRule, ...] = ()
 
 
+def is_declaration(value: Any) -> bool:
+    """Whether `value` is a Tensor that declares a shape and dtype without data
+    (`Tensor(shape=[None, 64], dtype=float32)`)."""
+    return getattr(value, "_declared", None) is not None and \
+        getattr(value, "_array", None) is None
+
+
 def _symbol_dim(symbol: Symbol, name: str) -> int | SymSize:
     """A Symbol's dimension: a multiple of its divisor is `divisor*name` (kernels and Reshape
     see that it divides), any other a plain symbol."""

@@ -133,11 +133,7 @@ def export(net: CellLike, *inputs: Any, file_name: str, file_format: str = FORMA
         if inputs:
             check_signature(loaded, list(inputs))
         return write_compiled(net.compiled, path, loaded.options, include_library)
-    types = None
-    if getattr(net, "__dict__", {}).get("_declared_inputs") is None and inputs and \
-            all(hasattr(a, "shape") and hasattr(a, "dtype") for a in inputs):
-        types = automatic_types(net, inputs)
-    compiled = compile(net, *inputs, options=options, types=types)
+    compiled = compile(net, *inputs, options=options, types=automatic_types(net, inputs))
     return write_compiled(compiled, path, options or options_from_context(), include_library)
 
 

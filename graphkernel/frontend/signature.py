@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from graphkernel.errors import DTypeError, InputError
+from graphkernel.frontend.dynamic import is_declaration
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.ir import types as T
@@ -66,6 +67,11 @@ def signature(args: tuple[Any, ...], cell: CellLike) -> list[TensorType]:
     names = input_names(cell, len(args))
     types = []
     for arg, name in zip(args, names):
+        if is_declaration(arg):  # its shape says -1 for a dynamic size: no size to build for
+            raise InputError(f"{type(cell).__name__} input {name!r} is {arg!r}: a declaration "
+                             "of an input, for Cell.set_inputs, graphkernel.compile or "
+                             "graphkernel.export; call the cell on Tensors holding data",
+                             user_location())
         if isinstance(arg, (Tensor, np.ndarray)):
             try:
                 dtype = T.to_dtype(arg.dtype)

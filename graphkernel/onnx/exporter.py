@@ -31,12 +31,9 @@ def export_onnx(net: CellLike, *inputs: Any, file_name: str) -> str:
     """Write `net`'s forward graph for `inputs` to `file_name` (".onnx" added when missing) as
     an ONNX model that `onnx.checker` accepts. Returns the path written."""
     path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
-    types = None  # as the GKIR export: the shape-generic graph automatic dynamic shapes made
-    if getattr(net, "__dict__", {}).get("_declared_inputs") is None and inputs and \
-            all(hasattr(a, "shape") and hasattr(a, "dtype") for a in inputs):
-        types = automatic_types(net, inputs)
+    # as the GKIR export: declared inputs, or the graph automatic dynamic shapes made
     compiled = compile(net, *inputs, options=CompileOptions(enable_graph_kernel=False),
-                       types=types)
+                       types=automatic_types(net, inputs))
     graph = compiled.report.stages[VALIDATE]
     made = graph_to_model(graph, type(net).__name__)
     onnx.checker.check_model(made, full_check=True)
