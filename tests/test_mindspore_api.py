@@ -566,3 +566,59 @@ def test_model_with_amp_level_and_loss_scale_manager():
     with pytest.raises(InputError, match="loss_scale_manager must be a graphkernel.amp"):
         Model(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9),
               loss_scale_manager=1024)
+
+
+# -- Model.train's progress bar ---------------------------------------------------------------
+
+class _Terminal:
+    """A stdout that says it is a terminal, keeping what is written."""
+
+    def __init__(self):
+        import io
+        self.buffer = io.StringIO()
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        return self.buffer.write(text)
+
+    def flush(self):
+        pass
+
+
+def _train_digits_like(monkeypatch, stdout, steps):
+    from graphkernel import dataset as ds
+    from graphkernel.train import Model
+    monkeypatch.setattr("sys.stdout", stdout)
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((steps * 4, 6)).astype(np.float32)
+    y = rng.integers(0, 4, steps * 4).astype(np.int32)
+    net = _AmpNet()
+    model = Model(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.01, 0.9))
+    model.train(1, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4))
+
+
+def test_progress_bar_on_a_terminal_only(monkeypatch):
+    """
+    Feature: Model.train's progress bar (rich)
+    Description: 60 steps with stdout a terminal; then not a terminal; then 10 steps
+    Expectation: a bar counting to 60/60 on the terminal; nothing written otherwise
+    """
+    pytest.importorskip("rich")
+    terminal = _Terminal()
+    _train_digits_like(monkeypatch, terminal, 60)
+    assert "60/60" in terminal.buffer.getvalue() and "epoch 1 loss" in terminal.buffer.getvalue()
+    import io
+    for stdout, steps in ((io.StringIO(), 60), (_Terminal(), 10)):
+        _train_digits_like(monkeypatch, stdout, steps)
+        written = stdout.getvalue() if isinstance(stdout, io.StringIO) else \
+            stdout.buffer.getvalue()
+        assert written == ""
+
+
+def test_no_progress_bar_and_no_error_without_rich(monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setitem(__import__("sys").modules, "rich.progress", None)  # not installed
+    _train_digits_like(monkeypatch, terminal, 60)
+    assert terminal.buffer.getvalue() == ""

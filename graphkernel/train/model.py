@@ -22,8 +22,14 @@ from graphkernel.nn.wrap import (
     WithEvalCell,
     WithLossCell,
 )
-from graphkernel.train.callback import CallbackList, InternalCallbackParam, RunContext
+from graphkernel.train.callback import (
+    CallbackList,
+    InternalCallbackParam,
+    RunContext,
+    loss_value,
+)
 from graphkernel.train.metrics import Loss, names_to_metrics
+from graphkernel.train.progress import training_bar
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -179,6 +185,7 @@ class Model:
             eval_results=None)
         run_context = RunContext(cb_params)
         iterator = dataset.create_tuple_iterator(num_epochs=epoch - initial_epoch)
+        bar = training_bar((epoch - initial_epoch) * batch_num)
         callback_list.on_train_begin(run_context)
         try:
             for n in range(initial_epoch, epoch):
@@ -190,6 +197,8 @@ class Model:
                     callback_list.on_train_step_begin(run_context)
                     cb_params.net_outputs = self._train_network(*batch)
                     callback_list.on_train_step_end(run_context)
+                    if bar is not None:
+                        bar.advance(n + 1, loss_value(cb_params.net_outputs))
                     if run_context.get_stop_requested():
                         break
                 if valid_dataset is not None and (n + 1) % valid_frequency == 0:
@@ -204,6 +213,8 @@ class Model:
                     break
         finally:
             iterator.stop()
+            if bar is not None:
+                bar.stop()
         callback_list.on_train_end(run_context)
 
     # -- evaluation and prediction ----------------------------------------------------------------
