@@ -622,3 +622,24 @@ def test_no_progress_bar_and_no_error_without_rich(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "rich.progress", None)  # not installed
     _train_digits_like(monkeypatch, terminal, 60)
     assert terminal.buffer.getvalue() == ""
+
+
+# -- nn.WithEvalCell --------------------------------------------------------------------------
+
+def test_with_eval_cell_returns_loss_outputs_label_and_casts_to_float32():
+    """
+    Feature: nn.WithEvalCell(network, loss_fn, add_cast_fp32)
+    Description: a float16 Dense (Cell.to_float) evaluated with and without add_cast_fp32
+    Expectation: (loss, outputs, label); with add_cast_fp32 outputs are float32 and the loss
+        is computed from them
+    """
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    y = rng.standard_normal((4, 2)).astype(np.float32)
+    dense = nn.Dense(3, 2).to_float(ms.float16)  # a float16 network: float16 outputs
+    for cast, dtype in ((False, np.float16), (True, np.float32)):
+        loss, out, label = nn.WithEvalCell(dense, nn.MSELoss(), add_cast_fp32=cast)(
+            Tensor(x), Tensor(y))
+        assert out.dtype == dtype and label.dtype == np.float32
+        np.testing.assert_allclose(loss.asnumpy(), np.mean((out.asnumpy().astype(np.float64)
+                                                            - y) ** 2), rtol=2e-3)
