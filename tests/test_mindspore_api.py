@@ -643,3 +643,19 @@ def test_with_eval_cell_returns_loss_outputs_label_and_casts_to_float32():
         assert out.dtype == dtype and label.dtype == np.float32
         np.testing.assert_allclose(loss.asnumpy(), np.mean((out.asnumpy().astype(np.float64)
                                                             - y) ** 2), rtol=2e-3)
+
+
+def test_ops_auto_generate_module_path():
+    """
+    Feature: mindspore.ops.auto_generate, where MindSpore 2.3+ puts its generated primitives
+    Description: import primitives, a gradient primitive and a functional form from it
+    Expectation: graphkernel's own; a name it lacks says so
+    """
+    from graphkernel.ops import auto_generate
+    from graphkernel.ops.auto_generate import Add, GeLUGrad, gelu
+    from graphkernel.ops.operations import _grad_ops as G
+    assert Add is ops.Add and GeLUGrad is G.GeLUGrad
+    x = np.linspace(-2, 2, 5).astype(np.float32)
+    np.testing.assert_allclose(gelu(Tensor(x)).asnumpy(), ops.gelu(Tensor(x)).asnumpy())
+    with pytest.raises(UnsupportedError, match="graphkernel.ops.auto_generate has no attribute"):
+        auto_generate.NoSuchPrimitive  # noqa: B018

@@ -19,7 +19,8 @@ for _op in user_ops():
 for _name in _P.__all__[1:]:  # the primitive classes: ops.ReduceSum, ops.Select, ...
     globals()[_name] = getattr(_P, _name)
 
-from graphkernel.ops import functional  # noqa: E402  (after the generated forms it overrides)
+# after the generated forms functional overrides; auto_generate is MindSpore 2.3's module path
+from graphkernel.ops import auto_generate, functional  # noqa: E402, F401, I001
 from graphkernel.ops.functional import *  # noqa: E402, F403
 from graphkernel.ops.functional import MINDSPORE_SIGNATURES as _HAND_WRITTEN  # noqa: E402
 
