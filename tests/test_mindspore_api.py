@@ -659,3 +659,13 @@ def test_ops_auto_generate_module_path():
     np.testing.assert_allclose(gelu(Tensor(x)).asnumpy(), ops.gelu(Tensor(x)).asnumpy())
     with pytest.raises(UnsupportedError, match="graphkernel.ops.auto_generate has no attribute"):
         auto_generate.NoSuchPrimitive  # noqa: B018
+
+
+def test_lstm_initialisation_is_mindspores_uniform_and_follows_set_seed():
+    ms.set_seed(3)
+    first = [q.asnumpy() for q in nn.LSTM(4, 8, num_layers=2).trainable_params()]
+    ms.set_seed(3)
+    again = [q.asnumpy() for q in nn.LSTM(4, 8, num_layers=2).trainable_params()]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+        assert np.abs(a).max() <= 1 / np.sqrt(8) and a.std() > 0.1

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.common.initializer import init_array
 from graphkernel.errors import InputError, ShapeError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter
@@ -50,7 +51,6 @@ class LSTM(Cell):
         self.dropout = float(dropout)
         self.dropout_op = Dropout(p=self.dropout, dtype=dtype) if self.dropout else None
         bound = 1.0 / math.sqrt(hidden_size)
-        rng = np.random.default_rng()
         gates = 4 * hidden_size
         self._weights: list[list[tuple[Any, ...]]] = []
         for layer in range(num_layers):
@@ -60,7 +60,8 @@ class LSTM(Cell):
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
 
                 def param(name: str, shape: tuple[int, ...], suffix: str = suffix) -> Parameter:
-                    value = rng.uniform(-bound, bound, shape).astype(dtype)
+                    # graphkernel.set_seed makes it repeatable, as every layer's weights
+                    value = init_array("uniform", shape, dtype, scale=bound)
                     parameter = Parameter(value, name + suffix)
                     setattr(self, name + suffix, parameter)
                     return parameter
