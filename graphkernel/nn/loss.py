@@ -107,8 +107,8 @@ class CrossEntropyLoss(LossBase):
 
     Indices, per position n: l = -w[y] log p[y] (0 where y == ignore_index); 'mean' divides the
     sum by the sum of w[y] over positions not ignored. With label_smoothing e the loss is
-    (1 - e) l + e / C * s, s = -sum_c w[c] log p[c] (0 where ignored), 'mean' taking s's plain
-    mean over positions, as MindSpore's nll_loss does. Probabilities: labels become
+    (1 - e) l + e / C * s, s = -sum_c log p[c] (0 where ignored; no class weights), 'mean'
+    taking s's plain mean over positions, as MindSpore's nll_loss does. Probabilities: labels become
     labels (1 - e) + e / C, the loss -sum_c w[c] labels[c] log p[c]; 'mean' divides the sum by
     the number of positions. log p comes from LogSoftmax (no overflow)."""
 
@@ -175,9 +175,8 @@ class CrossEntropyLoss(LossBase):
         picked = P.ReduceSum()(hot, class_axis) * kept  # w[y], 0 where ignored
         loss = -P.ReduceSum()(hot * log_p, class_axis) * kept
         smooth = None
-        if smoothing > 0.0:
-            every = log_p if weight is None else log_p * weight
-            smooth = -P.ReduceSum()(every, class_axis) * kept
+        if smoothing > 0.0:  # unweighted, as MindSpore's nll_loss has it
+            smooth = -P.ReduceSum()(log_p, class_axis) * kept
         if self.reduction == "sum":
             loss = P.ReduceSum()(loss, ())
             smooth = None if smooth is None else P.ReduceSum()(smooth, ())
