@@ -9,8 +9,9 @@ from graphkernel.frontend import context, dynamic, symbolic
 from graphkernel.frontend.compile import compile_cached
 from graphkernel.frontend.compiled import CompiledCell
 from graphkernel.frontend.signature import input_names
-from graphkernel.frontend.tensor import Parameter, Tensor
+from graphkernel.frontend.tensor import Parameter, Tensor, apply_op, parameters_read_as
 from graphkernel.frontend.tracing import Tracer, current_tracer, user_location
+from graphkernel.ir import types as T
 from graphkernel.ir.types import TensorType, TupleType
 
 
@@ -128,7 +129,7 @@ class Cell:
         if current_tracer() is not None:
             return self._traced_call(inputs)
         if context.get_context("mode") == context.PYNATIVE_MODE:
-            return self.construct(*inputs)
+            return self._run_construct(inputs)
         exe = compile_cached(self, inputs)
         out = exe(*inputs)
         fast = exe.fast_call if isinstance(exe, CompiledCell) else None  # not a StaticCall
@@ -140,10 +141,47 @@ class Cell:
 
     def _traced_call(self, inputs: tuple[Any, ...]) -> Any:
         # A plain Cell inside a traced construct is inlined.
-        return self.construct(*inputs)
+        return self._run_construct(inputs)
+
+    def to_float(self, dst_type: Any) -> Cell:
+        """MindSpore's `Cell.to_float`: this cell and every cell in it compute in `dst_type`
+        (float16 or float32): their float inputs are cast to it and their ops read float
+        Parameters through a Cast to it, while the Parameters (and so the optimizer's
+        updates) keep their own dtype. Returns the cell."""
+        dtype = T.to_dtype(dst_type)
+        if not T.is_float(dtype):
+            raise InputError(f"to_float takes a float dtype, got {dtype.name}", user_location())
+        for _, cell in self.cells_and_names():
+            object.__setattr__(cell, "_compute_dtype", dtype)
+        return self
+
+    def _run_construct(self, inputs: tuple[Any, ...]) -> Any:
+        """construct, in the dtypes `to_float` (and graphkernel.amp's output casts) set. The
+        attributes are read through the cell, so a compiled graph that read them is stale
+        once they change (frontend/guards.py)."""
+        compute = getattr(self, "_compute_dtype", None)
+        output = getattr(self, "_output_dtype", None)
+        if compute is None and output is None:
+            return self.construct(*inputs)
+        if compute is None:
+            out = self.construct(*inputs)
+        else:
+            inputs = tuple(_cast_float(x, compute) for x in inputs)
+            with parameters_read_as(compute):
+                out = self.construct(*inputs)
+        return out if output is None else _cast_float(out, output)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _cast_float(value: Any, dtype: Any) -> Any:
+    """`value` with its float Tensors (in tuples and lists too) cast to `dtype`."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast_float(v, dtype) for v in value)
+    if isinstance(value, Tensor) and T.is_float(value.dtype) and value.dtype != dtype:
+        return apply_op("Cast", [value], {"dtype": dtype})
+    return value
 
 
 class GraphKernel(Cell):

@@ -4,7 +4,10 @@ graph being recorded (frontend/symbolic.py); `apply_op` records a node there or 
 reference. Tensor arithmetic is `apply_op`, so both live here."""
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -410,9 +413,43 @@ def apply_op(name: str, args: list[Any], attrs: dict[str, Any]) -> Tensor | tupl
         raise err.with_location(loc) from None
 
 
+# Mixed precision (Cell.to_float, graphkernel.amp): the dtype float Parameters are read in
+# by the ops of the cell being run, innermost last. Per thread, as tracing is.
+_precision = threading.local()
+
+
+@contextlib.contextmanager
+def parameters_read_as(dtype: np.dtype) -> Iterator[None]:
+    """While it lasts, an op given a float Parameter of another dtype reads it through a Cast
+    to `dtype` (MindSpore's to_float): the weight itself (and its updates) keeps its dtype,
+    and the gradient flows back through the Cast into it."""
+    stack = _precision.__dict__.setdefault("stack", [])
+    stack.append(dtype)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def mixed_precision_dtype() -> np.dtype | None:
+    """The dtype the running cell reads its Parameters in (None: their own)."""
+    stack = _precision.__dict__.get("stack")
+    return stack[-1] if stack else None
+
+
+def _read_parameters(op: OpDef, args: list[Any]) -> list[Any]:
+    stack = _precision.__dict__.get("stack")
+    if not stack or op.name == "Cast":
+        return args
+    dtype = stack[-1]
+    return [apply_op("Cast", [a], {"dtype": dtype})
+            if isinstance(a, Parameter) and T.is_float(a.dtype) and a.dtype != dtype and
+            i not in op.writes else a for i, a in enumerate(args)]
+
+
 def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
            ) -> Tensor | tuple[Tensor, ...]:
-    operands = _normalise_args(op, args)
+    operands = _normalise_args(op, _read_parameters(op, args))
     full_attrs = {**op.attr_defaults, **attrs}
     types = tuple(TensorType(tuple(o.shape), o.dtype) for o in operands)
     _check_dtypes(op.name, types, op.accepts)
@@ -440,6 +477,8 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         else:
             values.append(Constant(o, tracer.unique("const")))
     node = tracer.add_node(op.name, values, attrs_for_ir(op, full_attrs), out_type, loc)
+    if op.effect:  # kept for what it does (Print), though nothing reads its result
+        tracer.graph.effects.append(node)
     if isinstance(out_type, TupleType):
         items = []
         for index, item in enumerate(out_type.items):

@@ -7,7 +7,9 @@ subgraph's outputs. An op with several outputs has a TupleType; `GetItem` nodes 
 A graph may also assign values to its weights (`Graph.assigns`): after each call, the Parameter
 bound to that weight holds the value, written into its own array (MindSpore's Assign on a
 Parameter; optimizers and BatchNorm's moving statistics). Assigned values leave the graph like
-outputs do: passes keep them alive and remap them through `remap_results`.
+outputs do: passes keep them alive and remap them through `remap_results`. So do the results of
+nodes with an effect (`Graph.effects`: Print), which nothing may read: the node stays where
+construct called it, in the order of its inputs, and runs on every call.
 """
 from __future__ import annotations
 
@@ -132,6 +134,8 @@ class Graph:
         self.returns_tuple = False
         # (weight input, value): after each call the weight's Parameter holds the value.
         self.assigns: list[tuple[Input, Value]] = []
+        # Nodes kept for their effect (OpDef.effect: Print), not for a result anyone reads.
+        self.effects: list[Value] = []
 
     # -- queries --------------------------------------------------------------------------
     def users(self) -> dict[int, list[Node]]:
@@ -144,7 +148,7 @@ class Graph:
 
     def results(self) -> list[Value]:
         """Every value that leaves the graph: its outputs, then the values it assigns."""
-        return self.outputs + [value for _, value in self.assigns]
+        return self.outputs + [value for _, value in self.assigns] + self.effects
 
     def constants(self) -> list[Constant]:
         seen: dict[int, Constant] = {}
@@ -163,11 +167,13 @@ class Graph:
             node.inputs = [new if v is old else v for v in node.inputs]
         self.outputs = [new if v is old else v for v in self.outputs]
         self.assigns = [(w, new if v is old else v) for w, v in self.assigns]
+        self.effects = [new if v is old else v for v in self.effects]
 
     def remap_results(self, mapping: dict[int, Value]) -> None:
         """Replace outputs and assigned values by uid (values not in `mapping` stay)."""
         self.outputs = [mapping.get(v.uid, v) for v in self.outputs]
         self.assigns = [(w, mapping.get(v.uid, v)) for w, v in self.assigns]
+        self.effects = [mapping.get(v.uid, v) for v in self.effects]
 
     def clone(self) -> Graph:
         """A deep copy: new value objects, same structure (constants are shared, immutable)."""
@@ -189,6 +195,7 @@ class Graph:
         graph.returns_tuple = self.returns_tuple
         graph.assigns = [(mapping[w.uid], mapping.get(v.uid, v))  # type: ignore[misc]
                          for w, v in self.assigns]
+        graph.effects = [mapping.get(v.uid, v) for v in self.effects]
         return graph
 
 

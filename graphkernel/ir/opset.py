@@ -41,6 +41,7 @@ class AttrKind(Enum):
     REAL = "a finite number"
     DTYPE = "a dtype"
     TEXT = "a word"
+    TEXTS = "a tuple of strings"  # free text (OpDef.text_attrs: Print's texts)
     INTS = "a tuple of integers"
     INT_OR_INTS = "an integer or a tuple of integers"
     AXES = "an axis, a tuple of axes, or None (every axis)"
@@ -72,6 +73,8 @@ def _is_kind(value: Any, kind: AttrKind) -> bool:
         return isinstance(value, np.dtype)
     if kind is AttrKind.TEXT:
         return isinstance(value, str)
+    if kind is AttrKind.TEXTS:
+        return isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value)
     if kind is AttrKind.AXES and value is None:  # `ReduceSum()(x, None)`, `ops.mean(x)`
         return True
     if kind is AttrKind.SHAPE:
@@ -159,6 +162,12 @@ class OpDef:
     accepts: tuple[np.dtype, ...] | None = None
     # Draws random numbers (Dropout): never merged with a twin by CSE, never constant-folded.
     stateful: bool = False
+    # Acts beyond its result (Print writes to stdout): the graph keeps the node in
+    # `Graph.effects`, so dead-code elimination keeps it though nothing reads its result.
+    effect: bool = False
+    # Attributes holding free text (Print's texts): written out, never into generated code, so
+    # a file may carry any string there (other string attributes are identifiers).
+    text_attrs: tuple[str, ...] = ()
     # Known from the input types alone (Shape, Size): calling it gives this Python value while
     # tracing, as in MindSpore's graph mode, and never a node.
     static_value: Callable[[tuple[TensorType, ...], dict[str, Any]], Any] | None = None

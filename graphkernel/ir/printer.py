@@ -57,6 +57,8 @@ def _print_into(graph: Graph, lines: list[str], namer: _Namer, indent: str) -> N
             lines.append(f"{indent}  }}")
     for weight, value in graph.assigns:
         lines.append(f"{indent}assign {namer.name(weight)} <- {namer.name(value)}")
+    for value in graph.effects:
+        lines.append(f"{indent}effect {namer.name(value)}")
     outs = ", ".join(namer.name(v) for v in graph.outputs)
     lines.append(f"{indent}return ({outs})" if len(graph.outputs) != 1 or graph.returns_tuple
                  else f"{indent}return {outs}")

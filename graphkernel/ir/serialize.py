@@ -113,7 +113,8 @@ class _Writer:
                 "outputs": [self.ref(v, ids, f"{where} output") for v in graph.outputs],
                 "returns_tuple": graph.returns_tuple,
                 "assigns": [[weights[w.uid], self.ref(v, ids, f"{where} assign")]
-                            for w, v in graph.assigns]}
+                            for w, v in graph.assigns],
+                "effects": [self.ref(v, ids, f"{where} effect") for v in graph.effects]}
 
 
 def graph_to_data(graph: Graph) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -176,12 +177,15 @@ def decode_dim(data: Any, where: str) -> int | SymSize:
     return SymSize(coef, tuple(names))
 
 
-def decode_attr(data: Any, where: str, depth: int = 0) -> Any:
+def decode_attr(data: Any, where: str, depth: int = 0, free_text: bool = False) -> Any:
+    """An attribute's value; strings are choices (identifiers) unless `free_text` (an op's
+    `text_attrs`, such as Print's texts, which are only ever written out, never into code)."""
     _expect(depth < 8, where, "attribute nested too deep")
     if data is None or isinstance(data, (bool, int)):
         return data
     if isinstance(data, str):
-        _expect(_ATTR_TEXT.fullmatch(data) is not None, where, f"bad text value {data!r:.40}")
+        _expect(_ATTR_TEXT.fullmatch(data) is not None or (free_text and len(data) < 100_000),
+                where, f"bad text value {data!r:.40}")
         return data
     _expect(isinstance(data, dict) and len(data) in (1, 2), where, f"bad value {data!r:.60}")
     if "float" in data:
@@ -206,7 +210,7 @@ def decode_attr(data: Any, where: str, depth: int = 0) -> Any:
     for kind in ("tuple", "list"):
         if kind in data:
             _expect(isinstance(data[kind], list), where, f"bad {kind}")
-            items = [decode_attr(v, where, depth + 1) for v in data[kind]]
+            items = [decode_attr(v, where, depth + 1, free_text) for v in data[kind]]
             return tuple(items) if kind == "tuple" else items
     raise FormatError(f"{where}: unknown value tag in {data!r:.60}")
 
@@ -259,6 +263,13 @@ class _Reader:
             _expect(isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and
                     0 <= rec[0] < len(inputs), where, f"bad assign {rec!r:.40}")
             graph.assigns.append((inputs[rec[0]], self.ref(rec[1], values, f"{where} assign")))
+        effects = data.get("effects", [])  # absent in files from before Print
+        _expect(isinstance(effects, list), where, "effects is a list")
+        for rec in effects:
+            value = self.ref(rec, values, f"{where} effect")
+            _expect(isinstance(value, Node) and value.op in OPS and OPS[value.op].effect, where,
+                    f"effect {rec!r:.40} is not a node of an op with an effect (Print)")
+            graph.effects.append(value)
         return graph
 
     def node(self, rec: Any, values: list[Value], where: str, depth: int) -> Node:
@@ -271,7 +282,8 @@ class _Reader:
         else:
             _expect(op in OPS, where, f"unknown op {op!r}")
         inputs = [self.ref(r, values, where) for r in _field(rec, "inputs", list, where)]
-        attrs = {k: decode_attr(v, f"{where} attribute {k}")
+        text_attrs = OPS[op].text_attrs if op in OPS else ()
+        attrs = {k: decode_attr(v, f"{where} attribute {k}", free_text=k in text_attrs)
                  for k, v in _field(rec, "attrs", dict, where).items()}
         loc_data = rec.get("loc")
         loc = None

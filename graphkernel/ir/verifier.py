@@ -31,7 +31,7 @@ def _check_arity(node: Node, where: str) -> None:
     is variadic): a node read from a file could have lost one, and code generation indexes
     its operands by the declaration."""
     opdef = get_op(node.op)
-    want, have = len(opdef.inputs), len(node.inputs)
+    want, have = len(opdef.inputs), len(node.inputs)  # variadic Print may have none
     if have != want and not (opdef.variadic and have >= 1):
         raise VerifyError(f"{where}: node {node.name} ({node.op}) has {have} inputs; "
                           f"{node.op} takes {want} ({', '.join(opdef.inputs) or 'none'})")
@@ -76,6 +76,8 @@ def _verify(graph: Graph, where: str) -> None:
     if not graph.outputs:
         raise VerifyError(f"{where}: graph has no outputs")
     for value in graph.outputs:
+        _check_operand(value, defined, None, where)
+    for value in graph.effects:
         _check_operand(value, defined, None, where)
     assigned: set[int] = set()
     for weight, value in graph.assigns:

@@ -1,5 +1,7 @@
 """Cells: `Cell`, `GraphKernel`, layers built from primitives (MindSpore's names), losses,
 optimizers and the training wrappers."""
+from typing import Any
+
 from graphkernel.frontend.cell import Cell, GraphKernel
 from graphkernel.nn.activation import (
     GELU,
@@ -24,6 +26,7 @@ from graphkernel.nn.graph_cell import GraphCell
 from graphkernel.nn.layers import Dense, Dropout, Embedding, Flatten, LayerNorm
 from graphkernel.nn.loss import (
     BCEWithLogitsLoss,
+    CrossEntropyLoss,
     L1Loss,
     LossBase,
     MSELoss,
@@ -40,14 +43,29 @@ from graphkernel.nn.optim import (
     Momentum,
     Optimizer,
 )
-from graphkernel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
+from graphkernel.nn.rnn import LSTM
+from graphkernel.nn.wrap import (
+    TrainOneStepCell,
+    TrainOneStepWithLossScaleCell,
+    WithEvalCell,
+    WithLossCell,
+)
 
 __all__ = ["Cell", "DistributedGradReducer", "GraphCell", "GraphKernel", "AvgPool2d",
            "BatchNorm1d", "BatchNorm2d", "CellList", "Conv2d", "Dense", "Dropout", "Embedding",
            "FastGelu", "Flatten", "GELU", "GroupNorm", "HSigmoid", "HSwish", "Identity",
-           "LayerNorm", "LogSoftmax",
+           "LayerNorm", "LogSoftmax", "LSTM",
            "MaxPool2d", "ReLU", "ReLU6", "SequentialCell", "Sigmoid", "SiLU", "Softmax",
-           "Softsign", "Tanh", "get_activation", "BCEWithLogitsLoss", "L1Loss", "LossBase",
+           "Softsign", "Tanh", "get_activation", "BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss",
+           "LossBase",
            "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Lamb",
            "ExponentialDecayLR", "LearningRateSchedule", "Momentum", "Optimizer",
-           "TrainOneStepCell", "WithEvalCell", "WithLossCell"]
+           "TrainOneStepCell", "TrainOneStepWithLossScaleCell", "WithEvalCell", "WithLossCell"]
+
+
+def __getattr__(name: str) -> Any:
+    """A MindSpore name graphkernel.nn lacks: say so, and what to use instead."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    from graphkernel.frontend.mindspore_names import missing_name_error
+    raise missing_name_error("graphkernel.nn", name, __all__)

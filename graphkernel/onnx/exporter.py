@@ -181,8 +181,8 @@ for _prim, _onnx in [("Add", "Add"), ("Sub", "Sub"), ("Mul", "Mul"), ("RealDiv",
                      ("Greater", "Greater"), ("LessEqual", "LessOrEqual"),
                      ("GreaterEqual", "GreaterOrEqual"), ("LogicalAnd", "And"),
                      ("LogicalOr", "Or"), ("LogicalNot", "Not"), ("Select", "Where"),
-                     ("Identity", "Identity"), ("Softplus", "Softplus"),
-                     ("HSwish", "HardSwish"), ("Sign", "Sign")]:
+                     ("Identity", "Identity"), ("StopGradient", "Identity"),
+                     ("Softplus", "Softplus"), ("HSwish", "HardSwish"), ("Sign", "Sign")]:
     _WRITERS[_prim] = _simple(_onnx)
 
 

@@ -14,7 +14,7 @@ from graphkernel.errors import GraphModeError, InputError, ShapeError, Unsupport
 from graphkernel.frontend.location import user_location
 from graphkernel.frontend.primitive import make_functional
 from graphkernel.frontend.symbolic import current_graph
-from graphkernel.frontend.tensor import Parameter, Tensor, value_in
+from graphkernel.frontend.tensor import Parameter, Tensor, mixed_precision_dtype, value_in
 from graphkernel.ir.opset import user_ops
 from graphkernel.ops import operations as P
 
@@ -189,6 +189,11 @@ def assign(variable: Any, value: Any) -> Any:
                          user_location())
     if not isinstance(value, Tensor):
         value = Tensor(np.asarray(value, variable.dtype))
+    if mixed_precision_dtype() is not None and value.dtype != variable.dtype and \
+            value.dtype.kind == variable.dtype.kind == "f":
+        # A cell computing in float16 (to_float, amp) writes its float32 weights: MindSpore
+        # converts the value to the Parameter's dtype, and so does this.
+        value = P.Cast()(value, variable.dtype)
     if tuple(value.shape) != variable.shape or value.dtype != variable.dtype:
         raise InputError(f"assign: {variable.name} is {variable.dtype.name}"
                          f"{list(variable.shape)}, the value {value.dtype.name}"
@@ -213,6 +218,12 @@ def depend(value: Any, expr: Any) -> Any:
     return value
 
 
+def print_(*input_x: Any) -> None:
+    """MindSpore's ops.print_: P.Print()(*input_x), strings and Tensors written to stdout on
+    every call (in graph mode when the graph runs)."""
+    P.Print()(*input_x)
+
+
 def scalar_cast(input_x: Any, input_y: Any) -> Any:
     """MindSpore's ops.scalar_cast: a Python number as a Python scalar of dtype input_y's
     kind (P.ScalarCast)."""
@@ -223,7 +234,7 @@ MINDSPORE_SIGNATURES = [
     "gelu", "softmax", "log_softmax", "concat", "cat", "stack", "unstack", "unbind", "split",
     "one_hot", "argmax", "argmin", "sum", "mean", "prod", "amax", "amin", "all", "any", "squeeze",
     "broadcast_to", "layer_norm", "conv2d", "batch_norm", "dropout", "depend", "assign",
-    "scalar_cast",
+    "scalar_cast", "print_",
 ]
 
 __all__ = MINDSPORE_SIGNATURES

@@ -11,13 +11,25 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from graphkernel.amp import AMP_LEVELS, LossScaleManager, auto_mixed_precision
 from graphkernel.dataset import Dataset
 from graphkernel.errors import InputError, NoEffectWarning
 from graphkernel.frontend.cell import Cell
 from graphkernel.nn.optim import Optimizer
-from graphkernel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
-from graphkernel.train.callback import CallbackList, InternalCallbackParam, RunContext
+from graphkernel.nn.wrap import (
+    TrainOneStepCell,
+    TrainOneStepWithLossScaleCell,
+    WithEvalCell,
+    WithLossCell,
+)
+from graphkernel.train.callback import (
+    CallbackList,
+    InternalCallbackParam,
+    RunContext,
+    loss_value,
+)
 from graphkernel.train.metrics import Loss, names_to_metrics
+from graphkernel.train.progress import training_bar
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -28,9 +40,12 @@ def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
 
 class Model:
     """`Model(network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
-    eval_indexes=None)`. With a loss and an optimizer, `train` updates the network; with
-    metrics (a set of names such as {"accuracy", "loss"}, or a dict of name: Metric), `eval`
-    scores it. `eval_indexes` says which of eval_network's outputs are (loss, outputs, label)."""
+    eval_indexes=None, amp_level="O0", loss_scale_manager=None)`. amp_level sets the network's
+    mixed precision (graphkernel.amp.auto_mixed_precision); a loss_scale_manager from
+    graphkernel.amp makes each step TrainOneStepWithLossScaleCell's. With a loss and an
+    optimizer, `train` updates the network; with metrics (a set of names such as {"accuracy",
+    "loss"}, or a dict of name: Metric), `eval` scores it. `eval_indexes` says which of
+    eval_network's outputs are (loss, outputs, label)."""
 
     def __init__(self, network: Cell, loss_fn: Cell | None = None,
                  optimizer: Optimizer | None = None, metrics: Any = None,
@@ -44,11 +59,23 @@ class Model:
         if optimizer is not None and not isinstance(optimizer, Optimizer):
             raise InputError(f"Model: optimizer must be a graphkernel.nn optimizer, got "
                              f"{type(optimizer).__name__}")
-        if amp_level != "O0" or boost_level != "O0" or kwargs:
-            given = {"amp_level": amp_level, "boost_level": boost_level, **kwargs}
+        self._loss_scale_manager = kwargs.pop("loss_scale_manager", None)
+        if self._loss_scale_manager is not None and \
+                not isinstance(self._loss_scale_manager, LossScaleManager):
+            raise InputError(f"Model: loss_scale_manager must be a graphkernel.amp "
+                             f"FixedLossScaleManager or DynamicLossScaleManager, got "
+                             f"{type(self._loss_scale_manager).__name__}")
+        if amp_level not in AMP_LEVELS:
+            raise InputError(f"Model: amp_level must be one of {', '.join(AMP_LEVELS)}, got "
+                             f"{amp_level!r}")
+        if boost_level != "O0" or kwargs:
+            given = {"boost_level": boost_level, **kwargs}
             given = {k: v for k, v in given.items() if v != "O0"}
-            warnings.warn(f"Model: {given} have no effect in graphkernel (it trains in the "
-                          "network's own dtypes)", NoEffectWarning, stacklevel=2)
+            warnings.warn(f"Model: {given} have no effect in graphkernel", NoEffectWarning,
+                          stacklevel=2)
+        # MindSpore's build_train_network: the network itself computes at amp_level.
+        auto_mixed_precision(network, amp_level)
+        self._amp_level = amp_level
         self._network = network
         self._loss_fn = loss_fn
         self._optimizer = optimizer
@@ -62,7 +89,8 @@ class Model:
         self._eval_indexes = eval_indexes
         self._train_network = self._build_train_network()
         self._eval_network = eval_network if eval_network is not None else \
-            WithEvalCell(network, loss_fn) if loss_fn is not None else None
+            WithEvalCell(network, loss_fn, amp_level in ("O2", "O3")) \
+            if loss_fn is not None else None
         if eval_network is None and loss_fn is not None:
             self._eval_indexes = [0, 1, 2]
 
@@ -70,6 +98,9 @@ class Model:
         if self._optimizer is not None:
             net = WithLossCell(self._network, self._loss_fn) if self._loss_fn is not None \
                 else self._network
+            if self._loss_scale_manager is not None:
+                return TrainOneStepWithLossScaleCell(
+                    net, self._optimizer, self._loss_scale_manager.get_update_cell())
             return TrainOneStepCell(net, self._optimizer)
         if self._loss_fn is not None:
             return WithLossCell(self._network, self._loss_fn)
@@ -154,6 +185,7 @@ class Model:
             eval_results=None)
         run_context = RunContext(cb_params)
         iterator = dataset.create_tuple_iterator(num_epochs=epoch - initial_epoch)
+        bar = training_bar((epoch - initial_epoch) * batch_num)
         callback_list.on_train_begin(run_context)
         try:
             for n in range(initial_epoch, epoch):
@@ -165,6 +197,8 @@ class Model:
                     callback_list.on_train_step_begin(run_context)
                     cb_params.net_outputs = self._train_network(*batch)
                     callback_list.on_train_step_end(run_context)
+                    if bar is not None:
+                        bar.advance(n + 1, loss_value(cb_params.net_outputs))
                     if run_context.get_stop_requested():
                         break
                 if valid_dataset is not None and (n + 1) % valid_frequency == 0:
@@ -179,6 +213,8 @@ class Model:
                     break
         finally:
             iterator.stop()
+            if bar is not None:
+                bar.stop()
         callback_list.on_train_end(run_context)
 
     # -- evaluation and prediction ----------------------------------------------------------------

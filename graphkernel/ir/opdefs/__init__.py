@@ -4,6 +4,7 @@ from graphkernel.ir.opdefs import (  # noqa: F401  (each module declares its ops
     array,
     collective,
     composite,
+    effects,
     elementwise,
     grad,
     math_ops,

@@ -1,6 +1,7 @@
 """More math, MindSpore's names: trigonometry and special functions, classification (IsNan,
-IsInf, IsFinite), integer-style division (FloorDiv, FloorMod, Mod), Softsign, Identity, and the
-logical reductions ReduceAll/ReduceAny. Every elementwise one has a C template, so it fuses."""
+IsInf, IsFinite), integer-style division (FloorDiv, FloorMod, Mod), Softsign, Identity,
+StopGradient, and the logical reductions ReduceAll/ReduceAny. Every elementwise one has a C
+template, so it fuses."""
 from __future__ import annotations
 
 import math
@@ -72,6 +73,10 @@ _ew("Softsign", 1, same(lambda x: x / (1 + np.abs(x))), "({0} / (1 + fabs{f}({0}
     grad=_unary(_softsign_grad))
 _ew("Identity", 1, same(lambda x: np.array(x, copy=True)), "{0}", accepts=ALL,
     functional=("identity",), grad=_IDENTITY)
+# StopGradient: the value unchanged, but no gradient flows back through it (MindSpore's
+# ops.stop_gradient): its rule gives None, so autodiff leaves its input's adjoint alone.
+_ew("StopGradient", 1, same(lambda x: np.array(x, copy=True)), "{0}", accepts=ALL,
+    functional=("stop_gradient",), grad=lambda b, n, dy, attrs: [None])
 
 # Classification: bool results. Integers and bools are always finite, never NaN or Inf.
 _ew("IsNan", 1, quiet_ref(np.isnan), "((bool)0)", c_float_template="({0} != {0})",

@@ -25,6 +25,39 @@ class Depend:
         return value
 
 
+class Print:
+    """MindSpore's Print()(*inputs): writes each input, a string or a Tensor (numbers as
+    strings), one per line to stdout, on every call: in graph mode when the compiled graph
+    runs, not while tracing. Returns None (nothing may depend on it): the op is an effect
+    (ir/opdefs/effects.py), kept in the graph where construct called it."""
+
+    def __call__(self, *inputs: Any) -> None:
+        from graphkernel.errors import InputError
+        from graphkernel.frontend.location import user_location
+        from graphkernel.frontend.tensor import Tensor, apply_op
+        if not inputs:
+            raise InputError("Print takes at least one input (strings or Tensors)",
+                             user_location())
+        texts, layout, tensors = [], "", []
+        for item in inputs:
+            if isinstance(item, Tensor):
+                tensors.append(item)
+                layout += "t"
+            elif isinstance(item, (str, bool, int, float)):
+                texts.append(str(item))
+                layout += "s"
+            else:
+                raise InputError(f"Print takes strings, numbers and Tensors, got "
+                                 f"{type(item).__name__} {item!r:.60}", user_location())
+        from graphkernel.frontend.symbolic import current_graph
+        tracer = current_graph()
+        if tracer is not None and tracer.graph.effects:
+            # After the previous effect: its token orders this Print after it (effects.py).
+            tensors.insert(0, Tensor._symbolic(tracer.graph.effects[-1], tracer))
+            layout = "o" + layout
+        apply_op("Print", tensors, {"texts": tuple(texts), "layout": layout})
+
+
 class ScalarCast:
     """MindSpore's ScalarCast()(x, type): a Python number (or a one-element Tensor known when
     compiling) as a Python scalar of `type`'s kind (float, int or bool)."""
