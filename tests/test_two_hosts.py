@@ -53,7 +53,10 @@ def test_mpi_training_across_two_namespaces_matches_one_process(hosts, tmp_path)
     steps, hidden = 6, 64
     run = [sys.executable, EXAMPLE, "--steps", str(steps), "--hidden", str(hidden), "--out"]
     sent = _veth_bytes(hosts)
-    done = subprocess.run(hosts.mpirun_command(run + [str(tmp_path / "dp")],
+    # Gradients in two buckets (the last layer's and first bias, 2.8 kB; the first weight, 16
+    # kB), the first begun while the backward pass computes the second: Iallreduce over TCP.
+    buckets = ["--bucket-mb", "0.005"]
+    done = subprocess.run(hosts.mpirun_command(run + [str(tmp_path / "dp")] + buckets,
                                                env=["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"]),
                           env=_env(), capture_output=True, text=True, timeout=LIMIT_S)
     assert done.returncode == 0, done.stdout + done.stderr
