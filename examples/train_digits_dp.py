@@ -1,10 +1,12 @@
 """Data-parallel training of the digits MLP over MPI, MindSpore's way:
 
-    mpirun -n 2 --allow-run-as-root .venv/bin/python examples/train_digits_dp.py  # half batches
+    mpirun -n 2 --allow-run-as-root --oversubscribe .venv/bin/python \
+        examples/train_digits_dp.py                                # half batches per rank
     .venv/bin/python examples/train_digits_dp.py --single      # one process, whole batches
 
-Needs the examples extra (scikit-learn's digits), mpi4py and Open MPI: `apt-get install
-openmpi-bin libopenmpi-dev`, then `.venv/bin/pip install -e '.[examples]' mpi4py`.
+Needs Open MPI (`apt-get install openmpi-bin libopenmpi-dev`) and the examples extra
+(scikit-learn's digits, mpi4py): `.venv/bin/pip install -e '.[examples]'`. `--bucket-mb 1`
+sends the gradients in buckets of 1 MB whose sums overlap the backward pass (the same weights).
 
 `communication.init()` joins MPI's world, `set_auto_parallel_context(parallel_mode=
 "data_parallel", gradients_mean=True)` makes TrainOneStepCell average its gradients over the
