@@ -173,10 +173,13 @@ def test_gradient_buckets_overlap_the_backward_pass_with_the_same_results(twin, 
 
 
 def test_gradient_bucket_size_is_checked():
+    context.set_auto_parallel_context(grad_bucket_mb=25)
+    assert context.get_auto_parallel_context("grad_bucket_mb") == 25
     for bad in (0, -1.0, float("nan"), "25", True):
-        with pytest.raises(ContextError, match="grad_bucket_mb"):
+        with pytest.raises(ContextError, match="grad_bucket_mb must be None or a positive"):
             context.set_auto_parallel_context(grad_bucket_mb=bad)
     context.reset_auto_parallel_context()
+    assert context.get_auto_parallel_context("grad_bucket_mb") is None
 
 
 def test_all_reduce_sums_and_scales(twin):
