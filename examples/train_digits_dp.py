@@ -1,10 +1,12 @@
 """Data-parallel training of the digits MLP over MPI, MindSpore's way:
 
-    mpirun -n 2 --allow-run-as-root .venv/bin/python examples/train_digits_dp.py  # half batches
+    mpirun -n 2 --allow-run-as-root --oversubscribe .venv/bin/python \
+        examples/train_digits_dp.py                                # half batches per rank
     .venv/bin/python examples/train_digits_dp.py --single      # one process, whole batches
 
-Needs the examples extra (scikit-learn's digits), mpi4py and Open MPI: `apt-get install
-openmpi-bin libopenmpi-dev`, then `.venv/bin/pip install -e '.[examples]' mpi4py`.
+Needs Open MPI (`apt-get install openmpi-bin libopenmpi-dev`) and the examples extra
+(scikit-learn's digits, mpi4py): `.venv/bin/pip install -e '.[examples]'`. `--bucket-mb 1`
+sends the gradients in buckets of 1 MB whose sums overlap the backward pass (the same weights).
 
 `communication.init()` joins MPI's world, `set_auto_parallel_context(parallel_mode=
 "data_parallel", gradients_mean=True)` makes TrainOneStepCell average its gradients over the
@@ -37,19 +39,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--out", default=None, help="save the final weights under this prefix")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="send the gradients in buckets of at most this many MB, each "
+                             "begun as soon as the backward pass has made it (overlap)")
+    parser.add_argument("--layers", type=int, default=1, help="hidden layers of --hidden units")
     args = parser.parse_args(argv)
 
     rank, size = 0, 1
     if not args.single:
         communication.init()
         rank, size = communication.get_rank(), communication.get_group_size()
-        context.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True)
+        context.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True,
+                                          grad_bucket_mb=args.bucket_mb)
     if args.batch % size:
         raise SystemExit(f"the global batch {args.batch} does not split over {size} ranks")
     share = args.batch // size
     context.set_context(enable_graph_kernel=True)
     x_train, y_train, x_test, y_test = digits(0)
-    net = MLP(sizes=(64, args.hidden, 10), seed=0)  # the same initial weights on every rank
+    # The same initial weights on every rank.
+    net = MLP(sizes=(64, *[args.hidden] * args.layers, 10), seed=0)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=args.lr, momentum=0.9)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)

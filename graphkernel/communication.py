@@ -30,9 +30,12 @@ ranks or more:
 - An MPI error in a collective (MPI_ERR_TRUNCATE: ranks passing different sizes) is a
   CommunicationError, uncaught as a rule, so it ends the job too.
 
-The collectives themselves stay blocking (Allreduce, Allgather): the watchdog is why they need
-not be polled, and Open MPI's non-blocking ones (libnbc) were far slower on a gradient of 39k
-floats here (docs/scaling.md). A collective blocked in MPI cannot raise; MPI_Abort ends it.
+A collective is blocking (Allreduce, Allgather) unless gradients travel in buckets
+(`set_auto_parallel_context(grad_bucket_mb=...)`): then each bucket's sum is begun with
+MPI_Iallreduce as soon as its gradients are made and waited for before the optimizer, so the
+exchange overlaps the rest of the backward pass. Either way the watchdog is why a wait need
+not be polled; a wait blocked in MPI cannot raise, and MPI_Abort ends it. (Open MPI's
+non-blocking collectives cost more per call on shared memory: docs/scaling.md.)
 """
 from __future__ import annotations
 
@@ -65,6 +68,11 @@ _NOTICE_BYTES = 4096  # a failure notice: "RuntimeError: message", cut to this m
 # of its program) can never complete; one that was to complete does within microseconds.
 STRANDED_S = 5.0
 _NOTICE_TAG, _ACK_TAG, _LEFT_TAG = 1, 2, 3
+_PROGRESS_TAG = 4  # never sent: probing it only makes MPI progress
+# How often the progress thread enters MPI while non-blocking sums are pending: often enough
+# to keep a 10 Gb/s link busy between Open MPI's 128 kB TCP fragments, rarely enough to leave
+# the compute its cores.
+PROGRESS_INTERVAL_S = 0.0002
 
 
 class MPIGroup:
@@ -86,11 +94,17 @@ class MPIGroup:
         # The ranks that have left the group, and when this one learned it (time.monotonic()).
         self._left: dict[int, float] = {}
         self._watchdog: threading.Thread | None = None
+        self._started: list[Any] = []  # requests of the sums begun and not yet waited for
+        self._progress: threading.Thread | None = None  # see start_allreduce_sum
+        self._progress_lock = threading.Lock()
+        self._sums_pending = threading.Event()
+        self._progress_comm = comm  # a communicator to probe; the failure one once made
         self._stop_watching = threading.Event()
         if self.size > 1:
             # Failure notices and acknowledgements travel on a communicator of their own, so
             # they never meet the program's own messages on COMM_WORLD.
             self._failures = comm.Dup()
+            self._progress_comm = self._failures
             self._notice = bytearray(_NOTICE_BYTES)
             self._notice_status = mpi.Status()
             self._notice_request = self._failures.Irecv(
@@ -110,6 +124,55 @@ class MPIGroup:
     def allreduce_sum(self, buffer: np.ndarray) -> None:
         self._collective("AllReduce", buffer,
                          lambda: self.comm.Allreduce(self._in_place, buffer, op=self._sum))
+
+    def start_allreduce_sum(self, buffer: np.ndarray) -> PendingMPISum:
+        """Begin the in-place sum of `buffer` over the group (MPI_Iallreduce) and return at
+        once; the buffer holds the sum after the returned object's `wait()`. Open MPI moves a
+        non-blocking collective on (its next round, the next fragments over TCP) only inside
+        MPI calls: while sums are pending, a progress thread enters MPI every
+        PROGRESS_INTERVAL_S (an MPI_Iprobe that matches nothing), so they travel while this
+        thread computes."""
+        self._enter("AllReduce", buffer)
+        try:
+            request = self.comm.Iallreduce(self._in_place, buffer, op=self._sum)
+        except self._mpi.Exception as exc:
+            self.broken = f"{_collective('AllReduce', buffer)} failed"
+            raise CommunicationError(
+                f"{_collective('AllReduce', buffer)} on rank {self.rank} of {self.size} failed "
+                f"to start in MPI: {exc.Get_error_string()}") from None
+        finally:
+            self._waiting = None
+        with self._progress_lock:
+            self._started.append(request)
+            if self._progress is None:
+                self._progress = threading.Thread(target=self._make_progress, daemon=True,
+                                                  name="graphkernel-mpi-progress")
+                self._progress.start()
+            self._sums_pending.set()
+        return PendingMPISum(self, buffer, request)
+
+    def _finish(self, pending: PendingMPISum) -> None:
+        def wait() -> None:
+            try:
+                pending.request.Wait()
+            finally:
+                with self._progress_lock:
+                    self._started.remove(pending.request)
+                    if not self._started:
+                        self._sums_pending.clear()
+        self._collective("AllReduce", pending.buffer, wait)
+
+    def _make_progress(self) -> None:
+        """While sums are pending: enter MPI every PROGRESS_INTERVAL_S. The probe touches no
+        request (MPI forbids two threads completing one), only drives Open MPI's progress
+        engine; it sleeps on an event otherwise, and ends with the group."""
+        status = self._mpi.Status()
+        while not self._stop_watching.is_set():
+            if not self._sums_pending.wait(0.5):
+                continue
+            self._progress_comm.Iprobe(source=self._mpi.ANY_SOURCE, tag=_PROGRESS_TAG,
+                                       status=status)
+            time.sleep(PROGRESS_INTERVAL_S)
 
     def allgather(self, buffer: np.ndarray) -> np.ndarray:
         """Every rank's `buffer` (the same shape and dtype on all), stacked in rank order."""
@@ -247,9 +310,12 @@ class MPIGroup:
         in a collective for this one ends the job (after STRANDED_S) instead of waiting for
         ever. (The failure communicator stays until MPI finalizes: freeing it would be one
         more step the ranks must take together.)"""
+        self._stop_watching.set()
+        if self._progress is not None:
+            self._progress.join()
+            self._progress = None
         if self._watchdog is None:
             return
-        self._stop_watching.set()
         self._watchdog.join()
         self._watchdog = None
         if self._notice_request != self._mpi.REQUEST_NULL:
@@ -258,6 +324,17 @@ class MPIGroup:
         mpi = self._mpi
         mpi.Request.Waitall([self._failures.Isend([b"", mpi.BYTE], dest=r, tag=_LEFT_TAG)
                              for r in range(self.size) if r != self.rank])
+
+
+class PendingMPISum:
+    """A sum MPIGroup.start_allreduce_sum began: `wait()` returns once its buffer holds the
+    sum, under the group's watchdog (a rank failing or a wait past the timeout ends the job)."""
+
+    def __init__(self, group: MPIGroup, buffer: np.ndarray, request: Any) -> None:
+        self.group, self.buffer, self.request = group, buffer, request
+
+    def wait(self) -> None:
+        self.group._finish(self)
 
 
 def _collective(name: str, buffer: np.ndarray) -> str:
@@ -322,9 +399,9 @@ def init(backend_name: str | None = None, *, timeout: float | None = None) -> No
     set_collectives(group)
     if group.size > 1:
         _install_excepthook(group)
-        # The watchdog must stop before MPI finalizes (mpi4py's own exit handler, registered
-        # earlier, runs later).
-        atexit.register(group.close)
+    # The watchdog and the progress thread must stop before MPI finalizes (mpi4py's own exit
+    # handler, registered earlier, runs later).
+    atexit.register(group.close)
 
 
 def _install_excepthook(group: MPIGroup) -> None:

@@ -35,6 +35,19 @@ class TwinRanks:
     def allgather(self, buffer: np.ndarray) -> np.ndarray:
         return np.stack([buffer] * self.size)
 
+    def start_allreduce_sum(self, buffer: np.ndarray) -> "TwinRanks.Pending":
+        """The sum begun now, done at `wait()` (where the order of calls is recorded)."""
+        self.calls.append(("start", buffer.dtype, buffer.size))
+        return TwinRanks.Pending(self, buffer)
+
+    class Pending:
+        def __init__(self, group: "TwinRanks", buffer: np.ndarray) -> None:
+            self.group, self.buffer = group, buffer
+
+        def wait(self) -> None:
+            self.group.calls.append(("wait", self.buffer.dtype, self.buffer.size))
+            self.buffer *= self.group.size
+
 
 @pytest.fixture
 def twin():
@@ -112,6 +125,61 @@ def test_gradients_are_averaged_in_one_buffer_per_step(twin, fusion):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
     sizes = sum(p.size for p in step.weights)
     assert twin.calls == [(np.dtype("float32"), sizes)] * 4  # one call per step, all weights
+
+
+def _buckets_train(bucket_mb, fusion, steps=3):
+    context.set_context(enable_graph_kernel=fusion)
+    context.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True,
+                                      grad_bucket_mb=bucket_mb)
+    net = nn.SequentialCell([nn.Dense(8, 16, seed=0), nn.ReLU(), nn.Dense(16, 16, seed=1),
+                             nn.ReLU(), nn.Dense(16, 3, seed=2)])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    rng = np.random.default_rng(3)
+    x = Tensor(rng.standard_normal((12, 8)).astype(np.float32))
+    y = Tensor(rng.integers(0, 3, 12).astype(np.int32))
+    for _ in range(steps):
+        step(x, y)
+    context.reset_auto_parallel_context()
+    from graphkernel.frontend.compile import compile
+    plan = compile(step, x, y).plan
+    return [p.asnumpy() for _, p in net.parameters_and_names()], plan
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_gradient_buckets_overlap_the_backward_pass_with_the_same_results(twin, fusion):
+    whole, _ = _buckets_train(None, fusion)
+    whole_calls = list(twin.calls)
+    twin.calls.clear()
+    # 0.0003 MB = 300 bytes, last gradient first: 3 + 16*3 + 16 floats (268 bytes), 16*16
+    # (larger than a bucket: alone), 16, and 8*16 floats.
+    bucketed, plan = _buckets_train(0.0003, fusion)
+    for a, b in zip(whole, bucketed):
+        np.testing.assert_array_equal(b, a)  # each element the same sum: the same weights
+    f32 = np.dtype("float32")
+    assert whole_calls == [(f32, 8 * 16 + 16 + 16 * 16 + 16 + 16 * 3 + 3)] * 3
+    buckets = [(f32, 3 + 16 * 3 + 16), (f32, 16 * 16), (f32, 16), (f32, 8 * 16)]
+    assert twin.calls == ([("start", *b) for b in buckets] + [("wait", *b) for b in buckets]) * 3
+    # In the plan, the last layers' sums begin before the backward pass's last product (the
+    # first layer's weight gradient), and all are waited for before any update.
+    steps = [s.op or s.name for s in plan.steps]
+    starts = [i for i, op in enumerate(steps) if op == "AllReduceStart"]
+    (wait,) = [i for i, op in enumerate(steps) if op == "AllReduceWait"]
+    products = [i for i, s in enumerate(plan.steps) if s.op == "MatMul"]
+    assert len(starts) == 4 and starts[0] < starts[1] < products[-1] < starts[-1] < wait
+    updates = [i for i, s in enumerate(plan.steps) if "ApplyMomentum" in s.name]
+    assert updates and min(updates) > wait
+
+
+def test_gradient_bucket_size_is_checked():
+    context.set_auto_parallel_context(grad_bucket_mb=25)
+    assert context.get_auto_parallel_context("grad_bucket_mb") == 25
+    for bad in (0, -1.0, float("nan"), "25", True):
+        with pytest.raises(ContextError, match="grad_bucket_mb must be None or a positive"):
+            context.set_auto_parallel_context(grad_bucket_mb=bad)
+    context.reset_auto_parallel_context()
+    assert context.get_auto_parallel_context("grad_bucket_mb") is None
 
 
 def test_all_reduce_sums_and_scales(twin):
@@ -326,8 +394,10 @@ def test_mpirun_rank_exiting_early_ends_the_job(tmp_path):
         f"the job took {ended - left:.1f} s to end"
     assert status != 0 and "finished" not in printed[0] + printed[1]
     assert "rank 1 leaves at step 2" in printed[1]
+    # Rank 0 learns it waiting in the AllReduce ("left the group") or, when it reaches the
+    # AllReduce after the notice came (a loaded machine), on entering it ("have left").
     assert re.search(r"CommunicationError: AllReduce of \d+ float32 value\(s\) on rank 0 of 2: "
-                     r"rank\(s\) \[1\] left the group", printed[0]), printed[0]
+                     r"rank\(s\) \[1\] (have )?left the group", printed[0]), printed[0]
 
 
 def test_mpirun_ranks_reducing_different_sizes_end_the_job(tmp_path):

@@ -15,6 +15,7 @@ from graphkernel.graph_kernel import (  # noqa: F401  (register their expanders)
 )
 from graphkernel.graph_kernel.bn_fold import fold_batch_norms
 from graphkernel.graph_kernel.cluster import cluster
+from graphkernel.graph_kernel.collectives import schedule_collectives
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
 from graphkernel.graph_kernel.flags import GraphKernelFlags, short_stage_name
@@ -123,12 +124,12 @@ def _inline(composite: Node) -> list[Node]:
 
 def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
     """hwopt_* stages: with fusion off only the end stage, whose graph equals the initial one."""
-    end = Stage(names.END, schedule_composites,
+    end = Stage(names.END, lambda graph: schedule_collectives(schedule_composites(graph)),
                 "the graph that runs: one kernel per node, each composite's loop nest planned")
     if not options.enable_graph_kernel or options.flags.opt_level == 0:
         return [end]
     def end_with_views(graph: Graph) -> Graph:
-        graph = mark_library_views(schedule_composites(graph))
+        graph = schedule_collectives(mark_library_views(schedule_composites(graph)))
         # A layout op a MatMul now reads or writes in place was not kept apart from it.
         joined = {frozenset((lib, op)) for lib, ops in folded_names(graph).items() for op in ops}
         state.reasons = [r for r in state.reasons

@@ -57,7 +57,8 @@ class TrainOneStepCell(Cell):
         self.grad_reducer: DistributedGradReducer | None = None
         if context.get_auto_parallel_context("parallel_mode") == context.DATA_PARALLEL:
             self.grad_reducer = DistributedGradReducer(
-                self.weights, context.get_auto_parallel_context("gradients_mean"))
+                self.weights, context.get_auto_parallel_context("gradients_mean"),
+                bucket_mb=context.get_auto_parallel_context("grad_bucket_mb"))
             # Gradients travel as one flat buffer per dtype: ranks whose parameters differ
             # would sum misaligned values, or wait on each other forever. Checked once, here.
             check_same_parameters(
