@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,14 +26,15 @@ from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TupleType
 
 Expander = Callable[..., Value | tuple[Value, ...]]
+_E = TypeVar("_E", bound=Expander)  # the decorated function keeps its own signature
 EXPANDERS: dict[str, Expander] = {}
 # Composites whose float16 inputs are computed in float32 and rounded once at the end.
 FLOAT16_IN_FLOAT32: set[str] = set()
 
 
 def expander(op_name: str, float16_in_float32: bool = False
-             ) -> Callable[[Expander], Expander]:
-    def register(fn: Expander) -> Expander:
+             ) -> Callable[[_E], _E]:
+    def register(fn: _E) -> _E:
         get_op(op_name)  # the op must be declared in the op table
         EXPANDERS[op_name] = fn
         if float16_in_float32:
