@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -150,6 +151,21 @@ def test_cli_quick_path_writes_results(tmp_path: object) -> None:
     assert failures(results) and "**wrong answer**" in markdown(results)
 
 
+def test_progress_lines_give_every_figure_its_unit() -> None:
+    # What a run prints while it works, every figure with its unit (it printed
+    # `cold 0.6622946709999269`): the compile probes and the parallel check.
+    from bench import machine
+    from bench.probe import compile_times
+    from bench.units import parallel_text
+    lines: list[str] = []
+    compile_times("tiny", TINY[:1], ["gk_fused"], log=lines.append)
+    assert len(lines) == 1 and re.fullmatch(
+        rf"  compile {TINY[0].key} gk_fused: cold [\d.]+ m?s, warm [\d.]+ [mµ]?s", lines[0]), lines
+    text = parallel_text(machine.parallel_check(iterations=50))
+    assert re.fullmatch(r"one process [\d.]+ [mµ]?s, two at once [\d.]+ [mµ]?s each \(mean of 4\): "
+                        r"ratio [\d.]+, (parallel|partly time-shared|time-shared)", text), text
+
+
 def test_a_system_that_crashed_in_its_probe_is_not_run() -> None:
     from bench.probe import crashes_in
     probes = {"workloads": {"basic_4x4": {
@@ -177,7 +193,7 @@ def test_graphkernel_bench_runs_the_harness_as_its_own_program(capfd: pytest.Cap
 
     from graphkernel.tools.cli import main as cli_main
     assert cli_main(["bench", "--help"]) == 0
-    assert "usage: python -m bench" in capfd.readouterr().out
+    assert "usage: graphkernel bench [-h] [--quick]" in capfd.readouterr().out
     assert cli_main(["bench", "--suite", "no-such-suite"]) == 2
     assert "invalid choice: 'no-such-suite'" in capfd.readouterr().err
     code = "import sys, graphkernel.tools.cli; print('bench' in sys.modules)"

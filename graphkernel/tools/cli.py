@@ -70,7 +70,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               "a source checkout (python -m bench)", file=sys.stderr)
         return 2
     try:
-        return subprocess.call([sys.executable, "-P", "-m", "bench", *args.bench_args])
+        # GK_BENCH_PROG: its usage lines name the command the user typed.
+        env = dict(os.environ, GK_BENCH_PROG="graphkernel bench")
+        return subprocess.call([sys.executable, "-P", "-m", "bench", *args.bench_args], env=env)
     except KeyboardInterrupt:  # the child got the same interrupt and has stopped
         return 130
 
