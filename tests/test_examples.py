@@ -3,6 +3,7 @@ their parameters, fusion on and off agree, and their launches are counted."""
 import importlib.util
 import math
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -194,3 +195,20 @@ def test_bert_tiny_trains_and_embeddings_get_gradients():
     assert not seen[0] and seen.sum() > 10
     moved = np.abs(after - before).max(axis=1) > 1e-4
     np.testing.assert_array_equal(moved, seen)
+
+
+def test_bert_tiny_prints_a_short_summary_unless_asked_why(monkeypatch, capsys):
+    # By default a screenful: the kernels and how many op pairs were kept apart (it printed ~90
+    # "kept apart" lines); --why lists them.
+    bert = load("bert_tiny")
+    outputs = {}
+    for flags in ([], ["--why"]):
+        monkeypatch.setattr("sys.argv", ["bert_tiny.py", "--batch", "2", "--seq", "8", *flags])
+        bert.main()
+        outputs[tuple(flags)] = capsys.readouterr().out
+    short, full = outputs[()], outputs[("--why",)]
+    kept = re.search(r"ops kept apart: (\d+) pair\(s\), not listed here", short)
+    assert kept, short
+    assert "ops kept apart:\n" not in short and len(short.splitlines()) < 40
+    listed = full[full.index("ops kept apart:\n"):].splitlines()[1:]
+    assert len([line for line in listed if line.startswith("  ")]) == int(kept.group(1))
