@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="small sizes, few rounds, graphkernel compile probes only (a smoke run "
                         "of correctness; its times mean little)")
-    p.add_argument("--suite", choices=("full", "quick", "tiny"), default=None)
+    p.add_argument("--suite", choices=("full", "quick", "tiny"), default=None,
+                   help="the workload sizes: full (the committed run), quick (what --quick "
+                        "runs), tiny (the tests' sizes); default full, or quick with --quick")
     p.add_argument("--rounds", type=int, default=None, help="rounds per workload")
     p.add_argument("--systems", default=None,
                    help="comma-separated system keys (gk_fused, gk_unfused, numpy, numexpr, "

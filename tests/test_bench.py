@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,6 +81,14 @@ def test_references_match_the_math() -> None:
     inputs, params = W.make_arrays(e)
     out = W.reference(e, inputs, params)
     assert out.shape == inputs["x"].shape and np.isfinite(out).all()
+
+
+def test_the_readme_counts_the_workloads_the_suites_run() -> None:
+    with open(Path(__file__).resolve().parents[1] / "README.md", encoding="utf-8") as fh:
+        quoted = re.search(r"on (\d+) workloads of (\d+) kinds", fh.read())
+    assert quoted, "README.md's Benchmarks section no longer counts the workloads"
+    for suite in (W.quick_suite(), W.full_suite()):
+        assert (len(suite), len({w.kind for w in suite})) == (int(quoted[1]), int(quoted[2]))
 
 
 def test_bytes_and_suites() -> None:
