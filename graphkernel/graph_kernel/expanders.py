@@ -4,7 +4,7 @@ With fusion on, the expand stage replaces a composite op's node by a composite n
 expansion (so the dumps show it), and clustering may then merge it with its neighbours.
 
 Every expansion is numerically stable where its textbook form overflows or cancels (the list,
-with each stable form, is in docs/architecture.md "Numerics"); the op's numpy reference in
+with each stable form, is in docs/perf-notes.md "Numerics"); the op's numpy reference in
 `ir/opdefs/composite.py` uses the same form. Expanders registered with `float16_in_float32`
 compute float16 inputs in float32 and round once at the end, as MindSpore's LayerNorm and
 Softmax expanders do: rounding after every basic op drifts by several float16 ulp, and a
