@@ -142,6 +142,7 @@ def test_training_rows_agree_with_an_independent_step() -> None:
     np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # a whole bench run
 def test_cli_quick_path_writes_results(tmp_path: object) -> None:
     out = str(tmp_path)
     code = main(["--suite", "tiny", "--keep-env", "--systems", "gk_fused,numpy",
@@ -160,6 +161,7 @@ def test_cli_quick_path_writes_results(tmp_path: object) -> None:
     assert failures(results) and "**wrong answer**" in markdown(results)
 
 
+@pytest.mark.slow  # two compile probes, new processes
 def test_progress_lines_give_every_figure_its_unit() -> None:
     # What a run prints while it works, every figure with its unit (it printed
     # `cold 0.6622946709999269`): the compile probes and the parallel check.
@@ -210,6 +212,7 @@ def test_graphkernel_bench_runs_the_harness_as_its_own_program(capfd: pytest.Cap
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # peer libraries
 @pytest.mark.parametrize("peer", ["torch", "jax", "onnxruntime"])
 @pytest.mark.parametrize("kind", ["cnn", "bert"])
 def test_example_networks_on_installed_peers_match_the_reference(kind: str, peer: str) -> None:

@@ -37,7 +37,7 @@ Float -> int Cast is undefined in C (and platform-defined in numpy) for NaN, Inf
 of range, so the generator clamps and de-NaNs a float before casting it to an integer.
 
 CI runs GRAPHKERNEL_DIFF_EXAMPLES (default 500, about a minute) random programs; a long run is
-    GRAPHKERNEL_DIFF_EXAMPLES=10000 .venv/bin/python -m pytest tests/test_differential.py -m slow
+    GRAPHKERNEL_DIFF_EXAMPLES=10000 .venv/bin/python -m pytest tests/test_differential.py -m soak
 """
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ _SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derando
 
 
 # The suite's run draws the same programs every time (CI must not turn red on a draw); the long
-# run (`-m slow`) draws new ones each time, to find what the fixed set misses.
+# run (`-m soak`) draws new ones each time, to find what the fixed set misses.
 @settings(max_examples=N_EXAMPLES, **{**_SETTINGS, "derandomize": True, "database": None})
 @given(programs(), st.integers(0, 2**31 - 1))
 def test_random_graphs_match_numpy(case: Any, seed: int) -> None:
@@ -199,11 +199,11 @@ def _long_run(case: Any, seed: int) -> None:
     check_program(input_types, program, outputs, seed, layouts=True)
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_random_graphs_long_run(request: pytest.FixtureRequest) -> None:
-    """Only with `-m slow`: GRAPHKERNEL_DIFF_EXAMPLES programs, also run on other layouts."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long differential run: pytest tests/test_differential.py -m slow")
+    """Only with `-m soak`: GRAPHKERNEL_DIFF_EXAMPLES programs, also run on other layouts."""
+    if "soak" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long differential run: pytest tests/test_differential.py -m soak")
     before = _CHECKED[0]
     _long_run()
     print(f"\nlong differential run: {_CHECKED[0] - before} random graphs checked, "

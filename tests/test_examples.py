@@ -24,6 +24,7 @@ def load(name):
     return module
 
 
+@pytest.mark.slow  # six epochs of training
 def test_cnn_digits_trains_end_to_end_and_its_epilogues_fuse():
     cnn = load("cnn_digits")
     trained = {}
@@ -77,6 +78,7 @@ def test_cnn_digits_trains_end_to_end_and_its_epilogues_fuse():
     assert on.kernel_count == 6  # 24 before layout ops, BatchNorm's parameters and blocks fused
 
 
+@pytest.mark.slow  # a training run
 def test_train_digits_model_reaches_95_percent_and_its_checkpoint_loads(tmp_path, capsys):
     """The MindSpore tutorial shape (dataset pipeline, Model.train with LossMonitor, TimeMonitor
     and ModelCheckpoint, Model.eval): >= 95% held out, MindSpore's printed lines, the last
@@ -164,6 +166,7 @@ def test_bert_tiny_matches_numpy_fused_and_not(batch, seq):
     assert seq_out.shape == (batch, seq, 32) and pooled.shape == (batch, 32)
 
 
+@pytest.mark.slow  # a training run
 def test_bert_tiny_trains_and_embeddings_get_gradients():
     bert = load("bert_tiny")
     config = bert.Config(vocab_size=40, hidden_size=16, num_heads=2, intermediate_size=32,

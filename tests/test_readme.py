@@ -42,6 +42,7 @@ HOW: dict[str, tuple[str, str]] = {
                                                "which made this environment"),
     ".venv/bin/python -m bench.targets bench/results/results.json": ("run", ""),
     ".venv/bin/graphkernel bench": ("not_run", "the same program as python -m bench"),
+    ".venv/bin/python -m pytest -m slow": ("ci", ".ci/run's slow-test step"),
 }
 
 
@@ -120,6 +121,7 @@ CHECKS = {
 }
 
 
+@pytest.mark.slow  # every README command: the lab, reports, bench targets
 def test_readme_runs(tmp_path):
     # The snippets' own files first; then the caller's path, so that a checkout other than the
     # one installed in the environment runs its own graphkernel.
