@@ -260,6 +260,7 @@ def _seed(seeds: dict[str, str], kind: str) -> bytes:
         return fh.read()
 
 
+@pytest.mark.slow  # a batch of mutants per file kind, each run in a child process
 @pytest.mark.parametrize("kind", KINDS)
 def test_mutated_files_are_refused_clearly_or_run(kind: str, seeds: dict[str, str], tmp_path,
                                                   request: pytest.FixtureRequest,
