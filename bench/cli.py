@@ -18,16 +18,21 @@ from typing import Any
 REMOVE = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 SET = {"OMP_WAIT_POLICY": "PASSIVE"}
 MARKER = "GK_BENCH_REEXEC"
+# The name usage lines give this program: `graphkernel bench` sets it for the child it starts.
+PROG_VARIABLE = "GK_BENCH_PROG"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+    p = argparse.ArgumentParser(prog=os.environ.get(PROG_VARIABLE, "python -m bench"),
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="small sizes, few rounds, graphkernel compile probes only (a smoke run "
                         "of correctness; its times mean little)")
-    p.add_argument("--suite", choices=("full", "quick", "tiny"), default=None)
+    p.add_argument("--suite", choices=("full", "quick", "tiny"), default=None,
+                   help="the workload sizes: full (the committed run), quick (what --quick "
+                        "runs), tiny (the tests' sizes); default full, or quick with --quick")
     p.add_argument("--rounds", type=int, default=None, help="rounds per workload")
     p.add_argument("--systems", default=None,
                    help="comma-separated system keys (gk_fused, gk_unfused, numpy, numexpr, "

@@ -22,6 +22,7 @@ from bench.native import copy_variants
 from bench.net_workloads import NET_KINDS
 from bench.systems import FRESH, Runner, System, version_of
 from bench.training import reference
+from bench.units import parallel_text
 from bench.workloads import SUITES, Workload, check, input_sets
 
 COPY = "copy"
@@ -258,7 +259,7 @@ def run(cfg: Config, systems: list[System] | None = None) -> dict[str, Any]:
     results["environment"] = machine.environment()
     log("checking whether the cores run in parallel ...")
     results["parallel_start"] = machine.parallel_check(cfg.parallel_iterations)
-    log(f"  {results['parallel_start']}")
+    log(f"  {parallel_text(results['parallel_start'])}")
     log("measuring copy bandwidth ...")
     bw = machine.copy_bandwidth(cfg.machine_copy_bytes)
     results["copy_bandwidth"] = bw
@@ -320,7 +321,7 @@ def run(cfg: Config, systems: list[System] | None = None) -> dict[str, Any]:
         system.close()
     log("checking whether the cores run in parallel (end) ...")
     results["parallel_end"] = machine.parallel_check(cfg.parallel_iterations)
-    log(f"  {results['parallel_end']}")
+    log(f"  {parallel_text(results['parallel_end'])}")
     log("measuring copy bandwidth (end) ...")
     bw_end = machine.copy_bandwidth(cfg.machine_copy_bytes)
     log(f"  {bw_end['gbps']:.1f} GB/s ({bw_end['best']})")

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.units import probe_text
+
 PROBED = ("gk_fused", "gk_unfused", "inductor", "jax", "onnxruntime", "mindspore")
 MARK = "BENCH-PROBE "
 NOTES = {
@@ -129,8 +131,7 @@ def compile_times(suite: str, workloads: list[Any], systems: list[str],
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             row[system] = {"cold": cold, "warm": warm}
-            log(f"  compile {w.key} {system}: cold {cold.get('first_result_s', cold)}"
-                f" warm {(warm or {}).get('first_result_s', warm)}")
+            log(f"  compile {w.key} {system}: cold {probe_text(cold)}, warm {probe_text(warm)}")
     return out
 
 

@@ -7,23 +7,9 @@ import sys
 from typing import Any
 
 from bench.systems import FRESH, PREALLOCATED
+from bench.units import fmt_bytes, fmt_time
 
 BASE = "gk_fused"
-
-
-def fmt_time(s: float) -> str:
-    if s < 1e-3:
-        return f"{s * 1e6:.3g} µs"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
-
-
-def fmt_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n} B"
 
 
 def _timing(rec: dict[str, Any], mode: str) -> dict[str, Any] | None:

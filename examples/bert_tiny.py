@@ -4,7 +4,7 @@ self-attention (head split and merge by Reshape + Transpose, an additive attenti
 the padding mask) and a GeLU feed-forward block, each with a residual add and LayerNorm, then a
 pooled [CLS] output (Dense + Tanh on x[:, 0]).
 
-    python examples/bert_tiny.py [--batch B] [--seq S] [--no-fusion]
+    python examples/bert_tiny.py [--batch B] [--seq S] [--no-fusion] [--why] [--train-steps N]
 """
 from __future__ import annotations
 
@@ -148,7 +148,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--no-fusion", action="store_true")
+    parser.add_argument("--no-fusion", action="store_true", help="compile without fusion")
+    parser.add_argument("--why", action="store_true",
+                        help="also list every pair of ops fusion kept apart, and why")
     parser.add_argument("--train-steps", type=int, default=0,
                         help="then train a classifier on the pooled output this many steps")
     args = parser.parse_args()
@@ -168,7 +170,7 @@ def main() -> None:
     print(f"sequence output {sequence.shape}, pooled {pooled.shape}; first call "
           f"{first * 1000:.0f} ms, then {steady * 1000:.2f} ms per call, "
           f"{compiled.kernel_count} launches per call")
-    print(compiled.summary())
+    print(compiled.summary(reasons=args.why))
     if args.train_steps:
         ms.set_seed(0)
         classifier = BertClassifier(config)

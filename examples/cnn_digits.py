@@ -9,7 +9,7 @@ of every parameter, and BatchNorm's moving statistics, written in place). Evalua
 same network in inference mode (`set_train(False)`: BatchNorm normalises with its moving
 statistics, folded into the convolutions' weights when fusion is on).
 
-    python examples/cnn_digits.py [--train N] [--epochs N] [--no-fusion]
+    python examples/cnn_digits.py [--train N] [--epochs N] [--no-fusion] [--why]
 
 Needs the examples extra (scikit-learn's digits): `.venv/bin/pip install -e '.[examples]'`.
 """
@@ -128,7 +128,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=1200)
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--no-fusion", action="store_true")
+    parser.add_argument("--no-fusion", action="store_true", help="compile without fusion")
+    parser.add_argument("--why", action="store_true",
+                        help="also list every pair of ops fusion kept apart, and why")
     args = parser.parse_args()
     context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=not args.no_fusion)
     net, (x_train, y_train, x_test, y_test) = train(args.train, epochs=args.epochs)
@@ -139,7 +141,7 @@ def main() -> None:
     print("loss every 10 steps: " + " ".join(f"{v:.3f}" for v in net.losses[::10]))
     print(f"test accuracy {acc:.3f} on {len(y_test)} digits ({len(y_train)} for training), "
           f"first call {elapsed * 1000:.0f} ms")
-    print(compiled.summary())
+    print(compiled.summary(reasons=args.why))
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def zeros(shape: Any, dtype: Any = None) -> Tensor:
 
 def _number(x: Any, what: str) -> float | int:
     if isinstance(x, Tensor) and not x.is_symbolic and x.ndim == 0:
-        return x.asnumpy().item()  # type: ignore[no-any-return]
+        return x.asnumpy().item()
     if not isinstance(x, (int, float, np.integer, np.floating)) or isinstance(x, bool):
         raise UnsupportedError(f"mindspore.numpy.{what} takes Python numbers here, got a "
                                f"{type(x).__name__}", user_location())
@@ -116,7 +116,7 @@ def concatenate(arrays: Any, axis: Any = 0) -> Tensor:
     if axis is None:
         tensors = [P.Reshape()(t, (-1,)) for t in tensors]
         axis = 0
-    return P.Concat(_axis(axis, tensors[0].ndim, "concatenate"))(tuple(tensors))  # type: ignore[no-any-return]
+    return P.Concat(_axis(axis, tensors[0].ndim, "concatenate"))(tuple(tensors))
 
 
 def stack(arrays: Any, axis: int = 0) -> Tensor:
@@ -124,14 +124,14 @@ def stack(arrays: Any, axis: int = 0) -> Tensor:
     tensors = [_tensor(a, "stack") for a in arrays]
     if not tensors:
         raise InputError("mindspore.numpy.stack needs at least one tensor", user_location())
-    return P.Stack(_axis(axis, tensors[0].ndim + 1, "stack"))(tuple(tensors))  # type: ignore[no-any-return]
+    return P.Stack(_axis(axis, tensors[0].ndim + 1, "stack"))(tuple(tensors))
 
 
 def _slice(x: Tensor, axis: int, start: int, stop: int) -> Tensor:
     begin = [0] * x.ndim
     size = list(x.shape)
     begin[axis], size[axis] = start, stop - start
-    return P.Slice()(x, tuple(begin), tuple(size))  # type: ignore[no-any-return]
+    return P.Slice()(x, tuple(begin), tuple(size))
 
 
 def split(x: Any, indices_or_sections: Any, axis: int = 0) -> tuple[Tensor, ...]:
@@ -159,7 +159,7 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Tensor:
     x = _tensor(a, "roll")
     if axis is None:
         flat = roll(P.Reshape()(x, (-1,)), shift, 0)
-        return P.Reshape()(flat, x.shape)  # type: ignore[no-any-return]
+        return P.Reshape()(flat, x.shape)
     try:
         pairs = np.broadcast(np.asarray(shift), np.asarray(axis))
     except ValueError:
@@ -184,7 +184,7 @@ def tile(a: Any, reps: Any) -> Tensor:
     if len(reps) > x.ndim:
         x = P.Reshape()(x, (1,) * (len(reps) - x.ndim) + tuple(x.shape))
     reps = (1,) * (x.ndim - len(reps)) + reps
-    return P.Tile()(x, reps)  # type: ignore[no-any-return]
+    return P.Tile()(x, reps)
 
 
 # -- element-wise ---------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def where(condition: Any, x: Any = None, y: Any = None) -> Tensor:
     cond = _tensor(condition, "where")
     if cond.dtype != T.bool_:
         cond = P.Cast()(cond, T.bool_)
-    return P.Select()(cond, x, y)  # type: ignore[no-any-return]
+    return P.Select()(cond, x, y)
 
 
 def clip(a: Any, a_min: Any, a_max: Any, dtype: Any = None) -> Tensor:
@@ -209,7 +209,7 @@ def clip(a: Any, a_min: Any, a_max: Any, dtype: Any = None) -> Tensor:
         x = P.Maximum()(x, a_min)
     if a_max is not None:
         x = P.Minimum()(x, a_max)
-    return x if dtype is None else P.Cast()(x, dtype)  # type: ignore[no-any-return]
+    return x if dtype is None else P.Cast()(x, dtype)
 
 
 # -- products -------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def tensordot(a: Any, b: Any, axes: Any = 2) -> Tensor:
     rhs = P.Reshape()(P.Transpose()(b, tuple(sum_b + free_b)),
                       (k, math.prod(b.shape[i] for i in free_b)))
     out = P.MatMul()(lhs, rhs)
-    return P.Reshape()(out, tuple(a.shape[i] for i in free_a) +  # type: ignore[no-any-return]
+    return P.Reshape()(out, tuple(a.shape[i] for i in free_a) +
                        tuple(b.shape[i] for i in free_b))
 
 

@@ -20,7 +20,10 @@ from graphkernel.ops import operations as P
 from graphkernel.ops.operations import _grad_ops as G
 
 
-@pytest.fixture(params=[False, True], ids=["unfused", "fused"])
+# Fused on every run; unfused (each op a kernel of its own: the same gradient rules) in the
+# slow step.
+@pytest.fixture(params=[pytest.param(False, marks=pytest.mark.slow), True],
+                ids=["unfused", "fused"])
 def fusion(request: Any) -> Any:
     context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=request.param)
     yield request.param
@@ -323,7 +326,9 @@ def run_program(prog: list[tuple[Any, ...]], *xs: Any) -> Any:
     return values[-1] + values[-2] if len(values) > len(xs) + 1 else values[-1]
 
 
-@pytest.mark.parametrize("seed", range(12))
+# Three seeds on every run; the other nine (a compile each, fused and not) in the slow step.
+@pytest.mark.parametrize("seed", [*range(3), *(pytest.param(s, marks=pytest.mark.slow)
+                                               for s in range(3, 12))])
 def test_random_graphs(seed: int, fusion: bool) -> None:
     rng = np.random.default_rng(100 + seed)
     prog = random_program(rng, 3, int(rng.integers(3, 9)))
@@ -485,6 +490,7 @@ def test_grad_of_grad_matches_the_second_derivative(name: str, fusion: bool) -> 
     np.testing.assert_allclose(second, _second_derivative(x, name), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow  # second-order gradients
 def test_grad_of_grad_through_a_net_with_tanh(fusion: bool) -> None:
     """The Hessian-vector product of a Dense-Tanh-Dense net against central differences of
     its first-order gradient, in float64; Softmax at the end (SoftmaxGrad differentiated)."""

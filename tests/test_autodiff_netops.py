@@ -16,7 +16,10 @@ from graphkernel.frontend import context
 from graphkernel.ops import operations as P
 
 
-@pytest.fixture(params=[False, True], ids=["unfused", "fused"])
+# Fused on every run; unfused (each op a kernel of its own: the same gradient rules) in the
+# slow step.
+@pytest.fixture(params=[pytest.param(False, marks=pytest.mark.slow), True],
+                ids=["unfused", "fused"])
 def fusion(request: Any) -> Any:
     context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=request.param)
     yield request.param

@@ -18,6 +18,7 @@ from graphkernel.ops import operations as P
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+pytestmark = pytest.mark.slow  # every gradient against a peer library (PyTorch)
 
 # The same function in PyTorch, for each op of test_autodiff.CASES (Cast's case is float64).
 TORCH: dict[str, Callable[..., Any]] = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +83,14 @@ def test_references_match_the_math() -> None:
     assert out.shape == inputs["x"].shape and np.isfinite(out).all()
 
 
+def test_the_readme_counts_the_workloads_the_suites_run() -> None:
+    with open(Path(__file__).resolve().parents[1] / "README.md", encoding="utf-8") as fh:
+        quoted = re.search(r"on (\d+) workloads of (\d+) kinds", fh.read())
+    assert quoted, "README.md's Benchmarks section no longer counts the workloads"
+    for suite in (W.quick_suite(), W.full_suite()):
+        assert (len(suite), len({w.kind for w in suite})) == (int(quoted[1]), int(quoted[2]))
+
+
 def test_bytes_and_suites() -> None:
     full = {w.key: w for w in W.full_suite()}
     assert full["basic_4096x4096"].nbytes()["total"] == 2 * 4096 * 4096 * 4
@@ -132,6 +142,7 @@ def test_training_rows_agree_with_an_independent_step() -> None:
     np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # a whole bench run
 def test_cli_quick_path_writes_results(tmp_path: object) -> None:
     out = str(tmp_path)
     code = main(["--suite", "tiny", "--keep-env", "--systems", "gk_fused,numpy",
@@ -148,6 +159,22 @@ def test_cli_quick_path_writes_results(tmp_path: object) -> None:
     rec = results["workloads"][0]["systems"]["gk_fused"]
     rec["modes"]["fresh"] = {"status": "wrong answer", "error": "1 of 16 elements"}
     assert failures(results) and "**wrong answer**" in markdown(results)
+
+
+@pytest.mark.slow  # two compile probes, new processes
+def test_progress_lines_give_every_figure_its_unit() -> None:
+    # What a run prints while it works, every figure with its unit (it printed
+    # `cold 0.6622946709999269`): the compile probes and the parallel check.
+    from bench import machine
+    from bench.probe import compile_times
+    from bench.units import parallel_text
+    lines: list[str] = []
+    compile_times("tiny", TINY[:1], ["gk_fused"], log=lines.append)
+    assert len(lines) == 1 and re.fullmatch(
+        rf"  compile {TINY[0].key} gk_fused: cold [\d.]+ m?s, warm [\d.]+ [mµ]?s", lines[0]), lines
+    text = parallel_text(machine.parallel_check(iterations=50))
+    assert re.fullmatch(r"one process [\d.]+ [mµ]?s, two at once [\d.]+ [mµ]?s each \(mean of 4\): "
+                        r"ratio [\d.]+, (parallel|partly time-shared|time-shared)", text), text
 
 
 def test_a_system_that_crashed_in_its_probe_is_not_run() -> None:
@@ -177,7 +204,7 @@ def test_graphkernel_bench_runs_the_harness_as_its_own_program(capfd: pytest.Cap
 
     from graphkernel.tools.cli import main as cli_main
     assert cli_main(["bench", "--help"]) == 0
-    assert "usage: python -m bench" in capfd.readouterr().out
+    assert "usage: graphkernel bench [-h] [--quick]" in capfd.readouterr().out
     assert cli_main(["bench", "--suite", "no-such-suite"]) == 2
     assert "invalid choice: 'no-such-suite'" in capfd.readouterr().err
     code = "import sys, graphkernel.tools.cli; print('bench' in sys.modules)"
@@ -185,6 +212,7 @@ def test_graphkernel_bench_runs_the_harness_as_its_own_program(capfd: pytest.Cap
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # peer libraries
 @pytest.mark.parametrize("peer", ["torch", "jax", "onnxruntime"])
 @pytest.mark.parametrize("kind", ["cnn", "bert"])
 def test_example_networks_on_installed_peers_match_the_reference(kind: str, peer: str) -> None:

@@ -262,6 +262,7 @@ def test_mpirun_two_ranks_average_over_mpi(tmp_path):
         np.testing.assert_array_equal(got["b"], np.arange(5) * 1.5)
 
 
+@pytest.mark.slow  # a training run in one process, then on two ranks
 def test_mpirun_two_ranks_match_one_process_on_whole_batches(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = [sys.executable, EXAMPLE, "--steps", "6", "--out"]

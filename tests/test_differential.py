@@ -36,8 +36,9 @@ Integers and bools must match exactly (wrapping on overflow, like numpy).
 Float -> int Cast is undefined in C (and platform-defined in numpy) for NaN, Inf and values out
 of range, so the generator clamps and de-NaNs a float before casting it to an integer.
 
-CI runs GRAPHKERNEL_DIFF_EXAMPLES (default 500, about a minute) random programs; a long run is
-    GRAPHKERNEL_DIFF_EXAMPLES=10000 .venv/bin/python -m pytest tests/test_differential.py -m slow
+`pytest` checks FEW_EXAMPLES (50) fixed random programs; the slow step (`-m slow`, run by CI)
+GRAPHKERNEL_DIFF_EXAMPLES (default 500, about a minute quiet) fixed ones; a long run is
+    GRAPHKERNEL_DIFF_EXAMPLES=10000 .venv/bin/python -m pytest tests/test_differential.py -m soak
 """
 from __future__ import annotations
 
@@ -179,12 +180,21 @@ def _odd_bytes(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 N_EXAMPLES = int(os.environ.get("GRAPHKERNEL_DIFF_EXAMPLES", "500"))
+FEW_EXAMPLES = 50  # what every `pytest` run checks; the N_EXAMPLES run is in the slow step
 _SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False,
                  print_blob=True)
 
 
-# The suite's run draws the same programs every time (CI must not turn red on a draw); the long
-# run (`-m slow`) draws new ones each time, to find what the fixed set misses.
+# The suite's runs draw the same programs every time (CI must not turn red on a draw); the long
+# run (`-m soak`) draws new ones each time, to find what the fixed set misses.
+@settings(max_examples=FEW_EXAMPLES, **{**_SETTINGS, "derandomize": True, "database": None})
+@given(programs(), st.integers(0, 2**31 - 1))
+def test_a_few_random_graphs_match_numpy(case: Any, seed: int) -> None:
+    input_types, program, outputs = case
+    check_program(input_types, program, outputs, seed)
+
+
+@pytest.mark.slow  # N_EXAMPLES programs, each compiled fused and unfused
 @settings(max_examples=N_EXAMPLES, **{**_SETTINGS, "derandomize": True, "database": None})
 @given(programs(), st.integers(0, 2**31 - 1))
 def test_random_graphs_match_numpy(case: Any, seed: int) -> None:
@@ -199,11 +209,11 @@ def _long_run(case: Any, seed: int) -> None:
     check_program(input_types, program, outputs, seed, layouts=True)
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_random_graphs_long_run(request: pytest.FixtureRequest) -> None:
-    """Only with `-m slow`: GRAPHKERNEL_DIFF_EXAMPLES programs, also run on other layouts."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long differential run: pytest tests/test_differential.py -m slow")
+    """Only with `-m soak`: GRAPHKERNEL_DIFF_EXAMPLES programs, also run on other layouts."""
+    if "soak" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long differential run: pytest tests/test_differential.py -m soak")
     before = _CHECKED[0]
     _long_run()
     print(f"\nlong differential run: {_CHECKED[0] - before} random graphs checked, "

@@ -3,6 +3,7 @@ their parameters, fusion on and off agree, and their launches are counted."""
 import importlib.util
 import math
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ def load(name):
     return module
 
 
+@pytest.mark.slow  # six epochs of training
 def test_cnn_digits_trains_end_to_end_and_its_epilogues_fuse():
     cnn = load("cnn_digits")
     trained = {}
@@ -76,6 +78,7 @@ def test_cnn_digits_trains_end_to_end_and_its_epilogues_fuse():
     assert on.kernel_count == 6  # 24 before layout ops, BatchNorm's parameters and blocks fused
 
 
+@pytest.mark.slow  # a training run
 def test_train_digits_model_reaches_95_percent_and_its_checkpoint_loads(tmp_path, capsys):
     """The MindSpore tutorial shape (dataset pipeline, Model.train with LossMonitor, TimeMonitor
     and ModelCheckpoint, Model.eval): >= 95% held out, MindSpore's printed lines, the last
@@ -163,6 +166,7 @@ def test_bert_tiny_matches_numpy_fused_and_not(batch, seq):
     assert seq_out.shape == (batch, seq, 32) and pooled.shape == (batch, 32)
 
 
+@pytest.mark.slow  # a training run
 def test_bert_tiny_trains_and_embeddings_get_gradients():
     bert = load("bert_tiny")
     config = bert.Config(vocab_size=40, hidden_size=16, num_heads=2, intermediate_size=32,
@@ -194,3 +198,20 @@ def test_bert_tiny_trains_and_embeddings_get_gradients():
     assert not seen[0] and seen.sum() > 10
     moved = np.abs(after - before).max(axis=1) > 1e-4
     np.testing.assert_array_equal(moved, seen)
+
+
+def test_bert_tiny_prints_a_short_summary_unless_asked_why(monkeypatch, capsys):
+    # By default a screenful: the kernels and how many op pairs were kept apart (it printed ~90
+    # "kept apart" lines); --why lists them.
+    bert = load("bert_tiny")
+    outputs = {}
+    for flags in ([], ["--why"]):
+        monkeypatch.setattr("sys.argv", ["bert_tiny.py", "--batch", "2", "--seq", "8", *flags])
+        bert.main()
+        outputs[tuple(flags)] = capsys.readouterr().out
+    short, full = outputs[()], outputs[("--why",)]
+    kept = re.search(r"ops kept apart: (\d+) pair\(s\), not listed here", short)
+    assert kept, short
+    assert "ops kept apart:\n" not in short and len(short.splitlines()) < 40
+    listed = full[full.index("ops kept apart:\n"):].splitlines()[1:]
+    assert len([line for line in listed if line.startswith("  ")]) == int(kept.group(1))

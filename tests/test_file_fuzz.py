@@ -5,8 +5,8 @@ forged) file that runs to another result fails the test and prints the mutant's 
 replays it: `file_fuzz.apply(kind, seed, recipe)`.
 
 The short run is part of the suite; the long one (more streams, and every edge number in every
-JSON field) runs with `-m slow`:
-    .venv/bin/python -m pytest tests/test_file_fuzz.py -m slow -s
+JSON field) runs with `-m soak`:
+    .venv/bin/python -m pytest tests/test_file_fuzz.py -m soak -s
 GRAPHKERNEL_FUZZ_MUTANTS sets how many mutants of each kind a stream of the long run draws."""
 from __future__ import annotations
 
@@ -261,6 +261,7 @@ def _seed(seeds: dict[str, str], kind: str) -> bytes:
         return fh.read()
 
 
+@pytest.mark.slow  # a batch of mutants per file kind, each run in a child process
 @pytest.mark.parametrize("kind", KINDS)
 def test_mutated_files_are_refused_clearly_or_run(kind: str, seeds: dict[str, str], tmp_path,
                                                   request: pytest.FixtureRequest,
@@ -300,15 +301,15 @@ def test_what_earlier_runs_found_is_refused(finding: str, seeds: dict[str, str],
     assert not failures, f"{len(failures)} of {len(keys)}: {failures[0]}"
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.parametrize("kind", KINDS)
 def test_long_file_fuzz(kind: str, seeds: dict[str, str], tmp_path,
                         request: pytest.FixtureRequest,
                         capsys: pytest.CaptureFixture[str]) -> None:
-    """Only with `-m slow`: four streams of GRAPHKERNEL_FUZZ_MUTANTS (250) mutants each, and
+    """Only with `-m soak`: four streams of GRAPHKERNEL_FUZZ_MUTANTS (250) mutants each, and
     edge numbers in every numeric field (here: GKIR ~7 min, cache ~16 min, checkpoint ~1.5)."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the long file fuzz: pytest tests/test_file_fuzz.py -m slow")
+    if "soak" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long file fuzz: pytest tests/test_file_fuzz.py -m soak")
     seed = _seed(seeds, kind)
     count = int(os.environ.get("GRAPHKERNEL_FUZZ_MUTANTS", "250"))
     recipes = [r for stream in range(1, 5) for r in file_fuzz.recipes(kind, seed, stream, count)]

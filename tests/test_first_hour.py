@@ -2,6 +2,7 @@
 apart from fusion's kernels, the lab's default report, command-line errors at their file."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -158,3 +159,47 @@ def test_what_a_speedup_measures():
     assert not dispatch_bound(256 << 20, 30e-3, 2)[0]  # data-heavy
     bound, data_s = dispatch_bound(128, 3e-6, 3)
     assert bound and 0 < data_s < 1e-6
+
+
+def _options_without_help(parser) -> list[str]:
+    import argparse
+    return [("/".join(a.option_strings) or a.dest) for a in parser._actions
+            if not isinstance(a, argparse._HelpAction) and not a.help
+            and not isinstance(a, argparse._SubParsersAction)]
+
+
+def test_every_subcommand_says_what_it_does_and_every_option_has_help():
+    import argparse
+
+    from bench.cli import _parser as bench_parser
+    from graphkernel.tools.cli import build_parser
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    listed = {c.dest: c.help for c in commands._choices_actions}
+    assert set(listed) == {"lab", "render", "report", "doctor", "bench"}
+    for name, sub in commands.choices.items():
+        assert listed[name], name
+        if name == "bench":  # its options are `python -m bench`'s, checked below
+            continue
+        assert sub.description, f"graphkernel {name} --help has no description"
+        assert _options_without_help(sub) == [], name
+    assert _options_without_help(bench_parser()) == []
+    # The README writes an input as DTYPE[SHAPE]; the help says the same.
+    text = commands.choices["report"].format_help()
+    assert "--input DTYPE[SHAPE]" in text and "TYPE]" not in text.replace("DTYPE[SHAPE]", "")
+
+
+def test_report_writes_beside_its_input_by_default(tmp_path):
+    from graphkernel.tools.cli import default_report_path
+    assert default_report_path("lab_output/test_basic_fuse") == \
+        os.path.join("lab_output/test_basic_fuse", "report.html")
+    assert default_report_path("models/net.py:Net") == "models/net_report.html"
+    folder = tmp_path / "dumps"
+    proc = _cli("lab", "--out", str(folder), "--no-report", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = _cli("report", str(folder / "test_basic_fuse"), "--repeats", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(folder / "test_basic_fuse" / "report.html")
+    proc = _cli("render", str(folder / "test_basic_fuse" / "6_validate.dot"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dumps"]  # nothing in the cwd

@@ -114,6 +114,7 @@ def test_lab_cli(tmp_path):
     assert "result:" in out.stdout and "kernels per call: 1" in out.stdout
 
 
+@pytest.mark.slow  # a pytest run of the lab script
 def test_lab_script_runs_under_pytest(tmp_path):
     """The lab's own test file, with mindspore->graphkernel and Ascend->CPU replaced, runs
     under pytest and writes the two dumps the lab copies into the working folder."""

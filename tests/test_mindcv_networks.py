@@ -157,7 +157,10 @@ def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
 
 
-@pytest.mark.parametrize("name", NETWORKS)
+# ViT on every run; the convolutional networks (minutes of compiling, cold) in the slow step.
+# (NETWORKS gets "vit" below, after its classes.)
+@pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.slow),
+                                  pytest.param("mobilenetv2", marks=pytest.mark.slow), "vit"])
 def test_inference_fused_unfused_and_float64(name: str) -> None:
     fused, unfused, reference = _networks(NETWORKS[name])
     x = np.random.default_rng(1).standard_normal((2, 3, 32, 32)).astype(np.float32)
@@ -174,6 +177,7 @@ def test_inference_fused_unfused_and_float64(name: str) -> None:
     assert _relative_error(outs["unfused"], outs["float64"]) < 1e-5
 
 
+@pytest.mark.slow  # a training step of each network, fused, unfused and in float64
 @pytest.mark.parametrize("name", NETWORKS)
 def test_one_training_step_fused_unfused_and_float64(name: str) -> None:
     nets = _networks(NETWORKS[name])

@@ -95,6 +95,7 @@ def _check(cases):
     return counts
 
 
+@pytest.mark.slow  # a few hundred of ONNX's node cases, each compiled
 def test_the_node_cases_of_the_cnn_and_mlp_operators():
     cases = _core_cases()
     assert len(cases) >= 100

@@ -256,7 +256,7 @@ def test_expansion_turns_softmax_into_a_composite_of_its_basic_ops() -> None:
 
 def test_expansion_turns_gelu_into_its_stable_tanh_form() -> None:
     # 0.5 x (1 + tanh(z)) as x sigmoid(2z) in one division, from e = exp(-|2z|): x / (1 + e)
-    # or x e / (1 + e), x clamped finite in x e so -inf gives -0.0 (docs/architecture.md,
+    # or x e / (1 + e), x clamped finite in x e so -inf gives -0.0 (docs/perf-notes.md,
     # Numerics).
     b = Build("net", t(16))
     graph = b.returns(b("GeLU", b.inputs[0]))

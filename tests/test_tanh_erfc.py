@@ -1,5 +1,5 @@
 """The float tanh and erfc the generated kernels call (glibc's libmvec: tanhf, erfcf), against
-numpy's/math's float64, and the two GeLU forms (docs/architecture.md "Numerics"):
+numpy's/math's float64, and the two GeLU forms (docs/perf-notes.md "Numerics"):
 
 - tanh: at most 1.38 ulp (measured on all 2^32 floats), never above 1 in magnitude, special
   values exactly;

@@ -3,6 +3,7 @@ learning-rate schedules, MindSpore's _grad_ops called directly, and the digits e
 trained with TrainOneStepCell + Momentum) with fusion on and off."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -511,6 +512,11 @@ def test_digits_mlp_example() -> None:
     assert on["losses"][-1] < 0.2 * on["losses"][0]
     fused, unfused = len(on["step"].kernels), len(off["step"].kernels)
     assert fused <= 0.6 * unfused, (fused, unfused)
+    # The README quotes these counts: they must not go stale.
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    quoted = re.search(r"(\d+) kernels per step fused,\s+(\d+) unfused", readme)
+    assert quoted and (int(quoted[1]), int(quoted[2])) == (fused, unfused), (quoted, fused,
+                                                                             unfused)
     final = on["step"].stages["hwopt_d_end"]
     # backward ops fuse with each other, with forward ops and with the updates (the labels a
     # fused group was made from: its kernel name shortens past eight of them)

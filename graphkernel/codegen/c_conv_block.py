@@ -125,7 +125,7 @@ def _kind(value: Value, conv: Node) -> str | None:
     o = conv.shape[1]
     if shape == tuple(conv.shape):
         return "full"
-    if all(isinstance(d, int) for d in shape) and math.prod(shape) == 1:  # type: ignore
+    if all(isinstance(d, int) for d in shape) and math.prod(shape) == 1:
         return "one"
     padded = (1,) * (4 - len(shape)) + shape if len(shape) <= 4 else shape
     if padded == (1, o, 1, 1):

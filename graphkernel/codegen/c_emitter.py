@@ -34,7 +34,7 @@ STREAM_ROW_BYTES = 64 << 10
 # large input it reads contiguously. The hardware prefetcher alone did not keep such a loop fed:
 # in a C harness on two threads, bias + GeLU over 4096x4096 floats ran 7.4 ms, 4.4 ms
 # prefetching 4 KiB ahead (the loop's speed on data in cache), 4.4-4.8 ms at 8 and 16 KiB; on
-# 4 MiB already in cache it was unchanged (docs/architecture.md, "Software prefetch").
+# 4 MiB already in cache it was unchanged (docs/perf-notes.md, "Software prefetch").
 PREFETCH_CHUNK = 64
 PREFETCH_BYTES = 4096
 

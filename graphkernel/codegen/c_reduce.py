@@ -1,7 +1,7 @@
 """C for reductions: row reductions (the innermost axis is reduced) and column reductions (it is
 kept), as a mixin of the loop-nest emitter in `codegen/c_emitter.py`.
 
-Float sums are blocked so that their error does not grow with the row (docs/architecture.md,
+Float sums are blocked so that their error does not grow with the row (docs/perf-notes.md,
 "Numerics"): a row longer than ROW_BLOCK is summed in blocks of ROW_BLOCK elements, each block
 vectorised with one float accumulator per vector lane (at most ROW_BLOCK/lanes additions per
 lane, then a tree over the lanes), and the block sums are combined pairwise in double

@@ -94,7 +94,7 @@ static inline void gk_stream_fence(void) {
    (its parallel regions carry `if(parallel: gk_parallel_beside_blas())`, codegen/c_emitter.py).
    BLAS's idle workers spin on the other cores for a while after a product; on two cores the
    kernel's second thread then shares a core with one, and two threads ran no faster than one
-   (docs/architecture.md, "Beside BLAS"). With more cores the others still add up. */
+   (docs/perf-notes.md, "Beside BLAS"). With more cores the others still add up. */
 #if defined(_OPENMP)
 int omp_get_max_threads(void);
 static inline int gk_parallel_beside_blas(void) { return omp_get_max_threads() > 2; }
@@ -123,7 +123,7 @@ static inline double gk_pairwise_total(const gk_pairwise *p) {
    2^n as two exact powers of two, so results below 2^-126 round once to their subnormal.
    Checked against double exp on all 2^32 floats: at most 1.04 ulp (libmvec's: 1 ulp stated);
    NaN -> NaN, +inf and x > 88.7228 -> +inf, -inf and x < -103.98 -> +0, -0.0 -> 1
-   (tests/test_exp.py, docs/architecture.md "Numerics"). */
+   (tests/test_exp.py, docs/perf-notes.md "Numerics"). */
 #pragma omp declare simd notinbranch
 static inline float gkm_expf(float x) {
   const float shift = 0x1.8p23f;

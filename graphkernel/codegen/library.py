@@ -23,7 +23,8 @@ from graphkernel.codegen.c_text import PRELUDE
 from graphkernel.codegen.toolchain import compile_workers
 from graphkernel.errors import CompileError
 
-KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]
+# A kernel as ctypes loaded it (ctypes' function-pointer class is private to its stubs).
+KernelFn = Callable[..., Any]
 
 
 @dataclass

@@ -28,10 +28,10 @@ from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter, Tensor
 
 # MindSpore's tensor_type names.
-_TYPE_NAMES = {np.dtype("float16"): "Float16", np.dtype("float32"): "Float32",
+_TYPE_NAMES: dict[np.dtype, str] = {np.dtype("float16"): "Float16", np.dtype("float32"): "Float32",
                np.dtype("float64"): "Float64", np.dtype("int32"): "Int32",
                np.dtype("int64"): "Int64", np.dtype("bool"): "Bool"}
-_NAME_TYPES = {v: k for k, v in _TYPE_NAMES.items()}
+_NAME_TYPES: dict[str, np.dtype] = {v: k for k, v in _TYPE_NAMES.items()}
 _WIRE_VARINT, _WIRE_I64, _WIRE_BYTES, _WIRE_I32 = 0, 1, 2, 5
 _MAX_RANK = 32  # numpy's arrays have at most 64 dimensions; no parameter has this many
 
@@ -74,7 +74,9 @@ def _read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
 
 def _fields(data: bytes, where: str) -> list[tuple[int, int, Any]]:
     """(field number, wire type, value) of one message; bytes fields as memory slices."""
-    out, pos = [], 0
+    out: list[tuple[int, int, Any]] = []
+    pos = 0
+    value: Any  # an integer (varint) or a memory slice (the other wire types)
     while pos < len(data):
         key, pos = _read_varint(data, pos, where)
         number, wire = key >> 3, key & 7
@@ -191,7 +193,7 @@ def _tensor(data: bytes, where: str) -> np.ndarray:
             type_name = bytes(value).decode("utf-8", "replace")
         elif number == 3:
             content = bytes(value)
-    if type_name not in _NAME_TYPES:
+    if type_name is None or type_name not in _NAME_TYPES:
         raise CheckpointError(f"{where}: tensor type {type_name!r} is not one graphkernel "
                               f"computes in ({', '.join(_NAME_TYPES)})")
     dtype = _NAME_TYPES[type_name]
@@ -292,7 +294,7 @@ def load_param_into_net(net: Cell, parameter_dict: dict[str, Any],
     not_loaded: list[str] = []
     used: set[str] = set()
     for name, param in named:
-        key = name
+        key: str | None = name
         if key not in parameter_dict:
             # Older graphkernels keyed entries by attribute path ("network.fc1.weight").
             path = paths[id(param)]

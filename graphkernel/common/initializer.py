@@ -288,7 +288,7 @@ class InitializedTensor(Tensor):
         self._init_shape, self._init_dtype = shape, dtype
         self._data: np.ndarray | None = None
 
-    @property  # type: ignore[override]
+    @property
     def _array(self) -> np.ndarray:
         if self._data is None:
             init = self.init

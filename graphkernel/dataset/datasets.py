@@ -447,7 +447,7 @@ class _Pass:
                                        "pass") from None
                 continue
             if kind == _ROW:
-                return value  # type: ignore[no-any-return]
+                return value
             self.stop.set()
             if kind == _END:
                 return None

@@ -18,6 +18,13 @@ from graphkernel.ir.types import TensorType, TupleType
 class Cell:
     """A network or layer. Sub-cells, primitives and Parameters are attributes."""
 
+    # Set in __init__ through object.__setattr__ (this class's own __setattr__ needs _cells).
+    _cells: dict[str, Cell]
+    _params: dict[str, Parameter]
+    _compiled: dict[Any, Any]
+    _auto_prefix: bool
+    training: bool
+
     def __init__(self, auto_prefix: bool = True) -> None:
         object.__setattr__(self, "_cells", {})
         object.__setattr__(self, "_params", {})

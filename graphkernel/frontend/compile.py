@@ -399,7 +399,7 @@ def _drop_if_stale(cell: CellLike, exe: CompiledCell) -> str | None:
 def _generic(cell: CellLike) -> dict[tuple[Any, ...], CompiledCell]:
     """The cell's shape-generic graphs (declared or automatic), by context and types; each
     call shape they served is also a key of `cell._compiled`."""
-    return cell.__dict__.setdefault("_generic", {})  # type: ignore[attr-defined, no-any-return]
+    return cell.__dict__.setdefault("_generic", {})
 
 
 def automatic_types(cell: CellLike, inputs: tuple[Any, ...]) -> list[TensorType] | None:

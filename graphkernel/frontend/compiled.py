@@ -176,7 +176,9 @@ class CompiledCell:
         """The compiled CPython entry running the whole graph, or None."""
         return self._entry
 
-    def summary(self) -> str:
+    def summary(self, reasons: bool = True) -> str:
+        """The kernels one call launches, the rewrites, and (with `reasons`, the default) why
+        each pair of ops was kept apart; without, only how many pairs were."""
         kernels = self.kernels
         lines = [f"graph {self.name}: {len(kernels)} kernel(s) per call, compiled in "
                  f"{self.compile_seconds * 1000:.0f} ms"
@@ -187,7 +189,9 @@ class CompiledCell:
         if self.report.rewrites:
             lines.append("rewrites:")
             lines += [f"  {line}" for line in self.report.rewrites]
-        if self.reasons:
+        if self.reasons and not reasons:
+            lines.append(f"ops kept apart: {len(self.reasons)} pair(s), not listed here")
+        elif self.reasons:
             lines.append("ops kept apart:")
             for reason in self.reasons:
                 lines.append(f"  {reason}")

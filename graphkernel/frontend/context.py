@@ -34,7 +34,7 @@ _DEFAULTS: dict[str, Any] = {
 
 # MindSpore 2.x set_context keys accepted so its scripts start, with one NoEffectWarning each
 # time one is set: their value is checked for its kind and kept (get_context returns it).
-NO_EFFECT_KEYS: dict[str, type | tuple[type, ...]] = {
+NO_EFFECT_KEYS: dict[str, type] = {
     "max_call_depth": int, "memory_optimize_level": str, "max_device_memory": str,
     "variable_memory_max_size": str, "mempool_block_size": str, "runtime_num_threads": int,
     "inter_op_parallel_num": int, "op_timeout": int, "enable_reduce_precision": bool,

@@ -23,7 +23,7 @@ from graphkernel.ir.graph import Constant
 from graphkernel.passes.autodiff import differentiable, gradients
 
 
-class ParameterTuple(tuple):  # type: ignore[type-arg]
+class ParameterTuple(tuple):
     """A tuple of Parameters (MindSpore's), e.g. `ParameterTuple(net.trainable_params())`."""
 
     def __new__(cls, params: Sequence[Parameter] = ()) -> ParameterTuple:
@@ -124,6 +124,9 @@ class GradFunction:
 class _GradCell(Cell):
     """The cell a gradient function called from Python compiles: flat outputs, restructured
     after the call."""
+
+    grad_fn: GradFunction
+    _layout: Any  # the nesting of the result, set when construct is traced
 
     def __init__(self, grad_fn: GradFunction) -> None:
         super().__init__(auto_prefix=False)  # never renames the differentiated cell's weights

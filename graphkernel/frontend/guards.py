@@ -20,7 +20,7 @@ A Parameter's data changed in place or by `set_data` needs no guard: weights are
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import is_
@@ -140,7 +140,9 @@ _recording_classes: dict[type, type] = {}
 def _recording_class(cls: type) -> type:
     """A subclass of `cls` that records attribute reads (same name: graphs are named after it)."""
     if cls not in _recording_classes:
-        base_getattribute = cls.__getattribute__
+        # The class's own slot, called with the instance (mypy reads it as bound to `cls`).
+        base_getattribute: Callable[[Any, str], Any] = \
+            cls.__getattribute__  # type: ignore[assignment]  # see above
 
         def __getattribute__(self: Any, name: str) -> Any:
             try:

@@ -26,13 +26,19 @@ def strided_slice_args(key: Any, rank: int) -> tuple[dict[str, Any], list[Any]]:
         bit = 1 << i
         if item is Ellipsis:
             masks["ellipsis_mask"] |= bit
-            begin.append(0), end.append(0), strides.append(1)
+            begin.append(0)
+            end.append(0)
+            strides.append(1)
         elif item is None:
             masks["new_axis_mask"] |= bit
-            begin.append(0), end.append(0), strides.append(1)
+            begin.append(0)
+            end.append(0)
+            strides.append(1)
         elif _is_int(item):
             masks["shrink_axis_mask"] |= bit
-            begin.append(int(item)), end.append(int(item) + 1), strides.append(1)
+            begin.append(int(item))
+            end.append(int(item) + 1)
+            strides.append(1)
         elif isinstance(item, slice):
             for part in (item.start, item.stop, item.step):
                 if part is not None and not _is_int(part):

@@ -12,6 +12,8 @@ from graphkernel.frontend.tracing import current_tracer
 class _FunctionCell(Cell):
     """A function as a cell: construct calls it."""
 
+    fn: Callable[..., Any]
+
     def __init__(self, fn: Callable[..., Any], owner: Cell | None = None) -> None:
         super().__init__(auto_prefix=False)
         object.__setattr__(self, "fn", fn)

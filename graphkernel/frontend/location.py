@@ -40,7 +40,7 @@ def user_location() -> SourceLocation | None:
         if not filename.startswith(_INTERNAL_DIRS):
             text = linecache.getline(filename, frame.f_lineno)
             return SourceLocation(filename, frame.f_lineno, frame.f_code.co_name, text)
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
     return None
 
 

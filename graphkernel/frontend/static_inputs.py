@@ -66,7 +66,7 @@ def bound_cell(cell: Any, inputs: tuple[Any, ...], names: list[str]) -> Any:
     def construct(*tensors: Any) -> Any:
         return cell._traced_call(_rebuild(example, list(tensors)))
 
-    construct.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    construct.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # what inspect reads
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in leaf_names])
     bound = type(type(cell).__name__, (), {})()
     bound.construct = construct

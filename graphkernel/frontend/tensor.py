@@ -51,6 +51,7 @@ class Tensor:
     # A Symbol (frontend/symbol.py) is a dynamic dimension with constraints.
     _declared: tuple[tuple[int | Symbol | None, ...], np.dtype] | None = None
     # A result made by a compiled entry (runtime/c_entry.py `call`) sets only `_array`.
+    _array: np.ndarray | None
     _value: Value | None = None
     _tracer: SymbolicGraph | None = None
 
@@ -86,7 +87,7 @@ class Tensor:
             array = array.astype(array.dtype.newbyteorder("="))
         if array.dtype == np.bool_ and array.size and array.view(np.uint8).max() > 1:
             array = array.view(np.uint8) != 0  # one byte 0 or 1 per bool, as kernels expect
-        self._array: np.ndarray | None = array
+        self._array = array
 
     @classmethod
     def _symbolic(cls, value: Value, tracer: SymbolicGraph) -> Tensor:
@@ -157,18 +158,18 @@ class Tensor:
         """x.reshape(2, -1) or x.reshape((2, -1)): Reshape."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        return apply_op("Reshape", [self], {"shape": tuple(shape)})  # type: ignore[return-value]
+        return apply_op("Reshape", [self], {"shape": tuple(shape)})  # type: ignore[return-value]  # a one-output op: one Tensor
 
     def astype(self, dtype: Any, copy: bool = True) -> Tensor:
         """The values cast to `dtype`: Cast (the tensor itself when it has that dtype)."""
         if T.to_dtype(dtype) == self.dtype and not copy:
             return self
-        return apply_op("Cast", [self], {"dtype": dtype})  # type: ignore[return-value]
+        return apply_op("Cast", [self], {"dtype": dtype})  # type: ignore[return-value]  # a one-output op: one Tensor
 
     def mean(self, axis: Any = None, keep_dims: bool = False) -> Tensor:
         """The mean over `axis` (an int, a tuple or list, or None for all): ReduceMean."""
         axes = () if axis is None else tuple(axis) if isinstance(axis, list) else axis
-        return apply_op("ReduceMean", [self], {"axis": axes,  # type: ignore[return-value]
+        return apply_op("ReduceMean", [self], {"axis": axes,  # type: ignore[return-value]  # a one-output op
                                                "keep_dims": keep_dims})
 
     def __getattr__(self, name: str) -> Any:
@@ -194,15 +195,15 @@ class Tensor:
 
     def __float__(self) -> float:
         self._needs_value("float()")
-        return float(self._array)  # type: ignore[arg-type]
+        return float(self._array)  # type: ignore[arg-type]  # _needs_value: an array here
 
     def __int__(self) -> int:
         self._needs_value("int()")
-        return int(self._array)  # type: ignore[arg-type]
+        return int(self._array)  # type: ignore[arg-type]  # _needs_value: an array here
 
     def __index__(self) -> int:
         self._needs_value("using a tensor as an index")
-        return int(self._array)  # type: ignore[arg-type]
+        return int(self._array)  # type: ignore[arg-type]  # _needs_value: an array here
 
     def __getitem__(self, key: Any) -> Tensor:
         """`x[0]`, `x[:, 1:3]`, `x[..., None]`, `x[::-2]`, `x[ids]`: StridedSlice (or Gather)."""
@@ -211,13 +212,13 @@ class Tensor:
                 raise UnsupportedError(f"indexing with a {key.dtype.name} tensor: only int32 or "
                                        "int64 index tensors (a gather along axis 0) are "
                                        "supported", user_location())
-            return apply_op("Gather", [self, key], {"axis": 0})  # type: ignore[return-value]
+            return apply_op("Gather", [self, key], {"axis": 0})  # type: ignore[return-value]  # a one-output op: one Tensor
         try:
             masks, (begin, end, strides) = strided_slice_args(key, self.ndim)
         except GraphKernelError as err:
             raise err.with_location(user_location()) from None
         return apply_op("StridedSlice", [self], {**masks, "begin": begin, "end": end,
-                                                 "strides": strides})  # type: ignore[return-value]
+                                                 "strides": strides})  # type: ignore[return-value]  # one output
 
     def __setitem__(self, key: Any, value: Any) -> None:
         raise UnsupportedError("tensors are immutable here: build the new value with ops (e.g. "
@@ -237,7 +238,7 @@ class Tensor:
     # -- arithmetic: the same primitives as P.Add etc. -------------------------------------------
     def _binary(self, op: str, other: Any, reverse: bool = False) -> Tensor:
         args = (other, self) if reverse else (self, other)
-        return apply_op(op, list(args), {})  # type: ignore[return-value]
+        return apply_op(op, list(args), {})  # type: ignore[return-value]  # a one-output op: one Tensor
 
     def __add__(self, other: Any) -> Tensor:
         return self._binary("Add", other)
@@ -281,10 +282,10 @@ class Tensor:
         return self._binary("GreaterEqual", other)
 
     def __neg__(self) -> Tensor:
-        return apply_op("Neg", [self], {})  # type: ignore[return-value]
+        return apply_op("Neg", [self], {})  # type: ignore[return-value]  # a one-output op: one Tensor
 
     def __matmul__(self, other: Any) -> Tensor:
-        return apply_op("MatMul", [self, other], {})  # type: ignore[return-value]
+        return apply_op("MatMul", [self, other], {})  # type: ignore[return-value]  # a one-output op: one Tensor
 
     # -- text ---------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -398,7 +399,7 @@ def _normalise_args(op: OpDef, args: list[Any]) -> list[Tensor | np.ndarray]:
         first = 1 if op.name == "Select" else 0
         out[first:] = [o if T.is_float(o.dtype) else
                        o.astype(T.float32) if isinstance(o, np.ndarray) else
-                       apply_op("Cast", [o], {"dtype": T.float32})  # type: ignore[misc]
+                       apply_op("Cast", [o], {"dtype": T.float32})  # type: ignore[misc]  # Cast: one Tensor
                        for o in out[first:]]
     return out
 
@@ -454,7 +455,7 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
     types = tuple(TensorType(tuple(o.shape), o.dtype) for o in operands)
     _check_dtypes(op.name, types, op.accepts)
     if op.static_value is not None:  # Shape, Size: Python values, in graph mode too
-        return op.static_value(types, full_attrs)  # type: ignore[no-any-return]
+        return op.static_value(types, full_attrs)
     out_type = op.infer(types, full_attrs)
     check_fits_in_memory(op.name, out_type)
     for i in op.writes:
@@ -468,7 +469,7 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         wrapped = _wrap_eager(result, out_type)
         written = wrapped if isinstance(wrapped, tuple) else (wrapped,)
         for i, k in zip(op.writes, op.written_outputs):
-            operands[i].asnumpy()[...] = written[k].asnumpy()  # type: ignore[union-attr]
+            operands[i].asnumpy()[...] = written[k].asnumpy()  # type: ignore[union-attr]  # eager: arrays
         return written[0] if op.returns_first_only else wrapped
     values: list[Value] = []
     for o in operands:
@@ -485,10 +486,10 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
             getter = tracer.add_node("GetItem", [node], {"index": index}, item, loc)
             items.append(Tensor._symbolic(getter, tracer))
         for i, k in zip(op.writes, op.written_outputs):
-            tracer.assign(operands[i], items[k]._value)  # type: ignore[arg-type]
+            tracer.assign(operands[i], items[k]._value)  # type: ignore[arg-type]  # traced: a Value
         return items[0] if op.returns_first_only else tuple(items)
     for i in op.writes:
-        tracer.assign(operands[i], node)  # type: ignore[arg-type]
+        tracer.assign(operands[i], node)  # type: ignore[arg-type]  # traced: a Value
     return Tensor._symbolic(node, tracer)
 
 

@@ -4,7 +4,7 @@ With fusion on, the expand stage replaces a composite op's node by a composite n
 expansion (so the dumps show it), and clustering may then merge it with its neighbours.
 
 Every expansion is numerically stable where its textbook form overflows or cancels (the list,
-with each stable form, is in docs/architecture.md "Numerics"); the op's numpy reference in
+with each stable form, is in docs/perf-notes.md "Numerics"); the op's numpy reference in
 `ir/opdefs/composite.py` uses the same form. Expanders registered with `float16_in_float32`
 compute float16 inputs in float32 and round once at the end, as MindSpore's LayerNorm and
 Softmax expanders do: rounding after every basic op drifts by several float16 ulp, and a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,14 +26,15 @@ from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TupleType
 
 Expander = Callable[..., Value | tuple[Value, ...]]
+_E = TypeVar("_E", bound=Expander)  # the decorated function keeps its own signature
 EXPANDERS: dict[str, Expander] = {}
 # Composites whose float16 inputs are computed in float32 and rounded once at the end.
 FLOAT16_IN_FLOAT32: set[str] = set()
 
 
 def expander(op_name: str, float16_in_float32: bool = False
-             ) -> Callable[[Expander], Expander]:
-    def register(fn: Expander) -> Expander:
+             ) -> Callable[[_E], _E]:
+    def register(fn: _E) -> _E:
         get_op(op_name)  # the op must be declared in the op table
         EXPANDERS[op_name] = fn
         if float16_in_float32:

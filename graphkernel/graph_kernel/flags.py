@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from graphkernel.errors import FlagError, warn_no_effect
 from graphkernel.passes.stage_names import SWITCHABLE
@@ -186,7 +187,7 @@ def parse_flags(text: str, warn: bool = False) -> GraphKernelFlags:
     """Parse a flags string. An unknown flag or a bad value raises FlagError; with `warn`, the
     MindSpore flags that have no effect here, and the op or stage names graphkernel lacks, are
     named in one NoEffectWarning."""
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     no_effect: list[str] = []
     unused: list[str] = []
     for token in text.split():
@@ -201,28 +202,30 @@ def parse_flags(text: str, warn: bool = False) -> GraphKernelFlags:
                             f"{', '.join('--' + k for k in IMPLEMENTED)}")
         if key in values or key in no_effect:
             raise FlagError(f"graph_kernel_flags: --{key} is given twice")
-        value = _parse_value(key, kind, sep, raw)
+        # Its type follows `kind` (an int, a bool, a string or a list of names), a tie between
+        # the flag's name and its type that the checker cannot see.
+        value: Any = _parse_value(key, kind, sep, raw)
         if key not in IMPLEMENTED:
             no_effect.append(key)
             continue
-        if key == "opt_level" and not 0 <= value <= 3:  # type: ignore[operator]
+        if key == "opt_level" and not 0 <= value <= 3:
             raise FlagError(f"graph_kernel_flags: --opt_level must be 0, 1, 2 or 3, got {value}")
-        if key == "composite_op_limit_size" and value < 1:  # type: ignore[operator]
+        if key == "composite_op_limit_size" and value < 1:
             raise FlagError(f"graph_kernel_flags: --composite_op_limit_size must be >= 1, "
                             f"got {value}")
         if key in _OP_LISTS:
-            unused += _unused_op_names(key, value)  # type: ignore[arg-type]
+            unused += _unused_op_names(key, value)
         if key in ("enable_pass", "disable_pass"):
-            unused += _unused_stage_names(key, value)  # type: ignore[arg-type]
+            unused += _unused_stage_names(key, value)
         values[key] = value
     both = {short_stage_name(n) for n in values.get("enable_pass", ())} & \
-        {short_stage_name(n) for n in values.get("disable_pass", ())}  # type: ignore[attr-defined]
+        {short_stage_name(n) for n in values.get("disable_pass", ())}
     if both:
         raise FlagError(f"graph_kernel_flags: stage {', '.join(sorted(both))} is both in "
                         "--enable_pass and --disable_pass")
     ignored = [k for base in ("expand_ops", "cluster_ops") if f"enable_{base}_only" in values
                for k in (f"enable_{base}", f"disable_{base}") if k in values]
-    flags = GraphKernelFlags(**values, no_effect=tuple(no_effect),  # type: ignore[arg-type]
+    flags = GraphKernelFlags(**values, no_effect=tuple(no_effect),
                              ignored=tuple(ignored), unused_names=tuple(unused))
     if warn:
         warn_no_effect_flags(flags)

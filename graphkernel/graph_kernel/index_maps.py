@@ -226,10 +226,10 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
     if all(isinstance(v, Constant) for v in new_inputs):
         # Only elements (constant folding leaves these where a size is dynamic): one of them
         # broadcast, so the op keeps its shape.
-        new_inputs[0] = Node("BroadcastTo", [new_inputs[0]], {"shape": tuple(view.shape)},
-                             _typed(new_inputs[0], view.shape), f"{view.name}_broadcast",
-                             view.loc)
-        added.append(new_inputs[0])
+        broadcast = Node("BroadcastTo", [new_inputs[0]], {"shape": tuple(view.shape)},
+                         _typed(new_inputs[0], view.shape), f"{view.name}_broadcast", view.loc)
+        new_inputs[0] = broadcast
+        added.append(broadcast)
     sub = _retyped(src.subgraph, new_inputs) if src.subgraph is not None else None
     compute = Node(src.op, new_inputs, src.attrs, view.type, src.name, src.loc, sub)
     compute.notes = dict(src.notes)

@@ -87,18 +87,20 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             new_nodes.append(node)
             continue
         composite = expand_node(node)
-        has_reduction = any(n.kind == PatternKind.REDUCE for n in composite.subgraph.nodes)  # type: ignore
+        expanded = composite.subgraph
+        assert expanded is not None  # an expansion is a composite node
+        has_reduction = any(n.kind == PatternKind.REDUCE for n in expanded.nodes)
         if not flags.expands(node.op, has_reduction):  # flags; opt_level 1: elementwise only
             new_nodes.append(node)
             continue
         try:
-            analyze(composite.subgraph.nodes, composite.subgraph.outputs)  # type: ignore
+            analyze(expanded.nodes, expanded.outputs)
         except NotSchedulable:
             # Not one loop nest (e.g. BiasAdd on NCHW needs a Reshape): inline its ops so
             # clustering can fuse the parts that can be fused; a multi-output op's GetItems
             # then read its outputs directly.
             inlined = _inline(composite)
-            outs = composite.subgraph.outputs  # type: ignore[union-attr]
+            outs = expanded.outputs
             if len(outs) == 1:
                 graph.replace_uses(node, outs[0])
             else:

@@ -40,8 +40,8 @@ def add_negative_zero(node: Node) -> Value | None:
     # x + (-0.0) == x for every x, including -0.0; x + 0.0 turns -0.0 into +0.0, so it stays.
     if node.op in ("Add", "Sub"):
         other = node.inputs[1]
-        is_identity = isinstance(other, Constant) and other.is_scalar and other.value.item() == 0
-        if is_identity and node.inputs[0].type == node.type:
+        if isinstance(other, Constant) and other.is_scalar and other.value.item() == 0 and \
+                node.inputs[0].type == node.type:
             negative = bool(np.signbit(other.value))
             if (node.op == "Add" and negative) or (node.op == "Sub" and not negative) or \
                     not np.issubdtype(node.dtype, np.floating):

@@ -128,9 +128,10 @@ def _emit_cluster(node: Node, w: _Writer, indent: str, outer_map: dict[int, str]
                        f'fillcolor={quote(colour)}; color="#888888";')
     inner_map = dict(outer_map)
     # Inner inputs are drawn as the outer values feeding the composite.
-    for outer, inner in zip(node.inputs, node.subgraph.inputs):
-        inner_map[inner.uid] = outer_map.get(outer.uid) or w.node_id(outer)
-    scalar_inputs = {inner.uid: outer for outer, inner in zip(node.inputs, node.subgraph.inputs)
+    for outer, inner_input in zip(node.inputs, node.subgraph.inputs):
+        inner_map[inner_input.uid] = outer_map.get(outer.uid) or w.node_id(outer)
+    scalar_inputs = {inner_input.uid: outer
+                     for outer, inner_input in zip(node.inputs, node.subgraph.inputs)
                      if isinstance(outer, Constant) and outer.is_scalar}
     for inner in node.subgraph.nodes:
         if inner.subgraph is not None:

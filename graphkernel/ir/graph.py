@@ -193,7 +193,7 @@ class Graph:
             nodes.append(new_node)
         graph = Graph(self.name, inputs, nodes, [mapping.get(v.uid, v) for v in self.outputs])
         graph.returns_tuple = self.returns_tuple
-        graph.assigns = [(mapping[w.uid], mapping.get(v.uid, v))  # type: ignore[misc]
+        graph.assigns = [(mapping[w.uid], mapping.get(v.uid, v))  # type: ignore[misc]  # weights map to Inputs
                          for w, v in self.assigns]
         graph.effects = [mapping.get(v.uid, v) for v in self.effects]
         return graph

@@ -152,7 +152,7 @@ def decode_type(data: Any, where: str, depth: int = 0) -> ValueType:
         _expect(depth == 0, where, "nested tuple type")
         items = _field(data, "tuple", list, where)
         types = tuple(decode_type(t, where, 1) for t in items)
-        return TupleType(types)  # type: ignore[arg-type]
+        return TupleType(types)  # type: ignore[arg-type]  # depth 1: tensor types only
     shape = _field(data, "shape", list, where)
     _expect(len(shape) <= 32, where, f"bad shape {shape!r:.80}")
     return TensorType(tuple(decode_dim(d, where) for d in shape),
@@ -247,7 +247,7 @@ class _Reader:
             _expect(kind in ("input", "weight"), here, f"unknown input kind {kind!r}")
             type_ = decode_type(_field(rec, "type", dict, here), here)
             _expect(isinstance(type_, TensorType), here, "an input is a tensor")
-            inp = Input(type_, _field(rec, "name", str, here), kind)  # type: ignore[arg-type]
+            inp = Input(type_, _field(rec, "name", str, here), kind)  # type: ignore[arg-type]  # _expect checked it
             inputs.append(inp)
             values.append(inp)
         nodes = []
@@ -312,7 +312,7 @@ def data_to_graph(data: Any, arrays: dict[str, np.ndarray]) -> Graph:
         _expect(key in arrays, where, f"array {key!r} is missing")
         type_ = decode_type(_field(rec, "type", dict, where), where)
         _expect(isinstance(type_, TensorType), where, "a constant is a tensor")
-        check_array(arrays[key], type_, where)  # type: ignore[arg-type]
+        check_array(arrays[key], type_, where)  # type: ignore[arg-type]  # _expect checked it
         constants.append(Constant(arrays[key], _field(rec, "name", str, where)))
     graph = _Reader(constants).graph(_field(data, "graph", dict, "graph"), "graph")
     _check_attrs(graph, "graph")

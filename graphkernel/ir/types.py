@@ -31,7 +31,7 @@ C_COMPUTE = {float16: "float", float32: "float", float64: "double",
 def to_dtype(value: object) -> np.dtype:
     """Normalise a dtype-like (numpy dtype, type, or name) to a supported numpy dtype."""
     try:
-        dt = np.dtype(value)  # type: ignore[call-overload]
+        dt = np.dtype(value)  # type: ignore[call-overload]  # anything: np.dtype judges
     except TypeError as exc:
         raise DTypeError(f"not a dtype: {value!r}") from exc
     if not dt.isnative:

@@ -12,6 +12,8 @@ from graphkernel.frontend.cell import Cell
 
 
 class _Listed(Cell):
+    _order: tuple[Cell, ...]
+
     def __init__(self) -> None:
         super().__init__()
         # A tuple, replaced on each append: a graph that ran the cells guards it by identity
@@ -31,7 +33,7 @@ class _Listed(Cell):
         return iter(self._order)
 
     def __getitem__(self, index: int) -> Cell:
-        return self._order[index]  # type: ignore[no-any-return]
+        return self._order[index]
 
     def append(self, cell: Cell) -> None:
         self._add(str(len(self._order)), cell)

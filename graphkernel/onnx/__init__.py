@@ -39,7 +39,8 @@ def load(file_name: Any, trust_prebuilt: bool = False) -> LoadedGraph:
     if isinstance(file_name, (str, os.PathLike)):
         path = os.path.abspath(os.fspath(file_name))
         if _starts_like_zip(path) or zipfile.is_zipfile(path) or not os.path.isfile(path):
-            return export_module.load(file_name, trust_prebuilt)  # its errors name a missing file
+            # its errors name a missing file as the caller wrote it
+            return export_module.load(os.fspath(file_name), trust_prebuilt)
         return importer.load_path(path)
     if hasattr(file_name, "read"):
         return _load_file_object(file_name, trust_prebuilt)

@@ -301,7 +301,7 @@ def _reduce(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
 def _window_attrs(n: Node, kernel: tuple[int, int], stride: tuple[int, int],
                   dilation: tuple[int, int], pad_mode: str, pad: Any) -> dict[str, Any]:
     x = n.inputs[0].shape
-    (top, bottom), (left, right) = window_padding(x[2:4], kernel, stride, dilation, pad_mode,
+    (top, bottom), (left, right) = window_padding((x[2], x[3]), kernel, stride, dilation, pad_mode,
                                                   pad, n.op)
     return {"kernel_shape": list(kernel), "strides": list(stride),
             "pads": [top, left, bottom, right]}

@@ -303,7 +303,7 @@ class _Importer:
 
     def _convert(self, node: onnx.NodeProto, convert: Any, values: dict[str, Any]) -> None:
         where = _node_text(node, self.opset)
-        inputs = []
+        inputs: list[Any] = []
         for name in node.input:
             if name == "":
                 inputs.append(None)  # an omitted optional input

@@ -185,7 +185,7 @@ def static_shape(cx: NodeContext, x: Value, what: str = "its input") -> tuple[in
     shape = shape_of(x)
     if not all(isinstance(d, int) for d in shape):
         raise cx.refuse(f"{what} has a dynamic size {shape}; this operator needs static sizes")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 # -- elementwise -----------------------------------------------------------------------------
@@ -744,8 +744,10 @@ def _transpose(cx: NodeContext, x: Value) -> Value:
 
 def _axes(cx: NodeContext, axes: Value, n: int) -> list[int] | None:
     listed = cx.attr("axes") if axes is None else cx.ints(axes, "axes")
-    if listed is None:
-        return None
+    return None if listed is None else _checked_axes(cx, listed, n)
+
+
+def _checked_axes(cx: NodeContext, listed: list[int], n: int) -> list[int]:
     out = [norm_axis(cx, a, n, "axes entry") for a in listed]
     if len(set(out)) != len(out):
         raise cx.refuse(f"axes {listed} repeat an axis")
@@ -838,7 +840,8 @@ def _slice(cx: NodeContext, x: Value, starts: Value, ends: Value, axes: Value = 
            steps: Value = None) -> Value:
     n = rank(x)
     begin_list, end_list = cx.ints(starts, "starts"), cx.ints(ends, "ends")
-    axis_list = _axes(cx, axes, n) if axes is not None else list(range(len(begin_list)))
+    axis_list = _checked_axes(cx, cx.ints(axes, "axes"), n) if axes is not None else \
+        list(range(len(begin_list)))
     step_list = cx.ints(steps, "steps") if steps is not None else [1] * len(begin_list)
     if not len(begin_list) == len(end_list) == len(axis_list) == len(step_list):
         raise cx.refuse("starts, ends, axes and steps differ in length")
@@ -956,7 +959,8 @@ def _pad(cx: NodeContext, x: Value, pads: Value, value: Value = None, axes: Valu
         raise cx.refuse(f"mode={mode!r} (constant only)")
     n = rank(x)
     listed = cx.ints(pads, "pads")
-    axis_list = _axes(cx, axes, n) if axes is not None else list(range(n))
+    axis_list = _checked_axes(cx, cx.ints(axes, "axes"), n) if axes is not None else \
+        list(range(n))
     if len(listed) != 2 * len(axis_list):
         raise cx.refuse(f"pads {listed} for axes {axis_list}")
     full = [0] * 2 * n

@@ -64,7 +64,7 @@ def split(tensor: Any, split_size_or_sections: Any, axis: int = 0) -> tuple[Any,
         if step < 1:
             raise ShapeError(f"split: split_size {step} must be positive")
         if size % step == 0 and size:
-            return P.Split(axis, size // step)(tensor)  # type: ignore[no-any-return]
+            return P.Split(axis, size // step)(tensor)
         sizes = [step] * (size // step) + ([size % step] if size % step else [])
     else:
         sizes = [int(s) for s in split_size_or_sections]
@@ -208,7 +208,7 @@ def assign(variable: Any, value: Any) -> Any:
     weight = graph.weight(variable)
     if builtins.any(w is weight for w, _ in graph.graph.assigns):
         raise GraphModeError(f"{variable.name} is assigned twice in one graph", user_location())
-    graph.graph.assigns.append((weight, value_in(graph, value)))  # type: ignore[arg-type]
+    graph.graph.assigns.append((weight, value_in(graph, value)))  # type: ignore[arg-type]  # a graph's weight is an Input
     return value
 
 

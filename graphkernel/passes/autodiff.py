@@ -16,6 +16,8 @@ recomputes the cell's inner values from the cell's inputs.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from graphkernel.errors import GradientError
 from graphkernel.ir import types as T
 from graphkernel.ir.build import GraphBuilder
@@ -134,17 +136,17 @@ def _composite_grad(b: GraphBuilder, node: Node, dout: object) -> list[Value | N
     the cell's forward from its inputs and runs the gradient rules of its inner ops."""
     assert node.subgraph is not None
     sub = node.subgraph.clone()
-    douts = list(dout) if isinstance(dout, tuple) else [dout]
+    douts: list[Any] = list(dout) if isinstance(dout, tuple) else [dout]  # Values or None
     seeds: list[tuple[Value, Value]] = []
     outer_douts: list[Value] = []
     for i, (out, d) in enumerate(zip(sub.outputs, douts)):
         if d is None:
             continue
-        inner = Input(d.tensor_type, f"dout{i}")  # type: ignore[union-attr]
+        inner = Input(d.tensor_type, f"dout{i}")
         sub.inputs.append(inner)
         seeds.append((out, inner))
-        outer_douts.append(d)  # type: ignore[arg-type]
-    wrt = [v for v in sub.inputs[:len(node.inputs)] if differentiable(v)]
+        outer_douts.append(d)
+    wrt: list[Value] = [v for v in sub.inputs[:len(node.inputs)] if differentiable(v)]
     inner_b = GraphBuilder(sub)
     grads = gradients(sub, [o for o, _ in seeds], [s for _, s in seeds], wrt, inner_b)
     sub.outputs = grads

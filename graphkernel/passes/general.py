@@ -90,7 +90,7 @@ def fold_constants(graph: Graph) -> Graph:
             kept.append(node)
             continue
         opdef = get_op(node.op)
-        arrays = [v.value for v in node.inputs]  # type: ignore[attr-defined]
+        arrays = [v.value for v in node.inputs]  # type: ignore[attr-defined]  # all Constants (checked above)
         result = np.asarray(opdef.reference(*arrays, **{**opdef.attr_defaults, **node.attrs}),
                             dtype=node.dtype)
         replace[node.uid] = Constant(result, f"{node.name}_folded")

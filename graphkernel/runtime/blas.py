@@ -68,7 +68,7 @@ def _thread_functions(found: CBlas) -> tuple[Any, Any]:
     if functions is None:
         functions = _state["threads"] = (_GET_THREADS(found.get_threads),
                                          _SET_THREADS(found.set_threads))
-    return functions  # type: ignore[no-any-return]
+    return functions
 
 
 @contextlib.contextmanager
@@ -178,7 +178,8 @@ def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
             batch = [_address(dynlib, n) if checked and hasattr(dynlib, n) else 0
                      for n in (f"{prefix}cblas_sgemm_batch{suffix}",
                                f"{prefix}cblas_dgemm_batch{suffix}")]
-            return CBlas(*(_address(dynlib, n) for n in names), int64=suffix != "",
+            sgemm, dgemm, get_threads, set_threads = (_address(dynlib, n) for n in names)
+            return CBlas(sgemm, dgemm, get_threads, set_threads, int64=suffix != "",
                          sgemm_batch=batch[0], dgemm_batch=batch[1])
     return None
 
@@ -211,7 +212,7 @@ def cblas() -> CBlas | None:
     loaded), or None when it is not an OpenBLAS on its own pthreads (MKL, BLIS, an OpenMP
     build: the Python runner calls numpy there)."""
     if "cblas" in _state:
-        return _state["cblas"]  # type: ignore[no-any-return]
+        return _state["cblas"]
     found = _numpys_wheel_openblas()
     if found is None:  # another build of numpy: ask threadpoolctl what is loaded
         for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):

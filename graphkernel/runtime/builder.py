@@ -78,20 +78,20 @@ class _PlanBuilder:
                                                 SlotRole.CONSTANT, value.value)
         return self.slot_of[value.uid]
 
-    def write(self, node: Node) -> tuple[int, ...]:
+    def write(self, node: Value) -> tuple[int, ...]:
         types = output_types(node)
         slots = tuple(self._new(node.name if len(types) == 1 else f"{node.name}.{i}", t,
                                 SlotRole.VALUE) for i, t in enumerate(types))
         if len(types) == 1:
             self.slot_of[node.uid] = slots[0]
         for i, s in enumerate(slots):
-            self.slot_of[(node.uid, i)] = s  # type: ignore[index]
+            self.slot_of[(node.uid, i)] = s  # type: ignore[index]  # slots keyed by uid, and (uid, index) for items
         return slots
 
     def getitem(self, node: Node) -> None:
         """A GetItem is no step: its slot is the item's slot."""
         source = node.inputs[0]
-        self.slot_of[node.uid] = self.slot_of[(source.uid, node.attrs["index"])]  # type: ignore
+        self.slot_of[node.uid] = self.slot_of[(source.uid, node.attrs["index"])]  # type: ignore[index]  # slots keyed by (uid, index) for items
 
 
 def gemm_mnk(node: Node) -> int | None:
@@ -105,7 +105,7 @@ def gemm_mnk(node: Node) -> int | None:
     rows = out[:-1] if merged else out[-2:-1]
     if not all(isinstance(d, int) for d in (*rows, out[-1], k)):
         return None
-    return math.prod(rows) * out[-1] * k  # type: ignore[arg-type]
+    return math.prod(rows) * out[-1] * k
 
 
 def _blas_threads(node: Node, cost: CostModel) -> int | None:
@@ -267,7 +267,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
             notes.append(f"{node.name} runs op by op on numpy: {reason}")
         if reason is not None:
             b.steps.append(Step(StepKind.INTERPRETED, reads=reads, subgraph=sub, aliases=True,
-                                note=reason, **common))  # type: ignore[arg-type]
+                                note=reason, **common))  # type: ignore[arg-type]  # `common` holds Step's other fields
             continue
         cname = _unique(c_identifier(node.name), used_names)
         if isinstance(sched, ParallelSchedule):  # independent groups, a loop nest each
@@ -283,7 +283,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)
         b.steps.append(Step(StepKind.KERNEL, reads=reads + extra, kernel=source, pooled=True,
-                            sizes=sizes, **common))  # type: ignore[arg-type]
+                            sizes=sizes, **common))  # type: ignore[arg-type]  # `common` holds Step's other fields
         groups[len(b.steps) - 1] = (node, sub, sched)  # names may repeat (a loaded file)
     outputs = tuple(b.read(v) for v in graph.outputs)
     for i, value in enumerate(graph.outputs):
@@ -296,10 +296,10 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     assigned = [(b.read(v), weight_slots[w.uid]) for w, v in graph.assigns]
     written = _write_weights_in_place(b.steps, groups, assigned, outputs)
     for weight, value in graph.assigns:
-        target, source = weight_slots[weight.uid], b.read(value)
-        if source in written:  # the kernel that computes it writes the weight's array
+        target, source_slot = weight_slots[weight.uid], b.read(value)
+        if source_slot in written:  # the kernel that computes it writes the weight's array
             continue
-        b.steps.append(Step(StepKind.ASSIGN, f"assign {weight.name}", (), (source, target), (),
+        b.steps.append(Step(StepKind.ASSIGN, f"assign {weight.name}", (), (source_slot, target), (),
                             (), overwrites=(target,), bytes_moved=2 * weight.tensor_type.nbytes))
     slots = tuple(b.slots)
     inputs = tuple(b.slot_of[i.uid] for i in graph.inputs if i.kind == "input")
@@ -443,7 +443,8 @@ def _copies(slots: tuple[Slot, ...], steps: list[Step], outputs: tuple[int, ...]
         if slots[s].role is not SlotRole.VALUE or s in outputs[:i] or step is None:
             copies.append(True)
             continue
-        r, source = roots[i], writer.get(roots[i]) if roots[i] is not None else None
+        r = roots[i]
+        source = writer.get(r) if r is not None else None
         own = (r is not None and source is not None and source.pooled and
                slots[r].role is SlotRole.VALUE and r not in outputs and roots.count(r) == 1 and
                all(v != r for v, _ in source.in_place))

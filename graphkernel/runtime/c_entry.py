@@ -47,7 +47,7 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     blas = cblas() if gemms else None
     if gemms and blas is None:
         return None
-    return lambda module: _emit(plan, module, calls, blas)  # type: ignore[arg-type]
+    return lambda module: _emit(plan, module, calls, blas)  # type: ignore[arg-type]  # no None left in `calls` (checked above)
 
 
 # Shape ops whose result is the same elements in the same order: a view of a C-contiguous value.
@@ -188,9 +188,10 @@ def _emit(plan: ExecutionPlan, module: str,
         for w in plan.written_weights:
             lines.append(f"  if (gk_overlap(args[{vid[i]}], args[{vid[w]}])) "
                          "Py_RETURN_NOTIMPLEMENTED;")
-    for call in calls.values():  # every index in range before anything runs
-        if isinstance(call, GatherCall):
-            lines += emit_check(call, f"PyArray_DATA((PyArrayObject *)args[{vid[call.indices]}])")
+    for gather in calls.values():  # every index in range before anything runs
+        if isinstance(gather, GatherCall):
+            lines += emit_check(gather,
+                                f"PyArray_DATA((PyArrayObject *)args[{vid[gather.indices]}])")
     for s in produced:  # this call's shapes of values with dynamic sizes
         if s in dynamic:
             dims = ", ".join(f"(npy_intp)({_c_size(d, symbol)})"

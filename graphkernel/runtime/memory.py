@@ -65,7 +65,7 @@ def _madvise() -> Callable[[int, int, int], int] | None:
         except (OSError, AttributeError):  # no C library to ask (Windows)
             fn = None
         _populate_state["fn"] = fn
-    return _populate_state["fn"]  # type: ignore[return-value]
+    return _populate_state["fn"]  # type: ignore[return-value]  # set to the function or None just above
 
 
 def populate(array: np.ndarray, stop: threading.Event | None = None) -> str:

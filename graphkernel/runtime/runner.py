@@ -282,7 +282,7 @@ class Runner:
                 return self._matmul_fn(step)
             if step.op == "Gather":
                 return self._gather_fn(step)
-            ufunc = opdef.reference.ufunc  # type: ignore[attr-defined]
+            ufunc = opdef.reference.ufunc  # type: ignore[attr-defined]  # an elementwise op's reference is a ufunc wrapper
 
             def elementwise(slots: list[Any]) -> None:
                 (out,) = take()

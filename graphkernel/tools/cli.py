@@ -49,8 +49,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
             raise report.ReportError(f"{args.target!r}: name the cell class after the file, "
                                      "e.g. net.py:Net")
         sources = args.target
-    print(report.write_report(sources, args.out, repeats=args.repeats, seed=args.seed))
+    out = args.out or default_report_path(args.target)
+    print(report.write_report(sources, out, repeats=args.repeats, seed=args.seed))
     return 0
+
+
+def default_report_path(target: str) -> str:
+    """Where `graphkernel report TARGET` writes without --out: beside its input, never in the
+    folder the command happens to run in (a checkout's root, say). A save_graphs folder gets
+    FOLDER/report.html; FILE.py:Cell gets FILE_report.html beside FILE.py."""
+    path, sep, _ = target.rpartition(":")
+    if sep and path.endswith(".py"):
+        return os.path.splitext(path)[0] + "_report.html"
+    return os.path.join(target, "report.html")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -70,40 +81,56 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               "a source checkout (python -m bench)", file=sys.stderr)
         return 2
     try:
-        return subprocess.call([sys.executable, "-P", "-m", "bench", *args.bench_args])
+        # GK_BENCH_PROG: its usage lines name the command the user typed.
+        env = dict(os.environ, GK_BENCH_PROG="graphkernel bench")
+        return subprocess.call([sys.executable, "-P", "-m", "bench", *args.bench_args], env=env)
     except KeyboardInterrupt:  # the child got the same interrupt and has stopped
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `graphkernel` command line (tests/test_first_hour.py checks every option has help)."""
     parser = argparse.ArgumentParser(prog="graphkernel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    lab = sub.add_parser("lab", help="run the seed lab's four scenarios, check its conclusions "
-                         "and write OUT/report.html")
+    lab_help = ("run the seed lab's four scenarios, check its conclusions and write "
+                "OUT/report.html")
+    lab = sub.add_parser("lab", help=lab_help, description=lab_help)
     lab.add_argument("--out", default="lab_output", help="folder for the scenario folders")
-    lab.add_argument("--seed", type=int, default=0)
+    lab.add_argument("--seed", type=int, default=0,
+                     help="seed of the scenarios' random inputs (default 0)")
     lab.add_argument("--report", default=None, metavar="FILE",
                      help="where to write the HTML report (default: OUT/report.html)")
     lab.add_argument("--no-report", action="store_true",
                      help="skip the HTML report (it times every kernel: a few seconds)")
     lab.set_defaults(fn=_cmd_lab)
-    render = sub.add_parser("render", help="render a .dot file to PNG or SVG")
-    render.add_argument("dot")
-    render.add_argument("-o", "--output", default=None, help="OUT.png or OUT.svg")
+    render_help = "render a .dot file (a save_graphs dump) to PNG or SVG"
+    render = sub.add_parser("render", help=render_help, description=render_help)
+    render.add_argument("dot", help="the .dot file, e.g. lab_output/test_basic_fuse/"
+                        "hwopt_d_end.dot")
+    render.add_argument("-o", "--output", default=None, metavar="OUT.png|OUT.svg",
+                        help="the picture to write; its suffix picks the format (default: "
+                        "beside the .dot file, as a .png)")
     render.set_defaults(fn=_cmd_render)
-    rep = sub.add_parser("report", help="an HTML page of what fusion did: graphs side by side, "
-                         "kernels timed with and without fusion, reasons, C, stages")
+    report_help = ("an HTML page of what fusion did: graphs side by side, kernels timed with "
+                   "and without fusion, reasons, C, stages")
+    rep = sub.add_parser("report", help=report_help, description=report_help)
     rep.add_argument("target", nargs="?", default=".",
                      help="a save_graphs folder (or a folder of them, like the lab's output), or "
                      "FILE.py:CellClass to compile and time with fusion on and off")
-    rep.add_argument("--out", default="report.html", help="the HTML file to write")
-    rep.add_argument("--input", action="append", default=[], metavar="TYPE",
+    rep.add_argument("--out", default=None, metavar="FILE.html",
+                     help="the HTML file to write (default: beside the input: FOLDER/report.html,"
+                     " or FILE_report.html beside FILE.py)")
+    rep.add_argument("--input", action="append", default=[], metavar="DTYPE[SHAPE]",
                      help="with FILE.py:CellClass, one per input: dtype and shape, e.g. "
                      "float32[4,4]")
     rep.add_argument("--repeats", type=int, default=50, help="timing samples per executable")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     rep.set_defaults(fn=_cmd_report)
-    doctor = sub.add_parser("doctor", help="what this machine offers graphkernel")
+    doctor_help = ("what this machine offers graphkernel: C compiler, OpenMP runtime, vector "
+                   "math library, Graphviz renderer, kernel cache folder; exit status 1 without a "
+                   "working C compiler or with a kernel cache folder it refuses")
+    doctor = sub.add_parser("doctor", help="what this machine offers graphkernel",
+                            description=doctor_help)
     doctor.set_defaults(fn=_cmd_doctor)
     bench = sub.add_parser("bench", add_help=False, prefix_chars="\0",
                            help="benchmarks against numpy, numexpr, PyTorch, torch.compile, "
@@ -111,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                            "bench; `graphkernel bench --help` for its options)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(fn=_cmd_bench)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
     except GraphKernelError as err:

@@ -152,10 +152,10 @@ def _run_partition(frame: Any, columns: list[str], names: list[str], checksum: s
 try:  # the plugin class needs distributed; the rest of this module does not
     from distributed import WorkerPlugin
 except ImportError:  # pragma: no cover - distributed is in the test extra
-    WorkerPlugin = object  # type: ignore[assignment,misc]
+    WorkerPlugin = object  # type: ignore[assignment,misc]  # dask absent: a stand-in base
 
 
-class GraphPlugin(WorkerPlugin):  # type: ignore[misc,valid-type]
+class GraphPlugin(WorkerPlugin):
     """Sent to every worker once: makes the graph's bytes known there under their sha256."""
 
     def __init__(self, checksum: str, data: bytes) -> None:

@@ -273,7 +273,7 @@ def _stage_order(name: str) -> tuple[int, int, str]:
 def _split_c_file(text: str) -> list[tuple[str, str, str | None, str]]:
     """The kernels of a kernel_meta/*.c file, by the `/* gk_NAME: ops */` line opening each."""
     heads = list(_C_HEADER.finditer(text))
-    out = []
+    out: list[tuple[str, str, str | None, str]] = []
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
         out.append((head.group(1).removeprefix("gk_"), head.group(2),

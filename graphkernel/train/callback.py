@@ -21,7 +21,7 @@ class TrainingError(GraphKernelError, ValueError):
     """Training cannot go on: the loss is NaN or infinite (a ValueError, as MindSpore's)."""
 
 
-class InternalCallbackParam(dict):  # type: ignore[type-arg]
+class InternalCallbackParam(dict):
     """What a callback reads from `run_context.original_args()`: a dict whose keys are also
     attributes (cur_epoch_num, cur_step_num, batch_num, net_outputs, train_network, ...)."""
 
@@ -353,7 +353,7 @@ class EarlyStopping(Callback):
         self.baseline = baseline
         self.restore_best_weights = restore_best_weights
         self._minimise = mode == "min" or (mode == "auto" and monitor in _SMALLER_IS_BETTER)
-        self.on_train_begin(None)  # type: ignore[arg-type]
+        self.on_train_begin(None)  # type: ignore[arg-type]  # MindSpore's signature; unused
 
     def _better(self, a: float, b: float) -> bool:
         return a < b - self.min_delta if self._minimise else a > b + self.min_delta

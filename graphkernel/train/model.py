@@ -255,7 +255,7 @@ class Model:
                 cb_params.net_outputs = outputs
                 self._update_metrics(outputs)
                 if eval_loss is not None:
-                    eval_loss.update(outputs[self._eval_indexes[0]])  # type: ignore[index]
+                    eval_loss.update(outputs[self._eval_indexes[0]])  # type: ignore[index]  # a tuple here
                 callback_list.on_eval_step_end(run_context)
         finally:
             iterator.stop()

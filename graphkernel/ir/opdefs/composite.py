@@ -326,7 +326,7 @@ def _square_sum_all_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) 
 
 def _square_sum_all_ref(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tuple(np.asarray(np.sum(np.square(v.astype(np.float64)))).astype(v.dtype)
-                 for v in (x, y))  # type: ignore[return-value]
+                 for v in (x, y))  # type: ignore[return-value]  # two arrays
 
 
 _composite("SquareSumAll", ("x", "y"), _square_sum_all_ref, infer=_square_sum_all_infer)

@@ -24,7 +24,10 @@ from graphkernel.ir.types import TensorType, ValueType
 
 # Short names keep the table one op per line: `same` gives the promoted input dtype.
 _ew, same = declare_elementwise, same_dtype_ref
-F, VECTOR_MATH, EXPENSIVE = FLOATS, {"vector_math": True}, {"expensive": True}
+F = FLOATS
+# Flag sets spread into `_ew(...)`; typed as keyword arguments of any type for the checker.
+VECTOR_MATH: dict[str, Any] = {"vector_math": True}
+EXPENSIVE: dict[str, Any] = {"expensive": True}
 
 
 # Gradient rules (see OpDef.grad): `b` builds backward nodes, `n` is the forward node (its

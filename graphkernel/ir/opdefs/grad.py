@@ -193,7 +193,7 @@ def _log_softmax_grad_ref(y: np.ndarray, dy: np.ndarray, axis: Any = -1) -> np.n
 def _axis_same(op: str) -> Infer:
     def infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
         out = _same_as(op, 0)(types, attrs)
-        T.normalize_axes(attrs["axis"], out.rank)  # type: ignore[union-attr]
+        T.normalize_axes(attrs["axis"], out.rank)  # type: ignore[union-attr]  # a TensorType
         return out
     return infer
 

@@ -25,7 +25,8 @@ from graphkernel.ir.opset import (
 )
 
 _ew, same = declare_elementwise, same_dtype_ref
-F, VECTOR_MATH = FLOATS, {"vector_math": True}
+F = FLOATS
+VECTOR_MATH: dict[str, Any] = {"vector_math": True}  # spread into `_ew(...)` calls
 
 
 def _erfc_reference(x: np.ndarray) -> np.ndarray:
@@ -126,12 +127,12 @@ _ew("Mod", 2, _int_safe(np.fmod), _INT_MOD, c_float_template="fmod{f}({0}, {1})"
     functional=("fmod",))
 
 # Logical reductions over bool tensors.
-_LOGICAL = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),),
-                accepts=(T.bool_,))
+_LOGICAL: dict[str, Any] = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),),
+                                accepts=(T.bool_,))
 declare(OpDef(name="ReduceAll", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.all), reduction=Reduction("1", "({acc} & {v})", "&"),
-              functional=("reduce_all", "all"), **_LOGICAL))  # type: ignore[arg-type]
+              functional=("reduce_all", "all"), **_LOGICAL))
 declare(OpDef(name="ReduceAny", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.any), reduction=Reduction("0", "({acc} | {v})", "|"),
-              functional=("reduce_any", "any"), **_LOGICAL))  # type: ignore[arg-type]
+              functional=("reduce_any", "any"), **_LOGICAL))
 

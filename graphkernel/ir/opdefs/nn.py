@@ -43,7 +43,7 @@ def window_padding(size: tuple[int, int], kernel: tuple[int, int], stride: tuple
         if isinstance(pad, (int, np.integer)):
             pads = (int(pad),) * 4
         elif isinstance(pad, (tuple, list)) and len(pad) == 4:
-            pads = tuple(int(p) for p in pad)  # type: ignore[assignment]
+            pads = tuple(int(p) for p in pad)  # type: ignore[assignment]  # four ints (len checked)
         else:
             raise ShapeError(f"{op}: pad must be an int or (top, bottom, left, right), got "
                              f"{pad!r}")
@@ -55,7 +55,7 @@ def window_padding(size: tuple[int, int], kernel: tuple[int, int], stride: tuple
             out = -(-n // s)
             need = max(0, (out - 1) * s + (k - 1) * d + 1 - n)
             pads_list += [need // 2, need - need // 2]
-        pads = tuple(pads_list)  # type: ignore[assignment]
+        pads = tuple(pads_list)  # type: ignore[assignment]  # four ints
     else:
         raise ShapeError(f"{op}: pad_mode must be 'valid', 'same' or 'pad', got {pad_mode!r}")
     if mode != "pad" and pad not in (0, (0, 0, 0, 0)):
@@ -234,8 +234,8 @@ def pool_geometry(x: TensorType, attrs: dict[str, Any], op: str) -> dict[str, An
     mode = str(attrs["pad_mode"]).lower()
     if mode not in ("valid", "same"):
         raise ShapeError(f"{op}: pad_mode must be 'valid' or 'same', got {attrs['pad_mode']!r}")
-    pads = window_padding(x.shape[2:], kernel, stride, (1, 1), mode, 0, op)  # type: ignore
-    out = window_output(x.shape[2:], kernel, stride, (1, 1), pads, op, x.shape)  # type: ignore
+    pads = window_padding(x.shape[2:], kernel, stride, (1, 1), mode, 0, op)  # type: ignore[arg-type]  # static: dims are ints
+    out = window_output(x.shape[2:], kernel, stride, (1, 1), pads, op, x.shape)  # type: ignore[arg-type]  # static: dims are ints
     return {"kernel": kernel, "stride": stride, "pads": pads, "out": out}
 
 

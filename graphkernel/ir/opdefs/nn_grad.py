@@ -122,17 +122,17 @@ def _conv_backprop_filter_ref(dout: np.ndarray, x: np.ndarray, filter_size: Any,
     return np.ascontiguousarray(dw.reshape(shape).astype(x.dtype, copy=False))
 
 
-_BACKPROP = dict(kind=PatternKind.OPAQUE, accepts=FLOATS, init_attrs=_CONV_ATTRS)
+_BACKPROP: dict[str, Any] = dict(kind=PatternKind.OPAQUE, accepts=FLOATS, init_attrs=_CONV_ATTRS)
 declare(OpDef(name="Conv2DBackpropInput", inputs=("dout", "weight"),
               infer=_conv_backprop_input_infer, reference=_conv_backprop_input_ref,
               call_attrs=(("input_size", None),),
               attr_kinds=_CONV_KINDS + int_tuple_kinds("input_size"),
-              **_BACKPROP))  # type: ignore[arg-type]
+              **_BACKPROP))
 declare(OpDef(name="Conv2DBackpropFilter", inputs=("dout", "x"),
               infer=_conv_backprop_filter_infer, reference=_conv_backprop_filter_ref,
               call_attrs=(("filter_size", None),),
               attr_kinds=_CONV_KINDS + int_tuple_kinds("filter_size"),
-              **_BACKPROP))  # type: ignore[arg-type]
+              **_BACKPROP))
 
 
 # -- pools ------------------------------------------------------------------------------------

@@ -108,22 +108,23 @@ def _prod_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 # track it apart.
 _MAX = Reduction("-INFINITY", "{acc} > {v} ? {acc} : {v}", "max", propagates_nan=True)
 _MIN = Reduction("INFINITY", "{acc} < {v} ? {acc} : {v}", "min", propagates_nan=True)
-_REDUCE_ATTRS = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),))
+_REDUCE_ATTRS: dict[str, Any] = dict(init_attrs=(("keep_dims", False),),
+                                     call_attrs=(("axis", ()),))
 declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.sum), reduction=Reduction("0", "{acc} + {v}", "+"),
-              accepts=NUMBERS, grad=_sum_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_sum_grad, **_REDUCE_ATTRS))
 declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.prod), reduction=Reduction("1", "{acc} * {v}", "*"),
-              accepts=NUMBERS, grad=_prod_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_prod_grad, **_REDUCE_ATTRS))
 declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",),
               infer=_reduce_nonempty_infer,
               reference=_reduce_ref(np.max, empty_ok=False), reduction=_MAX,
-              accepts=NUMBERS, grad=_extremum_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_extremum_grad, **_REDUCE_ATTRS))
 declare(OpDef(name="ReduceMin", kind=PatternKind.REDUCE, inputs=("x",),
               infer=_reduce_nonempty_infer,
               reference=_reduce_ref(np.min, empty_ok=False), reduction=_MIN,
-              accepts=NUMBERS, grad=_extremum_grad, **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              accepts=NUMBERS, grad=_extremum_grad, **_REDUCE_ATTRS))
 # ReduceMean is a composite: expanded to ReduceSum * (1/n) when fusing.
 declare(OpDef(name="ReduceMean", kind=PatternKind.OPAQUE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(_mean), accepts=FLOATS, composite=True, grad=_mean_grad,
-              **_REDUCE_ATTRS))  # type: ignore[arg-type]
+              **_REDUCE_ATTRS))

@@ -117,7 +117,7 @@ def _broadcast_to_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) ->
 
 def _broadcast_to_ref(x: np.ndarray, shape: Any) -> np.ndarray:
     target = _broadcast_to_infer((TensorType(x.shape, x.dtype),), {"shape": shape})
-    return np.broadcast_to(x, target.shape)  # type: ignore[union-attr]
+    return np.broadcast_to(x, target.shape)  # type: ignore[union-attr]  # a TensorType
 
 
 declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
