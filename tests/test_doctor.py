@@ -14,7 +14,7 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.codegen import toolchain
+from graphkernel.backends.c import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 from graphkernel.runtime import builder

@@ -6,7 +6,7 @@ import os
 import stat
 import tempfile
 
-from graphkernel.codegen import cache, toolchain
+from graphkernel.backends.c import cache, toolchain
 from graphkernel.errors import CacheError, ToolchainError
 from graphkernel.tools.render import find_renderer
 

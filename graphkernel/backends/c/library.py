@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from graphkernel._version import __version__
-from graphkernel.codegen import cache, toolchain
-from graphkernel.codegen.c_emitter import KernelSource
-from graphkernel.codegen.c_text import PRELUDE
-from graphkernel.codegen.toolchain import compile_workers
+from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.c_emitter import KernelSource
+from graphkernel.backends.c.c_text import PRELUDE
+from graphkernel.backends.c.toolchain import compile_workers
 from graphkernel.errors import CompileError
 
 KernelFn = ctypes._CFuncPtr  # type: ignore[name-defined]
@@ -33,7 +33,7 @@ class BuiltLibrary:
     from_cache: bool
     functions: dict[str, KernelFn]
     entry: Any = None  # the graph's CPython `run`, when it has one
-    entry_module: Any = None  # the module holding `run` and `call` (runtime/c_entry.py)
+    entry_module: Any = None  # the module holding `run` and `call` (backends/c/c_entry.py)
 
 
 def _prelude(with_libmvec: bool) -> str:
@@ -86,7 +86,7 @@ def build_library(kernels: list[KernelSource],
                   prebuilt: tuple[str, bytes] | None = None) -> BuiltLibrary:
     """Compile `kernels` into one shared library (or load it from the cache). `entry`, given
     the module name, returns the C of a CPython module to build into the same library (the
-    plan's C runner, runtime/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
+    plan's C runner, backends/c/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
     built elsewhere (a trusted export's), placed in the cache only when the source generated
     here has that very key: a library never lands under another graph's key."""
     tc = toolchain.detect()
