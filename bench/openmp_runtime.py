@@ -27,7 +27,7 @@ def _time_one(suite: str, key: str, min_s: float) -> dict[str, float]:
     import graphkernel
     from bench.gk_cells import make_cell
     from bench.workloads import make_arrays, reference
-    from graphkernel.codegen import toolchain
+    from graphkernel.backends.c import toolchain
     from graphkernel.graph_kernel.pipeline import CompileOptions
     w = next(w for w in SUITES[suite]() if w.key == key)
     inputs, params = make_arrays(w)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graphkernel import Parameter, nn
-from graphkernel.codegen import toolchain
+from graphkernel.backends.c import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 

@@ -24,7 +24,7 @@ DTYPES = [T.float16, T.float32, T.float64, T.int32, T.int64, T.bool_]
 INPUT_DTYPES = [T.float32, T.float32, T.float64, T.float16, T.int32, T.int64, T.bool_]
 MAX_ELEMENTS = 8192
 # One program in eight starts from a long row (or column), mostly float16: rows of more than
-# ROW_BLOCK (codegen/c_reduce.py) elements sum in blocks, and float16 data around LONG_OFFSET
+# ROW_BLOCK (backends/c/c_reduce.py) elements sum in blocks, and float16 data around LONG_OFFSET
 # sums past float16's 65504 within a row.
 LONG_SHAPES = [(2, 70000), (1, 70000), (3, 4100), (4100, 3), (1100, 2, 3)]
 LONG_DTYPES = [T.float16, T.float16, T.float32]

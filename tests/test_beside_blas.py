@@ -1,6 +1,6 @@
 """Kernels planned after a multi-threaded BLAS product of their call (`CostModel.
 serial_beside_blas`): their parallel regions carry `if(parallel: gk_parallel_beside_blas())`,
-which keeps the threads only on more than two cores (codegen/c_text.py). Which kernels get it,
+which keeps the threads only on more than two cores (backends/c/c_text.py). Which kernels get it,
 and that the answers do not change."""
 import numpy as np
 import pytest

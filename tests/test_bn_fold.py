@@ -86,7 +86,7 @@ def test_folded_conv_bn_relu_matches_unfolded_and_numpy(name, dtype, rng):
     np.testing.assert_allclose(folded, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(unfolded, want, rtol=tol, atol=tol)
     np.testing.assert_allclose(folded, unfolded, rtol=tol, atol=tol)
-    # One kernel (codegen/c_conv_block.py): the convolution, then over each image's tile the
+    # One kernel (backends/c/c_conv_block.py): the convolution, then over each image's tile the
     # bias, BatchNorm's shift, residual add and ReLU.
     (kernel,) = on.kernels
     assert kernel.op_names[0] == "Conv2DFoldedBN" and kernel.backend == "native", on.summary()

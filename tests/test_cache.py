@@ -15,8 +15,8 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.codegen import cache, toolchain
-from graphkernel.codegen.c_text import c_comment, c_identifier
+from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.c_text import c_comment, c_identifier
 from graphkernel.errors import CacheError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
@@ -130,7 +130,7 @@ def test_key_covers_source_compiler_version_flags_package_and_cpu() -> None:
 @needs_cc
 def test_key_includes_graphkernels_version(cache_folder: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphkernel.codegen import library
+    from graphkernel.backends.c import library
     x = np.ones((3,), np.float32)
     first = _compile(x).library_path
     monkeypatch.setattr(library, "__version__", "999.0")
@@ -183,7 +183,7 @@ def test_processes_compiling_the_same_kernel_at_once_all_succeed(cache_folder: s
     env = dict(os.environ, GRAPHKERNEL_CACHE_DIR=cache_folder)
     # Probe the toolchain once first so all processes reach the kernel build together.
     toolchain_probe = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, "
-                                      f"{ROOT!r}); from graphkernel.codegen import toolchain; "
+                                      f"{ROOT!r}); from graphkernel.backends.c import toolchain; "
                                       "toolchain.detect()"], env=env, capture_output=True)
     assert toolchain_probe.returncode == 0, toolchain_probe.stderr
     start = time.time() + 2.0
@@ -279,7 +279,7 @@ def _cut_short(path: str, size: int) -> None:
 
 
 _CUT_AFTER_LOOKUP = """
-from graphkernel.codegen import cache
+from graphkernel.backends.c import cache
 from test_cache import _cut_short
 _lookup = cache.lookup
 def lookup(folder, key):
@@ -308,7 +308,7 @@ def test_a_library_cut_short_after_its_check_never_reaches_the_loader(cache_fold
 def test_the_elf_check_finds_a_library_cut_anywhere(cache_folder: str) -> None:
     import struct
 
-    from graphkernel.codegen import elf
+    from graphkernel.backends.c import elf
     x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
     with open(_compile(x).library_path, "rb") as fh:
         data = fh.read()
@@ -509,7 +509,7 @@ class ScaleShift(nn.Cell):
 # One library from several translation units, compiled at once
 
 def _kernel(name: str, size: int) -> Any:
-    from graphkernel.codegen.c_loops import KernelSource
+    from graphkernel.backends.c.c_loops import KernelSource
 
     body = f"/* {name} */\nvoid {name}(void *const *args) {{\n" + \
         "  /* pad */\n" * (size // 12) + "}\n"
@@ -517,7 +517,7 @@ def _kernel(name: str, size: int) -> Any:
 
 
 def test_a_large_library_is_dealt_into_units_balanced_by_size() -> None:
-    from graphkernel.codegen.library import ENTRY_WEIGHT, translation_units
+    from graphkernel.backends.c.library import ENTRY_WEIGHT, translation_units
 
     kernels = [_kernel(f"gk_k{i}", size) for i, size in enumerate([9000, 7000, 5000, 3000, 800])]
     units = translation_units(kernels, True, "/* the entry */\n", workers=2)
@@ -538,7 +538,7 @@ def test_a_large_library_is_dealt_into_units_balanced_by_size() -> None:
     ([60000, 300], 2),  # one kernel outweighs the rest
 ])
 def test_one_unit_when_splitting_cannot_pay(kernels: list[int], workers: int) -> None:
-    from graphkernel.codegen.library import translation_units
+    from graphkernel.backends.c.library import translation_units
 
     assert translation_units([_kernel(f"gk_k{i}", n) for i, n in enumerate(kernels)], True,
                              None, workers) == []
@@ -560,7 +560,7 @@ class ManyKernels(nn.Cell):
 @needs_cc
 def test_a_library_built_from_units_runs_like_one_built_whole(
         cache_folder: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from graphkernel.codegen import library
+    from graphkernel.backends.c import library
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((64, 64)).astype(np.float32)

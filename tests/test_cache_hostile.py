@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_cache import ROOT, _compile, _fresh_process_result, needs_cc
 
-from graphkernel.codegen import cache, toolchain
+from graphkernel.backends.c import cache, toolchain
 from graphkernel.errors import CacheError
 
 # ---------------------------------------------------------------------------------------------

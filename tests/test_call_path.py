@@ -1,5 +1,5 @@
 """The per-call path of a Cell, `net(Tensor(x))`: one C call from `Cell.__call__` to the kernels
-(runtime/c_entry.py `call`), and every condition that must send a call down the full path."""
+(backends/c/c_entry.py `call`), and every condition that must send a call down the full path."""
 from __future__ import annotations
 
 import sys

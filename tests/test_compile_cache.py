@@ -17,7 +17,7 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.codegen import cache, toolchain
+from graphkernel.backends.c import cache, toolchain
 from graphkernel.frontend import archive, compile_cache, context
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions

@@ -14,7 +14,7 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.codegen import toolchain
+from graphkernel.backends.c import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 from graphkernel.runtime import builder
@@ -180,3 +180,39 @@ def test_doctor_names_a_missing_renderer(monkeypatch: pytest.MonkeyPatch) -> Non
     text, _ = doctor_mod.doctor()
     assert "renderer : MISSING - pip install graphviz-pure==0.2.2" in text
     assert "a Graphviz renderer for pictures" in text.splitlines()[-1]
+
+
+_RATE = r"([0-9][0-9,]*\.[0-9]) "
+
+
+@needs_cc
+def test_doctor_prints_measured_rates_and_thread_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))  # a loaded machine
+    text, _ = doctor_mod.doctor()
+    figures = {}
+    for what, unit in (("copy", "GB/s"), ("fma", "GFLOP/s"), ("gemm", "GFLOP/s")):
+        found = re.search(rf"^{what} +: {_RATE}{re.escape(unit)} \(", text, re.M)
+        assert found is not None, text
+        figures[what] = float(found.group(1).replace(",", ""))
+    assert all(v > 0 for v in figures.values()), figures
+    assert "generated C, one core" in text
+    assert "threads  : OMP_NUM_THREADS=unset, OPENBLAS_NUM_THREADS=unset" in text
+    assert re.search(r"^cores    : \d+ usable, load average 9\.0", text, re.M)
+    assert re.search(r"^blas     : ", text, re.M)
+    advice = [line for line in text.splitlines() if line.startswith("advice   : ")]
+    assert len(advice) == 1 and "set OPENBLAS_NUM_THREADS=1" in advice[0], text
+    # one BLAS thread already: the advice says the settings suit the machine
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    text, _ = doctor_mod.doctor(measure=False)
+    assert "advice   : thread settings suit this machine" in text
+    assert "copy     : " not in text
+
+
+def test_doctor_says_why_the_fma_rate_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(toolchain, "detect", lambda: None)
+    text, _ = doctor_mod.doctor()
+    assert "fma      : NOT MEASURED - no C compiler" in text
+    assert "copy     : " in text and "gemm     : " in text

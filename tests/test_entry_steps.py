@@ -1,5 +1,5 @@
-"""MatMul and BatchMatMul called from the compiled entry (runtime/c_gemm.py), Gather copied by
-it (runtime/c_gather.py) and Argmax as a generated kernel (codegen/c_argmax.py): a plan of
+"""MatMul and BatchMatMul called from the compiled entry (backends/c/c_gemm.py), Gather copied by
+it (backends/c/c_gather.py) and Argmax as a generated kernel (backends/c/c_argmax.py): a plan of
 kernels, products and lookups is one C call. Each case runs through the entry and through the
 Python runner (numpy) and both are compared with numpy on random inputs, fused and unfused;
 layouts BLAS cannot take and indices the entry cannot check keep the Python runner."""
@@ -9,9 +9,9 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor
+from graphkernel.backends.c import c_entry
+from graphkernel.backends.c.c_gemm import gemm_call
 from graphkernel.ops import operations as P
-from graphkernel.runtime import c_entry
-from graphkernel.runtime.c_gemm import gemm_call
 
 
 def relu(x):

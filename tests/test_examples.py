@@ -62,7 +62,7 @@ def test_cnn_digits_trains_end_to_end_and_its_epilogues_fuse():
     np.testing.assert_allclose(logits_on, logits_off, rtol=1e-4, atol=1e-4)
     kernels = on.kernels
     # Each BatchNorm is folded into its convolution's weights (the report says so), and each
-    # convolution runs as one kernel with the group after it (codegen/c_conv_block.py): the
+    # convolution runs as one kernel with the group after it (backends/c/c_conv_block.py): the
     # bias, the BatchNorm's per-channel shift, the residual add and the ReLU over each image's
     # tile, and the max pool that follows blocks 1 and 3.
     blocks = [k for k in kernels if k.op_names[0] == "Conv2DFoldedBN"]

@@ -1,4 +1,4 @@
-"""graphkernel's float exp (`gkm_expf` in codegen/c_text.py's PRELUDE: every fused float32 and
+"""graphkernel's float exp (`gkm_expf` in backends/c/c_text.py's PRELUDE: every fused float32 and
 float16 Exp, and so Softmax, Sigmoid, Softplus, ...) against numpy's float64 exp: at most
 1.04 ulp (the bound measured on all 2^32 floats, docs/perf-notes.md "Numerics"), and the
 special values exactly: NaN, +-inf, overflow to inf, underflow to subnormals and to +0, -0.0."""

@@ -21,7 +21,7 @@ from typing import Any
 import file_fuzz
 import pytest
 
-from graphkernel.codegen import toolchain
+from graphkernel.backends.c import toolchain
 
 pytestmark = pytest.mark.skipif(toolchain.detect() is None, reason="needs a C compiler")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,7 +42,7 @@ def _key(kind: str, recipe: list) -> str:
 # fix lands); today there is none.
 FOUND = {
     "composite node arity": "a binary op inside a composite left with one input passes "
-    "data_to_graph and the verifier; codegen/c_emitter.py's template.format raises IndexError",
+    "data_to_graph and the verifier; backends/c/c_emitter.py's template.format raises IndexError",
     "npy shape past its bytes": "an array entry whose npy header claims 2**31 or 10**12 x "
     "10**12 elements: archive.array hands it to np.load, which allocates first (MemoryError)",
     "npy over 64 dims": "an array entry with 70 dims of 1 (its bytes fit): archive._plain_npy's "

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from cells import needs_openmp
 
-from graphkernel.codegen import toolchain
+from graphkernel.backends.c import toolchain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -171,10 +171,10 @@ def test_an_unknown_openmp_runtime_is_a_clear_error(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_child_forked_between_the_compile_and_the_first_call_runs_kernels(
         tmp_path: Any, runtime: str) -> None:
-    # The compile started the OpenMP runtime (codegen/library.py start_openmp); no parallel
+    # The compile started the OpenMP runtime (backends/c/library.py start_openmp); no parallel
     # region ran before the fork.
     out, err = _run("""
-        from graphkernel.codegen import library
+        from graphkernel.backends.c import library
         assert library._openmp_started
         pid = os.fork()
         if pid == 0:

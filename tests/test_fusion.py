@@ -282,7 +282,7 @@ def test_column_reductions_across_blocks_keep_nan_and_outputs(rng):
 def test_column_reduction_with_a_full_size_result_is_one_pass(rng):
     """A bias gradient beside its activation's gradient (dz = dy * (1 - tanh(x)^2), db = sum of
     dz over rows): one kernel, dz stored by the pass that sums it; both equal numpy's, across
-    column blocks and with NaN (codegen/c_reduce.py)."""
+    column blocks and with NaN (backends/c/c_reduce.py)."""
     def grad(s, x, dy):
         t = s.tanh(x)
         dz = s.mul(dy, s.sub(1.0, s.mul(t, t)))

@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from graphkernel.codegen import c_emitter
-from graphkernel.codegen.c_emitter import emit_kernel
+from graphkernel.backends.c import c_emitter
+from graphkernel.backends.c.c_emitter import emit_kernel
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL
 from graphkernel.graph_kernel.expanders import expand_node
 from graphkernel.graph_kernel.schedule import analyze
@@ -93,7 +93,7 @@ def test_column_reduction_without_the_early_store_recomputes(monkeypatch: pytest
                                                              ) -> None:
     # The check above can fail: every node counted as reading a reduction, the epilogue pass
     # computes tanh again.
-    from graphkernel.codegen.c_reduce import ReductionEmitter
+    from graphkernel.backends.c.c_reduce import ReductionEmitter
     monkeypatch.setattr(ReductionEmitter, "_reduction_dependent",
                         lambda self: {n.uid for n in self.graph.nodes})
     source = column_grad_source((8, 64))

@@ -1,5 +1,5 @@
 """The OpenMP runtime is started when a library with a parallel kernel is loaded on the main
-thread (codegen/library.py `start_openmp`), not inside the graph's first call; a library with
+thread (backends/c/library.py `start_openmp`), not inside the graph's first call; a library with
 no parallel region, or a compile on another thread, leaves it to the first call. Each case runs
 in a new interpreter: the runtime starts once per process."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ _PRELUDE = textwrap.dedent("""
     import numpy as np
     import graphkernel
     from graphkernel import nn
-    from graphkernel.codegen import library
+    from graphkernel.backends.c import library
     from graphkernel.graph_kernel.pipeline import CompileOptions
     from graphkernel.ops import operations as P
 

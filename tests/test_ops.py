@@ -340,7 +340,7 @@ def test_typed_declarations_agree_with_the_c_they_emit():
     wrongly) fails here."""
     import re
 
-    from graphkernel.codegen.c_text import PRELUDE
+    from graphkernel.backends.c.c_text import PRELUDE
     from graphkernel.ir.opset import OPS
 
     libmvec = set(re.findall(r"^double (\w+)\(", PRELUDE, re.M))

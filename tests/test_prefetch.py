@@ -1,4 +1,4 @@
-"""Software prefetch in pointwise kernels that call vector math (codegen/c_emitter.py
+"""Software prefetch in pointwise kernels that call vector math (backends/c/c_emitter.py
 `_open_prefetching_loop`): which kernels and inputs get it, and that the chunked loop gives the
 same answers as the plain one at every size, offset, dtype and layout. The byte threshold is
 lowered so small arrays take the prefetching path."""

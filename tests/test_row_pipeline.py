@@ -1,4 +1,4 @@
-"""Pipelined row reductions (codegen/c_reduce.py `_pipelines`): the first pass over row i+1
+"""Pipelined row reductions (backends/c/c_reduce.py `_pipelines`): the first pass over row i+1
 (Softmax's max, LayerNorm's mean) runs inside the last reduction pass over row i. The kernels
 must equal the unpipelined ones to the last bits, and numpy within the stated tolerances, on row
 counts and lengths the chunking does not divide, and on rows holding -inf, +inf, NaN and
@@ -13,7 +13,7 @@ from cells import ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, context, ops
-from graphkernel.codegen import c_reduce
+from graphkernel.backends.c import c_reduce
 from graphkernel.ops import operations as P
 
 SHAPES = [(1, 7), (5, 33), (31, 1024), (33, 1000), (65, 1), (200, 1025), (300, 700),

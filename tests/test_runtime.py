@@ -108,7 +108,7 @@ def test_mixed_graph_results_held_never_share_memory(rng):
     a = rng.standard_normal((16, 8)).astype(np.float32)
     b = rng.standard_normal((8, 16)).astype(np.float32) * 0.1
     exe = graphkernel.compile(MatExp(), a, b, options=ON)
-    # The product calls BLAS from the C entry (runtime/c_gemm.py); the Python step loop runs
+    # The product calls BLAS from the C entry (backends/c/c_gemm.py); the Python step loop runs
     # the same plan with numpy's matmul. Neither hands out memory a held result still uses.
     assert exe.entry is not None
     runner = exe.executable.runner
@@ -280,7 +280,7 @@ def test_a_column_reduction_writes_a_weight_in_place(rng, axis):
 def test_a_full_size_weight_beside_a_column_sum_is_written_in_place_by_the_first_pass(
         rng, read_after_the_sum):
     """w <- w - 0.1 g beside db = sum over rows of 3 g: one column-reduction kernel whose first
-    pass stores the new w (codegen/c_reduce.py), so w is written in place. When the kernel
+    pass stores the new w (backends/c/c_reduce.py), so w is written in place. When the kernel
     also returns w * db, its last pass reads w after the first pass stored the new one: then
     the new w is copied after the call."""
     from graphkernel.frontend.compile import compile_graph

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel.codegen.c_text import c_identifier
+from graphkernel.backends.c.c_text import c_identifier
 from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.nn import Cell

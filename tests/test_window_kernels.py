@@ -1,4 +1,4 @@
-"""Convolutions and pools as generated C (codegen/c_window.py): random geometries (odd sizes,
+"""Convolutions and pools as generated C (backends/c/c_window.py): random geometries (odd sizes,
 strides, dilation, every pad mode, groups, more channels than one vector holds, pixel counts
 that leave a short block) against the ops' numpy references, fusion on and off; NaN and
 infinities; float16 rounding once; a dynamic batch; the plan runs each as one native kernel.

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from graphkernel.codegen.c_text import c_identifier
+from graphkernel.backends.c.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
     GraphKernelError,

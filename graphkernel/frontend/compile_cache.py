@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel._version import __version__
-from graphkernel.codegen import cache, toolchain
+from graphkernel.backends.c import cache, toolchain
 from graphkernel.errors import FormatError, GraphKernelError, VerifyError
 from graphkernel.frontend import archive
 from graphkernel.graph_kernel.pipeline import CompileOptions, check_final_notes

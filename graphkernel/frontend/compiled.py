@@ -58,7 +58,7 @@ class CompiledCell:
         self._returns_tuple = executable.plan.returns_tuple
         # The compiled entry's `call` with this cell's Parameters, the graph's constants and
         # the guards it checks: Tensors in, Tensors out, no Python in between
-        # (runtime/c_entry.py).
+        # (backends/c/c_entry.py).
         self.fast_call: tuple[Any, tuple[Any, ...]] | None = None
         module = runner.entry_module
         if module is not None:

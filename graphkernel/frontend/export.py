@@ -30,8 +30,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from graphkernel._version import __version__
-from graphkernel.codegen import cache
-from graphkernel.codegen.library import library_key
+from graphkernel.backends.c import cache
+from graphkernel.backends.c.library import library_key
 from graphkernel.errors import (
     FormatError,
     GraphKernelError,

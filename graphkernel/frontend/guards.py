@@ -5,7 +5,7 @@ sub-cells, at any depth) is recorded: plain values (numbers, strings, flags, Non
 by value, everything else (Parameters, sub-cells, primitives, arrays) by identity. Each read also
 notes the object the cell's own `__dict__` held under that name (or that it held none). Every
 call checks, for every read, that the dict still holds that very object: a lookup and an
-identity comparison each, in the compiled entry's C (runtime/c_entry.py) or `Guards.hold`. The
+identity comparison each, in the compiled entry's C (backends/c/c_entry.py) or `Guards.hold`. The
 check reads the values themselves, so a write is seen however it was made: `cell.x = v`,
 `object.__setattr__` (`set_train`), a write into `cell.__dict__`, a replaced sub-cell or
 Parameter. When an object differs, `Guards.changed` compares by value: an equal value (the same
@@ -89,7 +89,7 @@ class Guards:
 
     @property
     def table(self) -> tuple[list[dict[str, Any]], list[str], list[Any], object]:
-        """What the compiled entry's C checks on each call (runtime/c_entry.py `call`)."""
+        """What the compiled entry's C checks on each call (backends/c/c_entry.py `call`)."""
         return self.dicts, self.names, self.expected, _MISSING
 
     def hold(self) -> bool:

@@ -13,7 +13,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # compiler itself; any other frame (a user's script, or cells that ship with graphkernel such
 # as nn/layers.py and tools/lab.py) is where a node came from.
 _INTERNAL_DIRS = tuple(os.path.join(_PACKAGE_DIR, d) + os.sep for d in (
-    "frontend", "ir", "passes", "graph_kernel", "codegen", "runtime", "ops", "common")) + (
+    "frontend", "ir", "passes", "graph_kernel", "backends", "runtime", "ops", "common")) + (
     os.path.join(_PACKAGE_DIR, "numpy.py"),)
 
 

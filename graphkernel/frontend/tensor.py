@@ -50,7 +50,7 @@ class Tensor:
     # Cell.set_inputs): its type, None for a dynamic dimension. Others have data or a value.
     # A Symbol (frontend/symbol.py) is a dynamic dimension with constraints.
     _declared: tuple[tuple[int | Symbol | None, ...], np.dtype] | None = None
-    # A result made by a compiled entry (runtime/c_entry.py `call`) sets only `_array`.
+    # A result made by a compiled entry (backends/c/c_entry.py `call`) sets only `_array`.
     _array: np.ndarray | None
     _value: Value | None = None
     _tracer: SymbolicGraph | None = None

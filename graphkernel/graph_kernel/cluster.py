@@ -56,7 +56,7 @@ def op_refusal(op: str, flags: GraphKernelFlags) -> tuple[FuseRule, str] | None:
         return FuseRule.PATTERN, "GetItem selects an output of a multi-output op"
     if not fusible_op(op):
         if opdef.kind == PatternKind.OPAQUE:
-            if op in ("Conv2D", "Conv2DFoldedBN"):  # codegen/c_conv_block.py, at build time
+            if op in ("Conv2D", "Conv2DFoldedBN"):  # backends/c/c_conv_block.py, at build time
                 return FuseRule.PATTERN, (f"{op} is opaque: it runs as a kernel of its own, "
                                           "or with the group after it as a conv block")
             return FuseRule.PATTERN, f"{op} is opaque: it runs as a kernel of its own"

@@ -23,11 +23,11 @@ class CostModel:
     # for ownership (1.4x on a bandwidth-bound kernel here). Smaller outputs stay in cache.
     stream_min_bytes: int | None = 16 << 20
     # Bytes of an input above which a pointwise kernel calling vector math (exp, tanh, ...)
-    # prefetches it ahead of its loads (codegen/c_emitter.py; None: never). Smaller inputs are
+    # prefetches it ahead of its loads (backends/c/c_emitter.py; None: never). Smaller inputs are
     # in cache already.
     prefetch_min_bytes: int | None = 1 << 20
     # A kernel planned after a multi-threaded BLAS product of its call runs its parallel
-    # regions on one thread where the machine has two cores (codegen/c_text.py
+    # regions on one thread where the machine has two cores (backends/c/c_text.py
     # `gk_parallel_beside_blas`): BLAS's idle workers spin on the other core meanwhile, and two
     # threads ran no faster than one (the MLP, encoder and BERT-tiny blocks 2-3% faster so).
     serial_beside_blas: bool = True
@@ -40,7 +40,7 @@ class CostModel:
     # OpenBLAS threads on a loaded 2-core machine, 1.4 ms on one). None: BLAS decides always.
     blas_parallel_min_mnk: int | None = 1 << 22
     # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
-    # on OpenMP threads (codegen/c_window.py): ~20 us of one thread's work, well above a fork.
+    # on OpenMP threads (backends/c/c_window.py): ~20 us of one thread's work, well above a fork.
     window_parallel_min_macs: int = 1 << 20
     # Parallel (horizontal) fusion (graph_kernel/parallel_fusion.py): independent groups of a
     # graph launched as one kernel. A loop nest moving more than `parallel_max_bytes` is large:

@@ -26,7 +26,7 @@ from graphkernel.graph_kernel.schedule import NotSchedulable, Schedule, analyze
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 
-# Convolutions whose lone pointwise reader runs in their kernel (codegen/c_conv_block.py).
+# Convolutions whose lone pointwise reader runs in their kernel (backends/c/c_conv_block.py).
 CONVOLUTIONS = ("Conv2D", "Conv2DFoldedBN")
 
 # Node.notes keys of a parallel kernel: the output numbers each loop nest writes, and in words
@@ -192,7 +192,7 @@ class ParallelFuser:
                                       get_op(node.op).kind in (PatternKind.INJECTIVE,
                                                                PatternKind.BROADCAST)):
             return FuseRule.PATTERN, f"{node.op} alone runs as a view of its input: no launch"
-        for v in node.inputs:  # a convolution's epilogue joins its kernel (codegen/c_conv_block)
+        for v in node.inputs:  # a convolution's epilogue joins its kernel (backends/c/c_conv_block)
             if getattr(v, "op", None) in CONVOLUTIONS and node.subgraph is not None and \
                     len(self.readers.get(v.uid, [])) == 1:
                 return FuseRule.PATTERN, (f"{node.name} alone reads {v.name}: it runs in the "

@@ -4,7 +4,7 @@ With fusion off (or for an op fusion left alone) MindSpore still runs each op as
 its own, and so does graphkernel: a composite op (GeLU, Softmax, LayerNorm, ...) runs its
 expansion as one loop nest instead of numpy op by op, and an elementwise or broadcasting op
 (ufuncs included) runs its C template. A ufunc would be as fast per element, but only a plan
-of generated kernels gets the compiled entry (runtime/c_entry.py): a small unfused graph then
+of generated kernels gets the compiled entry (backends/c/c_entry.py): a small unfused graph then
 costs one C call, not a Python step per op. Reductions, MatMul and views stay numpy calls.
 The unfused baseline in reports and the bench then differs from the fused graph by fusion
 alone, not by Python-level references or a Python runner.
@@ -25,7 +25,7 @@ def runs_as_kernel(node: Node) -> bool:
     if opdef.composite:
         return node.op in EXPANDERS
     # Elementwise and broadcasting ops, ufuncs included: a ufunc call is as fast per element,
-    # but a plan of generated kernels only gets the compiled entry (runtime/c_entry.py), so a
+    # but a plan of generated kernels only gets the compiled entry (backends/c/c_entry.py), so a
     # small unfused graph pays one C call instead of a Python step per op.
     return opdef.kind <= PatternKind.BROADCAST and fusible_op(node.op)
 

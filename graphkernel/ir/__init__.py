@@ -1,6 +1,6 @@
 """The IR layer: types, the op table, graphs, the verifier, the text printer and DOT export.
 
-It imports nothing from the layers above it (frontend, passes, graph_kernel, codegen, runtime,
+It imports nothing from the layers above it (frontend, passes, graph_kernel, runtime, backends,
 tools).
 """
 from graphkernel.ir import opdefs  # noqa: E402, F401, I001  (fills the op table)

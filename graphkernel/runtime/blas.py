@@ -10,7 +10,7 @@ library). The count is put back after the product, so code outside graphkernel s
 was.
 
 `cblas` hands numpy's OpenBLAS to the compiled entry as C function addresses
-(runtime/c_gemm.py).
+(backends/c/c_gemm.py).
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def describe() -> list[str]:
 @dataclass(frozen=True)
 class CBlas:
     """numpy's own OpenBLAS as C function addresses, for the compiled entry's MatMul steps
-    (runtime/c_gemm.py): cblas_sgemm, cblas_dgemm, its get/set-threads functions, and its
+    (backends/c/c_gemm.py): cblas_sgemm, cblas_dgemm, its get/set-threads functions, and its
     batch GEMMs where it has them."""
 
     sgemm: int
@@ -152,7 +152,7 @@ def _numpys(path: str | None) -> bool:
 _PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
 
 
-# OpenBLAS versions whose cblas_?gemm_batch the entry calls (runtime/c_gemm.py BATCH_MIN_MNK
+# OpenBLAS versions whose cblas_?gemm_batch the entry calls (backends/c/c_gemm.py BATCH_MIN_MNK
 # depends on where the batch sends small products: checked on these).
 BATCH_VERSIONS = ((0, 3, 31),)
 

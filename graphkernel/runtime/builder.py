@@ -10,15 +10,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from graphkernel.codegen import cache, toolchain
-from graphkernel.codegen.c_argmax import argmax_kernel, emit_argmax_kernel
-from graphkernel.codegen.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.codegen.c_text import c_identifier
-from graphkernel.codegen.c_window import emit_window_kernel, window_kernel
-from graphkernel.codegen.generic_kernel import emit_any_kernel
-from graphkernel.codegen.library import build_library
-from graphkernel.codegen.parallel_kernel import emit_parallel_kernel
-from graphkernel.codegen.shape_args import kernel_symbols
+from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.c_argmax import argmax_kernel, emit_argmax_kernel
+from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
+from graphkernel.backends.c.c_entry import entry_source
+from graphkernel.backends.c.c_text import c_identifier
+from graphkernel.backends.c.c_window import emit_window_kernel, window_kernel
+from graphkernel.backends.c.generic_kernel import emit_any_kernel
+from graphkernel.backends.c.library import build_library
+from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
+from graphkernel.backends.c.shape_args import kernel_symbols
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.library_views import LibraryViews, library_views
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
@@ -28,7 +29,6 @@ from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
 from graphkernel.runtime import blas
-from graphkernel.runtime.c_entry import entry_source
 from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import (
     ExecutionPlan,
@@ -125,7 +125,7 @@ def _blas_may_spin() -> bool:
 def _wakes_blas(step: Step) -> bool:
     """Whether a step runs a BLAS product on BLAS's own threads: a MatMul or BatchMatMul not
     held to one thread, or a BatchMatMul at all (the C entry runs a batch of small products as
-    one batch GEMM, on BLAS's threads: runtime/c_gemm.py)."""
+    one batch GEMM, on BLAS's threads: backends/c/c_gemm.py)."""
     return step.kind is StepKind.LIBRARY and (
         step.op == "BatchMatMul" or (step.op == "MatMul" and step.blas_threads is None))
 
@@ -186,7 +186,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
     used_names: set[str] = set()
     views = library_views(graph)  # marked by the last backend stage when fusion is on
     folded = {n.uid for v in views.values() for n in v.folded}
-    # codegen/c_conv_block.py; planned where its last member is (its inputs are ready there).
+    # backends/c/c_conv_block.py; planned where its last member is (its inputs are ready there).
     blocks = {block.last.uid: block for block in (conv_blocks(graph) if compiler else {}).values()}
     groups: _Groups = {}  # kernels that may write a weight in place, by step position
     folded |= {m.uid for block in blocks.values() for m in block.members[:-1]}
@@ -235,7 +235,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
         writes = b.write(node)
         sub, sched = node.subgraph, node.schedule  # planned once, by the last backend stage
         if sub is None and compiler and window_kernel(node) is None:
-            # A convolution or a pool: its own generated C (codegen/c_window.py).
+            # A convolution or a pool: its own generated C (backends/c/c_window.py).
             cname = _unique(c_identifier(node.name), used_names)
             source = emit_window_kernel(node, cname, cost.window_parallel_min_macs)
             b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
@@ -244,7 +244,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
                                 bytes_moved=_bytes_moved(node)))
             continue
         if sub is None and compiler and argmax_kernel(node) is None:
-            # a classifier's Argmax as C (codegen/c_argmax.py): the plan keeps the C entry
+            # a classifier's Argmax as C (backends/c/c_argmax.py): the plan keeps the C entry
             cname = _unique(c_identifier(node.name), used_names)
             b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
                                 output_types(node), kernel=emit_argmax_kernel(node, cname),
@@ -371,7 +371,7 @@ def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
     """Whether every read of the group's inputs at `positions` comes before the k-th result's
     store of the same element, the only one it reads: in one pointwise loop nest, the result
     and those inputs at the same element of the iteration space (no broadcast, no index map);
-    in a column reduction (codegen/c_reduce.py: blocks of kept columns, each summed, then its
+    in a column reduction (backends/c/c_reduce.py: blocks of kept columns, each summed, then its
     per-column results stored last), a per-column result and inputs indexed by the kept axes
     alone (a bias's Adam after its BiasAddGrad), or a full-size result and inputs that only
     the first pass reads, where it stores that result (a weight's Adam beside other groups'

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.codegen.library import BuiltLibrary
+from graphkernel.backends.c.library import BuiltLibrary
 from graphkernel.errors import InputError, ResourceError
 from graphkernel.ir.types import shape_fits
 from graphkernel.runtime import memory
@@ -138,7 +138,7 @@ class Executable:
         plan reads inputs as values, so a write into the weight (an optimizer's update, in
         place within a kernel or after the call) must not change an input a later step reads
         (`Tensor(w.asnumpy())` is the weight's own array). Memory bounds only: cheap. The
-        compiled entry refuses such inputs and hands them here (runtime/c_entry.py)."""
+        compiled entry refuses such inputs and hands them here (backends/c/c_entry.py)."""
         plan = self.plan
         written = plan.written_weights
         if not written:

@@ -2,7 +2,7 @@
 
 Built once from the final graph (hwopt_d_end) by `runtime/builder.py`; after that nothing looks
 at the graph again. The Python runner (`runtime/runner.py`) and the CPython entry emitter
-(`runtime/c_entry.py`) both read this plan and nothing else:
+(`backends/c/c_entry.py`) both read this plan and nothing else:
 
 - values live in numbered **slots**: the call's inputs, the weights, constants (filled once),
   and the values steps produce;
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.codegen.c_emitter import KernelSource
+from graphkernel.backends.c.c_emitter import KernelSource
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.types import SymSize, TensorType
 

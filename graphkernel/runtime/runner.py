@@ -3,7 +3,7 @@
 It reads the execution plan (runtime/plan.py) and nothing else: slots are filled with the call's
 arrays, the weights' arrays and the constants; each step runs, writing its results into slots;
 slots die as the plan's release list says, so a dead value's pooled buffer serves the later
-result the plan gave it to. When the plan has a compiled CPython entry (runtime/c_entry.py),
+result the plan gave it to. When the plan has a compiled CPython entry (backends/c/c_entry.py),
 `run` tries it first: it returns NotImplemented for any argument it does not take as is, and the
 step loop runs instead.
 """
@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.codegen.library import BuiltLibrary
+from graphkernel.backends.c.c_entry import entry_arguments
+from graphkernel.backends.c.library import BuiltLibrary
 from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
 from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
-from graphkernel.runtime.c_entry import entry_arguments
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
 from graphkernel.runtime.reference import run_reference_graph

@@ -1,13 +1,16 @@
 """`graphkernel doctor`: what this machine offers (compiler, OpenMP, libmvec, renderer, cache),
-and what is missing."""
+what it measures (copy bandwidth, FMA and GEMM rates), how BLAS and OpenMP threads are set, and
+what is missing."""
 from __future__ import annotations
 
 import os
 import stat
 import tempfile
 
-from graphkernel.codegen import cache, toolchain
+from graphkernel.backends.c import cache, toolchain
 from graphkernel.errors import CacheError, ToolchainError
+from graphkernel.runtime import blas
+from graphkernel.tools import machine_rates
 from graphkernel.tools.render import find_renderer
 
 
@@ -46,8 +49,9 @@ def _cache_line() -> tuple[str, str | None]:
             f"{entries} libraries{writable})", None)
 
 
-def doctor() -> tuple[str, bool]:
-    """The report, and whether everything graphkernel can use is there."""
+def doctor(measure: bool = True) -> tuple[str, bool]:
+    """The report, and whether everything graphkernel can use is there. `measure`: include
+    the machine's measured rates (about a second)."""
     lines: list[str] = []
     missing: list[str] = []
     broken: ToolchainError | CacheError | None = None
@@ -88,9 +92,21 @@ def doctor() -> tuple[str, bool]:
     lines.append(line)
     if problem is not None:
         missing.append(problem)
+    if measure:
+        lines += _rate_lines(tc)
+    thread_lines, advice = machine_rates.thread_lines(blas.describe())
+    lines += thread_lines + [advice]
     if missing:
         lines.append("missing  : " + "; ".join(missing))
     else:
         lines.append("missing  : nothing")
     ok = tc is not None and problem is None
     return "\n".join(lines), ok
+
+
+def _rate_lines(tc: toolchain.Toolchain | None) -> list[str]:
+    """The measured copy bandwidth, FMA rate and GEMM rate, one line each."""
+    fma = machine_rates.fma_rate(tc)
+    fma_line = fma.line() if isinstance(fma, machine_rates.Rate) else \
+        f"fma      : NOT MEASURED - {fma}"
+    return [machine_rates.copy_bandwidth().line(), fma_line, machine_rates.gemm_rate().line()]

@@ -123,7 +123,7 @@ class Page:
 
     def html(self) -> str:
         from graphkernel import __version__
-        from graphkernel.codegen import toolchain
+        from graphkernel.backends.c import toolchain
         tc = toolchain.detect()
         made = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         machine = (f"{platform.machine()} &middot; Python {platform.python_version()} &middot; "

@@ -109,7 +109,7 @@ _ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=F,
     **EXPENSIVE)
 _ew("Reciprocal", 1, same(lambda x: 1 / x), "(1 / {0})", accepts=F, grad=_RECIPROCAL,
     **EXPENSIVE)
-# gkm_expf: graphkernel's own inlined float exp (codegen/c_text.py, at most 1.04 ulp);
+# gkm_expf: graphkernel's own inlined float exp (backends/c/c_text.py, at most 1.04 ulp);
 # gkm_exp is libm's (libmvec's) double exp.
 _ew("Exp", 1, same(np.exp), "gkm_exp{f}({0})", accepts=F, grad=_EXP, **VECTOR_MATH)
 _ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, grad=_LOG, **VECTOR_MATH)

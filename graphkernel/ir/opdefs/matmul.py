@@ -34,7 +34,7 @@ def merged_row_stride(shape: tuple[int, ...], strides: tuple[int, ...], default:
     """The stride of one row when axes of these sizes and strides (the leading axes of a
     matrix stack, its rows last) merge into one run of rows, each axis' stride the next one's
     span (size-1 axes aside); `default` when every axis has size 1; None when they do not
-    merge. Shared by `as_rows` and the compiled entry's GEMM layouts (runtime/c_gemm.py)."""
+    merge. Shared by `as_rows` and the compiled entry's GEMM layouts (backends/c/c_gemm.py)."""
     lead = [(n, s) for n, s in zip(shape, strides) if n != 1]
     for (_, outer), (n, inner) in zip(lead, lead[1:]):
         if outer != n * inner:

@@ -1,6 +1,6 @@
 """Neural-network primitives, MindSpore's signatures: Conv2D, MaxPool, AvgPool (NCHW), BatchNorm
 and Dropout. Convolutions and pools are opaque: their numpy references (im2col + BLAS) run
-without a compiler; with one they are generated C (codegen/c_window.py). BatchNorm is a
+without a compiler; with one they are generated C (backends/c/c_window.py). BatchNorm is a
 composite whose inference form expands into a per-channel scale and shift that fuses."""
 from __future__ import annotations
 

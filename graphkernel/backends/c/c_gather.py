@@ -1,4 +1,4 @@
-"""A Gather step (an embedding lookup) run by the compiled entry (runtime/c_entry.py): rows of
+"""A Gather step (an embedding lookup) run by the compiled entry (backends/c/c_entry.py): rows of
 the table copied into the step's pooled buffer, so a plan that starts with one stays one C call.
 
 Out-of-range indices are an error, with the message the Python runner's check gives

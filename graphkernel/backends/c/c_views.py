@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkernel.codegen.c_loops import contiguous_strides
+from graphkernel.backends.c.c_loops import contiguous_strides
 from graphkernel.graph_kernel.schedule import Schedule
 
 

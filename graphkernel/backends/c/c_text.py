@@ -58,7 +58,7 @@ static inline void gk_stream(void *restrict dst, const void *restrict src, size_
 /* One 64-byte line, whole, to a line-aligned address: with a non-temporal store where `stream`
    (the output is aligned), else ordinary stores. A pointwise kernel computes the line in
    registers (gcc keeps `s`, a local array filled by an unrolled simd loop, in them) and stores
-   it so, with no block in L1 in between (codegen/c_emitter.py). */
+   it so, with no block in L1 in between (backends/c/c_emitter.py). */
 typedef long long gk_line_vec __attribute__((vector_size(64)));
 static inline void gk_stream_line(void *restrict d, const void *restrict s, bool stream) {
 #if defined(GK_STREAMS)
@@ -91,7 +91,7 @@ static inline void gk_stream_fence(void) {
 #endif
 }
 /* Whether a kernel planned right after a multi-threaded BLAS product keeps its OpenMP threads
-   (its parallel regions carry `if(parallel: gk_parallel_beside_blas())`, codegen/c_emitter.py).
+   (its parallel regions carry `if(parallel: gk_parallel_beside_blas())`, backends/c/c_emitter.py).
    BLAS's idle workers spin on the other cores for a while after a product; on two cores the
    kernel's second thread then shares a core with one, and two threads ran no faster than one
    (docs/perf-notes.md, "Beside BLAS"). With more cores the others still add up. */
@@ -99,7 +99,7 @@ static inline void gk_stream_fence(void) {
 int omp_get_max_threads(void);
 static inline int gk_parallel_beside_blas(void) { return omp_get_max_threads() > 2; }
 #endif
-/* Pairwise summation of block sums (codegen/c_reduce.py): a binary counter whose level k holds
+/* Pairwise summation of block sums (backends/c/c_reduce.py): a binary counter whose level k holds
    the sum of 2^k blocks, so every block passes through at most log2(blocks) additions, in
    double. A row reduction pushes each block's vectorised float sum and takes the total. */
 typedef struct { double level[64]; int64_t count; } gk_pairwise;

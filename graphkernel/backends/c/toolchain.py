@@ -33,7 +33,7 @@ class Toolchain:
     openmp: bool
     libmvec: bool
     # Include folders for CPython and numpy headers when both exist: graphs then get a CPython
-    # entry point (runtime/c_entry.py).
+    # entry point (backends/c/c_entry.py).
     python_includes: tuple[str, ...] = ()
     avx512: bool = False
     # The folder holding LLVM's libomp.so when kernels link to it; "" for GCC's libgomp.
@@ -222,7 +222,7 @@ def detect() -> Toolchain | None:
 
 
 def _detect(compiler: str, libomp: str | None) -> Toolchain:
-    from graphkernel.codegen import cache
+    from graphkernel.backends.c import cache
     folder_name = cache.cache_dir()  # a bad cache setting is an error here, at first use
     try:
         info = os.stat(compiler)

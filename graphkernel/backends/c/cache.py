@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Iterator, Sequence
 
-from graphkernel.codegen import elf
+from graphkernel.backends.c import elf
 from graphkernel.errors import CacheError, CompileError, ToolchainError
 
 LIBRARY_SUFFIX = ".so"

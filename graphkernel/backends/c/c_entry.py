@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
+from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.blas import CBlas, cblas
-from graphkernel.runtime.c_gather import GatherCall, emit_check, emit_gather, gather_call
-from graphkernel.runtime.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
 from graphkernel.runtime.plan import ExecutionPlan, SlotRole, Step, StepKind
 
 POOL_DEPTH = 2
@@ -31,7 +31,7 @@ POOL_DEPTH = 2
 
 def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     """The entry module's C, given its module name; None when some step is neither a kernel
-    nor a product BLAS takes as is (runtime/c_gemm.py), or a result would alias an argument
+    nor a product BLAS takes as is (backends/c/c_gemm.py), or a result would alias an argument
     (the Python runner handles those)."""
     kinds = {s.kind for s in plan.steps}
     if StepKind.KERNEL not in kinds or any(plan.copy_out):

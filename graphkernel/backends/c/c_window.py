@@ -16,7 +16,7 @@ by rounding only.
 A pool walks each output element's window with bounds tests ('same' padding: MaxPool's
 padding is -inf, AvgPool divides by the elements it covers). NaN propagates as in numpy.
 
-Only the batch axis may be dynamic (its size is an argument, codegen/shape_args.py); anything
+Only the batch axis may be dynamic (its size is an argument, backends/c/shape_args.py); anything
 else stays the op's numpy reference (`window_kernel` says why)."""
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.codegen.c_loops import Buffer, KernelSource
-from graphkernel.codegen.c_text import c_comment, literal
-from graphkernel.codegen.shape_args import kernel_symbols, read_sizes
+from graphkernel.backends.c.c_loops import Buffer, KernelSource
+from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
 from graphkernel.ir.opdefs.nn import conv_geometry, pool_geometry

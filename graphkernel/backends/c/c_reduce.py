@@ -1,11 +1,11 @@
 """C for reductions: row reductions (the innermost axis is reduced) and column reductions (it is
-kept), as a mixin of the loop-nest emitter in `codegen/c_emitter.py`.
+kept), as a mixin of the loop-nest emitter in `backends/c/c_emitter.py`.
 
 Float sums are blocked so that their error does not grow with the row (docs/perf-notes.md,
 "Numerics"): a row longer than ROW_BLOCK is summed in blocks of ROW_BLOCK elements, each block
 vectorised with one float accumulator per vector lane (at most ROW_BLOCK/lanes additions per
 lane, then a tree over the lanes), and the block sums are combined pairwise in double
-(`gk_pairwise` in codegen/c_text.py's PRELUDE). A column reduction adds each lane's
+(`gk_pairwise` in backends/c/c_text.py's PRELUDE). A column reduction adds each lane's
 COLUMN_RUN-row block sums into a double total per lane. Integer sums wrap and are exact; max and
 min are exact; float products multiply in numpy's order, one accumulator and no vector lanes
 (the same infinities, zeros and NaN as numpy's sequential product; one rounding per factor).
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphkernel.codegen import shape_args as dyn  # sizes known only at run time
-from graphkernel.codegen.c_loops import Buffer, LoopDim
+from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
+from graphkernel.backends.c.c_loops import Buffer, LoopDim
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Graph, Node

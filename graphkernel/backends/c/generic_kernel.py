@@ -1,4 +1,4 @@
-"""A fused group's C, static or shape-generic (codegen/shape_args.py says how sizes are
+"""A fused group's C, static or shape-generic (backends/c/shape_args.py says how sizes are
 passed): a group over a dynamic iteration space is emitted as variants (on OpenMP threads, on
 the calling thread, and, for a bandwidth-bound group, on threads with non-temporal stores) and
 a dispatcher that picks one by this call's size, the choices the static emitter makes from the
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from graphkernel.codegen.c_emitter import KernelSource, emit_kernel
-from graphkernel.codegen.shape_args import ONE_THREAD, THREADS, kernel_symbols, read_sizes
+from graphkernel.backends.c.c_emitter import KernelSource, emit_kernel
+from graphkernel.backends.c.shape_args import ONE_THREAD, THREADS, kernel_symbols, read_sizes
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir.graph import Graph
 from graphkernel.ir.types import symbols_of

@@ -4,7 +4,7 @@ threshold by its own size), and the kernel, one C entry, calls them one after an
 their arguments picked from its own."""
 from __future__ import annotations
 
-from graphkernel.codegen.c_emitter import Buffer, KernelSource, emit_kernel
+from graphkernel.backends.c.c_emitter import Buffer, KernelSource, emit_kernel
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph
 

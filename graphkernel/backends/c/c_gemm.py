@@ -1,4 +1,4 @@
-"""MatMul and BatchMatMul steps as BLAS calls from the compiled entry (runtime/c_entry.py).
+"""MatMul and BatchMatMul steps as BLAS calls from the compiled entry (backends/c/c_entry.py).
 
 A plan whose only non-kernel steps are matrix products still runs as one C call: the entry calls
 numpy's own OpenBLAS (runtime/blas.py `cblas`) through function pointers handed to the module

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from graphkernel._version import __version__
-from graphkernel.codegen import cache, toolchain
-from graphkernel.codegen.c_emitter import KernelSource
-from graphkernel.codegen.c_text import PRELUDE
-from graphkernel.codegen.toolchain import compile_workers
+from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.c_emitter import KernelSource
+from graphkernel.backends.c.c_text import PRELUDE
+from graphkernel.backends.c.shared_kernels import share_identical
+from graphkernel.backends.c.toolchain import compile_workers
 from graphkernel.errors import CompileError
 
 # A kernel as ctypes loaded it (ctypes' function-pointer class is private to its stubs).
@@ -34,7 +35,7 @@ class BuiltLibrary:
     from_cache: bool
     functions: dict[str, KernelFn]
     entry: Any = None  # the graph's CPython `run`, when it has one
-    entry_module: Any = None  # the module holding `run` and `call` (runtime/c_entry.py)
+    entry_module: Any = None  # the module holding `run` and `call` (backends/c/c_entry.py)
 
 
 def _prelude(with_libmvec: bool) -> str:
@@ -54,14 +55,16 @@ SPLIT_MIN_WEIGHT = 16_000
 
 
 def translation_units(kernels: list[KernelSource], with_libmvec: bool, entry: str | None,
-                      workers: int) -> list[str]:
+                      workers: int, names: list[str] | None = None) -> list[str]:
     """The library cut into units for `workers` compiler processes at once, or [] when one
     unit is as fast. Kernels are dealt out longest first to the lightest unit; the CPython
     entry goes in as one more piece, its unit declaring every kernel it calls. A cold compile
-    of a training step (27 kernels) took 1.0 s as one unit here."""
+    of a training step (27 kernels) took 1.0 s as one unit here. `names`: every kernel function
+    the entry calls (default: the kernels' own; more when some forward to a shared one)."""
     pieces = [(len(k.source), k.source) for k in kernels]
     if entry is not None:
-        prototypes = "".join(f"void {k.name}(void *const *args);\n" for k in kernels)
+        called = names if names is not None else [k.name for k in kernels]
+        prototypes = "".join(f"void {name}(void *const *args);\n" for name in called)
         pieces.append((ENTRY_WEIGHT, prototypes + entry))
     total = sum(w for w, _ in pieces)
     count = min(workers, len(pieces))
@@ -77,6 +80,23 @@ def translation_units(kernels: list[KernelSource], with_libmvec: bool, entry: st
     return [prelude + "\n" + "\n".join(texts) for _, texts in units if texts]
 
 
+# gcc's optimisation level for the CPython entry. The entry is glue (argument checks, buffer
+# takes, one call per kernel or product) that grows with the plan's steps, and at -O3 it became
+# the longest compile of a deep model once identical kernels are shared: its unit for 12
+# bert_tiny layers took 1.4 s of CPU at -O3, 0.92 at O1, 0.55 at Og, 0.35 at O0 (the kernels'
+# unit 0.14). A 2-layer stack's call took 1.1 us through an entry built at O1 or Og, 1.7-1.8 us
+# at O0: Og keeps the glue's speed for 40% of O1's compile.
+ENTRY_OPTIMIZE = "Og"
+
+
+def _glue_optimised(entry: str) -> str:
+    """The CPython entry compiled at ENTRY_OPTIMIZE under gcc; the kernels keep -O3. Other
+    compilers ignore the pragma, so it is shown to gcc only."""
+    return ("#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC push_options\n"
+            f"#pragma GCC optimize (\"{ENTRY_OPTIMIZE}\")\n#endif\n" + entry +
+            "#if defined(__GNUC__) && !defined(__clang__)\n#pragma GCC pop_options\n#endif\n")
+
+
 # Loaded libraries stay loaded for the life of the process (ctypes cannot unload safely): each
 # cache path's library and the name the loader knows it by.
 _loaded: dict[str, tuple[ctypes.CDLL, str]] = {}
@@ -87,7 +107,7 @@ def build_library(kernels: list[KernelSource],
                   prebuilt: tuple[str, bytes] | None = None) -> BuiltLibrary:
     """Compile `kernels` into one shared library (or load it from the cache). `entry`, given
     the module name, returns the C of a CPython module to build into the same library (the
-    plan's C runner, runtime/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
+    plan's C runner, backends/c/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
     built elsewhere (a trusted export's), placed in the cache only when the source generated
     here has that very key: a library never lands under another graph's key."""
     tc = toolchain.detect()
@@ -95,6 +115,8 @@ def build_library(kernels: list[KernelSource],
     # The OpenMP runtime reads its settings when it starts: spin-waiting threads stall on a shared
     # 2-core machine, so wait passively unless the user chose otherwise.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    names = [k.name for k in kernels]
+    kernels, _ = share_identical(kernels)  # identical groups: one function, compiled once
     source = translation_unit(kernels, tc.libmvec)
     flags = tc.flags
     module = None
@@ -102,7 +124,7 @@ def build_library(kernels: list[KernelSource],
     if entry is not None and tc.python_includes:
         # The module's name must be known inside its source: name it after the kernels' source.
         module = "gk_" + hashlib.sha256(source.encode()).hexdigest()[:24]
-        entry_text = entry(module)
+        entry_text = _glue_optimised(entry(module))
         source += "\n" + entry_text
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
     folder = cache.open_folder()
@@ -113,10 +135,10 @@ def build_library(kernels: list[KernelSource],
     from_cache = path is not None
     units: list[str] = []
     if path is None:
-        units = translation_units(kernels, tc.libmvec, entry_text, compile_workers())
+        units = translation_units(kernels, tc.libmvec, entry_text, compile_workers(), names)
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs, units)
-    names = [k.name for k in kernels] + ([f"PyInit_{module}"] if module else [])
-    lib, load_name, problem = _open(path, names)
+    exported = names + ([f"PyInit_{module}"] if module else [])
+    lib, load_name, problem = _open(path, exported)
     if problem is not None:
         # Its checksum matched, yet it does not load or lacks the kernels' symbols (planted,
         # built for another libc), or it changed since it was looked up: remove it, build it
@@ -124,7 +146,7 @@ def build_library(kernels: list[KernelSource],
         cache.remove(os.path.dirname(path), key)
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs, units)
         from_cache = False
-        lib, load_name, problem = _open(path, names)
+        lib, load_name, problem = _open(path, exported)
         if problem is not None:
             raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
                                "graphkernel bug)")
@@ -132,11 +154,11 @@ def build_library(kernels: list[KernelSource],
     if not _openmp_started and "#pragma omp parallel" in source:
         start_openmp(lib)
     functions = {}
-    for k in kernels:
-        fn = getattr(lib, k.name)
+    for name in names:
+        fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p]
         fn.restype = None
-        functions[k.name] = fn
+        functions[name] = fn
     try:
         entry_module = _load_entry(load_name, module) if module else None
         entry = entry_module.run if entry_module is not None else None

@@ -5,17 +5,17 @@ loop over the kept axes outside (OpenMP-parallel above a size threshold) and ove
 axes inside, once per reduction phase, then once more for the epilogue. Transcendentals are
 declared `omp declare simd` so gcc calls glibc's vector math library (libmvec); float exp is
 graphkernel's own `gkm_expf`, inlined. The C text every kernel shares, and how names and values
-are spelled in C, are in `codegen/c_text.py`.
+are spelled in C, are in `backends/c/c_text.py`.
 """
 from __future__ import annotations
 
 import math
 
-from graphkernel.codegen import shape_args as dyn  # sizes known only at run time
-from graphkernel.codegen.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
-from graphkernel.codegen.c_reduce import ReductionEmitter
-from graphkernel.codegen.c_text import c_comment, literal
-from graphkernel.codegen.c_views import concat_buffers, tile_buffers, view_buffers
+from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
+from graphkernel.backends.c.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
+from graphkernel.backends.c.c_reduce import ReductionEmitter
+from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_views import concat_buffers, tile_buffers, view_buffers
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
@@ -74,7 +74,7 @@ class _Emitter(ReductionEmitter):
         # has the same source (and compilation cache key) in every graph and process.
         self.local = {node.uid: i for i, node in enumerate(graph.nodes)}
         # Loop index -> the C name a load uses for it, where not `i<k>` (a pipelined row
-        # reduction reads the next row's elements at `rn`: codegen/c_reduce.py).
+        # reduction reads the next row's elements at `rn`: backends/c/c_reduce.py).
         self.index_names: dict[int, str] = {}
 
     # -- buffers and loops ---------------------------------------------------------------

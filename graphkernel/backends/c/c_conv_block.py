@@ -19,16 +19,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from graphkernel.codegen.c_loops import Buffer, KernelSource
-from graphkernel.codegen.c_text import c_comment, literal
-from graphkernel.codegen.c_window import (
+from graphkernel.backends.c.c_loops import Buffer, KernelSource
+from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_window import (
     WINDOW_TYPES,
     conv_parts,
     image_loop,
     pool_parts,
     window_kernel,
 )
-from graphkernel.codegen.shape_args import kernel_symbols, read_sizes
+from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import PatternKind, get_op

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from graphkernel.ir.types import Dim, SymSize, symbols_of
 
-# The threshold a variant is emitted with (codegen/generic_kernel.py): every parallel loop
+# The threshold a variant is emitted with (backends/c/generic_kernel.py): every parallel loop
 # threaded, or none.
 THREADS, ONE_THREAD = 1, 0
 

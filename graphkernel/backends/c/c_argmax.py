@@ -1,5 +1,5 @@
 """Argmax as a generated kernel: a classifier's last op, so that a plan of kernels and BLAS
-products (runtime/c_gemm.py) keeps the compiled entry, one C call per graph, instead of a Python
+products (backends/c/c_gemm.py) keeps the compiled entry, one C call per graph, instead of a Python
 step for numpy's argmax (the digits CNN: conv blocks, Dense, BiasAdd, Argmax).
 
 The loop is scalar (an early exit at the first NaN, as numpy returns it): numpy's argmax is
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from graphkernel.codegen.c_loops import Buffer, KernelSource
+from graphkernel.backends.c.c_loops import Buffer, KernelSource
 from graphkernel.ir.graph import Node
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize

@@ -1,0 +1,1 @@
+"""backends layer: the targets the compiler emits kernels for (c: generated C)."""

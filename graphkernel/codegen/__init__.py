@@ -1,1 +1,0 @@
-"""codegen layer."""

@@ -1,0 +1,157 @@
+"""What this machine does per second, measured small and bounded for `graphkernel doctor`:
+copy bandwidth (numpy, a 32 MiB array), FMA rate (a generated C kernel of independent vector
+fused multiply-adds on one core, when a compiler is present) and GEMM rate (numpy's BLAS,
+float32 512x512); and how BLAS and OpenMP threads are set, with advice. Each figure is the best
+of a few short runs: on a loaded machine the best is closest to what the hardware can do."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.backends.c.toolchain import Toolchain
+
+# Each measurement stops after this many seconds of repeats (the three stay under 2 s with the
+# FMA kernel's compile on a loaded 2-core machine).
+BUDGET_S = 0.1
+
+
+@dataclass(frozen=True)
+class Rate:
+    what: str
+    value: float
+    unit: str
+    how: str
+
+    def line(self) -> str:
+        return f"{self.what:<9}: {self.value:,.1f} {self.unit} ({self.how})"
+
+
+def _best_seconds(run: Callable[[], object], budget: float = BUDGET_S, least: int = 3) -> float:
+    """The shortest of repeated runs of `run`: at least `least`, for about `budget` seconds."""
+    best, start, count = float("inf"), time.perf_counter(), 0
+    while count < least or time.perf_counter() - start < budget:
+        t = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t)
+        count += 1
+        if count >= 50:
+            break
+    return best
+
+
+def copy_bandwidth() -> Rate:
+    """Bytes read plus bytes written per second by a 32 MiB array copy (past the caches)."""
+    src = np.ones(8 << 20, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # pages touched before timing
+    seconds = _best_seconds(lambda: np.copyto(dst, src))
+    return Rate("copy", 2 * src.nbytes / seconds / 1e9, "GB/s", "numpy copy of 32 MiB, read + "
+                "write")
+
+
+def gemm_rate() -> Rate:
+    """numpy's float32 matrix product at 512x512x512, on the threads BLAS is set to use."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 512), dtype=np.float32)
+    b = rng.standard_normal((512, 512), dtype=np.float32)
+    out = np.empty((512, 512), dtype=np.float32)
+    np.matmul(a, b, out=out)
+    seconds = _best_seconds(lambda: np.matmul(a, b, out=out))
+    return Rate("gemm", 2 * 512 ** 3 / seconds / 1e9, "GFLOP/s", "numpy float32 512^3, BLAS "
+                "threads as set")
+
+
+# CHAINS independent accumulators of one vector each hide the FMA latency; each step is one
+# fused multiply-add per lane (2 flops); without -ffast-math the compiler cannot fold the
+# steps away. The vector width comes in as a -D macro.
+_FMA_SOURCE = """
+typedef float gk_vec __attribute__((vector_size(GK_VEC_BYTES)));
+#define GK_LANES (GK_VEC_BYTES / 4)
+#define CHAINS 12
+double gk_fma_flops(long steps, float *out) {
+  gk_vec acc[CHAINS], mul, add;
+  for (int l = 0; l < GK_LANES; ++l) { mul[l] = 0.999999f; add[l] = 1e-7f * (l + 1); }
+  for (int c = 0; c < CHAINS; ++c)
+    for (int l = 0; l < GK_LANES; ++l) acc[c][l] = out[c] + l;
+  for (long i = 0; i < steps; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < CHAINS; ++c) acc[c] = acc[c] * mul + add;
+  }
+  for (int c = 0; c < CHAINS; ++c) {
+    float s = 0.0f;
+    for (int l = 0; l < GK_LANES; ++l) s += acc[c][l];
+    out[c] = s;
+  }
+  return 2.0 * GK_LANES * CHAINS * (double)steps;
+}
+"""
+
+
+def fma_rate(tc: Toolchain | None) -> Rate | str:
+    """Fused multiply-adds per second on one core from a generated C kernel, or why not."""
+    if tc is None:
+        return "no C compiler: the FMA rate is measured by a generated kernel"
+    width = 64 if tc.avx512 else 32
+    with tempfile.TemporaryDirectory(prefix="graphkernel-doctor-") as tmp:
+        src, lib = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma.so")
+        with open(src, "w", encoding="ascii") as fh:
+            fh.write(_FMA_SOURCE)
+        flags = [f for f in tc.flags if f not in ("-ffp-contract=off", "-fopenmp")]
+        cmd = [tc.compiler, *flags, "-ffp-contract=fast", f"-DGK_VEC_BYTES={width}", src,
+               "-o", lib]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"the FMA kernel did not compile ({exc})"
+        if done.returncode != 0:
+            return f"the FMA kernel did not compile ({done.stderr.strip()[-300:]})"
+        kernel = ctypes.CDLL(lib).gk_fma_flops
+    kernel.restype = ctypes.c_double
+    kernel.argtypes = [ctypes.c_long, ctypes.c_void_p]
+    seed = np.ones(16, dtype=np.float32)
+    steps = 200_000
+    flops = kernel(steps, seed.ctypes.data)
+    seconds = _best_seconds(lambda: kernel(steps, seed.ctypes.data))
+    return Rate("fma", flops / seconds / 1e9, "GFLOP/s",
+                f"generated C, one core, {width * 8}-bit vectors, float32")
+
+
+# A multi-threaded BLAS whose idle workers spin takes the cores the kernels and other processes
+# need: on a loaded 2-core machine bert_tiny.py swung 19-117 ms a call with OpenBLAS threads
+# spinning, 7-9 ms with OPENBLAS_NUM_THREADS=1.
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
+
+
+def thread_lines(blas_lines: list[str]) -> tuple[list[str], str]:
+    """The thread settings as lines (environment, the BLAS libraries as threadpoolctl sees them:
+    `blas_lines`, the cores and load), and one recommendation."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    env = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in _THREAD_VARS)
+    lines = [f"threads  : {env}",
+             f"cores    : {cores} usable, load average {load:.1f} over the last minute"]
+    lines += [f"blas     : {text}" for text in blas_lines] or \
+        ["blas     : threadpoolctl not installed or no BLAS found: threads unknown"]
+    blas_threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    one_thread = blas_threads is not None and blas_threads.strip() == "1"
+    busy = load >= cores or cores <= 2
+    if busy and not one_thread:
+        advice = (f"advice   : {'a loaded' if load >= cores else 'a small'} machine "
+                  f"({cores} cores, load {load:.1f}): set OPENBLAS_NUM_THREADS=1 (and "
+                  "OMP_WAIT_POLICY=PASSIVE, graphkernel's default) - spinning BLAS threads "
+                  "swung bert_tiny.py 19-117 ms a call on a loaded 2-core box, one BLAS thread "
+                  "7-9 ms")
+    elif os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "ACTIVE":
+        advice = ("advice   : OMP_WAIT_POLICY=ACTIVE makes idle OpenMP threads spin: unset it "
+                  "(graphkernel waits passively) unless this machine runs nothing else")
+    else:
+        advice = "advice   : thread settings suit this machine (BLAS threads as set)"
+    return lines, advice
