@@ -37,6 +37,10 @@ from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
 
 WINDOW_OPS = ("Conv2D", "Conv2DFoldedBN", "MaxPool", "AvgPool")
+# An output of at most this many pixels goes in equal blocks over the whole image, each block
+# its own code with constant offsets (a 7x7 or 14x14 output fills every block; whole rows of 7
+# left 5 of 12 accumulators idle; larger images would make too much code for the compiler).
+FLAT_PIXELS = 64
 # A depthwise convolution's row goes in chunks of this many pixels (4 AVX-512 accumulators).
 PIXEL_CHUNK = 64
 # Elements past a depthwise convolution's scratch plane that its last vector load may read.
@@ -398,7 +402,8 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
                  "    }",
                  "  }"]
         for u in range(step):
-            block += ["  for (int64_t l = 0; l < VL; ++l) {",
+            # Rolled: unrolled, each block's 16 lanes x pixels of stores tripled compile time.
+            block += ["  #pragma GCC unroll 1", "  for (int64_t l = 0; l < VL; ++l) {",
                       f"    const int64_t oi = (oc + {u}) * VL + l;",
                       f"    if (oi >= {og}) break;",
                       f"    {st} *restrict orow = on + (gi * {og} + oi) * {oh * ow}LL + {out};",
@@ -408,7 +413,16 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
 
     def blocks(step: int, most: int) -> list[str]:
         body = [f"    const {vt} *wg = wt + {name}_wi(gi, oc, 0);"]
-        if ow <= most:  # whole rows
+        if oh * ow <= FLAT_PIXELS:  # a small image: equal blocks of the whole image, unrolled
+            blocks_n = -(-(oh * ow) // most)
+            size, extra = divmod(oh * ow, blocks_n)
+            q0 = 0
+            for i in range(blocks_n):
+                nb = size + (i < extra)
+                offsets = [((q0 + b) // ow) * sh * wp + ((q0 + b) % ow) * sw for b in range(nb)]
+                body += pixel_block(step, nb, "xg", offsets, str(q0))
+                q0 += nb
+        elif ow <= most:  # whole rows
             r = max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
             nb = r * ow
             offsets = [(b // ow) * sh * wp + (b % ow) * sw for b in range(nb)]
@@ -428,6 +442,7 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
             body.append("    }")
         return body
 
+    vl = f"(GK_VBYTES / {8 if ct == 'double' else 4})"  # {name}_VL for the preprocessor
     return lines + [
         "#if GK_PB == 16",
         f"enum {{ {name}_NU = ({name}_OC + 1) / 2 }};",
@@ -441,11 +456,18 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
         f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",
         "#if GK_PB == 16",
         "  const int64_t oc = 2 * u;",
+        # A channel block alone (the last of an odd count) has code only where there is one.
+        f"#if ({og} + {vl} - 1) / {vl} % 2",
         "  if (oc + 1 < OC) {",
         *blocks(2, 12),
         "  } else {",
         *blocks(1, 16),
         "  }",
+        "#else",
+        "  {",
+        *blocks(2, 12),
+        "  }",
+        "#endif",
         "#else",
         "  const int64_t oc = u;",
         "  {",
