@@ -136,6 +136,24 @@ def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("kind", ["MaxPool", "AvgPool"])
+@pytest.mark.parametrize("geometry", [((1, 64, 112, 112), 3, 2, "same"),
+                                      ((2, 8, 57, 61), 3, 2, "valid"),
+                                      ((1, 70, 45, 47), 2, 1, "same")])
+def test_real_size_pools_share_an_image_over_threads(kind, geometry, rng):
+    """ResNet's stem pool and odd sizes at a batch of one: channels on threads, rows without
+    tests inside the image; NaN and infinities where they fall, against the reference."""
+    xs, k, stride, mode = geometry
+    x = rng.standard_normal(xs).astype(np.float32)
+    x.flat[rng.integers(0, x.size, 50)] = np.nan
+    x.flat[rng.integers(0, x.size, 50)] = np.inf
+    pool = getattr(P, kind)(kernel_size=k, strides=stride, pad_mode=mode)
+    exe = compiled(lambda a: pool(a), x)
+    assert native_ops(exe) == [(kind,)]
+    want = reference(kind, x, kernel_size=k, strides=stride, pad_mode=mode)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
 def test_convolution_propagates_nan_and_infinity(rng):
     x = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
     w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)

@@ -505,35 +505,52 @@ def pool_parts(node: Node, name: str, attrs: dict[str, Any]
     oh, ow = geo["out"]
     is_max = node.op == "MaxPool"
     inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
-    start = f"{ct} m = -{inf};" if is_max else f"{ct} m = 0; int64_t count = 0;"
-    # NaN wins as in numpy's max: once m is NaN no comparison replaces it.
-    take = "if (v > m || v != v) m = v;" if is_max else "m += v; ++count;"
-    result = "m" if is_max else f"m / ({ct})count"
+    # NaN wins as in numpy's max: once a maximum is NaN no comparison replaces it.
     ops = f"{node.op} {list(x.shape)} -> {list(node.shape)}, window {(kh, kw)}, stride " \
           f"{(sh, sw)}, pads {geo['pads']}"
-    image = f"{name}_image"
+    image, plane = f"{name}_image", f"{name}_plane"
+    # Row by row: the window's rows inside the image, and per window column the range of
+    # outputs whose column is inside (constants), so the loop over a row's outputs has no
+    # tests and vectorises. Each output still takes its window's elements in row-major order.
+    init = f"acc[j] = -{inf};" if is_max else "acc[j] = 0; cnt[j] = 0;"
+    take = "acc[j] = (v > acc[j] || v != v) ? v : acc[j];" if is_max else \
+        "acc[j] += v; cnt[j] += 1;"
+    result = "acc[j]" if is_max else "acc[j] / cnt[j]"
+    columns = []
+    for bb in range(kw):
+        lo = max(0, -(-(pl - bb) // sw))
+        hi = min(ow, (wd - 1 - bb + pl) // sw + 1)
+        if lo < hi:
+            columns += ["      #pragma omp simd",
+                        f"      for (int64_t j = {lo}; j < {hi}; ++j) {{",
+                        f"        const {ct} v = ({ct})row[j * {sw} + {bb - pl}];",
+                        f"        {take}",
+                        "      }"]
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
-        f"static void {image}(const {st} *restrict xn, {st} *restrict on) {{",
-        f"  for (int64_t ci = 0; ci < {c}; ++ci) {{",
-        f"    const {st} *plane = xn + ci * {h * wd}LL;",
-        f"    {st} *o = on + ci * {oh * ow}LL;",
-        f"    for (int64_t i = 0; i < {oh}; ++i)",
-        f"      for (int64_t j = 0; j < {ow}; ++j) {{",
-        f"        {start}",
-        f"        for (int64_t a = 0; a < {kh}; ++a) {{",
-        f"          const int64_t r = i * {sh} + a - {pt};",
-        f"          if (r < 0 || r >= {h}) continue;",
-        f"          for (int64_t b = 0; b < {kw}; ++b) {{",
-        f"            const int64_t q = j * {sw} + b - {pl};",
-        f"            if (q < 0 || q >= {wd}) continue;",
-        f"            const {ct} v = ({ct})plane[r * {wd} + q];",
-        f"            {take}",
-        "          }",
-        "        }",
-        f"        o[i * {ow} + j] = ({st})({result});",
-        "      }",
+        f"static void {plane}(const {st} *restrict xc, {st} *restrict o) {{",
+        f"  {ct} acc[{ow}];" + ("" if is_max else f" {ct} cnt[{ow}];"),
+        f"  for (int64_t i = 0; i < {oh}; ++i) {{",
+        f"    for (int64_t j = 0; j < {ow}; ++j) {{ {init} }}",
+        f"    for (int64_t a = 0; a < {kh}; ++a) {{",
+        f"      const int64_t r = i * {sh} + a - {pt};",
+        f"      if (r < 0 || r >= {h}) continue;",
+        f"      const {st} *restrict row = xc + r * {wd}LL;",
+        *columns,
+        "    }",
+        f"    for (int64_t j = 0; j < {ow}; ++j) o[i * {ow} + j] = ({st})({result});",
+        "  }",
+        "}",
+        f"static void {image}(const {st} *restrict xn, {st} *restrict on, int par) {{",
+        "  if (par) {",
+        "    #pragma omp parallel for schedule(static)",
+        f"    for (int64_t ci = 0; ci < {c}; ++ci) "
+        f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
+        "  } else {",
+        f"    for (int64_t ci = 0; ci < {c}; ++ci) "
+        f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
         "  }",
         "}",
     ]
-    return lines, f"{image}({{xn}}, {{on}});", c * h * wd, c * oh * ow, c * oh * ow * kh * kw
+    return lines, f"{image}({{xn}}, {{on}}, gk_par);", c * h * wd, c * oh * ow, \
+        c * oh * ow * kh * kw
