@@ -22,6 +22,7 @@ Only the batch axis may be dynamic (its size is an argument, backends/c/shape_ar
 else stays the op's numpy reference (`window_kernel` says why)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ WINDOW_OPS = ("Conv2D", "Conv2DFoldedBN", "MaxPool", "AvgPool")
 # its own code with constant offsets (a 7x7 or 14x14 output fills every block; whole rows of 7
 # left 5 of 12 accumulators idle; larger images would make too much code for the compiler).
 FLAT_PIXELS = 64
+# Weights of at least this many elements repack on the OpenMP threads.
+REPACK_PARALLEL_MIN = 1 << 16
 # A depthwise convolution's row goes in chunks of this many pixels (4 AVX-512 accumulators).
 PIXEL_CHUNK = 64
 # Elements past a depthwise convolution's scratch plane that its last vector load may read.
@@ -155,24 +158,40 @@ class ConvParts:
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+    """The kernel: weights repacked, then image by image. The repacked weights and each
+    thread's zero-bordered scratch plane live in buffers of the calling (or OpenMP) thread that
+    outlast the call, allocated on its first call: at ResNet sizes a fresh malloc per call
+    page-faulted tens of megabytes each time (a batch of one spent more time there than in the
+    arithmetic). The scratch's border is zero from its calloc and only its interior is ever
+    written, so it is reused as is. Per thread, so calls from several threads never share."""
     parts = conv_parts(node, name, attrs)
     batch, sizes = _batch(node)
-    vt, st = parts.vt, parts.st
+    vt, st, ct = parts.vt, parts.st, parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
+    weights = math.prod(node.inputs[1].shape)
     lines = parts.statics + ["", f"void {name}(void *const *args) {{", *parts.reads,
                              f"  {st} *restrict out = ({st} *)args[{len(node.inputs)}];",
                              *sizes,
-                             f"  {vt} *wt = ({vt} *)malloc(sizeof({vt}) * {parts.wt_count});",
+                             f"  static __thread {vt} *wt_kept = NULL;",
+                             "  if (wt_kept == NULL)",
+                             f"    wt_kept = ({vt} *)malloc(sizeof({vt}) * ({parts.wt_count}));",
+                             f"  {vt} *restrict wt = wt_kept;",
                              "  if (wt == NULL) {",
                              f"    for (int64_t n = 0; n < {batch}; ++n) "
                              f"{parts.direct.format(xn=xn, on=on)}",
                              "    return;",
-                             "  }", *parts.repack]
-    scratch = [f"  {parts.ct} *xp = ({parts.ct} *)calloc({parts.scratch}, sizeof({parts.ct}));"]
+                             "  }",
+                             # Large weights repack on the threads (the loop over channels).
+                             f"  #pragma omp parallel for schedule(static) "
+                             f"if ({weights}LL >= {REPACK_PARALLEL_MIN}LL)",
+                             *parts.repack]
+    scratch = [f"  static __thread {ct} *xp_kept = NULL;",
+               f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, sizeof({ct}));",
+               f"  {ct} *xp = xp_kept;"]
     call = f"if (xp != NULL) {parts.image.format(xn=xn, on=on)} else " \
         f"{parts.direct.format(xn=xn, on=on)}"
-    lines += image_loop(call, batch, parts.macs, threshold, scratch, ["  free(xp);"])
-    lines += ["  free(wt);", "}"]
+    lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
+    lines += ["}"]
     return lines
 
 
@@ -304,15 +323,24 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     # past the group's channels zero: a unit reads its weights in one contiguous run (a stride
     # of all the channel blocks between taps mapped every tap to a few cache sets).
     repack = [
-        f"  for (int64_t gi = 0; gi < {g}; ++gi)",
-        f"    for (int64_t oc = 0; oc < {name}_OC; ++oc)",
-        f"      for (int64_t l = 0; l < {name}_VL; ++l) {{",
-        f"        const int64_t oi = oc * {name}_VL + l, ch = gi * {og} + oi;",
-        f"        const {ct} s = oi < {og} ? {scale} : 0;",
-        f"        for (int64_t t = 0; t < {taps}; ++t)",
-        f"          wt[{name}_wi(gi, oc, t)][l] =",
-        f"              oi < {og} ? ({ct})w[ch * {taps}LL + t] * s : 0;",
-        "      }"]
+        # Tap by tap, a whole vector at a time: the reads are VL streams along the weights'
+        # rows and the writes contiguous (lane by lane over all taps wrote one element per
+        # cache line, VL times over).
+        f"  for (int64_t go = 0; go < {g} * (int64_t){name}_OC; ++go) {{",
+        f"    const int64_t gi = go / {name}_OC, oc = go % {name}_OC;",
+        f"    {ct} s[{name}_VL];",
+        f"    const {st} *rows[{name}_VL];",
+        f"    for (int64_t l = 0; l < {name}_VL; ++l) {{",
+        f"      const int64_t oi = oc * {name}_VL + l, ch = gi * {og} + (oi < {og} ? oi : 0);",
+        f"      s[l] = oi < {og} ? {scale} : 0;",
+        f"      rows[l] = w + ch * {taps}LL;",
+        "    }",
+        f"    for (int64_t t = 0; t < {taps}; ++t) {{",
+        f"      {vt} v;",
+        f"      for (int64_t l = 0; l < {name}_VL; ++l) v[l] = ({ct})rows[l][t] * s[l];",
+        f"      wt[{name}_wi(gi, oc, t)] = v;",
+        "    }",
+        "  }"]
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
                      f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
                      f"{direct}({{xn}}, {params}, {{on}});",
