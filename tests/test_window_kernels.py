@@ -104,6 +104,56 @@ def test_narrow_outputs_go_in_blocks_of_whole_rows(dtype, geometry, rng):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", [
+    ((1, 8, 30, 70), 20, 3, dict(pad_mode="same")),  # rows in 12-pixel segments + a short one
+    ((1, 32, 40, 40), 40, 1, dict(pad_mode="valid")),  # 1x1; a channel-block pair + one alone
+    ((2, 24, 19, 23), 48, 3, dict(pad_mode="pad", pad=(1, 1, 1, 1), stride=2)),
+    ((1, 64, 20, 150), 64, 3, dict(pad_mode="same", group=64)),  # depthwise: 64-pixel chunks
+    ((2, 5, 17, 131), 10, 3, dict(pad_mode="pad", pad=(1, 0, 1, 2), stride=2, group=5)),
+    ((1, 3, 33, 35), 64, 7, dict(pad_mode="pad", pad=(3, 3, 3, 3), stride=2)),  # a 7x7 stem
+])
+def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng):
+    """Images large enough that one image's work goes to threads (a batch of one or two),
+    wide rows, depthwise convolutions vectorised along pixels, strides: against a float64
+    reference, and the same values fused and not."""
+    xs, o, k, attrs = geometry
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((o, xs[1] // attrs.get("group", 1), k, k)).astype(dtype)
+    attrs = dict(out_channel=o, kernel_size=k, **attrs)
+    conv = P.Conv2D(**attrs)
+    want = reference("Conv2D", x.astype(np.float64), w.astype(np.float64), **attrs)
+    taps = w.shape[1] * k * k
+    assert o * want.shape[2] * want.shape[3] * taps >= 1 << 20 or xs[0] > 1
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    outs = []
+    for options in (ON, OFF):
+        exe = compiled(lambda a, b: conv(a, b), x, w, options=options)
+        assert native_ops(exe) == [("Conv2D",)]
+        outs.append(exe.run_arrays(x, w)[0])
+    np.testing.assert_allclose(outs[0], want, rtol=tol,
+                               atol=tol * np.sqrt(taps) * max(1.0, np.abs(want).max()))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kind", ["MaxPool", "AvgPool"])
+@pytest.mark.parametrize("geometry", [((1, 64, 112, 112), 3, 2, "same"),
+                                      ((2, 8, 57, 61), 3, 2, "valid"),
+                                      ((1, 70, 45, 47), 2, 1, "same")])
+def test_real_size_pools_share_an_image_over_threads(kind, geometry, rng):
+    """ResNet's stem pool and odd sizes at a batch of one: channels on threads, rows without
+    tests inside the image; NaN and infinities where they fall, against the reference."""
+    xs, k, stride, mode = geometry
+    x = rng.standard_normal(xs).astype(np.float32)
+    x.flat[rng.integers(0, x.size, 50)] = np.nan
+    x.flat[rng.integers(0, x.size, 50)] = np.inf
+    pool = getattr(P, kind)(kernel_size=k, strides=stride, pad_mode=mode)
+    exe = compiled(lambda a: pool(a), x)
+    assert native_ops(exe) == [(kind,)]
+    want = reference(kind, x, kernel_size=k, strides=stride, pad_mode=mode)
+    np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
 def test_convolution_propagates_nan_and_infinity(rng):
     x = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
     w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)

@@ -2,16 +2,18 @@
 NCHW, with their geometry (kernel, stride, dilation, padding, groups) and sizes in the source.
 
 A convolution is a direct one, no im2col matrix: per image, the input is copied once into a
-zero-bordered scratch plane (so no tap tests bounds), and each block of GK_PB output pixels
-keeps GK_PB vector accumulators of output channels (one lane per channel, gcc's vector
-extension: 16 float lanes with AVX-512) while it walks the taps (channel, kh, kw): one weight
-vector load and GK_PB broadcast multiply-adds per tap, in registers (an output at most 8 wide
-goes in blocks of whole rows, its pixel offsets constants of the source: `_row_blocks`). The
-weights are repacked per call into [group][tap][channel] vectors (with Conv2DFoldedBN's scale
-gamma / sqrt(var + eps) applied: parameters may change between calls). Images share out over
-OpenMP threads when the call is large enough. float16 computes in float32 and rounds once, as
-the numpy reference does. Sums run in tap order, not BLAS's: results differ from the reference
-by rounding only.
+zero-bordered scratch plane (so no tap tests bounds). Each block of output pixels keeps one
+vector accumulator of output channels per pixel (one lane per channel, gcc's vector extension:
+16 float lanes with AVX-512) while it walks the taps (channel, kh, kw): one weight vector load
+and a broadcast multiply-add per pixel per tap, in registers; the pixels' offsets are constants
+of the source (whole rows of a narrow output, equal segments of a wide row). With AVX-512 two
+channel blocks go together. A group of few output channels (a depthwise convolution) turns the
+vectors along a row's pixels instead. The weights are repacked per call, each unit of work's in
+one run (with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied: parameters may change
+between calls). Images share out over OpenMP threads when the call is large enough; a batch too
+small for that shares one image's units of work instead. float16 computes in float32 and rounds
+once, as the numpy reference does. Sums run in tap order, not BLAS's: results differ from the
+reference by rounding only.
 
 A pool walks each output element's window with bounds tests ('same' padding: MaxPool's
 padding is -inf, AvgPool divides by the elements it covers). NaN propagates as in numpy.
@@ -20,6 +22,7 @@ Only the batch axis may be dynamic (its size is an argument, backends/c/shape_ar
 else stays the op's numpy reference (`window_kernel` says why)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +38,20 @@ from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
 
 WINDOW_OPS = ("Conv2D", "Conv2DFoldedBN", "MaxPool", "AvgPool")
+# An output of at most this many pixels goes in equal blocks over the whole image, each block
+# its own code with constant offsets (a 7x7 or 14x14 output fills every block; whole rows of 7
+# left 5 of 12 accumulators idle; larger images would make too much code for the compiler).
+FLAT_PIXELS = 64
+# Weights of at least this many elements repack on the OpenMP threads.
+REPACK_PARALLEL_MIN = 1 << 16
+# A depthwise convolution's row goes in chunks of this many pixels (4 AVX-512 accumulators).
+PIXEL_CHUNK = 64
+# Elements past a depthwise convolution's scratch plane that its last vector load may read.
+SCRATCH_SLACK = 16
+# clang's spelling of the fp-contract=fast that gcc's push_options gives a convolution's code.
+CLANG_CONTRACT = ("#if defined(__clang__)", "#pragma clang fp contract(fast)", "#endif")
+# Below this many output channels per group a convolution vectorises along pixels (_conv_units).
+PIXEL_PATH_CHANNELS = 4
 
 # Shared by every window kernel of a translation unit: the vector width and pixel block (16
 # accumulators of 16 floats fill half of AVX-512's registers; AVX2 has 16 registers of 8).
@@ -99,16 +116,22 @@ def _batch(node: Node) -> tuple[str, list[str]]:
 def image_loop(call: str, batch: str, per_image: int, threshold: int,
             scratch: list[str], free: list[str]) -> list[str]:
     """The loop over images: on threads (each with its own scratch) above `threshold`
-    multiply-adds, else on the calling thread (an OpenMP `if` clause still enters the runtime)."""
+    multiply-adds, else on the calling thread (an OpenMP `if` clause still enters the runtime).
+    `call` may read `gk_par`: true when one image alone reaches `threshold` on the calling
+    thread, so that the image's own work can go to threads (a batch of one)."""
     body = ["    for (int64_t n = 0; n < nb; ++n) " + call]
     lines = [f"  const int64_t nb = {batch};",
              f"  if (nb > 1 && nb * (int64_t){per_image} >= (int64_t){threshold}) {{",
              "    #pragma omp parallel",
-             "    {"]
+             "    {",
+             "      const int gk_par = 0;",
+             "      (void)gk_par;"]
     lines += ["  " + s for s in scratch]
     lines += ["      #pragma omp for schedule(static)", "  " + body[0]]
     lines += ["  " + s for s in free]
-    lines += ["    }", "  } else {"]
+    lines += ["    }", "  } else {",
+              f"    const int gk_par = (int64_t){per_image} >= (int64_t){threshold};",
+              "    (void)gk_par;"]
     lines += scratch + body + free + ["  }"]
     return lines
 
@@ -135,24 +158,40 @@ class ConvParts:
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+    """The kernel: weights repacked, then image by image. The repacked weights and each
+    thread's zero-bordered scratch plane live in buffers of the calling (or OpenMP) thread that
+    outlast the call, allocated on its first call: at ResNet sizes a fresh malloc per call
+    page-faulted tens of megabytes each time (a batch of one spent more time there than in the
+    arithmetic). The scratch's border is zero from its calloc and only its interior is ever
+    written, so it is reused as is. Per thread, so calls from several threads never share."""
     parts = conv_parts(node, name, attrs)
     batch, sizes = _batch(node)
-    vt, st = parts.vt, parts.st
+    vt, st, ct = parts.vt, parts.st, parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
+    weights = math.prod(node.inputs[1].shape)
     lines = parts.statics + ["", f"void {name}(void *const *args) {{", *parts.reads,
                              f"  {st} *restrict out = ({st} *)args[{len(node.inputs)}];",
                              *sizes,
-                             f"  {vt} *wt = ({vt} *)malloc(sizeof({vt}) * {parts.wt_count});",
+                             f"  static __thread {vt} *wt_kept = NULL;",
+                             "  if (wt_kept == NULL)",
+                             f"    wt_kept = ({vt} *)malloc(sizeof({vt}) * ({parts.wt_count}));",
+                             f"  {vt} *restrict wt = wt_kept;",
                              "  if (wt == NULL) {",
                              f"    for (int64_t n = 0; n < {batch}; ++n) "
                              f"{parts.direct.format(xn=xn, on=on)}",
                              "    return;",
-                             "  }", *parts.repack]
-    scratch = [f"  {parts.ct} *xp = ({parts.ct} *)calloc({parts.scratch}, sizeof({parts.ct}));"]
+                             "  }",
+                             # Large weights repack on the threads (the loop over channels).
+                             f"  #pragma omp parallel for schedule(static) "
+                             f"if ({weights}LL >= {REPACK_PARALLEL_MIN}LL)",
+                             *parts.repack]
+    scratch = [f"  static __thread {ct} *xp_kept = NULL;",
+               f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, sizeof({ct}));",
+               f"  {ct} *xp = xp_kept;"]
     call = f"if (xp != NULL) {parts.image.format(xn=xn, on=on)} else " \
         f"{parts.direct.format(xn=xn, on=on)}"
-    lines += image_loop(call, batch, parts.macs, threshold, scratch, ["  free(xp);"])
-    lines += ["  free(wt);", "}"]
+    lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
+    lines += ["}"]
     return lines
 
 
@@ -187,11 +226,27 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     ops = f"{node.op} {list(x.shape)} * {list(w.shape)} -> {list(node.shape)}, stride " \
           f"{(sh, sw)}, dilation {(dh, dw)}, pads {geo['pads']}, group {g}"
     image, direct = f"{name}_image", f"{name}_direct"
+    fill, unit = f"{name}_fill", f"{name}_unit"
+    # A group of fewer than PIXEL_PATH_CHANNELS output channels (depthwise convolutions) would
+    # leave most vector lanes idle with one lane per channel: its vectors run along a row's
+    # pixels instead, one output channel at a time.
+    pixels_per_lane = og < PIXEL_PATH_CHANNELS
+    units_groups = 1 if pixels_per_lane else g
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
         f"enum {{ {name}_VL = GK_VBYTES / (int)sizeof({ct}), "
         f"{name}_OC = ({og} + {name}_VL - 1) / {name}_VL }};",
         f"static const int32_t {name}_taps[{taps}] = {{{tap_offsets}}};",
+        # Where channel block oc's weight vector for tap t sits in `wt`: AVX-512 pairs the
+        # blocks (a unit is two), interleaving a pair's two vectors tap by tap.
+        f"static inline int64_t {name}_wi(int64_t gi, int64_t oc, int64_t t) {{",
+        "#if GK_PB == 16",
+        f"  const int64_t first = (gi * {name}_OC + (oc & ~(int64_t)1)) * {taps}LL;",
+        f"  return (oc | 1) < {name}_OC ? first + 2 * t + (oc & 1) : first + t;",
+        "#else",
+        f"  return (gi * {name}_OC + oc) * {taps}LL + t;",
+        "#endif",
+        "}",
         # The slow loop for an image whose scratch plane could not be allocated.
         f"static void {direct}(const {st} *restrict xn, {param_decl}, {st} *restrict on) {{",
         f"  for (int64_t ch = 0; ch < {o}; ++ch) {{",
@@ -219,45 +274,29 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "#pragma GCC push_options",
         '#pragma GCC optimize("fp-contract=fast")',
         "#endif",
+        *_conv_units(name, fill, unit, vt, ct, st, pixels_per_lane, c=c, h=h, wd=wd, hp=hp,
+                     wp=wp, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow, sh=sh,
+                     sw=sw),
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
-        f"{st} *restrict on, {ct} *restrict xp) {{",
+        f"{st} *restrict on, {ct} *restrict xp, int par) {{",
         "#if defined(__clang__)",
         "#pragma clang fp contract(fast)",
         "#endif",
-        f"  enum {{ VL = {name}_VL, OC = {name}_OC, PB = GK_PB }};",
-        f"  for (int64_t ci = 0; ci < {c}; ++ci)",
-        f"    for (int64_t i = 0; i < {h}; ++i) {{",
-        f"      {ct} *row = xp + (ci * {hp} + i + {pt}) * {wp} + {pl};",
-        f"      const {st} *src = xn + (ci * {h} + i) * {wd};",
-        f"      for (int64_t j = 0; j < {wd}; ++j) row[j] = ({ct})src[j];",
+        # The zero-bordered copy, then the output in units of work that threads share when
+        # the caller runs one image at a time (`par`: a batch too small to share out).
+        "  if (par) {",
+        "    #pragma omp parallel for schedule(static)",
+        f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+        "  } else {",
+        f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+        "  }",
+        f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
+        "    if (par) {",
+        "      #pragma omp parallel for schedule(static)",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xp, wt, on, gi, u);",
+        "    } else {",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xp, wt, on, gi, u);",
         "    }",
-        f"  for (int64_t gi = 0; gi < {g}; ++gi) {{",
-        f"    const {ct} *xg = xp + gi * {cg * hp * wp}LL;",
-        *(_row_blocks(name, vt, ct, st, og, taps, oh, ow, sh, sw, wp) if ow <= 8 else [
-            "    for (int64_t oc = 0; oc < OC; ++oc) {",
-            f"      const {vt} *wg = wt + gi * {taps}LL * OC + oc;",
-            f"      for (int64_t p0 = 0; p0 < {p}; p0 += PB) {{",
-            f"        const int64_t nb = {p} - p0 < PB ? {p} - p0 : PB;",
-            "        int64_t po[PB];",
-            "        for (int64_t b = 0; b < PB; ++b) {",
-            "          const int64_t q = p0 + (b < nb ? b : 0);  /* a short block repeats "
-            "pixel 0 */",
-            f"          po[b] = (q / {ow}) * {sh * wp} + (q % {ow}) * {sw};",
-            "        }",
-            f"        {vt} acc[PB];",
-            f"        for (int64_t b = 0; b < PB; ++b) acc[b] = ({vt}){{0}};",
-            f"        for (int64_t t = 0; t < {taps}; ++t) {{",
-            f"          const {vt} wv = wg[t * OC];",
-            f"          const {ct} *xt = xg + {name}_taps[t];",
-            "          for (int64_t b = 0; b < PB; ++b) acc[b] += xt[po[b]] * wv;",
-            "        }",
-            "        for (int64_t b = 0; b < nb; ++b)",
-            "          for (int64_t l = 0; l < VL; ++l) {",
-            "            const int64_t oi = oc * VL + l;",
-            f"            if (oi < {og}) on[(gi * {og} + oi) * {p} + p0 + b] = ({st})acc[b][l];",
-            "          }",
-            "      }",
-            "    }"]),
         "  }",
         "}",
         "#if defined(__GNUC__) && !defined(__clang__)",
@@ -269,63 +308,201 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     if folded:
         reads += [f"  const {st} *restrict scale = (const {st} *)args[2];",
                   f"  const {st} *restrict var = (const {st} *)args[3];"]
-    # Repacked weights: [group][tap][channel block], lanes past the group's channels zero.
+    if pixels_per_lane:  # scalars [channel][tap]
+        repack = [f"  for (int64_t ch = 0; ch < {o}; ++ch) {{",
+                  f"    const {ct} s = {scale};",
+                  f"    for (int64_t t = 0; t < {taps}; ++t)",
+                  f"      (({ct} *)wt)[ch * {taps}LL + t] = ({ct})w[ch * {taps}LL + t] * s;",
+                  "  }"]
+        wt_count = f"({o * taps}LL + {name}_VL - 1) / {name}_VL"
+        return ConvParts(lines, reads, repack, wt_count, vt, ct, st,
+                         f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
+                         f"{direct}({{xn}}, {params}, {{on}});",
+                         c * hp * wp + SCRATCH_SLACK, o * p * taps, c * h * wd, o * p)
+    # Repacked weights: [group][unit][tap][channel block of the unit] (`{name}_wi`), lanes
+    # past the group's channels zero: a unit reads its weights in one contiguous run (a stride
+    # of all the channel blocks between taps mapped every tap to a few cache sets).
     repack = [
-        f"  for (int64_t gi = 0; gi < {g}; ++gi)",
-        f"    for (int64_t oc = 0; oc < {name}_OC; ++oc)",
-        f"      for (int64_t l = 0; l < {name}_VL; ++l) {{",
-        f"        const int64_t oi = oc * {name}_VL + l, ch = gi * {og} + oi;",
-        f"        const {ct} s = oi < {og} ? {scale} : 0;",
-        f"        for (int64_t t = 0; t < {taps}; ++t)",
-        f"          wt[(gi * {taps} + t) * {name}_OC + oc][l] =",
-        f"              oi < {og} ? ({ct})w[ch * {taps}LL + t] * s : 0;",
-        "      }"]
+        # Tap by tap, a whole vector at a time: the reads are VL streams along the weights'
+        # rows and the writes contiguous (lane by lane over all taps wrote one element per
+        # cache line, VL times over).
+        f"  for (int64_t go = 0; go < {g} * (int64_t){name}_OC; ++go) {{",
+        f"    const int64_t gi = go / {name}_OC, oc = go % {name}_OC;",
+        f"    {ct} s[{name}_VL];",
+        f"    const {st} *rows[{name}_VL];",
+        f"    for (int64_t l = 0; l < {name}_VL; ++l) {{",
+        f"      const int64_t oi = oc * {name}_VL + l, ch = gi * {og} + (oi < {og} ? oi : 0);",
+        f"      s[l] = oi < {og} ? {scale} : 0;",
+        f"      rows[l] = w + ch * {taps}LL;",
+        "    }",
+        f"    for (int64_t t = 0; t < {taps}; ++t) {{",
+        f"      {vt} v;",
+        f"      for (int64_t l = 0; l < {name}_VL; ++l) v[l] = ({ct})rows[l][t] * s[l];",
+        f"      wt[{name}_wi(gi, oc, t)] = v;",
+        "    }",
+        "  }"]
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
-                     f"{image}({{xn}}, wt, {{on}}, xp);", f"{direct}({{xn}}, {params}, {{on}});",
+                     f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
+                     f"{direct}({{xn}}, {params}, {{on}});",
                      c * hp * wp, o * p * taps, c * h * wd, o * p)
 
 
-def _row_blocks(name: str, vt: str, ct: str, st: str, og: int, taps: int, oh: int, ow: int,
-                sh: int, sw: int, wp: int) -> list[str]:
-    """The channel blocks' pixel blocks of a narrow output (ow <= 8, so a block holds whole
-    rows with either GK_PB), inside the loop over groups. Each pixel block is r whole rows (the
-    most that divide oh and fit the accumulators), so its pixels' offsets in the scratch plane
-    are constants of the source and each multiply-add reads its broadcast pixel at a fixed
-    displacement, one load, where a computed offset table cost a second load per multiply-add.
-    With AVX-512's 32 registers two channel blocks go together (up to 2 x 12 accumulators):
-    each broadcast pixel feeds two multiply-adds. Every output sums its taps in the same order
-    on each path, so results do not depend on the path."""
-    def blocks(step: int, limit: str, pb: int) -> list[str]:
-        r = max(d for d in range(1, min(pb // ow, oh) + 1) if oh % d == 0)
-        nb = r * ow
-        offsets = ", ".join(str((b // ow) * sh * wp + (b % ow) * sw) for b in range(nb))
+def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
+                pixels_per_lane: bool, *, c: int, h: int, wd: int, hp: int, wp: int, pt: int,
+                pl: int, cg: int, og: int, o: int, taps: int, oh: int, ow: int, sh: int,
+                sw: int) -> list[str]:
+    """The per-image pieces a convolution's image function calls: `fill` copies input channel
+    ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
+    per group), so that threads can share an image's units when a batch is too small to share
+    out by images.
+
+    With one vector lane per output channel (`pixels_per_lane` false), a unit is one channel
+    block of VL channels, or two with AVX-512's 32 registers (each broadcast pixel then feeds
+    two multiply-adds). Its pixels go in blocks whose offsets in the scratch plane are
+    constants of the source (each multiply-add reads its broadcast pixel at a fixed
+    displacement: one load, where a computed offset table costs a second): whole rows when a
+    row fits the accumulators (r rows, the most that divide oh), else equal segments of a row.
+    With lanes along a row's pixels (a group of few output channels: depthwise), a unit is one
+    output channel. Every output sums its taps in tap order on each path, so results do not
+    depend on the path."""
+    lines = [
+        f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
+        f"  for (int64_t i = 0; i < {h}; ++i) {{",
+        f"    {ct} *row = xp + (ci * {hp} + i + {pt}) * {wp} + {pl};",
+        f"    const {st} *src = xn + (ci * {h} + i) * {wd};",
+        f"    for (int64_t j = 0; j < {wd}; ++j) row[j] = ({ct})src[j];",
+        "  }",
+        "}"]
+    if pixels_per_lane:
+        chunks = [(j0, min(PIXEL_CHUNK, ow - j0)) for j0 in range(0, ow, PIXEL_CHUNK)]
+        body = [f"enum {{ {name}_NU = {o} }};",
+                f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
+                f"{st} *restrict on, int64_t gi, int64_t ch) {{",
+                *CLANG_CONTRACT,
+                f"  enum {{ VL = {name}_VL }};",
+                "  (void)gi;",
+                f"  const {ct} *restrict ws = (const {ct} *)wt + ch * {taps}LL;",
+                f"  const {ct} *restrict xg = xp + (ch / {og}) * {cg * hp * wp}LL;",
+                f"  for (int64_t i = 0; i < {oh}; ++i) {{",
+                f"    const {ct} *restrict xr = xg + i * {sh * wp}LL;",
+                f"    {st} *restrict orow = on + (ch * {oh} + i) * {ow}LL;"]
+        for j0, width in chunks:
+            if sw == 1:  # unaligned vector loads; the scratch plane has a vector of slack
+                load = f"xv = *(const {vt} *)(xt + v * VL);"
+            else:
+                load = (f"for (int64_t l = 0; l < VL; ++l) xv[l] = v * VL + l < {width} ? "
+                        f"xt[(v * VL + l) * {sw}] : 0;")
+            body += [f"    {{  /* pixels {j0}..{j0 + width - 1} */",
+                     f"      enum {{ NV = ({width} + VL - 1) / VL }};",
+                     f"      {vt} a[NV];",
+                     f"      for (int64_t v = 0; v < NV; ++v) a[v] = ({vt}){{0}};",
+                     f"      for (int64_t t = 0; t < {taps}; ++t) {{",
+                     f"        const {vt} wv = ({vt}){{0}} + ws[t];",
+                     f"        const {ct} *restrict xt = xr + {name}_taps[t] + {j0 * sw};",
+                     "        for (int64_t v = 0; v < NV; ++v) {",
+                     f"          {vt} xv;",
+                     f"          {load}",
+                     "          a[v] += xv * wv;",
+                     "        }",
+                     "      }",
+                     "      for (int64_t v = 0; v < NV; ++v)",
+                     "        for (int64_t l = 0; l < VL; ++l)",
+                     f"          if (v * VL + l < {width}) orow[{j0} + v * VL + l] = "
+                     f"({st})a[v][l];",
+                     "    }"]
+        return lines + body + ["  }", "}"]
+
+    def pixel_block(step: int, nb: int, base: str, offsets: list[int], out: str) -> list[str]:
         accs = [f"acc{u}" for u in range(step)]
-        lines = [f"    for (; oc {limit}; oc += {step}) {{",
-                 f"      const {vt} *wg = wt + gi * {taps}LL * OC + oc;",
-                 f"      static const int32_t po[{nb}] = {{{offsets}}};",
-                 f"      for (int64_t k = 0; k < {oh}; k += {r}) {{",
-                 f"        const {ct} *xt0 = xg + k * {sh * wp};",
-                 f"        {vt} {', '.join(f'{a}[{nb}]' for a in accs)};",
-                 f"        for (int64_t b = 0; b < {nb}; ++b) {{ "
+        table = ", ".join(str(v) for v in offsets)
+        block = [f"{{  /* {nb} pixels */",
+                 f"  static const int32_t po[{nb}] = {{{table}}};",
+                 f"  const {ct} *xt0 = {base};",
+                 f"  {vt} {', '.join(f'{a}[{nb}]' for a in accs)};",
+                 f"  for (int64_t b = 0; b < {nb}; ++b) {{ "
                  + " ".join(f"{a}[b] = ({vt}){{0}};" for a in accs) + " }",
-                 f"        for (int64_t t = 0; t < {taps}; ++t) {{",
-                 *[f"          const {vt} w{u} = wg[t * OC + {u}];" for u in range(step)],
-                 f"          const {ct} *xt = xt0 + {name}_taps[t];",
-                 f"          for (int64_t b = 0; b < {nb}; ++b) {{",
-                 f"            const {ct} v = xt[po[b]];",
-                 *[f"            acc{u}[b] += v * w{u};" for u in range(step)],
-                 "          }",
-                 "        }"]
+                 f"  for (int64_t t = 0; t < {taps}; ++t) {{",
+                 *[f"    const {vt} w{u} = wg[t * {step} + {u}];" for u in range(step)],
+                 f"    const {ct} *xt = xt0 + {name}_taps[t];",
+                 f"    for (int64_t b = 0; b < {nb}; ++b) {{",
+                 f"      const {ct} v = xt[po[b]];",
+                 *[f"      acc{u}[b] += v * w{u};" for u in range(step)],
+                 "    }",
+                 "  }"]
         for u in range(step):
-            lines += [f"        for (int64_t b = 0; b < {nb}; ++b)",
-                      "          for (int64_t l = 0; l < VL; ++l) {",
-                      f"            const int64_t oi = (oc + {u}) * VL + l;",
-                      f"            if (oi < {og}) on[(gi * {og} + oi) * {oh * ow} + k * {ow} + b]"
-                      f" = ({st})acc{u}[b][l];",
-                      "          }"]
-        return lines + ["      }", "    }"]
-    return ["    int64_t oc = 0;", "#if GK_PB == 16", *blocks(2, "+ 1 < OC", 12),
-            *blocks(1, "< OC", 16), "#else", *blocks(1, "< OC", 8), "#endif"]
+            # Rolled: unrolled, each block's 16 lanes x pixels of stores tripled compile time.
+            block += ["  #pragma GCC unroll 1", "  for (int64_t l = 0; l < VL; ++l) {",
+                      f"    const int64_t oi = (oc + {u}) * VL + l;",
+                      f"    if (oi >= {og}) break;",
+                      f"    {st} *restrict orow = on + (gi * {og} + oi) * {oh * ow}LL + {out};",
+                      f"    for (int64_t b = 0; b < {nb}; ++b) orow[b] = ({st})acc{u}[b][l];",
+                      "  }"]
+        return ["      " + line for line in block + ["}"]]
+
+    def blocks(step: int, most: int) -> list[str]:
+        body = [f"    const {vt} *wg = wt + {name}_wi(gi, oc, 0);"]
+        if oh * ow <= FLAT_PIXELS:  # a small image: equal blocks of the whole image, unrolled
+            blocks_n = -(-(oh * ow) // most)
+            size, extra = divmod(oh * ow, blocks_n)
+            q0 = 0
+            for i in range(blocks_n):
+                nb = size + (i < extra)
+                offsets = [((q0 + b) // ow) * sh * wp + ((q0 + b) % ow) * sw for b in range(nb)]
+                body += pixel_block(step, nb, "xg", offsets, str(q0))
+                q0 += nb
+        elif ow <= most:  # whole rows
+            r = max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
+            nb = r * ow
+            offsets = [(b // ow) * sh * wp + (b % ow) * sw for b in range(nb)]
+            body += [f"    for (int64_t k = 0; k < {oh}; k += {r})",
+                     *pixel_block(step, nb, f"xg + k * {sh * wp}LL", offsets, f"k * {ow}")]
+        else:  # equal segments of a row, then the remainder
+            segments = -(-ow // most)
+            nb = -(-ow // segments)
+            full, tail = divmod(ow, nb)
+            body += [f"    for (int64_t k = 0; k < {oh}; ++k) {{",
+                     f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
+                     *pixel_block(step, nb, f"xg + k * {sh * wp}LL + j0 * {sw}",
+                                  [b * sw for b in range(nb)], f"k * {ow} + j0")]
+            if tail:
+                body += pixel_block(step, tail, f"xg + k * {sh * wp}LL + {full * nb * sw}",
+                                    [b * sw for b in range(tail)], f"k * {ow} + {full * nb}")
+            body.append("    }")
+        return body
+
+    vl = f"(GK_VBYTES / {8 if ct == 'double' else 4})"  # {name}_VL for the preprocessor
+    return lines + [
+        "#if GK_PB == 16",
+        f"enum {{ {name}_NU = ({name}_OC + 1) / 2 }};",
+        "#else",
+        f"enum {{ {name}_NU = {name}_OC }};",
+        "#endif",
+        f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
+        f"{st} *restrict on, int64_t gi, int64_t u) {{",
+        *CLANG_CONTRACT,
+        f"  enum {{ VL = {name}_VL, OC = {name}_OC }};",
+        f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",
+        "#if GK_PB == 16",
+        "  const int64_t oc = 2 * u;",
+        # A channel block alone (the last of an odd count) has code only where there is one.
+        f"#if ({og} + {vl} - 1) / {vl} % 2",
+        "  if (oc + 1 < OC) {",
+        *blocks(2, 12),
+        "  } else {",
+        *blocks(1, 16),
+        "  }",
+        "#else",
+        "  {",
+        *blocks(2, 12),
+        "  }",
+        "#endif",
+        "#else",
+        "  const int64_t oc = u;",
+        "  {",
+        *blocks(1, 8),
+        "  }",
+        "#endif",
+        "}"]
 
 
 # -- pools ------------------------------------------------------------------------------------
@@ -356,35 +533,52 @@ def pool_parts(node: Node, name: str, attrs: dict[str, Any]
     oh, ow = geo["out"]
     is_max = node.op == "MaxPool"
     inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
-    start = f"{ct} m = -{inf};" if is_max else f"{ct} m = 0; int64_t count = 0;"
-    # NaN wins as in numpy's max: once m is NaN no comparison replaces it.
-    take = "if (v > m || v != v) m = v;" if is_max else "m += v; ++count;"
-    result = "m" if is_max else f"m / ({ct})count"
+    # NaN wins as in numpy's max: once a maximum is NaN no comparison replaces it.
     ops = f"{node.op} {list(x.shape)} -> {list(node.shape)}, window {(kh, kw)}, stride " \
           f"{(sh, sw)}, pads {geo['pads']}"
-    image = f"{name}_image"
+    image, plane = f"{name}_image", f"{name}_plane"
+    # Row by row: the window's rows inside the image, and per window column the range of
+    # outputs whose column is inside (constants), so the loop over a row's outputs has no
+    # tests and vectorises. Each output still takes its window's elements in row-major order.
+    init = f"acc[j] = -{inf};" if is_max else "acc[j] = 0; cnt[j] = 0;"
+    take = "acc[j] = (v > acc[j] || v != v) ? v : acc[j];" if is_max else \
+        "acc[j] += v; cnt[j] += 1;"
+    result = "acc[j]" if is_max else "acc[j] / cnt[j]"
+    columns = []
+    for bb in range(kw):
+        lo = max(0, -(-(pl - bb) // sw))
+        hi = min(ow, (wd - 1 - bb + pl) // sw + 1)
+        if lo < hi:
+            columns += ["      #pragma omp simd",
+                        f"      for (int64_t j = {lo}; j < {hi}; ++j) {{",
+                        f"        const {ct} v = ({ct})row[j * {sw} + {bb - pl}];",
+                        f"        {take}",
+                        "      }"]
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
-        f"static void {image}(const {st} *restrict xn, {st} *restrict on) {{",
-        f"  for (int64_t ci = 0; ci < {c}; ++ci) {{",
-        f"    const {st} *plane = xn + ci * {h * wd}LL;",
-        f"    {st} *o = on + ci * {oh * ow}LL;",
-        f"    for (int64_t i = 0; i < {oh}; ++i)",
-        f"      for (int64_t j = 0; j < {ow}; ++j) {{",
-        f"        {start}",
-        f"        for (int64_t a = 0; a < {kh}; ++a) {{",
-        f"          const int64_t r = i * {sh} + a - {pt};",
-        f"          if (r < 0 || r >= {h}) continue;",
-        f"          for (int64_t b = 0; b < {kw}; ++b) {{",
-        f"            const int64_t q = j * {sw} + b - {pl};",
-        f"            if (q < 0 || q >= {wd}) continue;",
-        f"            const {ct} v = ({ct})plane[r * {wd} + q];",
-        f"            {take}",
-        "          }",
-        "        }",
-        f"        o[i * {ow} + j] = ({st})({result});",
-        "      }",
+        f"static void {plane}(const {st} *restrict xc, {st} *restrict o) {{",
+        f"  {ct} acc[{ow}];" + ("" if is_max else f" {ct} cnt[{ow}];"),
+        f"  for (int64_t i = 0; i < {oh}; ++i) {{",
+        f"    for (int64_t j = 0; j < {ow}; ++j) {{ {init} }}",
+        f"    for (int64_t a = 0; a < {kh}; ++a) {{",
+        f"      const int64_t r = i * {sh} + a - {pt};",
+        f"      if (r < 0 || r >= {h}) continue;",
+        f"      const {st} *restrict row = xc + r * {wd}LL;",
+        *columns,
+        "    }",
+        f"    for (int64_t j = 0; j < {ow}; ++j) o[i * {ow} + j] = ({st})({result});",
+        "  }",
+        "}",
+        f"static void {image}(const {st} *restrict xn, {st} *restrict on, int par) {{",
+        "  if (par) {",
+        "    #pragma omp parallel for schedule(static)",
+        f"    for (int64_t ci = 0; ci < {c}; ++ci) "
+        f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
+        "  } else {",
+        f"    for (int64_t ci = 0; ci < {c}; ++ci) "
+        f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
         "  }",
         "}",
     ]
-    return lines, f"{image}({{xn}}, {{on}});", c * h * wd, c * oh * ow, c * oh * ow * kh * kw
+    return lines, f"{image}({{xn}}, {{on}}, gk_par);", c * h * wd, c * oh * ow, \
+        c * oh * ow * kh * kw
