@@ -5,7 +5,7 @@ then every node input defined before use, every initializer's declared size agai
 external data kept inside the model's folder), converted to opset 13 or newer where older, and
 every node's operator looked up before any is converted, so an operator graphkernel cannot run
 is an `UnsupportedError` at load, naming the node. Nothing from the file is executed: its nodes
-become primitives of graphkernel's op table (onnx/ops.py), traced into a graph exactly as a
+become primitives of graphkernel's op table (onnx/ops/), traced into a graph exactly as a
 cell's `construct` is, so values known at load time (initializers, shape subgraphs) fold there
 and then, and the graph goes through the same pipeline as a compiled cell.
 """
