@@ -237,3 +237,31 @@ def filled_block(x: Value, axis: int, count: int, value: float) -> Value:
     multiples = [1] * n
     multiples[axis] = count
     return op("Tile", filled, multiples=tuple(multiples)) if count > 1 else filled
+
+
+def take_along(cx: NodeContext, x: Value, indices: Value, axis: int) -> Value:
+    """ONNX GatherElements: out[..., i, ...] = x[..., indices[..., i, ...], ...] along `axis`,
+    as one Gather from the flattened input at flat positions worked out from the static shapes
+    (the position of every output element but for the axis term is a constant)."""
+    shape = static_shape(cx, x, "its data")
+    index_shape = static_shape(cx, indices, "its indices")
+    if len(index_shape) != len(shape) or any(
+            i > d for k, (i, d) in enumerate(zip(index_shape, shape)) if k != axis):
+        raise cx.refuse(f"indices of shape {index_shape} for data of shape {shape}")
+    length = shape[axis]
+    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    grid = np.indices(index_shape, dtype=np.int64)
+    base = sum((grid[k] * strides[k] for k in range(len(shape)) if k != axis),
+               np.zeros(index_shape, np.int64))
+    if isinstance(indices, np.ndarray):
+        indices = concrete(indices, "the indices").astype(np.int64)
+        if indices.size and (indices.min() < -length or indices.max() >= length):
+            raise cx.refuse(f"an index out of range for axis {axis} of size {length}")
+        flat = base + np.where(indices < 0, indices + length, indices) * strides[axis]
+    else:
+        if dtype_of(indices) != np.int64:
+            indices = op("Cast", indices, dtype=T.int64)
+        indices = op("Select", op("Less", indices, const(0, indices)),
+                     op("Add", indices, const(length, indices)), indices)
+        flat = op("Add", op("Mul", indices, const(strides[axis], indices)), base)
+    return op("Gather", reshape(cx, x, (math.prod(shape),)), flat, axis=0)

@@ -52,10 +52,11 @@ def _window_pads(cx: NodeContext, size: Sequence[int], kernel: Sequence[int],
 
 
 
-def _spatial(cx: NodeContext, x: Value, what: str) -> int:
+def _spatial(cx: NodeContext, x: Value, what: str, supported: tuple[int, ...] = (1, 2)) -> int:
     n = rank(x) - 2
-    if n not in (1, 2):
-        raise cx.refuse(f"{what} over {n} spatial dimension(s) (1 and 2 are supported)")
+    if n not in supported:
+        listed = ", ".join(str(s) for s in supported)
+        raise cx.refuse(f"{what} over {n} spatial dimension(s) ({listed} are supported)")
     return n
 
 
@@ -87,75 +88,133 @@ def _conv(cx: NodeContext, x: Value, w: Value, bias: Value = None) -> Value:
     return y
 
 
-def _pool_geometry(cx: NodeContext, x: Value, count_pads: bool
-                   ) -> tuple[int, list[int], list[int], list[int]]:
-    n = _spatial(cx, x, "pooling")
+class _Window:
+    """A pooling window over the n spatial axes of an (N, C, ...) input: sizes, strides,
+    dilations, the declared pads (begins, then ends) and the end padding `ceil_mode` adds."""
+
+    def __init__(self, n: int, kernel: list[int], strides: list[int], dilations: list[int],
+                 pads: list[int], ceil_extra: list[int]) -> None:
+        self.n, self.kernel, self.strides, self.dilations = n, kernel, strides, dilations
+        self.pads, self.ceil_extra = pads, ceil_extra
+
+    def all_pads(self) -> list[int]:
+        """Declared and ceil_mode pads as pads of every axis of the input."""
+        ends = [e + c for e, c in zip(self.pads[self.n:], self.ceil_extra)]
+        return [0, 0] + self.pads[:self.n] + [0, 0] + ends
+
+
+def _pool_geometry(cx: NodeContext, x: Value) -> _Window:
+    n = _spatial(cx, x, "pooling", (1, 2, 3))
     kernel = list(cx.attr("kernel_shape", []))
-    if len(kernel) != n:
+    if len(kernel) != n or min(kernel, default=1) < 1:
         raise cx.refuse(f"kernel_shape={kernel} for {n} spatial dimension(s)")
     strides = list(cx.attr("strides", [1] * n))
     dilations = list(cx.attr("dilations", [1] * n))
-    if any(d != 1 for d in dilations):
-        raise cx.refuse(f"dilations={dilations} (pooling with dilation 1 only)")
+    if len(strides) != n or len(dilations) != n or min(strides + dilations) < 1:
+        raise cx.refuse(f"strides={strides}, dilations={dilations} for {n} spatial "
+                        "dimension(s)")
     size = shape_of(x)[2:]
     if not all(isinstance(d, int) for d in size):
         raise cx.refuse(f"pooling over the dynamic spatial sizes {size}")
     pads = _window_pads(cx, size, kernel, strides, dilations)
-    if cx.attr("ceil_mode", 0):
-        for i, (length, k, s) in enumerate(zip(size, kernel, strides)):
-            padded = length + pads[i] + pads[i + n]
-            floor_out = (padded - k) // s + 1
-            ceil_out = -(-(padded - k) // s) + 1
+    extra = [0] * n
+    for i, (length, k, s, d) in enumerate(zip(size, kernel, strides, dilations)):
+        span = (k - 1) * d + 1
+        padded = length + pads[i] + pads[i + n]
+        if padded < span:
+            raise cx.refuse(f"a window of {span} over a padded size of {padded}")
+        if cx.attr("ceil_mode", 0):
+            floor_out = (padded - span) // s + 1
+            ceil_out = -(-(padded - span) // s) + 1
             if ceil_out > floor_out and (ceil_out - 1) * s >= length + pads[i]:
                 ceil_out -= 1  # the last window would start in the end padding
-            if ceil_out > floor_out:
-                if count_pads:
-                    raise cx.refuse("ceil_mode=1 where it adds a partial window (average pool)")
-                pads[i + n] += (ceil_out - 1) * s + k - padded
-    return n, kernel, strides, pads
+            extra[i] = max(0, (ceil_out - 1) * s + span - padded)
+    return _Window(n, kernel, strides, dilations, pads, extra)
 
 
-def _pool2d(prim: str, x: Value, n: int, kernel: list[int], strides: list[int]) -> Value:
+def _window_reduce(cx: NodeContext, prim: str, x: Value, w: _Window) -> Value:
+    """Max or mean (`prim`: MaxPool or AvgPool) over every window of an already padded input.
+    Both are separable, so a 3-D window is a 2-D pool of the last two axes, then a pool of the
+    third from last; a dilated window is a reduction of its strided slices, axis by axis."""
+    n, kernel, strides = w.n, w.kernel, w.strides
+    if any(d != 1 for d in w.dilations):
+        return _dilated_reduce(x, prim, w)
     if n == 1:
-        x = op("ExpandDims", x, axis=2)
-        kernel, strides = [1] + kernel, [1] + strides
-    y = op(prim, x, kernel_size=tuple(kernel), strides=tuple(strides), pad_mode="valid")
-    return op("Squeeze", y, axis=(2,)) if n == 1 else y
+        y = op(prim, op("ExpandDims", x, axis=2), kernel_size=(1, kernel[0]),
+               strides=(1, strides[0]), pad_mode="valid")
+        return op("Squeeze", y, axis=(2,))
+    if n == 2:
+        return op(prim, x, kernel_size=tuple(kernel), strides=tuple(strides), pad_mode="valid")
+    batch, channels, depth = shape_of(x)[:3]
+    if not isinstance(channels, int) or not isinstance(depth, int):
+        raise cx.refuse("3-D pooling with a dynamic channel count or depth")
+    planes = reshape(cx, x, (batch, channels * depth) + shape_of(x)[3:])
+    y = op(prim, planes, kernel_size=tuple(kernel[1:]), strides=tuple(strides[1:]),
+           pad_mode="valid")
+    rows, cols = shape_of(y)[2:]
+    y = reshape(cx, y, (batch, channels, depth, rows * cols))
+    y = op(prim, y, kernel_size=(kernel[0], 1), strides=(strides[0], 1), pad_mode="valid")
+    return reshape(cx, y, (batch, channels, shape_of(y)[2], rows, cols))
 
 
-def _full_pads(spatial: list[int]) -> list[int]:
-    """Spatial pads (begins, then ends) as pads of every axis of an (N, C, ...) input."""
-    n = len(spatial) // 2
-    return [0, 0] + spatial[:n] + [0, 0] + spatial[n:]
+def _dilated_reduce(x: Value, prim: str, w: _Window) -> Value:
+    combine = "Maximum" if prim == "MaxPool" else "Add"
+    for i, (k, s, d) in enumerate(zip(w.kernel, w.strides, w.dilations)):
+        axis = i + 2
+        out = (shape_of(x)[axis] - (k - 1) * d - 1) // s + 1
+        n = rank(x)
+        mask = sum(1 << a for a in range(n) if a != axis)
+        parts = []
+        for j in range(k):
+            begin, end, step = [0] * n, [0] * n, [1] * n
+            begin[axis], end[axis], step[axis] = j * d, j * d + (out - 1) * s + 1, s
+            parts.append(op("StridedSlice", x, begin=tuple(begin), end=tuple(end),
+                            strides=tuple(step), begin_mask=mask, end_mask=mask))
+        x = parts[0]
+        for part in parts[1:]:
+            x = op(combine, x, part)
+    if prim == "AvgPool":
+        x = op("Mul", x, const(1.0 / math.prod(w.kernel), x))
+    return x
 
 
 @converts("MaxPool")
 def _max_pool(cx: NodeContext, x: Value) -> Value:
     if cx.wants(1):
         raise cx.refuse("the Indices output is not supported")
-    n, kernel, strides, pads = _pool_geometry(cx, x, count_pads=False)
+    w = _pool_geometry(cx, x)
+    pads = w.all_pads()
     if any(pads):
-        x = pad_constant(x, _full_pads(pads), -np.inf if T.is_float(dtype_of(x)) else
+        x = pad_constant(x, pads, -np.inf if T.is_float(dtype_of(x)) else
                          np.iinfo(dtype_of(x)).min)
-    return _pool2d("MaxPool", x, n, kernel, strides)
+    return _window_reduce(cx, "MaxPool", x, w)
 
 
 @converts("AveragePool")
 def _average_pool(cx: NodeContext, x: Value) -> Value:
-    n, kernel, strides, pads = _pool_geometry(cx, x, count_pads=True)
+    w = _pool_geometry(cx, x)
+    pads = w.all_pads()
+    y = _window_reduce(cx, "AvgPool", pad_constant(x, pads, 0.0) if any(pads) else x, w)
     if not any(pads):
-        return _pool2d("AvgPool", x, n, kernel, strides)
-    y = _pool2d("AvgPool", pad_constant(x, _full_pads(pads), 0.0), n, kernel, strides)
-    if cx.attr("count_include_pad", 0):
         return y
-    # The mean over the window's elements inside the input: rescale by the static count.
-    size = shape_of(x)[2:]
-    ones = np.pad(np.ones(size), [(pads[i], pads[i + n]) for i in range(n)])
-    counts = ones
-    for axis, (k, s) in enumerate(zip(kernel, strides)):
-        windows = np.lib.stride_tricks.sliding_window_view(counts, k, axis=axis)
-        counts = windows.sum(axis=-1).take(range(0, windows.shape[axis], s), axis=axis)
-    scale = (math.prod(kernel) / counts).reshape((1, 1) + counts.shape)
+    # The mean over the window's elements inside the input (and inside the declared pads
+    # with count_include_pad; never the end padding ceil_mode adds): rescale by the count.
+    n = w.n
+    inside = np.ones(shape_of(x)[2:])
+    if cx.attr("count_include_pad", 0):
+        inside = np.pad(inside, [(w.pads[i], w.pads[i + n]) for i in range(n)],
+                        constant_values=1.0)
+        inside = np.pad(inside, [(0, c) for c in w.ceil_extra])
+    else:
+        inside = np.pad(inside, [(pads[i + 2], pads[i + n + 4]) for i in range(n)])
+    counts = inside
+    for axis, (k, s, d) in enumerate(zip(w.kernel, w.strides, w.dilations)):
+        out = (counts.shape[axis] - (k - 1) * d - 1) // s + 1
+        counts = sum(counts.take(range(j * d, j * d + (out - 1) * s + 1, s), axis=axis)
+                     for j in range(k))
+    if np.all(counts == math.prod(w.kernel)):
+        return y
+    scale = (math.prod(w.kernel) / counts).reshape((1, 1) + counts.shape)
     return op("Mul", y, const(scale, y))
 
 

@@ -1,6 +1,7 @@
 """Reductions and scans: Reduce*, ArgMax/ArgMin, CumSum, Trilu."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -21,6 +22,7 @@ from graphkernel.onnx.ops.base import (
     reversed_along,
     shape_of,
     static_shape,
+    take_along,
 )
 
 
@@ -154,3 +156,54 @@ def _trilu(cx: NodeContext, x: Value, k: Value = None) -> Value:
     i, j = np.arange(rows)[:, None], np.arange(cols)[None, :]
     keep = (j - i >= shift) if cx.attr("upper", 1) else (j - i <= shift)
     return op("Select", keep, x, const(0, x))
+
+
+# The largest n x n comparison TopK builds (elements, over all rows): 64 MiB of bools.
+_TOPK_MAX_COMPARISONS = 1 << 26
+
+
+@converts("TopK")
+def _top_k(cx: NodeContext, x: Value, k: Value) -> tuple[Value, Value]:
+    """The k largest (or smallest) along an axis, and their indices, ties in index order as
+    ONNX says; NaN counts as larger than any number. Each element's rank is the number of
+    elements that come before it (an n x n comparison along the axis, moved last); the index
+    at output position p is the one whose rank is p, and the values are gathered there."""
+    n = rank(x)
+    axis = norm_axis(cx, cx.attr("axis", -1), n)
+    counts = cx.ints(k, "k")
+    shape = static_shape(cx, x)
+    length = shape[axis]
+    if len(counts) != 1 or not 0 <= counts[0] <= length:
+        raise cx.refuse(f"k={counts} for an axis of size {length}")
+    count = counts[0]
+    if math.prod(shape) * length > _TOPK_MAX_COMPARISONS:
+        raise cx.refuse(f"an axis of {length} over {math.prod(shape) // max(length, 1)} rows: "
+                        f"more than {_TOPK_MAX_COMPARISONS} comparisons")
+    perm = tuple(a for a in range(n) if a != axis) + (axis,)
+    back = tuple(int(p) for p in np.argsort(perm))
+    moved = op("Transpose", x, perm=perm) if perm != tuple(range(n)) else x
+    if isinstance(moved, np.ndarray):
+        moved = np.ascontiguousarray(moved)
+    mine = op("ExpandDims", moved, axis=-1)    # x_i along the second to last axis
+    other = op("ExpandDims", moved, axis=-2)   # x_j along the last axis
+    first, second = (other, mine) if cx.attr("largest", 1) else (mine, other)
+    before = op("Greater", first, second)
+    tie = op("Equal", other, mine)
+    if T.is_float(dtype_of(x)):
+        first_nan, second_nan = op("IsNan", first), op("IsNan", second)
+        before = op("LogicalOr", before,
+                    op("LogicalAnd", first_nan, op("LogicalNot", second_nan)))
+        tie = op("LogicalOr", tie, op("LogicalAnd", first_nan, second_nan))
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    before = op("LogicalOr", before, op("LogicalAnd", tie, j < i))
+    ranks = op("ReduceSum", op("Cast", before, dtype=T.int64), axis=(n,), keep_dims=False)
+    at = op("Equal", op("ExpandDims", ranks, axis=-2),
+            np.arange(count, dtype=np.int64)[:, None])   # (..., k, n): element i at position p
+    positions = np.broadcast_to(np.arange(length, dtype=np.int64), (count, length))
+    indices = op("ReduceSum", op("Select", at, positions, np.zeros_like(positions)),
+                 axis=(n,), keep_dims=False)
+    values = take_along(cx, moved, indices, n - 1)
+    if perm != tuple(range(n)):
+        values = op("Transpose", values, perm=back)
+        indices = op("Transpose", indices, perm=back)
+    return values, indices

@@ -25,6 +25,7 @@ from graphkernel.onnx.ops.base import (
     reshape,
     shape_of,
     static_shape,
+    take_along,
 )
 
 
@@ -288,6 +289,11 @@ def _gather(cx: NodeContext, x: Value, indices: Value) -> Value:
 FOLDERS["Gather"] = _gather
 
 
+@converts("GatherElements")
+def _gather_elements(cx: NodeContext, x: Value, indices: Value) -> Value:
+    return take_along(cx, x, indices, norm_axis(cx, cx.attr("axis", 0), rank(x)))
+
+
 @converts("Expand")
 def _expand(cx: NodeContext, x: Value, shape: Value) -> Value:
     target = [int(d) if isinstance(d, (int, np.integer)) else d
@@ -335,8 +341,8 @@ def _dropout(cx: NodeContext, x: Value, ratio: Value = None, training: Value = N
 def _pad(cx: NodeContext, x: Value, pads: Value, value: Value = None, axes: Value = None
          ) -> Value:
     mode = cx.attr("mode", "constant")
-    if mode != "constant":
-        raise cx.refuse(f"mode={mode!r} (constant only)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise cx.refuse(f"mode={mode!r}")
     n = rank(x)
     listed = cx.ints(pads, "pads")
     axis_list = listed_axes(cx, axes, n) if axes is not None else list(range(n))
@@ -347,8 +353,36 @@ def _pad(cx: NodeContext, x: Value, pads: Value, value: Value = None, axes: Valu
         full[a], full[a + n] = listed[i], listed[i + len(axis_list)]
     if min(full) < 0:
         raise cx.refuse(f"negative pads {listed}")
+    if mode != "constant":
+        return _pad_from_input(cx, x, full, mode)
     fill = 0.0
     if value is not None:
         known = cx.known(value, "constant_value").reshape(-1)
         fill = known[0].item() if known.size else 0.0
     return pad_constant(x, full, fill)
+
+
+def _pad_from_input(cx: NodeContext, x: Value, pads: list[int], mode: str) -> Value:
+    """Pad `mode` reflect, edge or wrap: each padded axis is one Gather of the input along it,
+    with the source of every output position worked out here (as numpy.pad places them)."""
+    n = rank(x)
+    for axis in range(n):
+        before, after = pads[axis], pads[axis + n]
+        if not before and not after:
+            continue
+        length = shape_of(x)[axis]
+        if not isinstance(length, int):
+            raise cx.refuse(f"mode={mode!r} padding of the dynamic axis {axis}")
+        if length == 0:
+            raise cx.refuse(f"mode={mode!r} padding of axis {axis}, which has no elements")
+        position = np.arange(-before, length + after)
+        if mode == "edge" or (mode == "reflect" and length == 1):
+            source = np.clip(position, 0, length - 1)
+        elif mode == "wrap":
+            source = position % length
+        else:  # reflect about the first and last elements, which are not repeated
+            period = 2 * (length - 1)
+            source = np.abs(position) % period
+            source = np.where(source >= length, period - source, source)
+        x = op("Gather", x, source.astype(np.int64), axis=axis)
+    return x
