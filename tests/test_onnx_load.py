@@ -128,10 +128,10 @@ def test_an_operator_it_cannot_run_is_refused_at_load():
 
 
 def test_an_attribute_value_it_cannot_run_is_refused_at_load():
-    pads = helper_node("Constant", [], ["pads"], value_ints=[0, 1, 0, 1])
-    nodes = [pads, helper_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="pad")]
-    made = model(nodes, [value("x", [2, 3])], [value("y", [2, 5])])
-    with pytest.raises(UnsupportedError, match=r"'pad' \(Pad, opset 17\): mode='reflect'"):
+    nodes = [helper_node("MaxPool", ["x"], ["y", "where"], kernel_shape=[2, 2], name="pool")]
+    made = model(nodes, [value("x", [1, 1, 4, 4])],
+                 [value("y", [1, 1, 3, 3]), value("where", [1, 1, 3, 3], TensorProto.INT64)])
+    with pytest.raises(UnsupportedError, match=r"'pool' \(MaxPool, opset 17\): the Indices"):
         graphkernel.load(made)
 
 

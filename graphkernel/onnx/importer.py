@@ -234,6 +234,7 @@ class _Importer:
         self.label = label
         self.checksum = checksum
         self.opset = default_opset(model)
+        self.size_sources: dict[str, tuple[Tensor, int]] = {}
         self.name = model.graph.name or os.path.splitext(os.path.basename(label))[0] or "onnx"
 
     def build(self) -> LoadedGraph:
@@ -250,8 +251,13 @@ class _Importer:
         tracer = Tracer(self.name)
         values: dict[str, Any] = {}
         with tracer:
+            sources: dict[str, tuple[Tensor, int]] = {}
             for name, type_ in signature:
                 values[name] = tracer.add_input(type_, name)
+                for axis, size in enumerate(type_.shape):
+                    if isinstance(size, SymSize):
+                        sources.setdefault(size.names[0], (values[name], axis))
+            self.size_sources = sources
             for name, tensor in initializers.items():
                 values[name] = tensor_array(tensor, self.label)
             for name, array in self.bind.items():
@@ -313,7 +319,8 @@ class _Importer:
                 raise FormatError(f"{self.label}: {where}: input {name!r} is not made by an "
                                   "earlier node, an input or an initializer (a missing "
                                   "initializer, or a cycle)")
-        context = ops.NodeContext(node, self.opset, f"{self.label}: {where}", self.label)
+        context = ops.NodeContext(node, self.opset, f"{self.label}: {where}", self.label,
+                                  self.size_sources)
         try:
             results = ops.run(convert, context, inputs)
         except GraphKernelError as err:

@@ -38,8 +38,11 @@ class ValueNeededError(UnsupportedError):
 class NodeContext:
     """One node being converted: its attributes, the opset, and how to refuse."""
 
-    def __init__(self, node: onnx.NodeProto, opset: int, where: str, label: str) -> None:
+    def __init__(self, node: onnx.NodeProto, opset: int, where: str, label: str,
+                 size_sources: dict[str, tuple[Tensor, int]] | None = None) -> None:
         self.node = node
+        # Where each dynamic size comes from: a model input and its axis (by symbol name).
+        self.size_sources = size_sources or {}
         self.opset = opset
         self.where = where
         self.label = label
@@ -265,3 +268,29 @@ def take_along(cx: NodeContext, x: Value, indices: Value, axis: int) -> Value:
                      op("Add", indices, const(length, indices)), indices)
         flat = op("Add", op("Mul", indices, const(strides[axis], indices)), base)
     return op("Gather", reshape(cx, x, (math.prod(shape),)), flat, axis=0)
+
+
+def zeros_of_shape(cx: NodeContext, shape: Sequence[Any], dtype: np.dtype) -> Value:
+    """Zeros of `shape`, which may hold dynamic sizes: a dynamic size has no number to build
+    a constant from, so each is taken from the model input it comes from (summed over its other
+    axes, zeroed) and broadcast against the static part."""
+    dtype = np.dtype(dtype)
+    work = np.int32 if dtype == np.bool_ else dtype
+    n = len(shape)
+    zeros: Value = np.zeros([d if isinstance(d, int) else 1 for d in shape], dtype=work)
+    for axis, size in enumerate(shape):
+        if isinstance(size, (int, np.integer)):
+            continue
+        if not (isinstance(size, T.SymSize) and size.coef == 1 and len(size.names) == 1
+                and size.names[0] in cx.size_sources):
+            raise cx.refuse(f"a tensor of the dynamic shape {tuple(shape)}: its size {size} is "
+                            "not one of the model's input dimensions")
+        source, source_axis = cx.size_sources[size.names[0]]
+        others = tuple(a for a in range(rank(source)) if a != source_axis)
+        line = op("ReduceSum", source, axis=others, keep_dims=True) if others else source
+        line = op("ZerosLike", line)
+        if dtype_of(line) != work:
+            line = op("Cast", line, dtype=T.to_dtype(work))
+        line = reshape(cx, line, tuple(size if k == axis else 1 for k in range(n)))
+        zeros = op("Add", zeros, line)
+    return op("Cast", zeros, dtype=T.bool_) if dtype == np.bool_ else zeros

@@ -1,6 +1,8 @@
 """Elementwise ONNX operators: arithmetic, comparisons, logic, casts and activations."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 
@@ -108,6 +110,38 @@ def _mean(cx: NodeContext, *xs: Value) -> Value:
 @converts("Where")
 def _where(cx: NodeContext, cond: Value, x: Value, y: Value) -> Value:
     return op("Select", cond, x, y)
+
+
+def _fold_equal(cx: NodeContext, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Equal on shape values that hold dynamic sizes (an export's `Where(Equal(shape, -1), 1,
+    shape)` before an Expand): a dynamic size is at least 1, so it differs from any number
+    below 1 and equals only the same size; against a positive number it is undecidable."""
+    def same(u: Any, v: Any) -> bool:
+        if isinstance(u, T.SymSize) or isinstance(v, T.SymSize):
+            if isinstance(u, T.SymSize) and isinstance(v, T.SymSize) and u == v:
+                return True
+            number = v if isinstance(u, T.SymSize) else u
+            if isinstance(number, (int, np.integer)) and number < 1:
+                return False
+            raise cx.refuse(f"comparing the dynamic size {u if number is v else v} with "
+                            f"{number}: known only when the model runs")
+        return bool(u == v)
+    left, right = np.broadcast_arrays(a, b)
+    return np.array([same(u, v) for u, v in zip(left.reshape(-1), right.reshape(-1))],
+                    dtype=np.bool_).reshape(left.shape)
+
+
+FOLDERS["Equal"] = _fold_equal
+
+
+def _fold_where(cx: NodeContext, cond: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Where choosing between shape values that hold dynamic sizes, on a known condition."""
+    if cond.dtype != np.bool_:
+        raise cx.refuse("a condition computed from a dynamic size (a dim_param)")
+    return np.where(cond, x.astype(object), y.astype(object))
+
+
+FOLDERS["Where"] = _fold_where
 
 
 @converts("Cast")

@@ -26,6 +26,7 @@ from graphkernel.onnx.ops.base import (
     shape_of,
     static_shape,
     take_along,
+    zeros_of_shape,
 )
 
 
@@ -77,16 +78,25 @@ FOLDERS["Constant"] = _constant
 
 
 @converts("ConstantOfShape")
-def _constant_of_shape(cx: NodeContext, shape: Value) -> np.ndarray:
-    dims = cx.ints(shape, "the shape")
+def _constant_of_shape(cx: NodeContext, shape: Value) -> Value:
     value = cx.attrs.get("value")
     fill = tensor_array(value, cx.label).reshape(-1) if value is not None else \
         np.zeros(1, np.float32)
     if fill.size != 1:
         raise cx.refuse("value must hold one element")
+    known = cx.known(shape, "the shape").reshape(-1)
+    if known.dtype == object and not all(isinstance(d, (int, np.integer)) for d in known):
+        zeros = zeros_of_shape(cx, list(known), fill.dtype)
+        if fill.dtype == np.bool_:
+            return op("LogicalOr", zeros, fill) if fill[0] else zeros
+        return op("Add", zeros, fill)
+    dims = cx.ints(concrete(shape, "the shape"), "the shape")
     if any(d < 0 for d in dims):
         raise cx.refuse(f"negative shape {dims}")
     return np.full(dims, fill[0], dtype=fill.dtype)
+
+
+FOLDERS["ConstantOfShape"] = _constant_of_shape  # a dynamic shape makes a traced tensor
 
 
 @converts("Range")
@@ -312,12 +322,18 @@ def _expand(cx: NodeContext, x: Value, shape: Value) -> Value:
             out.append(h)
         else:
             raise cx.refuse(f"shape {shape_of(x)} cannot expand to {target}")
+    x = reshape(cx, x, have) if len(have) != rank(x) else x
     if not all(isinstance(d, int) for d in out):
         if tuple(out) == tuple(have):
-            return reshape(cx, x, out)
-        raise cx.refuse(f"expanding to the dynamic shape {out}")
-    x = reshape(cx, x, have) if len(have) != rank(x) else x
+            return x
+        zeros = zeros_of_shape(cx, out, dtype_of(x))
+        if dtype_of(x) == np.bool_:
+            return op("LogicalOr", x, zeros)
+        return op("Add", x, zeros)
     return x if tuple(out) == shape_of(x) else op("BroadcastTo", x, shape=tuple(out))
+
+
+FOLDERS["Expand"] = _expand  # a known tensor expanded to a dynamic shape is traced
 
 
 @converts("Tile")
