@@ -13,6 +13,7 @@ if not os.environ.get("CI"):  # CI (.ci/run) installs the test extra: there a mi
 
 import graphkernel  # noqa: E402
 from graphkernel import Tensor, nn  # noqa: E402
+from graphkernel.frontend import context  # noqa: E402
 from graphkernel.ir.types import SymSize  # noqa: E402
 from graphkernel.nn import graph_cell  # noqa: E402
 from graphkernel.onnx import importer  # noqa: E402
@@ -34,10 +35,13 @@ def _input(rng, kind, shape):
     return rng.integers(0, 100, shape).astype(np.int64)
 
 
+@pytest.mark.parametrize("fusion", [True, False])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_pytorch_export_with_a_dynamic_batch_compiles_once_and_matches_onnxruntime(
-        name, rng, monkeypatch):
+        name, fusion, rng, monkeypatch):
     import onnxruntime
+
+    context.set_context(enable_graph_kernel=fusion)
 
     path = os.path.join(DATA, f"{name}.onnx")
     rest, kind = MODELS[name]
@@ -66,6 +70,8 @@ def test_a_pytorch_export_with_a_dynamic_batch_compiles_once_and_matches_onnxrun
         error = np.max(np.abs(got - expected)) / np.max(np.abs(expected))
         assert error <= 1e-4, (name, batch, error)
     assert len(compiles) == 1, compiles  # one compile serves both batch sizes
+    if fusion:
+        assert any(k.name.startswith("Fused_") for k in cell.compiled.kernels)
 
 
 def test_the_committed_exports_are_small():
