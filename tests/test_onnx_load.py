@@ -128,10 +128,10 @@ def test_an_operator_it_cannot_run_is_refused_at_load():
 
 
 def test_an_attribute_value_it_cannot_run_is_refused_at_load():
-    nodes = [helper_node("MaxPool", ["x"], ["y", "where"], kernel_shape=[2, 2], name="pool")]
-    made = model(nodes, [value("x", [1, 1, 4, 4])],
-                 [value("y", [1, 1, 3, 3]), value("where", [1, 1, 3, 3], TensorProto.INT64)])
-    with pytest.raises(UnsupportedError, match=r"'pool' \(MaxPool, opset 17\): the Indices"):
+    nodes = [helper_node("Einsum", ["x"], ["y"], equation="...ii->...i", name="diagonal")]
+    made = model(nodes, [value("x", [2, 3, 3])], [value("y", [2, 3])], opset=17)
+    with pytest.raises(UnsupportedError, match=r"'diagonal' \(Einsum, opset 17\): equation "
+                                               r"'...ii->...i': an ellipsis"):
         graphkernel.load(made)
 
 
@@ -196,3 +196,20 @@ def test_shape_arithmetic_on_a_dynamic_batch_folds_or_is_refused(rng):
     with pytest.raises(UnsupportedError, match=r"'eq' \(Equal, opset 17\): comparing the "
                                                r"dynamic size N with 2"):
         graphkernel.load(model(nodes(2), *io))
+
+
+@pytest.mark.parametrize("attrs, shape", [
+    (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), [2, 3, 9, 9]),
+    (dict(kernel_shape=[2, 3], dilations=[2, 1], ceil_mode=1, storage_order=1), [1, 2, 8, 7]),
+    (dict(kernel_shape=[2, 2, 2], strides=[2, 1, 2], pads=[0, 1, 0, 1, 0, 1]), [1, 2, 4, 5, 6]),
+])
+def test_maxpool_indices_match_onnxruntime(rng, attrs, shape):
+    nodes = [helper_node("MaxPool", ["x"], ["y", "where"], **attrs)]
+    out = [f"d{i}" for i in range(len(shape))]  # the checker infers the sizes
+    made = model(nodes, [value("x", shape)],
+                 [value("y", out), value("where", out, TensorProto.INT64)])
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = [t.asnumpy() for t in nn.GraphCell(graphkernel.load(made))(Tensor(x))]
+    expected = onnxruntime_outputs(made, {"x": x})
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])

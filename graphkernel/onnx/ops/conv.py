@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from graphkernel.onnx.ops.base import (
     rank,
     reshape,
     shape_of,
+    static_shape,
 )
 
 
@@ -179,15 +181,61 @@ def _dilated_reduce(x: Value, prim: str, w: _Window) -> Value:
 
 
 @converts("MaxPool")
-def _max_pool(cx: NodeContext, x: Value) -> Value:
-    if cx.wants(1):
-        raise cx.refuse("the Indices output is not supported")
+def _max_pool(cx: NodeContext, x: Value) -> Any:
     w = _pool_geometry(cx, x)
     pads = w.all_pads()
+    source = x
     if any(pads):
         x = pad_constant(x, pads, -np.inf if T.is_float(dtype_of(x)) else
                          np.iinfo(dtype_of(x)).min)
+    if cx.wants(1):
+        return _max_pool_with_indices(cx, source, x, w)
     return _window_reduce(cx, "MaxPool", x, w)
+
+
+def _max_pool_with_indices(cx: NodeContext, source: Value, padded: Value, w: _Window
+                           ) -> tuple[Value, Value]:
+    """MaxPool and its Indices output: the flat position in the (unpadded) input of each
+    window's first largest element. A running maximum over the window's offsets, each a
+    strided slice of the padded input, keeps the index of the offset that first raised it;
+    the index of every offset at every output position is a constant of the static shape."""
+    shape = static_shape(cx, source, "its input (the Indices output)")
+    storage_order = cx.attr("storage_order", 0)
+    if storage_order not in (0, 1) or (storage_order and w.n != 2):
+        raise cx.refuse(f"storage_order={storage_order} (0, or 1 for 2-D pooling)")
+    n = w.n
+    outs = [(shape_of(padded)[2 + i] - (k - 1) * d - 1) // s + 1
+            for i, (k, s, d) in enumerate(zip(w.kernel, w.strides, w.dilations))]
+    spatial = list(shape[2:])
+    if storage_order:  # column-major within each image: the last two axes swap weights
+        weights = [1, spatial[0]]
+    else:
+        weights = [math.prod(spatial[i + 1:]) for i in range(n)]
+    base = (np.arange(shape[0])[:, None] * math.prod(shape[1:]) +
+            np.arange(shape[1])[None, :] * math.prod(spatial)).reshape(shape[:2] + (1,) * n)
+    best: Value = None
+    index: Value = None
+    for offset in np.ndindex(*w.kernel):
+        begin, end, step = [0, 0], [shape[0], shape[1]], [1, 1]
+        position = np.zeros([1, 1] + outs, np.int64)
+        for i, j in enumerate(offset):
+            start = j * w.dilations[i]
+            begin.append(start)
+            end.append(start + (outs[i] - 1) * w.strides[i] + 1)
+            step.append(w.strides[i])
+            along = np.arange(outs[i]) * w.strides[i] + start - w.pads[i]  # in the input
+            position = position + (along * weights[i]).reshape(
+                [1, 1] + [outs[i] if a == i else 1 for a in range(n)])
+        value = op("StridedSlice", padded, begin=tuple(begin), end=tuple(end),
+                   strides=tuple(step))
+        where = base + position
+        if best is None:
+            best, index = value, np.broadcast_to(where, shape[:2] + tuple(outs)).copy()
+            continue
+        larger = op("Greater", value, best)
+        index = op("Select", larger, where, index)
+        best = op("Maximum", best, value)
+    return best, index
 
 
 @converts("AveragePool")
