@@ -215,3 +215,21 @@ def test_bert_tiny_prints_a_short_summary_unless_asked_why(monkeypatch, capsys):
     assert "ops kept apart:\n" not in short and len(short.splitlines()) < 40
     listed = full[full.index("ops kept apart:\n"):].splitlines()[1:]
     assert len([line for line in listed if line.startswith("  ")]) == int(kept.group(1))
+
+
+def test_onnx_resnet_exports_loads_and_matches_onnxruntime(tmp_path):
+    """examples/onnx_resnet.py's steps at a small size (it needs PyTorch: the bench extra)."""
+    pytest.importorskip("torch", reason="pip install -e '.[bench]' (PyTorch)")
+    onnxruntime = pytest.importorskip("onnxruntime", reason="pip install -e '.[test]'")
+    example = load("onnx_resnet")
+    path = str(tmp_path / "resnet18.onnx")
+    example.export_resnet18(path, size=32, width=4)
+    graphkernel.context.set_context(enable_graph_kernel=True)
+    cell = graphkernel.nn.GraphCell(graphkernel.load(path))
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 2):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        expected, = session.run(None, {"x": x})
+        got = cell(Tensor(x)).asnumpy()
+        assert np.max(np.abs(got - expected)) <= 1e-4 * np.max(np.abs(expected))
+    assert any(k.name.startswith("Fused_") for k in cell.compiled.kernels)

@@ -128,10 +128,10 @@ def test_an_operator_it_cannot_run_is_refused_at_load():
 
 
 def test_an_attribute_value_it_cannot_run_is_refused_at_load():
-    pads = helper_node("Constant", [], ["pads"], value_ints=[0, 1, 0, 1])
-    nodes = [pads, helper_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="pad")]
-    made = model(nodes, [value("x", [2, 3])], [value("y", [2, 5])])
-    with pytest.raises(UnsupportedError, match=r"'pad' \(Pad, opset 17\): mode='reflect'"):
+    nodes = [helper_node("Einsum", ["x"], ["y"], equation="...ii->...i", name="diagonal")]
+    made = model(nodes, [value("x", [2, 3, 3])], [value("y", [2, 3])], opset=17)
+    with pytest.raises(UnsupportedError, match=r"'diagonal' \(Einsum, opset 17\): equation "
+                                               r"'...ii->...i': an ellipsis"):
         graphkernel.load(made)
 
 
@@ -168,3 +168,48 @@ def test_local_response_normalisation_matches_onnxruntime(rng):
     got = nn.GraphCell(graphkernel.load(made))(Tensor(x)).asnumpy()
     expected, = onnxruntime_outputs(made, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_shape_arithmetic_on_a_dynamic_batch_folds_or_is_refused(rng):
+    """PyTorch's `Expand(x, Where(Equal(shape, -1), 1, shape))` and `ConstantOfShape(shape)`
+    over a dim_param fold to traced tensors serving every batch; comparing the dynamic size
+    with a positive number is undecidable at load: a clear refusal naming the node."""
+    def nodes(compare_with):
+        return [helper_node("Shape", ["x"], ["shape"]),
+                helper_node("Shape", ["shape"], ["rank"]),
+                helper_node("ConstantOfShape", ["rank"], ["ones"],
+                            value=init("one", np.ones(1, np.int64))),
+                helper_node("Constant", [], ["other"], value_ints=[compare_with] * 2),
+                helper_node("Equal", ["shape", "other"], ["unknown"], name="eq"),
+                helper_node("Where", ["unknown", "ones", "shape"], ["target"]),
+                helper_node("Expand", ["row", "target"], ["rows"]),
+                helper_node("ConstantOfShape", ["shape"], ["twos"],
+                            value=init("two", np.full(1, 2.0, np.float32))),
+                helper_node("Mul", ["rows", "twos"], ["y"])]
+
+    row = rng.standard_normal((1, 5)).astype(np.float32)
+    io = [value("x", ["batch", 5])], [value("y", ["batch", 5])], [init("row", row)]
+    cell = nn.GraphCell(graphkernel.load(model(nodes(-1), *io)))
+    for batch in (1, 3):
+        x = np.zeros((batch, 5), np.float32)
+        np.testing.assert_array_equal(cell(Tensor(x)).asnumpy(), np.repeat(row * 2, batch, 0))
+    with pytest.raises(UnsupportedError, match=r"'eq' \(Equal, opset 17\): comparing the "
+                                               r"dynamic size N with 2"):
+        graphkernel.load(model(nodes(2), *io))
+
+
+@pytest.mark.parametrize("attrs, shape", [
+    (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), [2, 3, 9, 9]),
+    (dict(kernel_shape=[2, 3], dilations=[2, 1], ceil_mode=1, storage_order=1), [1, 2, 8, 7]),
+    (dict(kernel_shape=[2, 2, 2], strides=[2, 1, 2], pads=[0, 1, 0, 1, 0, 1]), [1, 2, 4, 5, 6]),
+])
+def test_maxpool_indices_match_onnxruntime(rng, attrs, shape):
+    nodes = [helper_node("MaxPool", ["x"], ["y", "where"], **attrs)]
+    out = [f"d{i}" for i in range(len(shape))]  # the checker infers the sizes
+    made = model(nodes, [value("x", shape)],
+                 [value("y", out), value("where", out, TensorProto.INT64)])
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = [t.asnumpy() for t in nn.GraphCell(graphkernel.load(made))(Tensor(x))]
+    expected = onnxruntime_outputs(made, {"x": x})
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])

@@ -43,6 +43,8 @@ HOW: dict[str, tuple[str, str]] = {
     ".venv/bin/python -m bench.targets bench/results/results.json": ("run", ""),
     ".venv/bin/graphkernel bench": ("not_run", "the same program as python -m bench"),
     ".venv/bin/python -m pytest -m slow": ("ci", ".ci/run's slow-test step"),
+    ".venv/bin/graphkernel report model.onnx --input float32[8,4] --out model_report.html":
+        ("run", ""),
 }
 
 
@@ -115,6 +117,9 @@ CHECKS = {
         all(abs(float(v) - 1) < 1e-4 for v in out.strip().splitlines()[-1].strip("[]").split())),
     # three training steps on one batch: the loss (near ln 10 at the start) goes down
     "nn.TrainOneStepCell": lambda out, err, cwd: _losses_fall(out),
+    # an ONNX model loaded in one line: relu(ones @ 0.5) is 2 everywhere, batch 2
+    'graphkernel.load("model.onnx")': lambda out, err, cwd: (
+        out.split() == ["[[2.", "2.", "2.]", "[2.", "2.", "2.]]"]),
     "enable_stitch_fusion": lambda out, err, cwd: (
         out.strip() == "True" and
         "--enable_stitch_fusion has no effect in graphkernel" in err),

@@ -227,17 +227,36 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     rules = list(declared.rules) if declared is not None and types is declared.types else []
     types = types if types is not None else signature(inputs, cell)
     options = options or options_from_context()
+    name = type(cell).__name__
+    folder = _dump_folder()
+    if folder is not None:  # refused before tracing if a dump would replace a user's file
+        Dumper(folder).claim(_dump_names(name, options))
+    with guards.recording(cell) as read:
+        graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
+    compiled = compile_traced(graph, name, options, read, output_tree)
+    if rules:
+        compiled.check_sizes(compiled.input_types, rules)
+    compiled.report.compile_seconds = time.perf_counter() - start
+    return compiled
+
+
+def _dump_names(name: str, options: CompileOptions) -> list[str]:
+    return stage_dump_names(FRONTEND_STAGES + backend_stages(options, BackendState())) + \
+        [kernel_source_name(name), plan_dump_name(name), SUMMARY_NAME]
+
+
+def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any = None,
+                   output_tree: Any = None) -> CompiledCell:
+    """The pipeline every traced graph goes through, a cell's or an imported model's
+    (onnx/importer.py): save_graphs dumps, the compile cache, the frontend and backend stages
+    (their reasons in the report), the build."""
+    start = time.perf_counter()
     folder = _dump_folder()
     state = BackendState()
     backend = backend_stages(options, state)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
-        dumper.claim(stage_dump_names(FRONTEND_STAGES + backend) +
-                     [kernel_source_name(type(cell).__name__), plan_dump_name(type(cell).__name__),
-                      SUMMARY_NAME])
-    with guards.recording(cell) as read:
-        graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
-    name = type(cell).__name__
+        dumper.claim(_dump_names(name, options))
     # Dumps need every stage to run: the compile cache is not read then (nor written).
     key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
     if dumper is None and not options.flags.dump_as_text:
@@ -275,8 +294,6 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     params = [i.binding for i in final.inputs if i.kind == "weight"]
     compiled = CompiledCell(executable, params, report, read, output_tree)
     compiled.input_types = [i.tensor_type for i in graph.inputs if i.kind == "input"]
-    if rules:
-        compiled.check_sizes(compiled.input_types, rules)
     report.compile_seconds = time.perf_counter() - start
     report.dump_files = list(dumper.written) if dumper else []
     if dumper is not None and options.flags.dump_as_text:

@@ -95,6 +95,10 @@ class LoadedGraph:
     # What the sizes of the signature's dynamic dimensions must be (a Symbol's range, a
     # Reshape's multiple), checked on every call
     size_rules: tuple[SizeRule, ...] = ()
+    # An imported model (onnx/importer.py) went through the whole compile pipeline when it was
+    # loaded, as a written network does (dumps, compile cache, reasons): what that built. It
+    # has no weights (initializers are constants), so a GraphCell runs it as it is.
+    compiled: CompiledCell | None = None
 
     def __repr__(self) -> str:
         args = ", ".join(f"{n}: {t}" for n, t in self.signature)
@@ -109,8 +113,9 @@ def _options_data(options: CompileOptions) -> dict[str, Any]:
             "cost": cost}
 
 
-def export(net: CellLike, *inputs: Any, file_name: str, file_format: str = FORMAT,
-           include_library: bool = True, options: CompileOptions | None = None) -> str:
+def export(net: CellLike | LoadedGraph, *inputs: Any, file_name: str,
+           file_format: str = FORMAT, include_library: bool = True,
+           options: CompileOptions | None = None) -> str:
     """Compile `net` for `inputs` (the current context's settings, or `options`) and write the
     final graph, its weights, kernel sources, options and input signature to `file_name`
     (".gkir" added when missing). Returns the path written.
@@ -120,13 +125,20 @@ def export(net: CellLike, *inputs: Any, file_name: str, file_format: str = FORMA
     in earlier calls of `net` (its shape-generic graph that serves `inputs`), or the dynamic
     dimensions of a loaded graph (`nn.GraphCell` of a GKIR or ONNX file, `inputs` optional);
     `load`ed, it runs every size they allow with one compile. Otherwise the export takes
-    `inputs`' shapes only."""
+    `inputs`' shapes only. An imported model (`graphkernel.load` of an ONNX file) is written
+    as its load compiled it."""
     if file_format != FORMAT:
         raise FormatError(f"file_format={file_format!r}: graphkernel writes {FORMAT!r} only "
                           "(graphkernel.export writes ONNX too; MINDIR and AIR are MindSpore's)")
     path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
     if os.path.exists(path) and not _is_export(path):
         raise FormatError(f"{path} exists and is not a {FORMAT} export; not replacing it")
+    if isinstance(net, LoadedGraph):  # an imported model: what its load compiled
+        if net.compiled is None or inputs or options is not None:
+            raise InputError(f"export of a loaded graph ({net.name}) writes what its load "
+                             "compiled: an imported (ONNX) model, given without inputs or "
+                             "options")
+        return write_compiled(net.compiled, path, net.options, include_library)
     loaded = getattr(net, "_loaded", None)
     if isinstance(loaded, LoadedGraph) and hasattr(net, "compiled"):
         # An nn.GraphCell (a loaded GKIR or ONNX graph): its graph as it is, dynamic sizes too

@@ -37,12 +37,16 @@ def lower_to_views(graph: Graph) -> Graph:
         if node.uid in drop:
             continue
         readers = users.get(node.uid, [])
-        if node.op in ("Split", "Unstack") and node.subgraph is None and \
+        # The views (Slice, StridedSlice, BroadcastTo) take static sizes: an op over a dynamic
+        # dimension (Cell.set_inputs, an ONNX dim_param) stays as it is.
+        static = all(isinstance(v.type, TensorType) and v.tensor_type.is_static
+                     for v in node.inputs)
+        if node.op in ("Split", "Unstack") and node.subgraph is None and static and \
                 node.uid not in results and all(u.op == "GetItem" for u in readers):
             nodes += _split_items(node, readers, replace)
             drop |= {u.uid for u in readers}
             continue
-        if node.op == "Tile" and node.subgraph is None and _tile_broadcasts(node):
+        if node.op == "Tile" and node.subgraph is None and static and _tile_broadcasts(node):
             x = node.inputs[0]
             padded = (1,) * (len(node.shape) - len(x.shape)) + tuple(x.shape)
             source = x

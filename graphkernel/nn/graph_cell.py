@@ -40,6 +40,9 @@ class GraphCell(Cell):
     @property
     def compiled(self) -> CompiledCell:
         """The compiled graph (compiled now if it was not yet)."""
+        if self._compiled_graph is None and self._loaded.compiled is not None and \
+                not self._param_list:
+            self._compiled_graph = self._loaded.compiled
         if self._compiled_graph is None:
             self._compiled_graph = compile_loaded(self._loaded, self._graph, self._param_list)
             self.compile_count += 1

@@ -5,7 +5,7 @@ then every node input defined before use, every initializer's declared size agai
 external data kept inside the model's folder), converted to opset 13 or newer where older, and
 every node's operator looked up before any is converted, so an operator graphkernel cannot run
 is an `UnsupportedError` at load, naming the node. Nothing from the file is executed: its nodes
-become primitives of graphkernel's op table (onnx/ops.py), traced into a graph exactly as a
+become primitives of graphkernel's op table (onnx/ops/), traced into a graph exactly as a
 cell's `construct` is, so values known at load time (initializers, shape subgraphs) fold there
 and then, and the graph goes through the same pipeline as a compiled cell.
 """
@@ -20,16 +20,16 @@ import numpy as np
 import onnx
 
 from graphkernel.errors import FormatError, GraphKernelError, UnsupportedError
-from graphkernel.frontend.compile import _check_memory, options_from_context
+from graphkernel.frontend.compile import compile_traced, options_from_context
 from graphkernel.frontend.dynamic import symbol_name
 from graphkernel.frontend.export import LoadedGraph
 from graphkernel.frontend.tensor import Tensor
 from graphkernel.frontend.tracing import Tracer
-from graphkernel.graph_kernel.pipeline import FRONTEND_STAGES, BackendState, backend_stages
+from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.onnx import ops
 from graphkernel.onnx.arrays import onnx_dtype, supported_dtype, tensor_array
-from graphkernel.passes.manager import run_stages
+from graphkernel.passes.stage_names import FINAL
 
 # The oldest default-domain opset the converters are written for; older models are converted.
 MIN_OPSET = 13
@@ -38,36 +38,54 @@ MIN_OPSET = 13
 MAX_ELEMENTS = 1 << 34
 
 
-def load_path(path: str) -> LoadedGraph:
+def load_path(path: str, shapes: dict[str, tuple[int, ...]] | None = None,
+              options: CompileOptions | None = None) -> LoadedGraph:
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
         raise FormatError(f"{path}: cannot read it ({exc.strerror})") from None
-    return load_bytes(data, path, folder=os.path.dirname(path))
+    return load_bytes(data, path, folder=os.path.dirname(path), shapes=shapes, options=options)
 
 
-def load_bytes(data: bytes, label: str, folder: str | None) -> LoadedGraph:
+def load_bytes(data: bytes, label: str, folder: str | None,
+               shapes: dict[str, tuple[int, ...]] | None = None,
+               options: CompileOptions | None = None) -> LoadedGraph:
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except Exception as exc:  # protobuf's DecodeError, and whatever else a bad file raises
         raise FormatError(f"{label} is neither a GKIR export nor a readable ONNX model "
                           f"(truncated or corrupted?): {exc}") from None
-    return load_model(model, label, folder, hashlib.sha256(data).hexdigest())
+    return load_model(model, label, folder, hashlib.sha256(data).hexdigest(), shapes=shapes,
+                      options=options)
 
 
 def load_model(model: onnx.ModelProto, label: str = "<onnx.ModelProto>",
                folder: str | None = None, checksum: str | None = None,
-               bind: dict[str, np.ndarray] | None = None) -> LoadedGraph:
+               bind: dict[str, np.ndarray] | None = None,
+               shapes: dict[str, tuple[int, ...]] | None = None,
+               options: CompileOptions | None = None) -> LoadedGraph:
     """Check `model`, convert it and build its graph (see the module's doc). `bind` gives
-    graph inputs fixed values: they become constants, and leave the signature."""
+    graph inputs fixed values: they become constants, and leave the signature. `shapes` gives
+    inputs static shapes that fit their declared ones (a size for each dim_param); `options`
+    the compile options (default: the context's)."""
     if checksum is None:
         checksum = hashlib.sha256(model.SerializeToString()).hexdigest()
     copy = onnx.ModelProto()
     copy.CopyFrom(model)  # external data and opset conversion never alter the caller's model
     model = _checked(copy, label, folder)
-    return _Importer(model, label, checksum, bind or {}).build()
+    return _Importer(model, label, checksum, bind or {}, shapes or {}, options).build()
+
+
+def input_names(path: str) -> list[str]:
+    """The names of an ONNX model's inputs (those no initializer gives), in order."""
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError, OSError, whatever a bad file raises
+        raise FormatError(f"{path} is not a readable ONNX model: {exc}") from None
+    given = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in given]
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -228,12 +246,16 @@ def input_type(value: onnx.ValueInfoProto, dims: DynamicDims, label: str) -> Ten
 # -- building ------------------------------------------------------------------------------
 class _Importer:
     def __init__(self, model: onnx.ModelProto, label: str, checksum: str,
-                 bind: dict[str, np.ndarray]) -> None:
+                 bind: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]],
+                 options: CompileOptions | None) -> None:
         self.model = model
+        self.shapes = shapes
+        self.options = options
         self.bind = bind
         self.label = label
         self.checksum = checksum
         self.opset = default_opset(model)
+        self.size_sources: dict[str, tuple[Tensor, int]] = {}
         self.name = model.graph.name or os.path.splitext(os.path.basename(label))[0] or "onnx"
 
     def build(self) -> LoadedGraph:
@@ -241,8 +263,13 @@ class _Importer:
         converters = self._converters()  # every operator looked up before anything is built
         initializers = {t.name: t for t in graph.initializer}
         dims = DynamicDims()
-        signature = [(i.name, input_type(i, dims, self.label)) for i in graph.input
+        signature = [(i.name, self._given_shape(i.name, input_type(i, dims, self.label)))
+                     for i in graph.input
                      if i.name not in initializers and i.name not in self.bind]
+        unknown = set(self.shapes) - {name for name, _ in signature}
+        if unknown:
+            raise FormatError(f"{self.label}: shapes given for {sorted(unknown)}, which are not "
+                              "inputs of the model")
         unknown = set(self.bind) - {i.name for i in graph.input}
         if unknown:
             raise FormatError(f"{self.label}: bind names {sorted(unknown)}, which are not "
@@ -250,8 +277,13 @@ class _Importer:
         tracer = Tracer(self.name)
         values: dict[str, Any] = {}
         with tracer:
+            sources: dict[str, tuple[Tensor, int]] = {}
             for name, type_ in signature:
                 values[name] = tracer.add_input(type_, name)
+                for axis, size in enumerate(type_.shape):
+                    if isinstance(size, SymSize):
+                        sources.setdefault(size.names[0], (values[name], axis))
+            self.size_sources = sources
             for name, tensor in initializers.items():
                 values[name] = tensor_array(tensor, self.label)
             for name, array in self.bind.items():
@@ -269,22 +301,34 @@ class _Importer:
         traced = tracer.graph
         traced.outputs = outputs
         traced.returns_tuple = len(outputs) > 1
-        options = options_from_context()
-        try:
-            results = run_stages(traced, FRONTEND_STAGES, None)
-            _check_memory(results[-1].graph, self.name)
-            results += run_stages(results[-1].graph, backend_stages(options, BackendState()),
-                                  None)
+        options = self.options or options_from_context()
+        try:  # the pipeline a written network's traced graph goes through
+            compiled = compile_traced(traced, self.name, options)
         except GraphKernelError as err:
             raise type(err)(f"{self.label}: {err.problem}") from None
-        final = results[-1].graph
+        final = compiled.report.stages[FINAL]
         producer = " ".join(p for p in (self.model.producer_name,
                                         self.model.producer_version) if p)
         types = {i.name: i.tensor_type for i in final.inputs if i.kind == "input"}
+        library = compiled.executable.library
         return LoadedGraph(self.name, final, {}, options,
                            [(i.name, types[i.name]) for i in traced.inputs if i.kind == "input"],
-                           None, self.checksum, f"{producer or 'unknown'} (ONNX opset "
-                           f"{self.opset})", notes=[f"imported from ONNX: {self.label}"])
+                           library.source if library is not None else None, self.checksum,
+                           f"{producer or 'unknown'} (ONNX opset {self.opset})",
+                           notes=[f"imported from ONNX: {self.label}"], compiled=compiled)
+
+    def _given_shape(self, name: str, declared: TensorType) -> TensorType:
+        """The input's declared type, or the static shape given for it (`shapes`), which must
+        fit the declared one: a dynamic dimension (a dim_param) takes any size."""
+        if name not in self.shapes:
+            return declared
+        shape = tuple(self.shapes[name])
+        if len(shape) != len(declared.shape) or any(
+                isinstance(d, int) and d != s for d, s in zip(declared.shape, shape)) or \
+                not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise FormatError(f"{self.label}: input {name!r} is declared {declared}; the shape "
+                              f"{list(shape)} given for it does not fit")
+        return TensorType(shape, declared.dtype)
 
     def _converters(self) -> list[Any]:
         found = []
@@ -313,7 +357,8 @@ class _Importer:
                 raise FormatError(f"{self.label}: {where}: input {name!r} is not made by an "
                                   "earlier node, an input or an initializer (a missing "
                                   "initializer, or a cycle)")
-        context = ops.NodeContext(node, self.opset, f"{self.label}: {where}", self.label)
+        context = ops.NodeContext(node, self.opset, f"{self.label}: {where}", self.label,
+                                  self.size_sources)
         try:
             results = ops.run(convert, context, inputs)
         except GraphKernelError as err:
@@ -341,4 +386,4 @@ def _as_tensor(value: Any, name: str, label: str) -> Tensor:
     return Tensor(ops.concrete(value, f"output {name!r}"))
 
 
-__all__ = ["load_bytes", "load_model", "load_path", "DynamicDims", "MIN_OPSET"]
+__all__ = ["input_names", "load_bytes", "load_model", "load_path", "DynamicDims", "MIN_OPSET"]

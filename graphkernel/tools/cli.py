@@ -41,10 +41,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         rng = np.random.default_rng(args.seed)
         inputs = [Tensor(np.asarray(rng.standard_normal(t.shape)).astype(t.dtype)) for t in types]
         sources: report.Source = report.compare(cell, *inputs)
+    elif args.target.endswith(".onnx"):
+        sources = _onnx_report_entry(args.target, args.input)
     else:
         if args.input:
-            raise report.ReportError("--input goes with a FILE.py:CellClass target, e.g. "
-                                     "graphkernel report net.py:Net --input float32[4,4]")
+            raise report.ReportError("--input goes with a FILE.py:CellClass or MODEL.onnx "
+                                     "target, e.g. graphkernel report net.py:Net --input "
+                                     "float32[4,4]")
         if args.target.endswith(".py") or (sep and ".py" in args.target):
             raise report.ReportError(f"{args.target!r}: name the cell class after the file, "
                                      "e.g. net.py:Net")
@@ -57,11 +60,36 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def default_report_path(target: str) -> str:
     """Where `graphkernel report TARGET` writes without --out: beside its input, never in the
     folder the command happens to run in (a checkout's root, say). A save_graphs folder gets
-    FOLDER/report.html; FILE.py:Cell gets FILE_report.html beside FILE.py."""
+    FOLDER/report.html; FILE.py:Cell gets FILE_report.html beside FILE.py, MODEL.onnx
+    MODEL_report.html beside it."""
+    if target.endswith(".onnx"):
+        return os.path.splitext(target)[0] + "_report.html"
     path, sep, _ = target.rpartition(":")
     if sep and path.endswith(".py"):
         return os.path.splitext(path)[0] + "_report.html"
     return os.path.join(target, "report.html")
+
+
+def _onnx_report_entry(path: str, specs: list[str]) -> object:
+    """An ONNX model loaded with fusion on and off (explicit options, the context is not
+    touched), each input at the static shape `--input` gives (a size for each dim_param)."""
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+    from graphkernel.onnx import importer
+    from graphkernel.tools import report
+    names = importer.input_names(path)
+    types = [report.parse_input_spec(s) for s in specs]
+    if len(types) != len(names):
+        raise report.ReportError(f"{path} takes {len(names)} input(s) ({', '.join(names)}): "
+                                 f"give one --input each, got {len(types)}")
+    shapes = {name: tuple(t.shape) for name, t in zip(names, types)}
+    fused, plain = (importer.load_path(path, shapes, CompileOptions(enable_graph_kernel=on))
+                    for on in (True, False))
+    for name, type_ in fused.signature:
+        given = types[names.index(name)]
+        if type_.dtype != given.dtype:
+            raise report.ReportError(f"{path}: input {name!r} is {type_}, --input gave {given}")
+    assert fused.compiled is not None and plain.compiled is not None  # an import compiles
+    return report.ReportEntry(os.path.basename(path), fused.compiled, plain.compiled)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -116,13 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help=report_help, description=report_help)
     rep.add_argument("target", nargs="?", default=".",
                      help="a save_graphs folder (or a folder of them, like the lab's output), or "
-                     "FILE.py:CellClass to compile and time with fusion on and off")
+                     "FILE.py:CellClass or MODEL.onnx to compile and time with fusion on "
+                     "and off")
     rep.add_argument("--out", default=None, metavar="FILE.html",
                      help="the HTML file to write (default: beside the input: FOLDER/report.html,"
-                     " or FILE_report.html beside FILE.py)")
+                     " FILE_report.html beside FILE.py, MODEL_report.html beside MODEL.onnx)")
     rep.add_argument("--input", action="append", default=[], metavar="DTYPE[SHAPE]",
-                     help="with FILE.py:CellClass, one per input: dtype and shape, e.g. "
-                     "float32[4,4]")
+                     help="with FILE.py:CellClass or MODEL.onnx, one per input: dtype and "
+                     "shape, e.g. float32[4,4]")
     rep.add_argument("--repeats", type=int, default=50, help="timing samples per executable")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     rep.set_defaults(fn=_cmd_report)
