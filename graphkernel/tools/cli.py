@@ -6,8 +6,12 @@ import importlib.util
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from graphkernel.errors import GraphKernelError
+
+if TYPE_CHECKING:
+    from graphkernel.tools.report_views import ReportEntry
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
@@ -70,7 +74,7 @@ def default_report_path(target: str) -> str:
     return os.path.join(target, "report.html")
 
 
-def _onnx_report_entry(path: str, specs: list[str]) -> object:
+def _onnx_report_entry(path: str, specs: list[str]) -> ReportEntry:
     """An ONNX model loaded with fusion on and off (explicit options, the context is not
     touched), each input at the static shape `--input` gives (a size for each dim_param)."""
     from graphkernel.graph_kernel.pipeline import CompileOptions
@@ -81,7 +85,8 @@ def _onnx_report_entry(path: str, specs: list[str]) -> object:
     if len(types) != len(names):
         raise report.ReportError(f"{path} takes {len(names)} input(s) ({', '.join(names)}): "
                                  f"give one --input each, got {len(types)}")
-    shapes = {name: tuple(t.shape) for name, t in zip(names, types)}
+    # parse_input_spec gives whole numbers only: a static shape per input
+    shapes = {name: tuple(int(d) for d in t.shape) for name, t in zip(names, types)}
     fused, plain = (importer.load_path(path, shapes, CompileOptions(enable_graph_kernel=on))
                     for on in (True, False))
     for name, type_ in fused.signature:

@@ -188,15 +188,18 @@ def static_shape(cx: NodeContext, x: Value, what: str = "its input") -> tuple[in
     shape = shape_of(x)
     if not all(isinstance(d, int) for d in shape):
         raise cx.refuse(f"{what} has a dynamic size {shape}; this operator needs static sizes")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 
 # -- helpers shared by several operator modules ----------------------------------------------
 def listed_axes(cx: NodeContext, axes: Value, n: int) -> list[int] | None:
     listed = cx.attr("axes") if axes is None else cx.ints(axes, "axes")
-    if listed is None:
-        return None
+    return None if listed is None else checked_axes(cx, listed, n)
+
+
+def checked_axes(cx: NodeContext, listed: list[int], n: int) -> list[int]:
+    """`listed` axes of a rank-n input, normalised; a repeated axis refused."""
     out = [norm_axis(cx, a, n, "axes entry") for a in listed]
     if len(set(out)) != len(out):
         raise cx.refuse(f"axes {listed} repeat an axis")

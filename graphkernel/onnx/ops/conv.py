@@ -258,8 +258,8 @@ def _average_pool(cx: NodeContext, x: Value) -> Value:
     counts = inside
     for axis, (k, s, d) in enumerate(zip(w.kernel, w.strides, w.dilations)):
         out = (counts.shape[axis] - (k - 1) * d - 1) // s + 1
-        counts = sum(counts.take(range(j * d, j * d + (out - 1) * s + 1, s), axis=axis)
-                     for j in range(k))
+        counts = np.sum([counts.take(range(j * d, j * d + (out - 1) * s + 1, s), axis=axis)
+                         for j in range(k)], axis=0)
     if np.all(counts == math.prod(w.kernel)):
         return y
     scale = (math.prod(w.kernel) / counts).reshape((1, 1) + counts.shape)

@@ -12,6 +12,7 @@ from graphkernel.onnx.ops.base import (
     FOLDERS,
     NodeContext,
     Value,
+    checked_axes,
     concrete,
     const,
     converts,
@@ -232,7 +233,8 @@ def _slice(cx: NodeContext, x: Value, starts: Value, ends: Value, axes: Value = 
            steps: Value = None) -> Value:
     n = rank(x)
     begin_list, end_list = cx.ints(starts, "starts"), cx.ints(ends, "ends")
-    axis_list = listed_axes(cx, axes, n) if axes is not None else list(range(len(begin_list)))
+    axis_list = checked_axes(cx, cx.ints(axes, "axes"), n) if axes is not None else \
+        list(range(len(begin_list)))
     step_list = cx.ints(steps, "steps") if steps is not None else [1] * len(begin_list)
     if not len(begin_list) == len(end_list) == len(axis_list) == len(step_list):
         raise cx.refuse("starts, ends, axes and steps differ in length")
@@ -361,7 +363,8 @@ def _pad(cx: NodeContext, x: Value, pads: Value, value: Value = None, axes: Valu
         raise cx.refuse(f"mode={mode!r}")
     n = rank(x)
     listed = cx.ints(pads, "pads")
-    axis_list = listed_axes(cx, axes, n) if axes is not None else list(range(n))
+    axis_list = checked_axes(cx, cx.ints(axes, "axes"), n) if axes is not None else \
+        list(range(n))
     if len(listed) != 2 * len(axis_list):
         raise cx.refuse(f"pads {listed} for axes {axis_list}")
     full = [0] * 2 * n
