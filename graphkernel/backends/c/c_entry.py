@@ -24,7 +24,7 @@ from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather,
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.blas import CBlas, cblas
-from graphkernel.runtime.plan import ExecutionPlan, SlotRole, Step, StepKind
+from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
 
 POOL_DEPTH = 2
 
@@ -75,17 +75,6 @@ def reshape_view(plan: ExecutionPlan, step: Step) -> ReshapeView | None:
     if any(v == source for st in plan.steps for v, _ in st.in_place):
         return None  # written into a weight's own array: no array of the entry's to reshape
     return ReshapeView(source, target)
-
-
-def entry_arguments(plan: ExecutionPlan) -> list[int]:
-    """Slots the entry takes, in order: inputs, weights, then the constants the kernels read
-    (in order of first use)."""
-    args = list(plan.inputs) + list(plan.weights)
-    for step in plan.steps:
-        for s in step.reads:
-            if plan.slots[s].role is SlotRole.CONSTANT and s not in args:
-                args.append(s)
-    return args
 
 
 def _emit(plan: ExecutionPlan, module: str,

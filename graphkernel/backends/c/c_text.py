@@ -3,11 +3,11 @@ declarations) and the spelling of names, comments and constants in C."""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from graphkernel.ir import types as T
+from graphkernel.runtime.plan import kernel_identifier
 
 PRELUDE = """\
 #include <math.h>
@@ -187,8 +187,7 @@ PRELUDE += "".join(f"#pragma omp declare simd notinbranch\n{t} {name}{s}({t});\n
 
 def c_identifier(text: str) -> str:
     """A safe C identifier from any text (user names never reach C otherwise)."""
-    # The prefix keeps user names (a cell called `main` or `expf`) off C library symbols.
-    return "gk_" + re.sub(r"[^A-Za-z0-9_]", "_", text)[:80]
+    return kernel_identifier(text)
 
 
 def c_comment(text: str) -> str:

@@ -17,7 +17,7 @@ A pool walks each output element's window with bounds tests ('same' padding: Max
 padding is -inf, AvgPool divides by the elements it covers). NaN propagates as in numpy.
 
 Only the batch axis may be dynamic (its size is an argument, backends/c/shape_args.py); anything
-else stays the op's numpy reference (`window_kernel` says why)."""
+else stays the op's numpy reference (`why_not_window_kernel` says why)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,7 +55,7 @@ typedef double gk_vdouble __attribute__((vector_size(GK_VBYTES), aligned(8)));
 """
 
 
-def window_kernel(node: Node) -> str | None:
+def why_not_window_kernel(node: Node) -> str | None:
     """Why `node` runs as its numpy reference rather than a generated window kernel (None:
     it gets one)."""
     if node.op not in WINDOW_OPS or node.subgraph is not None:
@@ -76,7 +76,7 @@ def window_kernel(node: Node) -> str | None:
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int) -> KernelSource:
-    """The C of `node` (a WINDOW_OPS op `window_kernel` accepts) as kernel `name`; its
+    """The C of `node` (a WINDOW_OPS op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, its output, then the batch size when it is dynamic. Images run on
     OpenMP threads when their multiply-adds reach `threshold`."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
