@@ -125,3 +125,11 @@ def test_set_context_backend_numpy_runs_without_generated_kernels(rng):
 def test_unknown_backend_is_a_context_error():
     with pytest.raises(ContextError, match="backend must be one of 'c', 'numpy'"):
         context.set_context(backend="cuda")
+
+
+def test_products_and_relabellings_are_declared_facts():
+    """The library views, the runner, the C entry and the conv block ask `OpDef.gemm` and
+    `OpDef.view`, not lists of op names: each primitive says it once."""
+    from graphkernel.ir.opset import OPS
+    assert sorted({o.name for o in OPS.values() if o.gemm}) == ["BatchMatMul", "MatMul"]
+    assert sorted({o.name for o in OPS.values() if o.view}) == ["ExpandDims", "Reshape", "Squeeze"]

@@ -142,6 +142,9 @@ class OpDef:
     # Calling it returns its first output alone, as MindSpore's primitive does (ApplyMomentum
     # returns the updated variable; the accumulation's new value is written, not returned).
     returns_first_only: bool = False
+    # A matrix product: a BLAS GEMM (numpy's, or called from a compiled entry), never fused;
+    # layout ops around it may be read or written through strided views.
+    gemm: bool = False
     # Runs as its numpy reference unfused; expanded into basic ops when fusing.
     composite: bool = False
     # An op of the IR itself (GetItem), not callable from the frontend.

@@ -100,7 +100,7 @@ def gemm_mnk(node: Node) -> int | None:
 
 
 def _blas_threads(node: Node, cost: CostModel) -> int | None:
-    if node.op not in ("MatMul", "BatchMatMul") or cost.blas_parallel_min_mnk is None:
+    if not get_op(node.op).gemm or cost.blas_parallel_min_mnk is None:
         return None
     mnk = gemm_mnk(node)
     return 1 if mnk is not None and mnk < cost.blas_parallel_min_mnk else None
@@ -141,7 +141,7 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
     # numpy writes into a pooled buffer: BLAS, ufuncs whose inputs share the result's dtype,
     # and a Gather (np.take into the buffer; the compiled entry copies the rows itself).
     same_dtype = len(types) == 1 and all(v.dtype == types[0].dtype for v in node.inputs)
-    pooled = same_dtype and (node.op in ("MatMul", "BatchMatMul") or
+    pooled = same_dtype and (opdef.gemm or
                              isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc)) or \
         (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype)
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,

@@ -284,7 +284,7 @@ class Runner:
         reads, writes, attrs = step.reads, step.writes, dict(step.attrs)
         if step.pooled:
             (target,), take = writes, self._take(step)
-            if step.op in ("MatMul", "BatchMatMul"):
+            if opdef.gemm:
                 return self._matmul_fn(step)
             if step.op == "Gather":
                 return self._gather_fn(step)

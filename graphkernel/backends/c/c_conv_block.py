@@ -36,7 +36,6 @@ from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import PatternKind, get_op
 
 NOTE = "conv_block"
-RELABELS = ("Reshape", "ExpandDims", "Squeeze")
 STACK_BYTES = 48 << 10  # per scratch array on a thread's stack (OpenMP threads have >= 2 MiB)
 
 
@@ -161,7 +160,7 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
         if kind is None or node.dtype != conv.dtype:
             return None, f"{node.name} ({node.op}) is not per element or per channel"
         kinds = {k for k, _ in operands} - {"one"}
-        if node.op in RELABELS and kind != "full" and kinds <= {"chan", "vec"}:
+        if get_op(node.op).view and kind != "full" and kinds <= {"chan", "vec"}:
             ref[node.uid] = (kind, operands[0][1])  # the same o-th element
             continue
         opdef = get_op(node.op)
