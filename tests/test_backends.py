@@ -133,3 +133,13 @@ def test_products_and_relabellings_are_declared_facts():
     from graphkernel.ir.opset import OPS
     assert sorted({o.name for o in OPS.values() if o.gemm}) == ["BatchMatMul", "MatMul"]
     assert sorted({o.name for o in OPS.values() if o.view}) == ["ExpandDims", "Reshape", "Squeeze"]
+
+
+def test_every_pointwise_op_has_a_c_expression():
+    """Fusion takes every elementwise and broadcasting op into a loop nest
+    (graph_kernel/schedule.py `fusible_op` asks the op's kind, not a C template): the C
+    backend must have an expression for each."""
+    from graphkernel.ir.opset import OPS, PatternKind
+    pointwise = {o.name for o in OPS.values()
+                 if o.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST)}
+    assert pointwise and not {n for n in pointwise if OPS[n].c_template is None}
