@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
-from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_text import C_COMPUTE, c_comment, literal
 from graphkernel.backends.c.c_window import (
     WINDOW_TYPES,
     conv_parts,
@@ -130,7 +130,7 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
     """The epilogue over a tile, or the reason it cannot run over one."""
     sub = epilogue.subgraph
     assert sub is not None
-    ct = T.C_COMPUTE[conv.dtype]
+    ct = C_COMPUTE[conv.dtype]
     others = [v for v in epilogue.inputs if v is not conv]
     plan = _Plan([], [], "", {})
     ref: dict[int, tuple[str, str]] = {}  # value uid -> (kind, C text)

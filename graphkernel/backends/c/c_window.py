@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
-from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
@@ -159,7 +159,7 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
 def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
-    st, ct = T.C_STORAGE[x.dtype], T.C_COMPUTE[x.dtype]
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
     vt = "gk_vdouble" if ct == "double" else "gk_vfloat"
     _, c, h, wd = x.shape
     o = node.shape[1]
@@ -333,7 +333,7 @@ def _row_blocks(name: str, vt: str, ct: str, st: str, og: int, taps: int, oh: in
 def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
     statics, image, in_size, out_size, reads = pool_parts(node, name, attrs)
     batch, sizes = _batch(node)
-    st = T.C_STORAGE[node.dtype]
+    st = C_STORAGE[node.dtype]
     lines = statics + ["", f"void {name}(void *const *args) {{",
                        f"  const {st} *restrict x = (const {st} *)args[0];",
                        f"  {st} *restrict out = ({st} *)args[1];", *sizes]
@@ -349,7 +349,7 @@ def pool_parts(node: Node, name: str, attrs: dict[str, Any]
     and an output image, and the reads per image."""
     x = node.inputs[0].tensor_type
     geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
-    st, ct = T.C_STORAGE[x.dtype], T.C_COMPUTE[x.dtype]
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
     _, c, h, wd = x.shape
     (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
     (pt, _), (pl, _) = geo["pads"]
