@@ -143,3 +143,11 @@ def test_every_pointwise_op_has_a_c_expression():
     pointwise = {o.name for o in OPS.values()
                  if o.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST)}
     assert pointwise and not {n for n in pointwise if OPS[n].c_template is None}
+
+
+def test_windows_are_declared_facts():
+    """Clustering, parallel fusion, lowering and the C backend ask `OpDef.window`."""
+    from graphkernel.ir.opset import OPS, Window
+    windows = {o.name: o.window for o in OPS.values() if o.window is not None}
+    assert windows == {"Conv2D": Window.CONVOLUTION, "Conv2DFoldedBN": Window.CONVOLUTION,
+                       "MaxPool": Window.POOL, "AvgPool": Window.POOL}

@@ -33,7 +33,7 @@ from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.graph_kernel.lower import ConvBlock
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
-from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.opset import PatternKind, Window, get_op
 
 NOTE = "conv_block"
 STACK_BYTES = 48 << 10  # per scratch array on a thread's stack (OpenMP threads have >= 2 MiB)
@@ -46,7 +46,7 @@ def conv_blocks(graph: Graph) -> dict[int, ConvBlock]:
     results = {v.uid for v in graph.results()}
     found: dict[int, ConvBlock] = {}
     for conv in graph.nodes:
-        if conv.op not in ("Conv2D", "Conv2DFoldedBN") or conv.subgraph is not None:
+        if conv.subgraph is not None or get_op(conv.op).window is not Window.CONVOLUTION:
             continue
         block, why = _block(conv, users, results)
         if block is None:
@@ -91,7 +91,7 @@ def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
     if max(parts.scratch, parts.out_size) * itemsize > STACK_BYTES or weights > STACK_BYTES:
         return None, f"an image's scratch or the weights exceed {STACK_BYTES >> 10} KiB of stack"
     pool = _only_reader(epilogue, users, results)
-    if pool is None or pool.op not in ("MaxPool", "AvgPool") or \
+    if pool is None or pool.subgraph is not None or get_op(pool.op).window is not Window.POOL or \
             why_not_window_kernel(pool) is not None:
         pool = None
     return ConvBlock(conv, epilogue, pool), ""

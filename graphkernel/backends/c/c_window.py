@@ -31,10 +31,8 @@ from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
 from graphkernel.ir.opdefs.nn import conv_geometry, pool_geometry
-from graphkernel.ir.opset import get_op
+from graphkernel.ir.opset import Window, get_op
 from graphkernel.ir.types import SymSize, TensorType
-
-WINDOW_OPS = ("Conv2D", "Conv2DFoldedBN", "MaxPool", "AvgPool")
 
 # Shared by every window kernel of a translation unit: the vector width and pixel block (16
 # accumulators of 16 floats fill half of AVX-512's registers; AVX2 has 16 registers of 8).
@@ -58,7 +56,7 @@ typedef double gk_vdouble __attribute__((vector_size(GK_VBYTES), aligned(8)));
 def why_not_window_kernel(node: Node) -> str | None:
     """Why `node` runs as its numpy reference rather than a generated window kernel (None:
     it gets one)."""
-    if node.op not in WINDOW_OPS or node.subgraph is not None:
+    if node.subgraph is not None or get_op(node.op).window is None:
         return "not a window op"
     x = node.inputs[0].tensor_type
     out = node.tensor_type
@@ -76,11 +74,11 @@ def why_not_window_kernel(node: Node) -> str | None:
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int) -> KernelSource:
-    """The C of `node` (a WINDOW_OPS op `why_not_window_kernel` accepts) as kernel `name`; its
+    """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, its output, then the batch size when it is dynamic. Images run on
     OpenMP threads when their multiply-adds reach `threshold`."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
-    if node.op in ("Conv2D", "Conv2DFoldedBN"):
+    if get_op(node.op).window is Window.CONVOLUTION:
         lines = _conv(node, name, attrs, threshold)
     else:
         lines = _pool(node, name, attrs, threshold)
