@@ -206,7 +206,7 @@ def test_each_change_that_changes_the_result_misses(cache_folder: str, change: s
 def test_the_key_holds_every_option_field() -> None:
     text = compile_cache.options_text(FUSED)
     data = json.loads(text)
-    assert set(data) == {"enable_graph_kernel", "flags", "cost"}
+    assert set(data) == {"enable_graph_kernel", "flags", "cost", "backend"}
     assert "enable_parallel_fusion" in data["flags"] and "parallel_threshold" in data["cost"]
     flags = parse_flags("--disable_expand_ops=GeLU,Softmax")
     same = parse_flags("--disable_expand_ops=Softmax,GeLU")

@@ -14,10 +14,10 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
+from graphkernel.backends.c import backend as c_backend
 from graphkernel.backends.c import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
-from graphkernel.runtime import builder
 from graphkernel.tools import doctor as doctor_mod
 from graphkernel.tools.cli import main
 
@@ -48,7 +48,7 @@ def _want(x: np.ndarray) -> list[np.ndarray]:
 @pytest.fixture
 def no_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(toolchain, "detect", lambda: None)
-    monkeypatch.setattr(builder, "_warned_no_compiler", False)
+    monkeypatch.setattr(c_backend, "_warned_no_compiler", False)
 
 
 @pytest.mark.parametrize("fusion", [False, True])

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from graphkernel.backends import get_backend
 from graphkernel.backends.c.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
@@ -40,7 +41,6 @@ from graphkernel.ir.types import SizeMultipleNeeded, SymSize, TensorType
 from graphkernel.passes.dumper import Dumper
 from graphkernel.passes.manager import run_stages, stage_dump_names
 from graphkernel.passes.stage_names import FINAL
-from graphkernel.runtime.builder import build_executable
 
 
 def trace(cell: CellLike, types: list[TensorType]) -> tuple[Graph, Any]:
@@ -155,7 +155,8 @@ SUMMARY_NAME = "graph_kernel_summary.txt"
 
 def options_from_context() -> CompileOptions:
     return CompileOptions(enable_graph_kernel=context.get_context("enable_graph_kernel"),
-                          flags=parse_flags(context.get_context("graph_kernel_flags")))
+                          flags=parse_flags(context.get_context("graph_kernel_flags")),
+                          backend=context.get_context("backend"))
 
 
 def _dump_folder() -> str | None:
@@ -253,7 +254,8 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
     start = time.perf_counter()
     folder = _dump_folder()
     state = BackendState()
-    backend = backend_stages(options, state)
+    target = get_backend(options.backend)
+    backend = backend_stages(options, state, target)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
         dumper.claim(_dump_names(name, options))
@@ -283,7 +285,7 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
             pending, problem = compile_cache.prepare(graph, final, state.reasons,
                                                      state.rewrites, report.stage_docs, need)
             cache_note += f"; {problem}" if pending is None else ""
-    executable = build_executable(final, name, options.cost)
+    executable = target.build_executable(final, name, options.cost)
     if key is not None and pending is not None:
         cache_note += f"; {compile_cache.store(key, pending)}"
     report.compile_cache = cache_note
@@ -324,7 +326,8 @@ class _StagesOnDemand(Mapping[str, Graph]):
         if self._graphs is None:
             results = run_stages(self._traced, FRONTEND_STAGES, None)
             results += run_stages(results[-1].graph,
-                                  backend_stages(self._options, BackendState()), None)
+                                  backend_stages(self._options, BackendState(),
+                                                 get_backend(self._options.backend)), None)
             self._graphs = {r.name: r.graph for r in results}
         return self._graphs[name]
 
@@ -342,9 +345,10 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     options = options or CompileOptions()
     start = time.perf_counter()
     state = BackendState()
-    results = run_stages(graph.clone(), backend_stages(options, state), None)
+    target = get_backend(options.backend)
+    results = run_stages(graph.clone(), backend_stages(options, state, target), None)
     final = results[-1].graph
-    executable = build_executable(final, name, options.cost)
+    executable = target.build_executable(final, name, options.cost)
     report = CompileReport(stages={r.name: r.graph for r in results},
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
                            rewrites=state.rewrites)

@@ -109,7 +109,7 @@ def _canonical(value: Any) -> Any:
 
 
 def options_text(options: CompileOptions) -> str:
-    data = {"enable_graph_kernel": options.enable_graph_kernel,
+    data = {"enable_graph_kernel": options.enable_graph_kernel, "backend": options.backend,
             "flags": {f.name: _canonical(getattr(options.flags, f.name))
                       for f in dataclasses.fields(options.flags)},
             "cost": {f.name: _canonical(getattr(options.cost, f.name))

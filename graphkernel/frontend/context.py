@@ -30,6 +30,9 @@ _DEFAULTS: dict[str, Any] = {
     # graphkernel's own: a dimension seen with a second value is compiled as a dynamic one
     # (frontend/dynamic.py), so further values reuse that graph. False: one graph per shape.
     "automatic_dynamic_shapes": True,
+    # graphkernel's own: the backend that builds the kernels (backends/): "c", generated C,
+    # or "numpy", every kernel run as vectorised numpy.
+    "backend": "c",
 }
 
 # MindSpore 2.x set_context keys accepted so its scripts start, with one NoEffectWarning each
@@ -88,6 +91,12 @@ def _validate(key: str, value: Any) -> Any:
         if key == "save_graphs" and isinstance(value, int) and 0 <= value <= 3:
             return bool(value)  # MindSpore's levels 0-3; every level writes all stages here
         raise ContextError(f"{key} must be True or False, got {value!r}")
+    if key == "backend":
+        from graphkernel.backends import NAMES
+        if value not in NAMES:
+            raise ContextError(f"backend must be one of {', '.join(map(repr, NAMES))}, got "
+                               f"{value!r}")
+        return value
     if key == "save_graphs_path":
         if not isinstance(value, (str, os.PathLike)):
             raise ContextError(f"save_graphs_path must be a path, got {value!r}")

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from graphkernel._version import __version__
+from graphkernel.backends import get_backend
 from graphkernel.backends.c import cache
 from graphkernel.backends.c.library import library_key
 from graphkernel.errors import (
@@ -66,7 +67,6 @@ from graphkernel.ir.serialize import (
 )
 from graphkernel.ir.types import SymSize, TensorType, shape_fits
 from graphkernel.passes.stage_names import FINAL
-from graphkernel.runtime.builder import build_executable
 
 FORMAT = "GKIR"
 # 1: static shapes only. 2: dynamic sizes (`{"coef": c, "symbols": [...]}` in shapes) and the
@@ -385,7 +385,8 @@ def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -
     schedule_composites(graph)  # each composite's loop nest, as the last backend stage plans it
     # A trusted prebuilt library goes into the cache only under the key of the source
     # generated here from the graph, and only when that is the key it was built under.
-    executable = build_executable(graph, loaded.name, loaded.options.cost, loaded.prebuilt)
+    executable = get_backend(loaded.options.backend).build_executable(
+        graph, loaded.name, loaded.options.cost, loaded.prebuilt)
     report = CompileReport(stages={FINAL: graph},
                            stage_docs={FINAL: "the final graph, loaded from an export"})
     compiled = CompiledCell(executable, params, report)

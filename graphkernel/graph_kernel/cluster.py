@@ -18,7 +18,7 @@ from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze, fusible_op
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
-from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.opset import PatternKind, Window, get_op
 from graphkernel.ir.types import TupleType
 
 
@@ -56,7 +56,7 @@ def op_refusal(op: str, flags: GraphKernelFlags) -> tuple[FuseRule, str] | None:
         return FuseRule.PATTERN, "GetItem selects an output of a multi-output op"
     if not fusible_op(op):
         if opdef.kind == PatternKind.OPAQUE:
-            if op in ("Conv2D", "Conv2DFoldedBN"):  # backends/c/c_conv_block.py, at build time
+            if opdef.window is Window.CONVOLUTION:  # lowering may make it a conv block
                 return FuseRule.PATTERN, (f"{op} is opaque: it runs as a kernel of its own, "
                                           "or with the group after it as a conv block")
             return FuseRule.PATTERN, f"{op} is opaque: it runs as a kernel of its own"

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from graphkernel.graph_kernel.index_maps import MAPPABLE, IndexMap, _reshape, apply, dense
 from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import is_static
 
-LIBRARY_OPS = ("MatMul", "BatchMatMul")
 NOTE = "layout_folded"  # Node.notes key on a library node that reads or writes through views
 INVERTIBLE = ("Reshape", "ExpandDims", "Squeeze", "Transpose")  # one-to-one relabellings
 
@@ -170,7 +170,7 @@ def library_views(graph: Graph, marked_only: bool = True) -> dict[int, LibraryVi
     taken: set[int] = set()  # layout nodes already folded into another call
     found: dict[int, LibraryViews] = {}
     for node in graph.nodes:
-        if node.op not in LIBRARY_OPS or node.subgraph is not None or \
+        if node.subgraph is not None or not get_op(node.op).gemm or \
                 (marked_only and NOTE not in node.notes) or \
                 any(v.dtype != node.dtype for v in node.inputs) or \
                 not all(is_static(tuple(v.shape)) for v in [*node.inputs, node]):

@@ -24,10 +24,7 @@ from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, Schedule, analyze
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
-from graphkernel.ir.opset import PatternKind, get_op
-
-# Convolutions whose lone pointwise reader runs in their kernel (backends/c/c_conv_block.py).
-CONVOLUTIONS = ("Conv2D", "Conv2DFoldedBN")
+from graphkernel.ir.opset import PatternKind, Window, get_op
 
 # Node.notes keys of a parallel kernel: the output numbers each loop nest writes, and in words
 # how its groups run (shown in the dumps).
@@ -192,8 +189,9 @@ class ParallelFuser:
                                       get_op(node.op).kind in (PatternKind.INJECTIVE,
                                                                PatternKind.BROADCAST)):
             return FuseRule.PATTERN, f"{node.op} alone runs as a view of its input: no launch"
-        for v in node.inputs:  # a convolution's epilogue joins its kernel (backends/c/c_conv_block)
-            if getattr(v, "op", None) in CONVOLUTIONS and node.subgraph is not None and \
+        for v in node.inputs:  # a convolution's epilogue may join its kernel (lowering)
+            if isinstance(v, Node) and v.subgraph is None and node.subgraph is not None and \
+                    get_op(v.op).window is Window.CONVOLUTION and \
                     len(self.readers.get(v.uid, [])) == 1:
                 return FuseRule.PATTERN, (f"{node.name} alone reads {v.name}: it runs in the "
                                           "convolution's kernel")

@@ -21,6 +21,7 @@ from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
 from graphkernel.graph_kernel.flags import GraphKernelFlags, short_stage_name
 from graphkernel.graph_kernel.index_maps import sink_views
 from graphkernel.graph_kernel.library_views import folded_names, mark_library_views
+from graphkernel.graph_kernel.lower import LoweringTarget, lower
 from graphkernel.graph_kernel.lower_layout import lower_to_views
 from graphkernel.graph_kernel.parallel_fusion import (
     LOOP_NESTS,
@@ -47,6 +48,7 @@ class CompileOptions:
     enable_graph_kernel: bool = False
     flags: GraphKernelFlags = field(default_factory=GraphKernelFlags)
     cost: CostModel = DEFAULT_COST_MODEL
+    backend: str = "c"  # the backend that builds the kernels (backends/: "c" or "numpy")
 
 
 def _identity(graph: Graph) -> Graph:
@@ -124,12 +126,17 @@ def _inline(composite: Node) -> list[Node]:
     return list(sub.nodes)
 
 
-def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
-    """hwopt_* stages: with fusion off only the end stage, whose graph equals the initial one."""
+def backend_stages(options: CompileOptions, state: BackendState,
+                   target: LoweringTarget | None = None) -> list[Stage]:
+    """hwopt_* stages: with fusion off only the end stage, whose graph equals the initial one;
+    then, given the backend that runs it, lowering."""
+    lowering = [] if target is None else [
+        Stage(names.LOWER, lambda graph: lower(schedule_composites(graph), target),
+              f"each node's kernel kind on the {target.name} backend, and why")]
     end = Stage(names.END, lambda graph: schedule_collectives(schedule_composites(graph)),
                 "the graph that runs: one kernel per node, each composite's loop nest planned")
     if not options.enable_graph_kernel or options.flags.opt_level == 0:
-        return [end]
+        return [end] + lowering
     def end_with_views(graph: Graph) -> Graph:
         graph = schedule_collectives(mark_library_views(schedule_composites(graph)))
         # A layout op a MatMul now reads or writes in place was not kept apart from it.
@@ -188,7 +195,7 @@ def backend_stages(options: CompileOptions, state: BackendState) -> list[Stage]:
     if not flags.enable_parallel_fusion and not {names.PARALLEL_FUSION, short_stage_name(
             names.PARALLEL_FUSION)} & flags.enable_pass:
         runs = [s for s in runs if s.name != names.PARALLEL_FUSION]
-    return runs + [end]
+    return runs + [end] + lowering
 
 
 def schedule_composites(graph: Graph) -> Graph:

@@ -70,8 +70,9 @@ def fusible_op(op: str) -> bool:
         return opdef.reduction is not None
     if opdef.kind == PatternKind.INJECTIVE:
         return op in MAPPABLE or op in ("Concat", "Tile")
-    return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST) and \
-        opdef.c_template is not None
+    # Every elementwise and broadcasting op has an expression in each backend's op table
+    # (tests/test_backends.py checks the C backend's).
+    return opdef.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST)
 
 
 def _strip_leading_ones(shape: tuple[int, ...]) -> tuple[int, ...]:

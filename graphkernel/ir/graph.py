@@ -106,6 +106,9 @@ class Node(Value):
         # backend stage for code generation. Keyed by this graph's node ids, so a clone (a new
         # stage) starts without one.
         self.schedule: Any = None
+        # What it runs as, and why (graph_kernel/lower.py `Lowering`), set by lowering, the
+        # last stage; like the schedule, a clone starts without one.
+        self.lowering: Any = None
 
     @property
     def is_composite(self) -> bool:
@@ -136,6 +139,9 @@ class Graph:
         self.assigns: list[tuple[Input, Value]] = []
         # Nodes kept for their effect (OpDef.effect: Print), not for a result anyone reads.
         self.effects: list[Value] = []
+        # The backend whose kernels lowering chose for its nodes (Node.lowering); a clone
+        # starts unlowered.
+        self.lowered_for: str | None = None
 
     # -- queries --------------------------------------------------------------------------
     def users(self) -> dict[int, list[Node]]:

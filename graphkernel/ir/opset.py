@@ -32,6 +32,13 @@ class PatternKind(IntEnum):
     OPAQUE = 4
 
 
+class Window(Enum):
+    """A sliding-window op over NCHW images (`OpDef.window`)."""
+
+    CONVOLUTION = "convolution"
+    POOL = "pool"
+
+
 class AttrKind(Enum):
     """What an attribute's value must be (`OpDef.attr_kind`), in words for messages."""
 
@@ -151,6 +158,12 @@ class OpDef:
     # Calling it returns its first output alone, as MindSpore's primitive does (ApplyMomentum
     # returns the updated variable; the accumulation's new value is written, not returned).
     returns_first_only: bool = False
+    # A matrix product: a BLAS GEMM (numpy's, or called from a compiled entry), never fused;
+    # layout ops around it may be read or written through strided views.
+    gemm: bool = False
+    # A convolution or a pool over NCHW images: a window kernel of its own, or (a convolution)
+    # with the pointwise group after it as one block.
+    window: Window | None = None
     # Runs as its numpy reference unfused; expanded into basic ops when fusing.
     composite: bool = False
     # An op of the IR itself (GetItem), not callable from the frontend.

@@ -79,6 +79,8 @@ def _node_line(node: Node, namer: _Namer) -> str:
     for key, value in node.notes.items():
         text_value = " ".join(map(str, value)) if isinstance(value, list) else value
         notes.append(f"{key}: {text_value}")
+    if node.lowering is not None:
+        notes.append(f"lowering: {node.lowering}")
     if notes:
         text += "    # " + "; ".join(notes)
     return text

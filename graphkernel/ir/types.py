@@ -20,14 +20,6 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = (float16, float32, float64, int32, int6
 FLOAT_DTYPES = (float16, float32, float64)
 INT_DTYPES = (int32, int64)
 
-# The C type that stores each dtype, and the type arithmetic runs in (float16 computes in float,
-# rounding after every op as numpy does).
-C_STORAGE = {float16: "_Float16", float32: "float", float64: "double",
-             int32: "int32_t", int64: "int64_t", bool_: "bool"}
-C_COMPUTE = {float16: "float", float32: "float", float64: "double",
-             int32: "int32_t", int64: "int64_t", bool_: "bool"}
-
-
 def to_dtype(value: object) -> np.dtype:
     """Normalise a dtype-like (numpy dtype, type, or name) to a supported numpy dtype."""
     try:

@@ -11,9 +11,10 @@ BASIC_FUSION = "hwopt_2_basic_op_fusion"
 COMPOSITE_FUSION = "hwopt_3_composite_op_fusion"
 SIMPLIFY = "hwopt_4_graph_kernel_simplify"
 PARALLEL_FUSION = "hwopt_5_parallel_fusion"  # independent groups launched as one kernel
-END = "hwopt_d_end"  # the graph that runs
+END = "hwopt_d_end"  # the fused graph, each composite's loop nest planned
+LOWER = "hwopt_e_lower"  # the same graph, each node's kernel kind chosen (graph_kernel/lower.py)
 
-INITIAL, FINAL = VALIDATE, END
+INITIAL, FINAL = VALIDATE, LOWER  # FINAL: the graph that runs, each kernel chosen
 
 # The backend stages graph_kernel_flags' --enable_pass / --disable_pass switch, in order.
 SWITCHABLE = (EXPAND, BASIC_FUSION, COMPOSITE_FUSION, SIMPLIFY, PARALLEL_FUSION)

@@ -1,48 +1,39 @@
-"""From the final graph (hwopt_d_end) to an Executable, in one pass: every node becomes a step
-of the execution plan (runtime/plan.py), fused groups get their C from codegen, the library is
-compiled once, and the runners take the plan from there."""
+"""From the lowered graph (hwopt_e_lower) to the execution plan (runtime/plan.py), in one pass:
+every node becomes the step its lowering names; kernels are backend-neutral specs
+(`KernelSpec`) that the backend builds (backends/)."""
 from __future__ import annotations
 
 import math
-import os
-import warnings
 from dataclasses import replace
 
 import numpy as np
 
-from graphkernel.backends.c import cache, toolchain
-from graphkernel.backends.c.c_argmax import argmax_kernel, emit_argmax_kernel
-from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.backends.c.c_entry import entry_source
-from graphkernel.backends.c.c_text import c_identifier
-from graphkernel.backends.c.c_window import emit_window_kernel, window_kernel
-from graphkernel.backends.c.generic_kernel import emit_any_kernel
-from graphkernel.backends.c.library import build_library
-from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
-from graphkernel.backends.c.shape_args import kernel_symbols
-from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
+from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.library_views import LibraryViews, library_views
+from graphkernel.graph_kernel.lower import KernelKind, Lowering
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.graph_kernel.schedule import Schedule
-from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
 from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
 from graphkernel.runtime import blas
-from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import (
     ExecutionPlan,
+    KernelSpec,
     Slot,
     SlotRole,
     Step,
     StepKind,
     bytes_of,
+    kernel_identifier,
+    kernel_symbols,
     plan_memory,
     symbol_bindings,
 )
-from graphkernel.runtime.runner import Runner
 
-_warned_no_compiler = False
+# The kinds a backend builds a kernel for.
+_KERNELS = frozenset({KernelKind.LOOP_NEST, KernelKind.PARALLEL, KernelKind.SINGLE_OP,
+                      KernelKind.CONV_BLOCK, KernelKind.WINDOW, KernelKind.ARGMAX})
 
 
 def _flat_op_names(graph: Graph) -> tuple[str, ...]:
@@ -109,7 +100,7 @@ def gemm_mnk(node: Node) -> int | None:
 
 
 def _blas_threads(node: Node, cost: CostModel) -> int | None:
-    if node.op not in ("MatMul", "BatchMatMul") or cost.blas_parallel_min_mnk is None:
+    if not get_op(node.op).gemm or cost.blas_parallel_min_mnk is None:
         return None
     mnk = gemm_mnk(node)
     return 1 if mnk is not None and mnk < cost.blas_parallel_min_mnk else None
@@ -150,7 +141,7 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
     # numpy writes into a pooled buffer: BLAS, ufuncs whose inputs share the result's dtype,
     # and a Gather (np.take into the buffer; the compiled entry copies the rows itself).
     same_dtype = len(types) == 1 and all(v.dtype == types[0].dtype for v in node.inputs)
-    pooled = same_dtype and (node.op in ("MatMul", "BatchMatMul") or
+    pooled = same_dtype and (opdef.gemm or
                              isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc)) or \
         (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype)
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
@@ -176,113 +167,98 @@ def _bytes_moved(node: Node) -> int:
         bytes_of(output_types(node))
 
 
-def plan_graph(graph: Graph, name: str, cost: CostModel, compiler: bool
-               ) -> tuple[ExecutionPlan, list[str]]:
-    """The plan of `graph`; composites that can be one loop nest get their C source here, and
-    so do single ops whose numpy form is slow (graph_kernel/single_op.py).
-    Returns the plan and warnings for the user (groups that could not be compiled)."""
+def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan, list[str]]:
+    """The plan of `graph`, lowered (graph_kernel/lower.py): each node becomes the step its
+    `Node.lowering` names; kernels are backend-neutral specs a backend builds. Returns the plan
+    and warnings for the user (groups that run op by op)."""
+    assert graph.lowered_for is not None, "plan_graph takes a lowered graph"
     b = _PlanBuilder(graph)
     notes: list[str] = []
     used_names: set[str] = set()
     views = library_views(graph)  # marked by the last backend stage when fusion is on
-    folded = {n.uid for v in views.values() for n in v.folded}
-    # backends/c/c_conv_block.py; planned where its last member is (its inputs are ready there).
-    blocks = {block.last.uid: block for block in (conv_blocks(graph) if compiler else {}).values()}
     groups: _Groups = {}  # kernels that may write a weight in place, by step position
-    folded |= {m.uid for block in blocks.values() for m in block.members[:-1]}
     # A multi-threaded BLAS product planned so far: its idle workers spin beside the kernels
     # after it (CostModel.serial_beside_blas). BLAS held to one thread has no such workers.
-    watch, beside_blas, seen = cost.serial_beside_blas and compiler, False, 0
+    watch = cost.serial_beside_blas and any(
+        n.lowering.kind in _KERNELS for n in graph.nodes)
+    beside_blas, seen = False, 0
     for node in graph.nodes:
         if watch and any(_wakes_blas(s) for s in b.steps[seen:]):
             beside_blas, watch = _blas_may_spin(), False
         seen = len(b.steps)
-        if node.op == "GetItem":
+        lowering: Lowering = node.lowering
+        kind = lowering.kind
+        if kind is KernelKind.ITEM:
             b.getitem(node)
             continue
-        if node.uid in folded:  # read or written by a library call through a strided view
-            continue
-        if node.op == "Assign" and node.subgraph is None and \
-                node.inputs[1].tensor_type == node.tensor_type:
+        if kind in (KernelKind.IN_LIBRARY_VIEW, KernelKind.IN_CONV_BLOCK):
+            continue  # computed by another node's step
+        if kind is KernelKind.ALIAS:
             # Its result is its value; the write itself is the ASSIGN of Graph.assigns below.
             b.slot_of[node.uid] = b.read(node.inputs[1])
             continue
-        block = blocks.get(node.uid)
-        if block is not None:  # a convolution, its fused epilogue (and pool): one kernel
+        if kind is KernelKind.CONV_BLOCK:  # a convolution, its fused epilogue (and pool)
+            block = lowering.block
+            assert block is not None and block.epilogue.subgraph is not None
             reads = tuple(b.read(v) for v in block.reads)
             writes = b.write(node)
             conv = block.conv
-            cname = _unique(c_identifier(conv.name + "_block"), used_names)
-            source = emit_conv_block(block, cname, cost.window_parallel_min_macs)
-            assert block.epilogue.subgraph is not None
+            spec = KernelSpec(_unique(kernel_identifier(conv.name + "_block"), used_names),
+                              kind, node, block=block)
             ops = (conv.op,) + _flat_op_names(block.epilogue.subgraph) + \
                 ((block.pool.op,) if block.pool is not None else ())
             moved = bytes_of(tuple(v.tensor_type for v in block.reads)) + \
                 bytes_of(output_types(node))
             b.steps.append(Step(StepKind.KERNEL, conv.name + "_block", ops, reads, writes,
-                                output_types(node), kernel=source, pooled=True,
+                                output_types(node), kernel=spec, pooled=True,
                                 sizes=kernel_symbols(tuple(conv.inputs[0].shape)),
-                                bytes_moved=moved))
+                                bytes_moved=moved, lowering=lowering))
             continue
-        mine = views.get(node.uid)
-        if mine is not None:
+        if kind is KernelKind.LIBRARY_VIEW:
+            mine = views[node.uid]
             reads = tuple(b.read(mine.operands[i].buffer if i in mine.operands else v)
                           for i, v in enumerate(node.inputs))
             writes = b.write(mine.result.buffer if mine.result is not None else node)
-            b.steps.append(_library_step(node, reads, writes, cost, mine))
+            b.steps.append(replace(_library_step(node, reads, writes, cost, mine),
+                                   lowering=lowering))
             continue
         reads = tuple(b.read(v) for v in node.inputs)
         writes = b.write(node)
-        sub, sched = node.subgraph, node.schedule  # planned once, by the last backend stage
-        if sub is None and compiler and window_kernel(node) is None:
-            # A convolution or a pool: its own generated C (backends/c/c_window.py).
-            cname = _unique(c_identifier(node.name), used_names)
-            source = emit_window_kernel(node, cname, cost.window_parallel_min_macs)
+        if kind in (KernelKind.WINDOW, KernelKind.ARGMAX):  # a kernel of its own
+            spec = KernelSpec(_unique(kernel_identifier(node.name), used_names), kind, node)
+            sizes = kernel_symbols(tuple(node.inputs[0].shape)) \
+                if kind is KernelKind.WINDOW else ()
             b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
-                                output_types(node), kernel=source, pooled=True,
-                                sizes=kernel_symbols(tuple(node.inputs[0].shape)),
-                                bytes_moved=_bytes_moved(node)))
+                                output_types(node), kernel=spec, pooled=True, sizes=sizes,
+                                bytes_moved=_bytes_moved(node), lowering=lowering))
             continue
-        if sub is None and compiler and argmax_kernel(node) is None:
-            # a classifier's Argmax as C (backends/c/c_argmax.py): the plan keeps the C entry
-            cname = _unique(c_identifier(node.name), used_names)
-            b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
-                                output_types(node), kernel=emit_argmax_kernel(node, cname),
-                                pooled=True, bytes_moved=_bytes_moved(node)))
+        if kind is KernelKind.LIBRARY:
+            b.steps.append(replace(_library_step(node, reads, writes, cost),
+                                   lowering=lowering))
             continue
-        if sub is None:
-            group = single_op_group(node) if compiler and runs_as_kernel(node) else None
-            if group is None:
-                b.steps.append(_library_step(node, reads, writes, cost))
-                continue
-            sub, sched = group  # one op, one generated kernel (graph_kernel/single_op.py)
+        if kind is KernelKind.SINGLE_OP:  # one op, one loop nest (graph_kernel/single_op.py)
+            assert lowering.group is not None
+            sub, sched = lowering.group
+        else:
+            sub, sched = node.subgraph, node.schedule
+        assert sub is not None
         types = output_types(node)
-        moved = _bytes_moved(node)
         op_names = (node.op,) if node.subgraph is None else _flat_op_names(sub)
         common = dict(name=node.name, op_names=op_names, writes=writes,
-                      out_types=types, bytes_moved=moved)
-        reason = None if compiler else "no C compiler"
-        if reason is None and sched is None:
-            reason = str(node.notes.get("not_one_kernel", "no loop-nest schedule"))
-            notes.append(f"{node.name} runs op by op on numpy: {reason}")
-        if reason is not None:
+                      out_types=types, bytes_moved=_bytes_moved(node), lowering=lowering)
+        if kind is KernelKind.INTERPRETED:
+            if lowering.warn:
+                notes.append(f"{node.name} runs op by op on numpy: {lowering.reason}")
             b.steps.append(Step(StepKind.INTERPRETED, reads=reads, subgraph=sub, aliases=True,
-                                note=reason, **common))  # type: ignore[arg-type]  # `common` holds Step's other fields
+                                note=lowering.reason, **common))  # type: ignore[arg-type]  # `common` holds Step's other fields
             continue
-        cname = _unique(c_identifier(node.name), used_names)
-        if isinstance(sched, ParallelSchedule):  # independent groups, a loop nest each
-            source = emit_parallel_kernel(sub, cname, sched, cost.parallel_threshold,
-                                          cost.stream_min_bytes, cost.prefetch_min_bytes,
-                                          beside_blas)
-            sizes: tuple[str, ...] = ()  # parallel fusion merges static groups only
-        else:
-            source = emit_any_kernel(sub, cname, sched, cost.parallel_threshold,
-                                     cost.stream_min_bytes, cost.prefetch_min_bytes,
-                                     beside_blas)
-            sizes = kernel_symbols(sched.space)
+        spec = KernelSpec(_unique(kernel_identifier(node.name), used_names), kind, node,
+                          sub, sched, beside_blas=beside_blas)
+        # parallel fusion merges static groups only
+        sizes = () if isinstance(sched, ParallelSchedule) else kernel_symbols(sched.space)
         # argv: the node's inputs, then the group's own non-scalar constants, then the results.
         extra = tuple(b.read(c) for c in sub.constants() if not c.is_scalar)
-        b.steps.append(Step(StepKind.KERNEL, reads=reads + extra, kernel=source, pooled=True,
+        b.steps.append(Step(StepKind.KERNEL, reads=reads + extra, kernel=spec, pooled=True,
                             sizes=sizes, **common))  # type: ignore[arg-type]  # `common` holds Step's other fields
         groups[len(b.steps) - 1] = (node, sub, sched)  # names may repeat (a loaded file)
     outputs = tuple(b.read(v) for v in graph.outputs)
@@ -450,29 +426,3 @@ def _copies(slots: tuple[Slot, ...], steps: list[Step], outputs: tuple[int, ...]
                all(v != r for v, _ in source.in_place))
         copies.append(step.aliases and not own)
     return tuple(copies)
-
-
-def build_executable(graph: Graph, name: str, cost: CostModel = DEFAULT_COST_MODEL,
-                     prebuilt: tuple[str, bytes] | None = None) -> Executable:
-    """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
-    `prebuilt`: a library built elsewhere for the same source, by its cache key (see
-    `build_library`)."""
-    global _warned_no_compiler
-    tc = toolchain.detect()
-    if tc is None and not _warned_no_compiler:
-        warnings.warn("graphkernel: no C compiler found (set CC or install gcc); fused kernels "
-                      "run op by op on numpy, correct but slow. `graphkernel doctor` says more.",
-                      RuntimeWarning, stacklevel=3)
-        _warned_no_compiler = True
-    plan, notes = plan_graph(graph, name, cost, tc is not None)
-    runner = Runner(plan, prefault=cost.prefault_buffers)  # buffers readied while gcc runs
-    kernels = [s.kernel for s in plan.steps if s.kernel is not None]
-    library = None
-    if kernels:
-        library = build_library(kernels, entry_source(plan), prebuilt)
-        runner.load(library)
-    if prebuilt is not None and (library is None or os.path.basename(library.path) !=
-                                 prebuilt[0] + cache.LIBRARY_SUFFIX):
-        notes.append("the prebuilt library is not the one these kernels build (its source "
-                     "differs): not used, compiled here")
-    return Executable(plan, runner, library, notes)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from graphkernel.backends.c.library import BuiltLibrary
 from graphkernel.errors import InputError, ResourceError
 from graphkernel.ir.types import shape_fits
 from graphkernel.runtime import memory
 from graphkernel.runtime.plan import ExecutionPlan
-from graphkernel.runtime.runner import Runner
+from graphkernel.runtime.runner import LoadedKernels, Runner
 
 
 @dataclass
@@ -33,14 +32,25 @@ class KernelInfo:
         return f"<Kernel {self.name} [{self.backend}] {'+'.join(self.op_names)}>"
 
 
+class BuiltKernels(LoadedKernels, Protocol):
+    """A backend's built kernels: where they live and their whole source."""
+
+    path: str
+    source: str
+    from_cache: bool
+
+
 @dataclass
 class Executable:
     """Plan + runner (+ the library). `run(arrays, weights)` runs one call."""
 
     plan: ExecutionPlan
     runner: Runner
-    library: BuiltLibrary | None = None
+    library: BuiltKernels | None = None
     warnings: list[str] = field(default_factory=list)
+    # kernel name -> its source in the backend's language, for reports (none: the backend's
+    # kernels have no source text)
+    kernel_sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -54,7 +64,8 @@ class Executable:
             if len(step.out_types) != 1:
                 output = f"({output})"
             out.append(KernelInfo(step.name, list(step.op_names),
-                                  step.kernel.source if step.kernel is not None else None,
+                                  self.kernel_sources.get(step.kernel.name)
+                                  if step.kernel is not None else None,
                                   step.backend, output, step.bytes_moved, step.note))
         return out
 

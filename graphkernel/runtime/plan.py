@@ -20,6 +20,7 @@ at the graph again. The Python runner (`runtime/runner.py`) and the CPython entr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -27,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.backends.c.c_emitter import KernelSource
-from graphkernel.ir.graph import Graph
-from graphkernel.ir.types import SymSize, TensorType
+from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, Lowering
+from graphkernel.ir.graph import Graph, Node
+from graphkernel.ir.types import Dim, SymSize, TensorType, symbols_of
 
 
 class StepKind(Enum):
-    KERNEL = "kernel"  # one generated C function: a fused group
+    KERNEL = "kernel"  # one kernel the backend builds from its KernelSpec
     LIBRARY = "library"  # an op run by numpy (BLAS for MatMul, a ufunc, a reference)
     VIEW = "view"  # a shape op run by numpy: its result may share its input's memory
     INTERPRETED = "interpreted"  # a fused group run op by op on numpy (no compiler, no loop nest)
@@ -50,6 +51,33 @@ class SlotRole(Enum):
     WEIGHT = "weight"  # a Parameter's array, passed by the frontend after the inputs
     CONSTANT = "constant"  # filled once, read-only
     VALUE = "value"  # written by a step
+
+
+def kernel_identifier(text: str) -> str:
+    """A kernel's name from any text: letters, digits and underscores only, with a prefix that
+    keeps user names (a cell called `main` or `expf`) off library symbols."""
+    return "gk_" + re.sub(r"[^A-Za-z0-9_]", "_", text)[:80]
+
+
+def kernel_symbols(space: tuple[Dim, ...]) -> tuple[str, ...]:
+    """The dynamic sizes a kernel over `space` reads, in argument order."""
+    return tuple(symbols_of(space))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel as lowering chose it (graph_kernel/lower.py), for a backend to build: its
+    name (unique in the plan), its kind, and what it computes. No backend's code is in it."""
+
+    name: str
+    kind: KernelKind
+    node: Node  # the node whose results it writes (a conv block's last node)
+    group: Graph | None = None  # LOOP_NEST, PARALLEL, SINGLE_OP: the group it computes
+    schedule: Any = None  # the group's Schedule or ParallelSchedule
+    block: ConvBlock | None = None  # CONV_BLOCK: its members
+    # It runs while a multi-threaded BLAS product's idle workers may spin (CostModel
+    # .serial_beside_blas): a backend may keep it off threads.
+    beside_blas: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,7 +101,7 @@ class Step:
     out_types: tuple[TensorType, ...]
     op: str = ""  # LIBRARY/VIEW: the op whose numpy reference (or ufunc, or BLAS) runs
     attrs: Mapping[str, Any] = field(default_factory=dict)
-    kernel: KernelSource | None = None  # KERNEL: argv = reads, then writes, then `sizes`
+    kernel: KernelSpec | None = None  # KERNEL: argv = reads, then writes, then `sizes`
     sizes: tuple[str, ...] = ()  # KERNEL: its dynamic sizes, one int64_t * each (shape_args)
     subgraph: Graph | None = None  # INTERPRETED: the group run op by op
     pooled: bool = False  # its results are written into pooled buffers (see Slot buffers)
@@ -85,6 +113,7 @@ class Step:
     bytes_moved: int = 0  # bytes read and written, for reports
     note: str = ""  # why a group is INTERPRETED
     blas_threads: int | None = None  # MatMul: BLAS threads for this product (None: BLAS's own)
+    lowering: Lowering | None = None  # the node's kernel kind and why (graph_kernel/lower.py)
 
     @property
     def launches_kernel(self) -> bool:
@@ -150,10 +179,22 @@ class ExecutionPlan:
             lines.append(f"  [{i}] {step.kind.value:<11} {step.name}: "
                          f"{', '.join(name(s) for s in step.reads)} -> "
                          f"{', '.join(name(s) for s in step.writes)}{flags}"
-                         + (f"; free {[name(s) for s in dead]}" if dead else ""))
+                         + (f"; free {[name(s) for s in dead]}" if dead else "")
+                         + (f"  # {step.lowering}" if step.lowering is not None else ""))
         lines.append(f"  return {[name(s) for s in self.outputs]}"
                      + (f", copied: {list(self.copy_out)}" if any(self.copy_out) else ""))
         return "\n".join(lines)
+
+
+def entry_arguments(plan: ExecutionPlan) -> list[int]:
+    """Slots a compiled entry of the whole plan takes, in order: inputs, weights, then the
+    constants the steps read (in order of first use)."""
+    args = list(plan.inputs) + list(plan.weights)
+    for step in plan.steps:
+        for s in step.reads:
+            if plan.slots[s].role is SlotRole.CONSTANT and s not in args:
+                args.append(s)
+    return args
 
 
 def bytes_of(types: tuple[TensorType, ...]) -> int:

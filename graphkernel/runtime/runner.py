@@ -14,22 +14,28 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from graphkernel.backends.c.c_entry import entry_arguments
-from graphkernel.backends.c.library import BuiltLibrary
 from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
 from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
 from graphkernel.runtime.memory import BufferPool
-from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind
+from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
 from graphkernel.runtime.reference import run_reference_graph
 
 StepFn = Callable[[list[Any]], None]
+
+
+class LoadedKernels(Protocol):
+    """What a backend hands the runner once its kernels are built and loaded."""
+
+    functions: dict[str, Any]  # kernel name -> a callable taking one argv pointer
+    entry: Any  # a compiled `run` of the whole plan, or None
+    entry_module: Any  # its module (`call`, `seed`, `set_blas`), or None
 
 
 class Runner:
@@ -59,7 +65,7 @@ class Runner:
         if any(step.blas_threads is not None for step in plan.steps):
             find_in_background()  # likewise: its first product does not wait for the lookup
 
-    def load(self, library: BuiltLibrary) -> None:
+    def load(self, library: LoadedKernels) -> None:
         self._functions = library.functions
         self.entry = library.entry
         self.entry_module = library.entry_module
@@ -278,7 +284,7 @@ class Runner:
         reads, writes, attrs = step.reads, step.writes, dict(step.attrs)
         if step.pooled:
             (target,), take = writes, self._take(step)
-            if step.op in ("MatMul", "BatchMatMul"):
+            if opdef.gemm:
                 return self._matmul_fn(step)
             if step.op == "Gather":
                 return self._gather_fn(step)

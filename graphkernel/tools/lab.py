@@ -68,7 +68,8 @@ SCENARIOS = (
     ("test_basic_fuse_no", NetBasicFuse, False),
     ("test_composite_fuse_no", NetCompositeFuse, False),
 )
-FIGURES = (stage_names.INITIAL, stage_names.FINAL)
+# The fused graph (fusion's result, before lowering notes each kernel's kind) beside the initial.
+FIGURES = (stage_names.INITIAL, stage_names.END)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class ScenarioResult:
 
     @property
     def final_text(self) -> str:
-        return graph_text(self.executable, stage_names.FINAL)
+        return graph_text(self.executable, stage_names.END)
 
 
 @dataclass

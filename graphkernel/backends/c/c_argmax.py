@@ -23,7 +23,7 @@ _C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
             np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t"}
 
 
-def argmax_kernel(node: Node) -> str | None:
+def why_not_argmax_kernel(node: Node) -> str | None:
     """Why an Argmax node runs as numpy's argmax (None: it gets a generated kernel)."""
     if node.op != "Argmax" or node.subgraph is not None:
         return "not an Argmax"
@@ -38,7 +38,8 @@ def argmax_kernel(node: Node) -> str | None:
 
 
 def emit_argmax_kernel(node: Node, name: str) -> KernelSource:
-    """The C of an Argmax node `argmax_kernel` accepts; argv: its input, then its output."""
+    """The C of an Argmax node `why_not_argmax_kernel` accepts; argv: its input, then its
+    output."""
     x, out = node.inputs[0].tensor_type, node.tensor_type
     axis = {**get_op("Argmax").attr_defaults, **node.attrs}["axis"] % x.rank
     outer, size, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])

@@ -9,53 +9,34 @@ convolution goes to a tile on the thread's stack, the epilogue runs over the til
 reads the tile, and only the block's result reaches memory. The epilogue's per-channel values
 (the folded BatchNorm's shift) are computed once per call.
 
-`conv_blocks` decides, from the final graph: a Conv2D/Conv2DFoldedBN with a window kernel
-whose only reader is a fused pointwise group of its shape, float32 or float64, whose ops are
-elementwise over the convolution's result, tensors of its shape (a residual), per-channel
-values and scalars; then a MaxPool/AvgPool that alone reads the group joins too. Each
-convolution's decision is a note on its node (`conv_block`, in the dumps)."""
+`conv_blocks` answers lowering (graph_kernel/lower.py, the one place that decides), from the
+final graph: a Conv2D/Conv2DFoldedBN with a window kernel whose only reader is a fused
+pointwise group of its shape, float32 or float64, whose ops are elementwise over the
+convolution's result, tensors of its shape (a residual), per-channel values and scalars; then a
+MaxPool/AvgPool that alone reads the group joins too. Each convolution's decision is a note
+on its node (`conv_block`, in the dumps)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
-from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_text import C_COMPUTE, c_comment, literal
 from graphkernel.backends.c.c_window import (
     WINDOW_TYPES,
     conv_parts,
     image_loop,
     pool_parts,
-    window_kernel,
+    why_not_window_kernel,
 )
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
+from graphkernel.graph_kernel.lower import ConvBlock
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
-from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.opset import PatternKind, Window, get_op
 
 NOTE = "conv_block"
-RELABELS = ("Reshape", "ExpandDims", "Squeeze")
 STACK_BYTES = 48 << 10  # per scratch array on a thread's stack (OpenMP threads have >= 2 MiB)
-
-
-@dataclass(frozen=True)
-class ConvBlock:
-    conv: Node
-    epilogue: Node  # a fused pointwise group: its subgraph reads the convolution's result
-    pool: Node | None
-
-    @property
-    def last(self) -> Node:
-        return self.pool if self.pool is not None else self.epilogue
-
-    @property
-    def members(self) -> tuple[Node, ...]:
-        return (self.conv, self.epilogue) + ((self.pool,) if self.pool is not None else ())
-
-    @property
-    def reads(self) -> list[Value]:
-        """The step's inputs: the convolution's, then the epilogue's other inputs."""
-        return list(self.conv.inputs) + [v for v in self.epilogue.inputs if v is not self.conv]
 
 
 def conv_blocks(graph: Graph) -> dict[int, ConvBlock]:
@@ -65,7 +46,7 @@ def conv_blocks(graph: Graph) -> dict[int, ConvBlock]:
     results = {v.uid for v in graph.results()}
     found: dict[int, ConvBlock] = {}
     for conv in graph.nodes:
-        if conv.op not in ("Conv2D", "Conv2DFoldedBN") or conv.subgraph is not None:
+        if conv.subgraph is not None or get_op(conv.op).window is not Window.CONVOLUTION:
             continue
         block, why = _block(conv, users, results)
         if block is None:
@@ -86,7 +67,7 @@ def _only_reader(node: Node, users: dict[int, list[Node]], results: set[int]) ->
 
 def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
            ) -> tuple[ConvBlock | None, str]:
-    why = window_kernel(conv)
+    why = why_not_window_kernel(conv)
     if why is not None:
         return None, why
     if conv.dtype not in (T.float32, T.float64):
@@ -110,7 +91,8 @@ def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
     if max(parts.scratch, parts.out_size) * itemsize > STACK_BYTES or weights > STACK_BYTES:
         return None, f"an image's scratch or the weights exceed {STACK_BYTES >> 10} KiB of stack"
     pool = _only_reader(epilogue, users, results)
-    if pool is None or pool.op not in ("MaxPool", "AvgPool") or window_kernel(pool) is not None:
+    if pool is None or pool.subgraph is not None or get_op(pool.op).window is not Window.POOL or \
+            why_not_window_kernel(pool) is not None:
         pool = None
     return ConvBlock(conv, epilogue, pool), ""
 
@@ -148,7 +130,7 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
     """The epilogue over a tile, or the reason it cannot run over one."""
     sub = epilogue.subgraph
     assert sub is not None
-    ct = T.C_COMPUTE[conv.dtype]
+    ct = C_COMPUTE[conv.dtype]
     others = [v for v in epilogue.inputs if v is not conv]
     plan = _Plan([], [], "", {})
     ref: dict[int, tuple[str, str]] = {}  # value uid -> (kind, C text)
@@ -178,7 +160,7 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
         if kind is None or node.dtype != conv.dtype:
             return None, f"{node.name} ({node.op}) is not per element or per channel"
         kinds = {k for k, _ in operands} - {"one"}
-        if node.op in RELABELS and kind != "full" and kinds <= {"chan", "vec"}:
+        if get_op(node.op).view and kind != "full" and kinds <= {"chan", "vec"}:
             ref[node.uid] = (kind, operands[0][1])  # the same o-th element
             continue
         opdef = get_op(node.op)

@@ -14,7 +14,7 @@ import math
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
 from graphkernel.backends.c.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
 from graphkernel.backends.c.c_reduce import ReductionEmitter
-from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.c_views import concat_buffers, tile_buffers, view_buffers
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
@@ -177,7 +177,7 @@ class _Emitter(ReductionEmitter):
     def _expr(self, node: Node, dims: list[LoopDim], inner: bool) -> str:
         opdef = get_op(node.op)
         in_dtypes = [v.dtype for v in node.inputs]
-        out_ct = T.C_COMPUTE[node.dtype]
+        out_ct = C_COMPUTE[node.dtype]
         if node.op == "Cast":
             operand_dtypes = in_dtypes
         elif node.op == "Select":
@@ -187,11 +187,11 @@ class _Emitter(ReductionEmitter):
         operands = []
         for value, want in zip(node.inputs, operand_dtypes):
             text = self._operand(value, dims, inner)
-            if T.C_COMPUTE[value.dtype] != T.C_COMPUTE[want]:
-                text = f"(({T.C_COMPUTE[want]}){text})"
+            if C_COMPUTE[value.dtype] != C_COMPUTE[want]:
+                text = f"(({C_COMPUTE[want]}){text})"
             operands.append(text)
         template = opdef.c_template or ""
-        compute = T.C_COMPUTE[operand_dtypes[-1]] if operand_dtypes else out_ct
+        compute = C_COMPUTE[operand_dtypes[-1]] if operand_dtypes else out_ct
         if T.is_float(operand_dtypes[-1]) and opdef.c_float_template is not None:
             template = opdef.c_float_template
         expr = template.format(*operands, f="f" if compute == "float" else "")
@@ -206,7 +206,7 @@ class _Emitter(ReductionEmitter):
     def _compute(self, nodes: list[Node], dims: list[LoopDim], inner: bool, indent: str) -> None:
         for node in nodes:
             var = f"v{len(self.var)}"
-            self.lines.append(f"{indent}const {T.C_COMPUTE[node.dtype]} {var} = "
+            self.lines.append(f"{indent}const {C_COMPUTE[node.dtype]} {var} = "
                               f"{self._expr(node, dims, inner)};")
             self.var[node.uid] = var
 
@@ -250,7 +250,7 @@ class _Emitter(ReductionEmitter):
         """Store an output's value at its offset, or at `into` (a block or row buffer)."""
         value = self.var[buf.value.uid] if buf.value.uid in self.var else \
             self._operand(buf.value, dims, inner)
-        storage = T.C_STORAGE[buf.value.dtype]
+        storage = C_STORAGE[buf.value.dtype]
         target = into or f"{buf.name}[{self._offset(buf, dims, inner)}]"
         self.lines.append(f"{indent}{target} = ({storage}){value};")
 
@@ -326,7 +326,7 @@ class _Emitter(ReductionEmitter):
     def _declare_blocks(self, buffers: list[Buffer], prefix: str, size: int,
                         indent: str) -> None:
         for buf in buffers:
-            self.lines.append(f"{indent}{T.C_STORAGE[buf.value.dtype]} {prefix}{buf.index}"
+            self.lines.append(f"{indent}{C_STORAGE[buf.value.dtype]} {prefix}{buf.index}"
                               f"[{size}] __attribute__((aligned(64)));")
 
     def _stream_out(self, buffers: list[Buffer], dims: list[LoopDim], dim: int, start: str,
@@ -422,7 +422,7 @@ class _Emitter(ReductionEmitter):
         body = indent + "  "
         self.lines.append(f"{body}const int64_t kb = hd + c * {lanes};")
         for buf in outputs:
-            self.lines.append(f"{body}{T.C_STORAGE[buf.value.dtype]} ln{buf.index}[{lanes}] "
+            self.lines.append(f"{body}{C_STORAGE[buf.value.dtype]} ln{buf.index}[{lanes}] "
                               f"__attribute__((aligned({LINE_BYTES})));")
         self.lines.append(f"{body}#pragma omp simd")
         self.lines.append(f"{body}for (int64_t j = 0; j < {lanes}; ++j) {{")
@@ -494,7 +494,7 @@ class _Emitter(ReductionEmitter):
         self.lines.append(f"/* {c_comment(self.name)}: {c_comment(ops)} */")
         self.lines.append(f"void {self.name}(void *const *args) {{")
         for k, buf in enumerate(self.buffers):
-            storage = T.C_STORAGE[buf.value.dtype]
+            storage = C_STORAGE[buf.value.dtype]
             const = "" if buf.is_output else "const "
             self.lines.append(f"  {const}{storage} *restrict {buf.name} = "
                               f"({const}{storage} *)args[{k}];")

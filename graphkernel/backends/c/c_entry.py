@@ -22,9 +22,10 @@ import numpy as np
 
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
+from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.blas import CBlas, cblas
-from graphkernel.runtime.plan import ExecutionPlan, SlotRole, Step, StepKind
+from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
 
 POOL_DEPTH = 2
 
@@ -50,10 +51,6 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     return lambda module: _emit(plan, module, calls, blas)  # type: ignore[arg-type]  # no None left in `calls` (checked above)
 
 
-# Shape ops whose result is the same elements in the same order: a view of a C-contiguous value.
-RESHAPE_OPS = ("Reshape", "ExpandDims", "Squeeze")
-
-
 @dataclass(frozen=True)
 class ReshapeView:
     """A VIEW step the entry makes itself: a reshaped view of an argument or a result."""
@@ -66,7 +63,7 @@ def reshape_view(plan: ExecutionPlan, step: Step) -> ReshapeView | None:
     """The entry's view for a reshape (an input flattened for a Dense, a network's last
     Reshape), or None (another shape op: the Python runner's numpy views). The entry takes
     C-contiguous arguments and its own results are, so the view shares their memory."""
-    if step.kind is not StepKind.VIEW or step.op not in RESHAPE_OPS or \
+    if step.kind is not StepKind.VIEW or not get_op(step.op).view or \
             len(step.reads) != 1 or len(step.writes) != 1:
         return None
     (source,), (target,) = step.reads, step.writes
@@ -75,17 +72,6 @@ def reshape_view(plan: ExecutionPlan, step: Step) -> ReshapeView | None:
     if any(v == source for st in plan.steps for v, _ in st.in_place):
         return None  # written into a weight's own array: no array of the entry's to reshape
     return ReshapeView(source, target)
-
-
-def entry_arguments(plan: ExecutionPlan) -> list[int]:
-    """Slots the entry takes, in order: inputs, weights, then the constants the kernels read
-    (in order of first use)."""
-    args = list(plan.inputs) + list(plan.weights)
-    for step in plan.steps:
-        for s in step.reads:
-            if plan.slots[s].role is SlotRole.CONSTANT and s not in args:
-                args.append(s)
-    return args
 
 
 def _emit(plan: ExecutionPlan, module: str,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.ir.opdefs.matmul import merged_row_stride
+from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import is_static
 from graphkernel.runtime.plan import ExecutionPlan, Step
 
-GEMM_OPS = ("MatMul", "BatchMatMul")
 # Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch runs
 # on several threads (BLAS's batch GEMM, or split over OpenMP's): ~0.1 ms of one core's work,
 # well above waking a sleeping thread.
@@ -96,7 +96,7 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
     """The BLAS call of a MatMul/BatchMatMul step, or None when BLAS cannot take it as is."""
-    if step.op not in GEMM_OPS or not step.pooled:
+    if not get_op(step.op).gemm or not step.pooled:
         return None
     dtype = step.out_types[0].dtype
     if dtype not in (np.float32, np.float64):

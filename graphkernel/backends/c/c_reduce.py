@@ -19,6 +19,7 @@ import numpy as np
 
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
 from graphkernel.backends.c.c_loops import Buffer, LoopDim
+from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Graph, Node
@@ -75,7 +76,7 @@ class ReductionEmitter:
         if not shared:
             return None
         row = math.prod(self.sched.space[a] for a in self.sched.reduce_axes)
-        itemsize = 8 if T.C_COMPUTE[shared[-1].dtype] == "double" else 4
+        itemsize = 8 if C_COMPUTE[shared[-1].dtype] == "double" else 4
         if not dyn.is_dynamic(row) and row * itemsize <= STASH_ROW_BYTES:
             return shared[-1], None
         return None  # a row of run-time length has no stack stash: the epilogue recomputes
@@ -102,7 +103,7 @@ class ReductionEmitter:
             self._declare_blocks(inner_outputs, "row", dims[reduced[0]].size, indent)
 
         if stash is not None and stash[1] is None:
-            self.lines.append(f"{indent}{T.C_COMPUTE[stash[0].dtype]} srow"
+            self.lines.append(f"{indent}{C_COMPUTE[stash[0].dtype]} srow"
                               f"[{dims[reduced[0]].size}] __attribute__((aligned(64)));")
 
         def stash_at(buf: Buffer | None) -> str:
@@ -119,7 +120,7 @@ class ReductionEmitter:
             if pipelined and phase == 1:  # summed while the row before was in its last pass
                 for red in reductions:
                     k = self.local[red.uid]
-                    self.lines.append(f"{indent}{T.C_COMPUTE[red.dtype]} acc{k} = nacc{k};")
+                    self.lines.append(f"{indent}{C_COMPUTE[red.dtype]} acc{k} = nacc{k};")
                     if self._tracks_nan(red):
                         self.lines.append(f"{indent}int nan{k} = nnan{k};")
                 self._finish_phase(reductions, dims, indent, outer_nodes, phase)
@@ -127,7 +128,7 @@ class ReductionEmitter:
             clauses = []
             for red in reductions:
                 acc = f"acc{self.local[red.uid]}"
-                ct = T.C_COMPUTE[red.dtype]
+                ct = C_COMPUTE[red.dtype]
                 self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
                 operator = _reduction(red).omp_operator
                 clauses.append(f" reduction({operator}:{acc})")
@@ -156,7 +157,7 @@ class ReductionEmitter:
             if stash is not None and phase == len(self.sched.phases):
                 node, buf = stash
                 self.lines.append(f"{inner_indent}{stash_at(buf)} "
-                                  f"= ({T.C_STORAGE[node.dtype]}){self.var[node.uid]};")
+                                  f"= ({C_STORAGE[node.dtype]}){self.var[node.uid]};")
             for red in reductions:
                 acc = f"acc{self.local[red.uid]}"
                 v = self._operand(red.inputs[0], dims, True)
@@ -175,7 +176,7 @@ class ReductionEmitter:
             if stash is not None:
                 node, buf = stash
                 load = stash_at(buf)
-                ct, name = T.C_COMPUTE[node.dtype], f"stash{self.local[node.uid]}"
+                ct, name = C_COMPUTE[node.dtype], f"stash{self.local[node.uid]}"
                 self.lines.append(f"{inner_indent}const {ct} {name} = ({ct}){load};")
                 self.var[node.uid] = name
                 known.add(node.uid)
@@ -247,7 +248,7 @@ class ReductionEmitter:
                           f"{PIPELINE_ROWS} < {size} ? rlo + {PIPELINE_ROWS} : {size};")
         for red in self.sched.phases[0]:
             k = self.local[red.uid]
-            self.lines.append(f"{indent}{T.C_COMPUTE[red.dtype]} nacc{k};")
+            self.lines.append(f"{indent}{C_COMPUTE[red.dtype]} nacc{k};")
             if self._tracks_nan(red):
                 self.lines.append(f"{indent}int nnan{k};")
         sums = self._next_row_sums(dims, reduced)
@@ -368,7 +369,7 @@ class ReductionEmitter:
         if runs > 1:
             self.lines.append(f"{indent}{flush}")  # the last, partial block
         for b in blocked:
-            total = f"{b.acc} = ({T.C_COMPUTE[b.dtype]})gk_pairwise_total(&{b.pairwise});"
+            total = f"{b.acc} = ({C_COMPUTE[b.dtype]})gk_pairwise_total(&{b.pairwise});"
             if one_block_rows:
                 total = f"if ({b.pairwise}.count) {{ gk_pairwise_push(&{b.pairwise}, {b.acc}); " \
                     f"{total} }}"
@@ -412,7 +413,7 @@ class ReductionEmitter:
                 return
             body = []
             for node in nodes:
-                ct = T.C_COMPUTE[node.dtype]
+                ct = C_COMPUTE[node.dtype]
                 self.lines.append(f"{indent}{ct} ov{self.local[node.uid]}[{block}];")
                 body.append(f"ov{self.local[node.uid]}[j] = {self._expr(node, dims, False)};")
                 self.var[node.uid] = f"ov{self.local[node.uid]}[j]"
@@ -428,7 +429,7 @@ class ReductionEmitter:
         for phase, reductions in enumerate(self.sched.phases, start=1):
             init_body = []
             for red_node in reductions:
-                ct = T.C_COMPUTE[red_node.dtype]
+                ct = C_COMPUTE[red_node.dtype]
                 acc = f"acc{self.local[red_node.uid]}"
                 self.lines.append(f"{indent}{ct} {acc}[{block}];")
                 init_body.append(f"{acc}[j] = {self._reduce_init(red_node)};")
@@ -470,7 +471,7 @@ class ReductionEmitter:
                 self.lines.append(f"{inner_indent}  run{phase} = 0;")
                 self.lines.append(f"{inner_indent}}}")
             self._close_loops(len(red), inner_indent)
-            final_body = [f"acc{k}[j] = ({T.C_COMPUTE[r.dtype]})(tot{k}[j] + acc{k}[j]);"
+            final_body = [f"acc{k}[j] = ({C_COMPUTE[r.dtype]})(tot{k}[j] + acc{k}[j]);"
                           for r, k in ((r, self.local[r.uid]) for r in blocked)]
             for red_node in reductions:
                 acc = f"acc{self.local[red_node.uid]}[j]"

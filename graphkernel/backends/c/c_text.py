@@ -3,11 +3,18 @@ declarations) and the spelling of names, comments and constants in C."""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from graphkernel.ir import types as T
+from graphkernel.runtime.plan import kernel_identifier
+
+# The C type that stores each dtype, and the type arithmetic runs in (float16 computes in float,
+# rounding after every op as numpy does).
+C_STORAGE = {T.float16: "_Float16", T.float32: "float", T.float64: "double",
+             T.int32: "int32_t", T.int64: "int64_t", T.bool_: "bool"}
+C_COMPUTE = {T.float16: "float", T.float32: "float", T.float64: "double",
+             T.int32: "int32_t", T.int64: "int64_t", T.bool_: "bool"}
 
 PRELUDE = """\
 #include <math.h>
@@ -187,8 +194,7 @@ PRELUDE += "".join(f"#pragma omp declare simd notinbranch\n{t} {name}{s}({t});\n
 
 def c_identifier(text: str) -> str:
     """A safe C identifier from any text (user names never reach C otherwise)."""
-    # The prefix keeps user names (a cell called `main` or `expf`) off C library symbols.
-    return "gk_" + re.sub(r"[^A-Za-z0-9_]", "_", text)[:80]
+    return kernel_identifier(text)
 
 
 def c_comment(text: str) -> str:
@@ -210,7 +216,7 @@ def literal(value: np.ndarray) -> str:
         return f"({float(v)!r}{suffix})"
     if dt == T.bool_:
         return "((bool)1)" if v else "((bool)0)"
-    ctype = T.C_COMPUTE[dt]
+    ctype = C_COMPUTE[dt]
     if dt == T.int64 and v == -(2 ** 63):
         return "INT64_MIN"
     if dt == T.int32 and v == -(2 ** 31):

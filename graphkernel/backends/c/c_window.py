@@ -19,7 +19,7 @@ A pool walks each output element's window with bounds tests ('same' padding: Max
 padding is -inf, AvgPool divides by the elements it covers). NaN propagates as in numpy.
 
 Only the batch axis may be dynamic (its size is an argument, backends/c/shape_args.py); anything
-else stays the op's numpy reference (`window_kernel` says why)."""
+else stays the op's numpy reference (`why_not_window_kernel` says why)."""
 from __future__ import annotations
 
 import math
@@ -29,15 +29,14 @@ from typing import Any
 import numpy as np
 
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
-from graphkernel.backends.c.c_text import c_comment, literal
+from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
 from graphkernel.ir.opdefs.nn import conv_geometry, pool_geometry
-from graphkernel.ir.opset import get_op
+from graphkernel.ir.opset import Window, get_op
 from graphkernel.ir.types import SymSize, TensorType
 
-WINDOW_OPS = ("Conv2D", "Conv2DFoldedBN", "MaxPool", "AvgPool")
 # An output of at most this many pixels goes in equal blocks over the whole image, each block
 # its own code with constant offsets (a 7x7 or 14x14 output fills every block; whole rows of 7
 # left 5 of 12 accumulators idle; larger images would make too much code for the compiler).
@@ -72,10 +71,10 @@ typedef double gk_vdouble __attribute__((vector_size(GK_VBYTES), aligned(8)));
 """
 
 
-def window_kernel(node: Node) -> str | None:
+def why_not_window_kernel(node: Node) -> str | None:
     """Why `node` runs as its numpy reference rather than a generated window kernel (None:
     it gets one)."""
-    if node.op not in WINDOW_OPS or node.subgraph is not None:
+    if node.subgraph is not None or get_op(node.op).window is None:
         return "not a window op"
     x = node.inputs[0].tensor_type
     out = node.tensor_type
@@ -93,11 +92,11 @@ def window_kernel(node: Node) -> str | None:
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int) -> KernelSource:
-    """The C of `node` (a WINDOW_OPS op `window_kernel` accepts) as kernel `name`; its
+    """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, its output, then the batch size when it is dynamic. Images run on
     OpenMP threads when their multiply-adds reach `threshold`."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
-    if node.op in ("Conv2D", "Conv2DFoldedBN"):
+    if get_op(node.op).window is Window.CONVOLUTION:
         lines = _conv(node, name, attrs, threshold)
     else:
         lines = _pool(node, name, attrs, threshold)
@@ -198,7 +197,7 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
 def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
-    st, ct = T.C_STORAGE[x.dtype], T.C_COMPUTE[x.dtype]
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
     vt = "gk_vdouble" if ct == "double" else "gk_vfloat"
     _, c, h, wd = x.shape
     o = node.shape[1]
@@ -510,7 +509,7 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
 def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
     statics, image, in_size, out_size, reads = pool_parts(node, name, attrs)
     batch, sizes = _batch(node)
-    st = T.C_STORAGE[node.dtype]
+    st = C_STORAGE[node.dtype]
     lines = statics + ["", f"void {name}(void *const *args) {{",
                        f"  const {st} *restrict x = (const {st} *)args[0];",
                        f"  {st} *restrict out = ({st} *)args[1];", *sizes]
@@ -526,7 +525,7 @@ def pool_parts(node: Node, name: str, attrs: dict[str, Any]
     and an output image, and the reads per image."""
     x = node.inputs[0].tensor_type
     geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
-    st, ct = T.C_STORAGE[x.dtype], T.C_COMPUTE[x.dtype]
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
     _, c, h, wd = x.shape
     (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
     (pt, _), (pl, _) = geo["pads"]

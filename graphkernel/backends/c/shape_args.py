@@ -12,16 +12,12 @@ static).
 """
 from __future__ import annotations
 
-from graphkernel.ir.types import Dim, SymSize, symbols_of
+from graphkernel.ir.types import Dim, SymSize
+from graphkernel.runtime.plan import kernel_symbols  # noqa: F401  (the order sizes are read in)
 
 # The threshold a variant is emitted with (backends/c/generic_kernel.py): every parallel loop
 # threaded, or none.
 THREADS, ONE_THREAD = 1, 0
-
-
-def kernel_symbols(space: tuple[Dim, ...]) -> tuple[str, ...]:
-    """The symbols a kernel over `space` reads, in argument order."""
-    return tuple(symbols_of(space))
 
 
 def read_sizes(symbols: tuple[str, ...], first_arg: int) -> list[str]:

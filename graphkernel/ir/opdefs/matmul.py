@@ -94,6 +94,7 @@ def _matmul_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 
 _MM_ATTRS = (("transpose_a", False), ("transpose_b", False))
 declare(OpDef(name="MatMul", kind=PatternKind.OPAQUE, inputs=("a", "b"), infer=_matmul_infer,
-              reference=_matmul_ref, init_attrs=_MM_ATTRS, grad=_matmul_grad))
+              reference=_matmul_ref, init_attrs=_MM_ATTRS, grad=_matmul_grad, gemm=True))
 declare(OpDef(name="BatchMatMul", kind=PatternKind.OPAQUE, inputs=("a", "b"),
-              infer=_matmul_infer, reference=_matmul_ref, init_attrs=_MM_ATTRS, grad=_matmul_grad))
+              infer=_matmul_infer, reference=_matmul_ref, init_attrs=_MM_ATTRS, grad=_matmul_grad,
+              gemm=True))

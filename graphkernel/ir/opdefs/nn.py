@@ -11,7 +11,7 @@ import numpy as np
 
 from graphkernel.errors import DTypeError, ShapeError
 from graphkernel.ir import types as T
-from graphkernel.ir.opset import FLOATS, AttrKind, OpDef, PatternKind, declare
+from graphkernel.ir.opset import FLOATS, AttrKind, OpDef, PatternKind, Window, declare
 from graphkernel.ir.types import TensorType, TupleType, ValueType
 
 # -- window geometry --------------------------------------------------------------------------
@@ -180,7 +180,8 @@ def _conv_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 
 declare(OpDef(name="Conv2D", kind=PatternKind.OPAQUE, inputs=("x", "weight"),
               infer=_conv_infer, reference=_conv_ref, init_attrs=_CONV_ATTRS, accepts=FLOATS,
-              attr_kinds=_CONV_KINDS, functional=("conv2d",), grad=_conv_grad))
+              attr_kinds=_CONV_KINDS, functional=("conv2d",), grad=_conv_grad,
+              window=Window.CONVOLUTION))
 
 
 # A convolution with an inference BatchNorm folded into its weights (graph_kernel/bn_fold.py):
@@ -213,7 +214,7 @@ def _folded_conv_ref(x: np.ndarray, w: np.ndarray, scale: np.ndarray, variance: 
 declare(OpDef(name="Conv2DFoldedBN", kind=PatternKind.OPAQUE,
               inputs=("x", "weight", "scale", "variance"), infer=_folded_conv_infer,
               reference=_folded_conv_ref, init_attrs=_CONV_ATTRS + (("epsilon", 1e-5),),
-              attr_kinds=_CONV_KINDS, accepts=FLOATS, structural=True))
+              attr_kinds=_CONV_KINDS, accepts=FLOATS, structural=True, window=Window.CONVOLUTION))
 
 
 # -- MaxPool and AvgPool ----------------------------------------------------------------------
@@ -279,11 +280,11 @@ def _pool_grad(op: str) -> Any:
 declare(OpDef(name="MaxPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("MaxPool"), reference=_max_pool_ref, init_attrs=_POOL_ATTRS,
               attr_kinds=_POOL_KINDS, accepts=FLOATS, functional=("max_pool2d",),
-              grad=_pool_grad("MaxPoolGrad")))
+              grad=_pool_grad("MaxPoolGrad"), window=Window.POOL))
 declare(OpDef(name="AvgPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("AvgPool"), reference=_avg_pool_ref, init_attrs=_POOL_ATTRS,
               attr_kinds=_POOL_KINDS, accepts=FLOATS, functional=("avg_pool2d",),
-              grad=_pool_grad("AvgPoolGrad")))
+              grad=_pool_grad("AvgPoolGrad"), window=Window.POOL))
 
 
 # -- BatchNorm --------------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""The C backend: answers lowering's questions (which window, argmax and conv-block kernels
+its generated C covers), emits each kernel spec as C, compiles a plan's kernels and its CPython
+entry into one library (cached) and loads it into the runner."""
+from __future__ import annotations
+
+import os
+import warnings
+
+from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
+from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
+from graphkernel.backends.c.c_entry import entry_source
+from graphkernel.backends.c.c_loops import KernelSource
+from graphkernel.backends.c.c_window import emit_window_kernel, why_not_window_kernel
+from graphkernel.backends.c.generic_kernel import emit_any_kernel
+from graphkernel.backends.c.library import build_library
+from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
+from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
+from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
+from graphkernel.ir.graph import Graph, Node
+from graphkernel.runtime.builder import plan_graph
+from graphkernel.runtime.executable import Executable
+from graphkernel.runtime.plan import KernelSpec
+from graphkernel.runtime.runner import Runner
+
+_warned_no_compiler = False
+
+
+class CBackend:
+    name = "c"
+
+    def why_not_kernels(self) -> str | None:
+        return None if toolchain.detect() is not None else "no C compiler"
+
+    def why_not_window_kernel(self, node: Node) -> str | None:
+        return why_not_window_kernel(node)
+
+    def why_not_argmax_kernel(self, node: Node) -> str | None:
+        return why_not_argmax_kernel(node)
+
+    def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
+        return conv_blocks(graph)
+
+    def emit(self, spec: KernelSpec, cost: CostModel) -> KernelSource:
+        kind = spec.kind
+        if kind is KernelKind.CONV_BLOCK:
+            assert spec.block is not None
+            return emit_conv_block(spec.block, spec.name, cost.window_parallel_min_macs)
+        if kind is KernelKind.WINDOW:
+            return emit_window_kernel(spec.node, spec.name, cost.window_parallel_min_macs)
+        if kind is KernelKind.ARGMAX:
+            return emit_argmax_kernel(spec.node, spec.name)
+        assert spec.group is not None
+        if isinstance(spec.schedule, ParallelSchedule):  # independent groups, a nest each
+            return emit_parallel_kernel(spec.group, spec.name, spec.schedule,
+                                        cost.parallel_threshold, cost.stream_min_bytes,
+                                        cost.prefetch_min_bytes, spec.beside_blas)
+        return emit_any_kernel(spec.group, spec.name, spec.schedule, cost.parallel_threshold,
+                               cost.stream_min_bytes, cost.prefetch_min_bytes, spec.beside_blas)
+
+    def build_executable(self, graph: Graph, name: str, cost: CostModel,
+                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+        """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
+        `prebuilt`: a library built elsewhere for the same source, by its cache key (see
+        `build_library`)."""
+        global _warned_no_compiler
+        if toolchain.detect() is None and not _warned_no_compiler:
+            warnings.warn("graphkernel: no C compiler found (set CC or install gcc); fused "
+                          "kernels run op by op on numpy, correct but slow. `graphkernel "
+                          "doctor` says more.", RuntimeWarning, stacklevel=3)
+            _warned_no_compiler = True
+        if graph.lowered_for != self.name:
+            lower(graph, self)
+        plan, notes = plan_graph(graph, name, cost)
+        runner = Runner(plan, prefault=cost.prefault_buffers)  # buffers readied while gcc runs
+        kernels = [self.emit(s.kernel, cost) for s in plan.steps if s.kernel is not None]
+        library = None
+        if kernels:
+            library = build_library(kernels, entry_source(plan), prebuilt)
+            runner.load(library)
+        if prebuilt is not None and (library is None or os.path.basename(library.path) !=
+                                     prebuilt[0] + cache.LIBRARY_SUFFIX):
+            notes.append("the prebuilt library is not the one these kernels build (its source "
+                         "differs): not used, compiled here")
+        return Executable(plan, runner, library, notes, {k.name: k.source for k in kernels})
+
+
+BACKEND = CBackend()

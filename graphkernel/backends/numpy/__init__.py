@@ -1,0 +1,1 @@
+"""The numpy backend: no generated code; every node runs as vectorised numpy."""
