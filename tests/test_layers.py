@@ -324,7 +324,7 @@ def _ckpt(name, dims, type_name, content):
     (_ckpt(b"w", [1] * 40, b"Float32", bytes(4)), "bad shape"),
     (_ckpt(b"w", [2], b"Bool", b"\x01\x07"), "bytes other than 0 and 1"),
     (_ckpt(b"w", [1], b"Float32", bytes(4)) * 2, "'w' appears twice"),
-    (_ckpt(b"w", [1], b"Float32", bytes(4)) + b"\x0d\x01\x02", "truncated"),
+    (_ckpt(b"w", [1], b"Float32", bytes(4)) + b"\x0d\x01\x02", "damaged one"),
 ], ids=["empty", "negative dims", "wrapping dims", "40 dims", "bool bytes", "twice",
         "cut fixed32"])
 def test_malformed_checkpoints_are_refused_clearly(tmp_path, data, message):
@@ -333,6 +333,18 @@ def test_malformed_checkpoints_are_refused_clearly(tmp_path, data, message):
     with pytest.raises(CheckpointError, match=message) as info:
         graphkernel.load_checkpoint(str(path))
     assert str(path) in str(info.value)
+
+
+def test_checkpoint_fields_protobuf_skips_are_skipped(tmp_path):
+    """Unknown fields of any wire type, a group included, are skipped as protobuf's readers
+    (MindSpore's) skip them: a later MindSpore's additions do not make a file unreadable."""
+    entry = _ckpt(b"w", [2], b"Float32", np.array([1, 2], "<f4").tobytes())
+    value = entry[2:]  # the Value message inside the Checkpoint's field 1
+    extra = b"\x28\x01" + b"\x33\x08\x05\x34" + b"\x3d" + bytes(4)  # varint, group, fixed32
+    path = tmp_path / "later.ckpt"
+    path.write_bytes(b"\x0a" + bytes([len(value) + len(extra)]) + value + extra)
+    params = graphkernel.load_checkpoint(str(path))
+    np.testing.assert_array_equal(params["w"].asnumpy(), [1, 2])
 
 
 def test_a_failed_save_is_a_clear_error_and_keeps_the_old_file(tmp_path):
