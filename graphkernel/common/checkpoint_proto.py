@@ -9,13 +9,15 @@ descriptor written here in Python (no .proto file, no protoc at build or run tim
       repeated Value value = 1;
     }
 
-Differences from MindSpore's file that leave the bytes on the wire the same: the fields are
-`optional` where MindSpore says `required` (a missing one is reported by checkpoint.py with the
-file's name, not by protobuf), and `tag` and `tensor_type` are declared `bytes` (a string on the
-wire) so that a name that is not UTF-8 is decoded, and reported, here. Fields MindSpore added
-beside these (map tensors) are unknown fields to this descriptor: protobuf skips them. `dims`
-is unpacked as in proto2, as MindSpore writes it; protobuf reads packed dims as well. The
-descriptor lives in its own pool, so it cannot clash with MindSpore's own in one process."""
+Differences from MindSpore 2.10's file (its mindspore/train/checkpoint_pb2.py) that leave the
+bytes on the wire the same: the fields are `optional` where MindSpore says `required` (a missing
+one is reported by checkpoint.py with the file's name, not by protobuf); `tag` and
+`tensor_type` are declared `bytes` (a string on the wire) so that a name that is not UTF-8 is
+decoded, and reported, here; MindSpore's Value holds `tensor` in a oneof beside
+`MapTensorProto maptensor = 3`, which this descriptor leaves out: protobuf skips it as an
+unknown field, and checkpoint.py skips a Value without a tensor. `dims` is unpacked, as
+MindSpore writes it; protobuf reads packed dims as well. The descriptor lives in its own pool,
+so it cannot clash with MindSpore's own in one process."""
 from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
