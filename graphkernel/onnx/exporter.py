@@ -112,6 +112,13 @@ class _Writer:
                     source.op in _FIRST_ITEM:
                 self.names[node.uid] = self.names[source.uid]
                 return
+            if isinstance(source, Node) and source.op == "Unstack":
+                # Unstack's item i is a Gather of index i (a scalar index drops the axis);
+                # the Unstack node itself stands for its input (see _unstack).
+                self.names[node.uid] = self.emit(
+                    "Gather", [self.names[source.uid], self.const(np.asarray(index, np.int64))],
+                    axis=source.attrs.get("axis", get_op("Unstack").attr_defaults["axis"]))
+                return
             raise UnsupportedError(f"export to ONNX: item {index} of {source.name} "
                                    f"({getattr(source, 'op', '?')}) has no ONNX counterpart")
         write = _WRITERS.get(node.op)
@@ -285,6 +292,11 @@ def _pool(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
         raise UnsupportedError(f"export to ONNX: AvgPool {n.name} with pad_mode "
                                f"{attrs['pad_mode']!r} pads its input")
     return w.emit("MaxPool" if n.op == "MaxPool" else "AveragePool", ins, **window)
+
+
+@_writer("Unstack")
+def _unstack(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return ins[0]  # each item is written where a GetItem takes it
 
 
 @_writer("BatchNorm")
