@@ -261,8 +261,9 @@ def _side(argv: list[str]) -> None:
 
 def _run(python: str, side: str, name: str, folder: str) -> None:
     env = {**os.environ, "PYTHONPATH": HERE if side.startswith("gk") else ""}
+    # MindSpore's kernel compiler writes akg_kernel_meta/ and logs into the working folder.
     proc = subprocess.run([python, os.path.abspath(__file__), "--side", side, name, folder],
-                          env=env, capture_output=True, text=True)
+                          env=env, capture_output=True, text=True, cwd=folder)
     if proc.returncode:
         raise RuntimeError(f"{side} {name} failed:\n{proc.stderr[-3000:]}")
 
