@@ -529,3 +529,40 @@ def test_assign_errors():
         ops.functional.assign(p, Tensor(np.ones(2, np.float32)))
     ops.functional.assign(p, Tensor(np.ones(3, np.float32)))
     np.testing.assert_array_equal(p.asnumpy(), 1.0)
+
+
+def test_cells_appended_to_a_list_are_named_as_mindspore_names_them(tmp_path):
+    """A cell appended to a CellList or SequentialCell already set on its parent is named under
+    the parent's attribute ("layers.1.weight", not "1.weight", which three lists of one net
+    would share); a list built by appends before it is set, whose items hold lists (MindCV's
+    Swin), gets MindSpore's own names for them. Expected names: MindSpore 2.10's, measured."""
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.CellList([nn.Dense(2, 2)])
+            self.layers.append(nn.Dense(2, 2))
+            self.seq = nn.SequentialCell([nn.Dense(2, 2)])
+            self.seq.append(nn.Dense(2, 3))
+            self.stages = nn.CellList()
+            self.stages.append(nn.Dense(2, 2))
+            self.stages.extend([nn.Dense(2, 2)])
+
+    net = Net()
+    assert [p.name for p in net.get_parameters()] == [
+        "layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
+        "seq.0.weight", "seq.0.bias", "seq.1.weight", "seq.1.bias",
+        "0.weight", "0.bias", "1.weight", "1.bias"]
+
+    class Stage(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.CellList([nn.Dense(2, 2)])
+
+    stages = nn.CellList()
+    for _ in range(3):
+        stages.append(Stage())
+    assert [p.name for p in stages.get_parameters()] == [
+        "0.blocks.0.weight", "0.blocks.0.bias", "0.blocks.1.blocks.0.weight",
+        "0.blocks.1.blocks.0.bias", "0.blocks.2.blocks.0.weight", "0.blocks.2.blocks.0.bias"]
+    graphkernel.save_checkpoint(stages, str(tmp_path / "stages.ckpt"))  # names unique
+    assert len(graphkernel.load_checkpoint(str(tmp_path / "stages.ckpt"))) == 6
