@@ -64,6 +64,16 @@ def inputs(batch: int, seed: int, dtype: Any = np.float32) -> tuple[np.ndarray, 
             rng.integers(0, 10, batch).astype(np.int32))
 
 
+def load_all(ms: Any, net: Any, path: str) -> None:
+    """Every parameter of the net from the file, every entry used: MindSpore's strict_load
+    concerns dtypes, and a name that does not match is only returned, so both lists are
+    checked here."""
+    not_loaded, unused = ms.load_param_into_net(net, ms.load_checkpoint(path), strict_load=True)
+    if not_loaded or unused:
+        raise RuntimeError(f"{path}: parameters not loaded {not_loaded[:5]}, entries unused "
+                           f"{unused[:5]}")
+
+
 def evaluate(ms: Any, net: Any, x: np.ndarray) -> np.ndarray:
     net.set_train(False)
     return net(ms.Tensor(x)).asnumpy()
@@ -119,8 +129,7 @@ def mindspore_side(name: str, folder: str, fused: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     x, _ = inputs(BATCH_EVAL, 1)
     net = build(name)
-    ms.load_param_into_net(net, ms.load_checkpoint(os.path.join(folder, "gk.ckpt")),
-                           strict_load=True)
+    load_all(ms, net, os.path.join(folder, "gk.ckpt"))
     if fused:
         np.save(os.path.join(folder, "ms_on_gk_eval.npy"), evaluate(ms, net, x))
     xs, labels = inputs(BATCH_STEP, 2)
@@ -170,8 +179,7 @@ def graphkernel_check(name: str, folder: str) -> dict[str, Any]:
     out["eval_gk_ckpt_in_ms"] = rel(np.load(os.path.join(folder, "ms_on_gk_eval.npy")),
                                     np.load(os.path.join(folder, "gk_own_eval.npy")))
     net = build(name)
-    ms.load_param_into_net(net, ms.load_checkpoint(os.path.join(folder, "ms.ckpt")),
-                           strict_load=True)
+    load_all(ms, net, os.path.join(folder, "ms.ckpt"))
     got = evaluate(ms, net, x)
     out["eval_ms_ckpt_in_gk"] = rel(got, np.load(os.path.join(folder, "ms_own_eval.npy")))
     xt, _ = inputs(BATCH_TIME, 3)
@@ -185,7 +193,7 @@ def graphkernel_check(name: str, folder: str) -> dict[str, Any]:
     updates = {}
     for dtype in ("float32", "float64"):
         net = build(name)
-        ms.load_param_into_net(net, ms.load_checkpoint(gk_ckpt), strict_load=True)
+        load_all(ms, net, gk_ckpt)
         if dtype == "float64":
             _as_float64(net)
         try:
