@@ -565,4 +565,10 @@ def test_cells_appended_to_a_list_are_named_as_mindspore_names_them(tmp_path):
         "0.blocks.0.weight", "0.blocks.0.bias", "0.blocks.1.blocks.0.weight",
         "0.blocks.1.blocks.0.bias", "0.blocks.2.blocks.0.weight", "0.blocks.2.blocks.0.bias"]
     graphkernel.save_checkpoint(stages, str(tmp_path / "stages.ckpt"))  # names unique
+    # Lists given whole to the constructor are named by index alone (MindCV's ConvNeXt:
+    # SequentialCell([stem, stage, ...]) names "feature.1.0.gamma", not "feature.0.1.0...").
+    for listed in (nn.SequentialCell, nn.CellList):
+        whole = listed([nn.SequentialCell([nn.Dense(2, 2)]), nn.SequentialCell([nn.Dense(2, 2)])])
+        assert [p.name for p in whole.get_parameters()] == [
+            "0.0.weight", "0.0.bias", "1.0.weight", "1.0.bias"]
     assert len(graphkernel.load_checkpoint(str(tmp_path / "stages.ckpt"))) == 6

@@ -81,8 +81,8 @@ class SequentialCell(_Listed):
                 self._add(str(name), cell)
             return
         cells = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-        for cell in cells:
-            self.append(cell)
+        for cell in cells:  # named by index alone, not by append's rule (as MindSpore)
+            self._add(str(len(self._order)), cell)
 
     def construct(self, x: Any) -> Any:
         for cell in self._order:
@@ -93,8 +93,8 @@ class SequentialCell(_Listed):
 class CellList(_Listed):
     def __init__(self, args: Any = None) -> None:
         super().__init__()
-        for cell in args or ():
-            self.append(cell)
+        for cell in args or ():  # named by index alone, not by append's rule (as MindSpore)
+            self._add(str(len(self._order)), cell)
 
     def extend(self, cells: Any) -> CellList:
         prefix = self._appended_prefix()  # once, before the first is added (as MindSpore)
