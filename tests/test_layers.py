@@ -324,7 +324,7 @@ def _ckpt(name, dims, type_name, content):
     (_ckpt(b"w", [1] * 40, b"Float32", bytes(4)), "bad shape"),
     (_ckpt(b"w", [2], b"Bool", b"\x01\x07"), "bytes other than 0 and 1"),
     (_ckpt(b"w", [1], b"Float32", bytes(4)) * 2, "'w' appears twice"),
-    (_ckpt(b"w", [1], b"Float32", bytes(4)) + b"\x0d\x01\x02", "truncated"),
+    (_ckpt(b"w", [1], b"Float32", bytes(4)) + b"\x0d\x01\x02", "damaged one"),
 ], ids=["empty", "negative dims", "wrapping dims", "40 dims", "bool bytes", "twice",
         "cut fixed32"])
 def test_malformed_checkpoints_are_refused_clearly(tmp_path, data, message):
@@ -333,6 +333,18 @@ def test_malformed_checkpoints_are_refused_clearly(tmp_path, data, message):
     with pytest.raises(CheckpointError, match=message) as info:
         graphkernel.load_checkpoint(str(path))
     assert str(path) in str(info.value)
+
+
+def test_checkpoint_fields_protobuf_skips_are_skipped(tmp_path):
+    """Unknown fields of any wire type, a group included, are skipped as protobuf's readers
+    (MindSpore's) skip them: a later MindSpore's additions do not make a file unreadable."""
+    entry = _ckpt(b"w", [2], b"Float32", np.array([1, 2], "<f4").tobytes())
+    value = entry[2:]  # the Value message inside the Checkpoint's field 1
+    extra = b"\x28\x01" + b"\x33\x08\x05\x34" + b"\x3d" + bytes(4)  # varint, group, fixed32
+    path = tmp_path / "later.ckpt"
+    path.write_bytes(b"\x0a" + bytes([len(value) + len(extra)]) + value + extra)
+    params = graphkernel.load_checkpoint(str(path))
+    np.testing.assert_array_equal(params["w"].asnumpy(), [1, 2])
 
 
 def test_a_failed_save_is_a_clear_error_and_keeps_the_old_file(tmp_path):
@@ -517,3 +529,46 @@ def test_assign_errors():
         ops.functional.assign(p, Tensor(np.ones(2, np.float32)))
     ops.functional.assign(p, Tensor(np.ones(3, np.float32)))
     np.testing.assert_array_equal(p.asnumpy(), 1.0)
+
+
+def test_cells_appended_to_a_list_are_named_as_mindspore_names_them(tmp_path):
+    """A cell appended to a CellList or SequentialCell already set on its parent is named under
+    the parent's attribute ("layers.1.weight", not "1.weight", which three lists of one net
+    would share); a list built by appends before it is set, whose items hold lists (MindCV's
+    Swin), gets MindSpore's own names for them. Expected names: MindSpore 2.10's, measured."""
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.CellList([nn.Dense(2, 2)])
+            self.layers.append(nn.Dense(2, 2))
+            self.seq = nn.SequentialCell([nn.Dense(2, 2)])
+            self.seq.append(nn.Dense(2, 3))
+            self.stages = nn.CellList()
+            self.stages.append(nn.Dense(2, 2))
+            self.stages.extend([nn.Dense(2, 2)])
+
+    net = Net()
+    assert [p.name for p in net.get_parameters()] == [
+        "layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
+        "seq.0.weight", "seq.0.bias", "seq.1.weight", "seq.1.bias",
+        "0.weight", "0.bias", "1.weight", "1.bias"]
+
+    class Stage(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.CellList([nn.Dense(2, 2)])
+
+    stages = nn.CellList()
+    for _ in range(3):
+        stages.append(Stage())
+    assert [p.name for p in stages.get_parameters()] == [
+        "0.blocks.0.weight", "0.blocks.0.bias", "0.blocks.1.blocks.0.weight",
+        "0.blocks.1.blocks.0.bias", "0.blocks.2.blocks.0.weight", "0.blocks.2.blocks.0.bias"]
+    graphkernel.save_checkpoint(stages, str(tmp_path / "stages.ckpt"))  # names unique
+    # Lists given whole to the constructor are named by index alone (MindCV's ConvNeXt:
+    # SequentialCell([stem, stage, ...]) names "feature.1.0.gamma", not "feature.0.1.0...").
+    for listed in (nn.SequentialCell, nn.CellList):
+        whole = listed([nn.SequentialCell([nn.Dense(2, 2)]), nn.SequentialCell([nn.Dense(2, 2)])])
+        assert [p.name for p in whole.get_parameters()] == [
+            "0.0.weight", "0.0.bias", "1.0.weight", "1.0.bias"]
+    assert len(graphkernel.load_checkpoint(str(tmp_path / "stages.ckpt"))) == 6

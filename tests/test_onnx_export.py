@@ -47,6 +47,66 @@ def test_an_exported_network_runs_in_onnxruntime_with_the_same_result(tmp_path, 
     np.testing.assert_allclose(back, expected, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("axis", [0, -1])
+def test_unstack_exports_as_one_gather_per_item(tmp_path, rng, axis):
+    """Unstack (ViT's attention splits q, k, v with it) has several outputs: each item taken
+    becomes an ONNX Gather of that index, which drops the axis as Unstack does."""
+    class SplitQKV(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.unstack = P.Unstack(axis=axis)
+            self.matmul = P.BatchMatMul(transpose_b=True)
+
+        def construct(self, x):
+            q, k, v = self.unstack(x)
+            return self.matmul(q, k) + v
+
+    x = rng.standard_normal((3, 2, 4, 4) if axis == 0 else (2, 4, 4, 3)).astype(np.float32)
+    net = SplitQKV()
+    expected = net(Tensor(x)).asnumpy()
+    path = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "qkv"),
+                              file_format="ONNX")
+    made = onnx.load(path)
+    onnx.checker.check_model(made, full_check=True)
+    assert [n.op_type for n in made.graph.node].count("Gather") == 3
+    got, = onnxruntime_outputs(made, {made.graph.input[0].name: x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("index", [
+    (slice(None), 0), (Ellipsis, slice(1, None, 2)), (1, None, slice(None, None, -1)),
+    (slice(None), -1, slice(0, 2)), (Ellipsis, None), (slice(-3, None),)])
+def test_tensor_indexing_exports_as_slice_squeeze_unsqueeze(tmp_path, rng, index):
+    """`x[:, 0]` (ViT's class token), steps, negative and integer indices, new axes and an
+    ellipsis: StridedSlice exported as ONNX Slice/Squeeze/Unsqueeze gives numpy's result."""
+    class Index(nn.Cell):
+        def construct(self, x):
+            return x[index] * 2.0
+
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    expected = x[index] * 2.0
+    np.testing.assert_allclose(Index()(Tensor(x)).asnumpy(), expected)
+    path = graphkernel.export(Index(), Tensor(x), file_name=str(tmp_path / "index"),
+                              file_format="ONNX")
+    made = onnx.load(path)
+    onnx.checker.check_model(made, full_check=True)
+    got, = onnxruntime_outputs(made, {made.graph.input[0].name: x})
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_slice_exports(tmp_path, rng):
+    class SliceCell(nn.Cell):
+        def construct(self, x):
+            return P.Slice()(x, (1, 0, 2), (2, 4, 3))
+
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    path = graphkernel.export(SliceCell(), Tensor(x), file_name=str(tmp_path / "slice"),
+                              file_format="ONNX")
+    made = onnx.load(path)
+    got, = onnxruntime_outputs(made, {made.graph.input[0].name: x})
+    np.testing.assert_array_equal(got, x[1:3, 0:4, 2:5])
+
+
 def test_a_primitive_without_an_onnx_mapping_is_refused_before_writing(tmp_path):
     class OneHotCell(nn.Cell):
         def construct(self, x):

@@ -1,19 +1,18 @@
 """Checkpoints in MindSpore's `.ckpt` format: `save_checkpoint(net, file)`,
 `load_checkpoint(file) -> {name: Parameter}`, `load_param_into_net(net, params)`.
 
-A `.ckpt` file is one protobuf message (MindSpore's checkpoint.proto):
-    Checkpoint { repeated Value value = 1; }
-    Value { string tag = 1; TensorProto tensor = 2; }
-    TensorProto { repeated int64 dims = 1; string tensor_type = 2; bytes tensor_content = 3; }
-Three messages of known fields: this module reads and writes the wire format directly (varints
-and length-delimited fields) rather than depend on protobuf. Fields it does not know (MindSpore's
-map tensors, checksums) are skipped when reading. tests/test_layers.py reads a file MindSpore
-2.10 wrote, and writes the same parameters back byte for byte.
+A `.ckpt` file is one protobuf message of MindSpore's checkpoint.proto (checkpoint_proto.py
+builds its message classes with the `protobuf` library): a Checkpoint holds Values, each a tag
+(the parameter's name) and a TensorProto (dims, tensor_type, tensor_content). Fields graphkernel
+does not know (MindSpore's map tensors, later additions) are skipped when reading, as protobuf
+skips them. tests/test_layers.py checks the bytes against checkpoint.proto spelled out by hand;
+bench/mindspore_parity.py loads files both ways with MindSpore 2.10 itself.
 
 Entries are keyed by `Parameter.name`, as MindSpore keys them: a net's parameters keep their
 names however the net is wrapped (TrainOneStepCell, WithLossCell), so a checkpoint saved from a
-training step loads into the bare network. A checkpoint file is data from anywhere: every size,
-dimension and type in it is checked, and loading refuses a value a parameter cannot hold."""
+training step loads into the bare network. A checkpoint file is data from anywhere: protobuf
+checks the wire format, and here every size, dimension and type in it is checked, and loading
+refuses a value a parameter cannot hold."""
 from __future__ import annotations
 
 import math
@@ -22,7 +21,9 @@ import tempfile
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
+from graphkernel.common.checkpoint_proto import Checkpoint
 from graphkernel.errors import InputError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.tensor import Parameter, Tensor
@@ -32,74 +33,11 @@ _TYPE_NAMES: dict[np.dtype, str] = {np.dtype("float16"): "Float16", np.dtype("fl
                np.dtype("float64"): "Float64", np.dtype("int32"): "Int32",
                np.dtype("int64"): "Int64", np.dtype("bool"): "Bool"}
 _NAME_TYPES: dict[str, np.dtype] = {v: k for k, v in _TYPE_NAMES.items()}
-_WIRE_VARINT, _WIRE_I64, _WIRE_BYTES, _WIRE_I32 = 0, 1, 2, 5
 _MAX_RANK = 32  # numpy's arrays have at most 64 dimensions; no parameter has this many
 
 
 class CheckpointError(InputError):
     """A checkpoint file that cannot be read, or parameters that do not fit a network."""
-
-
-# -- protobuf wire format ---------------------------------------------------------------------
-
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64 as two's complement, ten bytes
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | _WIRE_BYTES) + _varint(len(payload)) + payload
-
-
-def _read_varint(data: bytes, pos: int, where: str) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        if pos >= len(data):
-            raise CheckpointError(f"{where}: truncated (a number runs past the end)")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value & ((1 << 64) - 1), pos  # bits past 64 are dropped, as protobuf does
-        shift += 7
-        if shift > 63:
-            raise CheckpointError(f"{where}: malformed number")
-
-
-def _fields(data: bytes, where: str) -> list[tuple[int, int, Any]]:
-    """(field number, wire type, value) of one message; bytes fields as memory slices."""
-    out: list[tuple[int, int, Any]] = []
-    pos = 0
-    value: Any  # an integer (varint) or a memory slice (the other wire types)
-    while pos < len(data):
-        key, pos = _read_varint(data, pos, where)
-        number, wire = key >> 3, key & 7
-        if wire == _WIRE_VARINT:
-            value, pos = _read_varint(data, pos, where)
-        elif wire == _WIRE_BYTES:
-            size, pos = _read_varint(data, pos, where)
-            if pos + size > len(data):
-                raise CheckpointError(f"{where}: truncated (a field runs past the end)")
-            value, pos = data[pos:pos + size], pos + size
-        elif wire in (_WIRE_I64, _WIRE_I32):
-            step = 8 if wire == _WIRE_I64 else 4
-            if pos + step > len(data):
-                raise CheckpointError(f"{where}: truncated (a field runs past the end)")
-            value, pos = data[pos:pos + step], pos + step
-        else:
-            raise CheckpointError(f"{where}: not a MindSpore checkpoint (wire type {wire})")
-        out.append((number, wire, value))
-    return out
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -146,15 +84,18 @@ def save_checkpoint(save_obj: Any, ckpt_file_name: str) -> None:
     path = os.fspath(ckpt_file_name)
     if not path.endswith(".ckpt"):
         path += ".ckpt"  # as MindSpore does
-    message = bytearray()
+    message = Checkpoint()
     for name, array in _named_arrays(save_obj):
         if array.dtype not in _TYPE_NAMES:
             raise CheckpointError(f"parameter {name!r} has dtype {array.dtype}, which a "
                                   "checkpoint here cannot hold")
-        dims = b"".join(_varint(1 << 3 | _WIRE_VARINT) + _varint(d) for d in array.shape)
-        tensor = dims + _field(2, _TYPE_NAMES[array.dtype].encode()) + \
-            _field(3, np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes())
-        message += _field(1, _field(1, name.encode()) + _field(2, tensor))
+        value = message.value.add()
+        value.tag = name.encode()
+        value.tensor.dims.extend(array.shape)
+        value.tensor.tensor_type = _TYPE_NAMES[array.dtype].encode()
+        value.tensor.tensor_content = np.ascontiguousarray(array).astype(
+            array.dtype.newbyteorder("<")).tobytes()
+    data = message.SerializeToString()
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".ckpt-", dir=folder)
@@ -163,7 +104,7 @@ def save_checkpoint(save_obj: Any, ckpt_file_name: str) -> None:
                               f"(folder {folder})") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(bytes(message))
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name moves to them
         os.replace(tmp, path)
@@ -178,22 +119,12 @@ def save_checkpoint(save_obj: Any, ckpt_file_name: str) -> None:
 
 # -- reading ----------------------------------------------------------------------------------
 
-def _tensor(data: bytes, where: str) -> np.ndarray:
-    dims: list[int] = []
-    type_name, content = None, b""
-    for number, wire, value in _fields(data, where):
-        if number == 1 and wire == _WIRE_VARINT:
-            dims.append(_signed(value))
-        elif number == 1 and wire == _WIRE_BYTES:  # packed dims
-            pos = 0
-            while pos < len(value):
-                d, pos = _read_varint(value, pos, where)
-                dims.append(_signed(d))
-        elif number == 2:
-            type_name = bytes(value).decode("utf-8", "replace")
-        elif number == 3:
-            content = bytes(value)
-    if type_name is None or type_name not in _NAME_TYPES:
+def _tensor(tensor: Any, where: str) -> np.ndarray:
+    """The array a TensorProto holds, after checking that its type, dims and bytes agree."""
+    dims = list(tensor.dims)
+    type_name = tensor.tensor_type.decode("utf-8", "replace")
+    content = tensor.tensor_content
+    if type_name not in _NAME_TYPES:
         raise CheckpointError(f"{where}: tensor type {type_name!r} is not one graphkernel "
                               f"computes in ({', '.join(_NAME_TYPES)})")
     dtype = _NAME_TYPES[type_name]
@@ -218,23 +149,23 @@ def load_checkpoint(ckpt_file_name: str) -> dict[str, Parameter]:
             data = f.read()
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
+    if not data:
+        raise CheckpointError(f"{path} is empty: not a checkpoint (an interrupted copy?)")
+    message = Checkpoint()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise CheckpointError(f"{path}: not a MindSpore checkpoint, or a damaged one "
+                              f"(protobuf: {exc})") from None
     params: dict[str, Parameter] = {}
-    for number, wire, value in _fields(data, path):
-        if number != 1 or wire != _WIRE_BYTES:
-            continue
-        name, tensor = None, None
-        for n, w, v in _fields(bytes(value), path):
-            if n == 1 and w == _WIRE_BYTES:
-                name = bytes(v).decode("utf-8", "replace")
-            elif n == 2 and w == _WIRE_BYTES:
-                tensor = _tensor(bytes(v), f"{path}: {name}")
-        if name is None or tensor is None:
+    for value in message.value:
+        if not value.HasField("tag") or not value.HasField("tensor"):
             continue  # a map tensor or another entry graphkernel has no use for
+        name = value.tag.decode("utf-8", "replace")
+        tensor = _tensor(value.tensor, f"{path}: {name}")
         if name in params:
             raise CheckpointError(f"{path}: the entry {name!r} appears twice (altered file?)")
         params[name] = Parameter(tensor, name)
-    if not data:
-        raise CheckpointError(f"{path} is empty: not a checkpoint (an interrupted copy?)")
     if not params:
         raise CheckpointError(f"{path} holds no tensors: not a MindSpore checkpoint")
     return params

@@ -18,6 +18,7 @@ from graphkernel.frontend.compile import automatic_types, compile
 from graphkernel.frontend.signature import CellLike
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opdefs.array import _slice_index, strided_slice_index
 from graphkernel.ir.opdefs.nn import pair, window_padding
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
@@ -151,6 +152,13 @@ class _Writer:
             if source.uid in self.names and index == 0 and isinstance(source, Node) and \
                     source.op in _FIRST_ITEM:
                 self.names[node.uid] = self.names[source.uid]
+                return
+            if isinstance(source, Node) and source.op == "Unstack":
+                # Unstack's item i is a Gather of index i (a scalar index drops the axis);
+                # the Unstack node itself stands for its input (see _unstack).
+                self.names[node.uid] = self.emit(
+                    "Gather", [self.names[source.uid], self.const(np.asarray(index, np.int64))],
+                    axis=source.attrs.get("axis", get_op("Unstack").attr_defaults["axis"]))
                 return
             raise UnsupportedError(f"export to ONNX: item {index} of {source.name} "
                                    f"({getattr(source, 'op', '?')}) has no ONNX counterpart")
@@ -325,6 +333,67 @@ def _pool(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
         raise UnsupportedError(f"export to ONNX: AvgPool {n.name} with pad_mode "
                                f"{attrs['pad_mode']!r} pads its input")
     return w.emit("MaxPool" if n.op == "MaxPool" else "AveragePool", ins, **window)
+
+
+_INT64_MAX, _INT64_MIN = 2 ** 63 - 1, -2 ** 63
+
+
+@_writer("Slice", "StridedSlice")
+def _slice(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    """A numpy index (slices, integers, new axes, one ellipsis) as ONNX Slice, then Squeeze of
+    the integer-indexed axes, then Unsqueeze of the new ones."""
+    shape = n.inputs[0].shape
+    if n.op == "Slice":
+        index: tuple[Any, ...] = _slice_index(shape, attrs["begin"], attrs["size"])
+    else:
+        masks = {k: attrs[k] for k in ("begin_mask", "end_mask", "ellipsis_mask",
+                                        "new_axis_mask", "shrink_axis_mask")}
+        index = strided_slice_index(shape, attrs["begin"], attrs["end"], attrs["strides"],
+                                    **masks)
+    if Ellipsis in index:
+        at = index.index(Ellipsis)
+        fill = len(shape) - sum(1 for i in index if i is not None and i is not Ellipsis)
+        index = index[:at] + (slice(None),) * fill + index[at + 1:]
+    index = index + (slice(None),) * (len(shape) - sum(1 for i in index if i is not None))
+    starts, ends, axes, steps, squeeze, unsqueeze = [], [], [], [], [], []
+    axis = out_axis = 0
+    for item in index:
+        if item is None:
+            unsqueeze.append(out_axis)
+            out_axis += 1
+            continue
+        if isinstance(item, slice):
+            step = 1 if item.step is None else item.step
+            if (item.start, item.stop, step) != (None, None, 1):  # a whole axis needs none
+                starts.append(item.start if item.start is not None else
+                              (0 if step > 0 else _INT64_MAX))
+                ends.append(item.stop if item.stop is not None else
+                            (_INT64_MAX if step > 0 else _INT64_MIN))
+                axes.append(axis)
+                steps.append(step)
+            out_axis += 1
+        else:  # an integer: one element, then the axis goes
+            starts.append(item)
+            ends.append(item + 1 if item != -1 else _INT64_MAX)
+            axes.append(axis)
+            steps.append(1)
+            squeeze.append(axis)
+        axis += 1
+    out = ins[0]
+    if axes:
+        out = w.emit("Slice", [out] + [w.const(np.array(v, np.int64), name) for v, name in
+                                       ((starts, "starts"), (ends, "ends"), (axes, "axes"),
+                                        (steps, "steps"))])
+    if squeeze:
+        out = w.emit("Squeeze", [out, w.const(np.array(squeeze, np.int64), "axes")])
+    if unsqueeze:
+        out = w.emit("Unsqueeze", [out, w.const(np.array(unsqueeze, np.int64), "axes")])
+    return out if out != ins[0] else w.emit("Identity", [out])
+
+
+@_writer("Unstack")
+def _unstack(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return ins[0]  # each item is written where a GetItem takes it
 
 
 @_writer("BatchNorm")
