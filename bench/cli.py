@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None, help="rounds per workload")
     p.add_argument("--systems", default=None,
                    help="comma-separated system keys (gk_fused, gk_unfused, numpy, numexpr, "
-                        "torch, inductor, jax, onnxruntime, mindspore); default all installed")
+                        "torch, inductor, jax, onnxruntime, openvino, mindspore); default all "
+                        "installed")
     p.add_argument("--workloads", default=None,
                    help="comma-separated workload keys or kinds (basic, composite, chain, "
                         "bias_gelu, layernorm, softmax, mlp, encoder, cnn, bert)")

@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.peers import OPENVINO_CONFIG
+
 GK_KEYS = ("gk_fused", "gk_unfused", "gk_generic")
 PEER_KEYS = ("onnxruntime", "openvino", "torch")
 LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
@@ -43,7 +45,6 @@ LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
           "openvino": "OpenVINO", "torch": "torch eager"}
 ENCODER_COMPILE_LAYERS = (1, 2, 4, 12)
 MIN_SAMPLE_S = 0.05
-OPENVINO_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
 
 
 @dataclass
@@ -143,11 +144,9 @@ def ort(path: str, names: list[str], sets: list[list[np.ndarray]]
 
 def openvino(path: str, names: list[str], sets: list[list[np.ndarray]]
              ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    import openvino as ov
-    core = ov.Core()
-    config = dict(OPENVINO_CONFIG, INFERENCE_NUM_THREADS=os.cpu_count() or 1)
+    from bench.peers import openvino_compiled
     t0 = time.perf_counter()
-    compiled = core.compile_model(core.read_model(path), "CPU", config)
+    compiled = openvino_compiled(path)
     compile_s = time.perf_counter() - t0
     request = compiled.create_infer_request()
     feeds = [dict(zip(names, s)) for s in sets]
@@ -157,8 +156,7 @@ def openvino(path: str, names: list[str], sets: list[list[np.ndarray]]
     def call(i: int) -> np.ndarray:
         request.infer(feeds[i])
         return np.array(request.get_output_tensor(0).data, copy=True)
-    return call, {"compile_s": compile_s, "threads": int(threads), "precision": precision,
-                  "config": config}
+    return call, {"compile_s": compile_s, "threads": int(threads), "precision": precision}
 
 
 def torch_inference(model: Any, sets: list[list[np.ndarray]]
@@ -674,9 +672,11 @@ def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
         "machine": machine.machine_info(), "rounds": rounds, "only": only,
         "versions": {d: version_of(d) for d in ("graphkernel", "numpy", "onnx", "onnxruntime",
                                                 "openvino", "torch", "transformers")},
-        "openvino_config": OPENVINO_CONFIG,
+        "openvino_config": dict(OPENVINO_CONFIG, INFERENCE_NUM_THREADS=os.cpu_count()),
         "threads_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
                                                        "OPENBLAS_NUM_THREADS")}}
+    # Other work on the machine shows here: quote ratios from one run, not absolute times.
+    results["load_average_start"] = os.getloadavg()
     log("measuring copy bandwidth ...")
     results["copy_bandwidth"] = machine.copy_bandwidth(256 << 20)
     results["rows"] = []
@@ -697,6 +697,7 @@ def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
                 os.environ.pop("GRAPHKERNEL_CACHE_DIR", None)
             else:
                 os.environ["GRAPHKERNEL_CACHE_DIR"] = saved
+    results["load_average_end"] = os.getloadavg()
     results["wall_s"] = time.time() - started
     return results
 
@@ -712,8 +713,10 @@ def markdown(results: dict[str, Any], command: str) -> str:
              f"`{command}` — {results['rounds']} interleaved steady rounds per row (9 for the "
              "imported rows), a sample one call or as many as make 50 ms; first result "
              "(compile or session + first call, graphkernel into an empty kernel cache) apart.",
-             "", f"Machine: {m.get('cpu_model')}, {m.get('logical_cpus', m.get('cpus'))} logical "
-             f"CPUs; copy bandwidth {results['copy_bandwidth']['gbps']:.1f} GB/s. Versions: " +
+             "", f"Machine: {m.get('cpu_model')}, {m.get('cpu_count')} logical "
+             f"CPUs; copy bandwidth {results['copy_bandwidth']['gbps']:.1f} GB/s; load average "
+             f"(1, 5, 15 min) at start {_load(results.get('load_average_start'))}, at end "
+             f"{_load(results.get('load_average_end'))}. Versions: " +
              ", ".join(f"{k} {x}" for k, x in v.items() if x) + ". OpenVINO: "
              f"{results['openvino_config']}, all cores.", ""]
     rows = results.get("rows", [])
@@ -778,6 +781,10 @@ def markdown(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _load(v: Any) -> str:
+    return "not recorded" if not v else "/".join(f"{x:.1f}" for x in v)
+
+
 def _s(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}"
 
@@ -787,6 +794,7 @@ def write(results: dict[str, Any], out_dir: str, command: str) -> dict[str, str]
     only = results.get("only")
     stem = os.path.join(out_dir, results["started_utc"][:10] + "-real" +
                         ("-" + "-".join(only)[:60] if only else ""))
+    results["command"] = command
     with open(stem + ".json", "w") as fh:
         json.dump(results, fh, indent=1, default=str)
     with open(stem + ".md", "w") as fh:
@@ -797,5 +805,11 @@ def write(results: dict[str, Any], out_dir: str, command: str) -> dict[str, str]
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--encoder-probe":
         print(json.dumps(encoder_probe(int(sys.argv[2]))))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--render":  # the .md again from the .json
+        with open(sys.argv[2]) as fh:
+            saved = json.load(fh)
+        with open(sys.argv[2].removesuffix(".json") + ".md", "w") as fh:
+            fh.write(markdown(saved, saved.get("command", "python -m bench --real")))
     else:
-        raise SystemExit("usage: python -m bench --real [--only NAME,...] | --compile-table")
+        raise SystemExit("usage: python -m bench --real [--only NAME,...] | --compile-table | "
+                         "python -m bench.real --render RESULTS.json")
