@@ -708,7 +708,9 @@ def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
 
 
 def _ms(s: float | None) -> str:
-    return "" if s is None else f"{s * 1e3:.4g}"
+    if s is None:
+        return ""
+    return f"{s * 1e3:.0f}" if s >= 1 else f"{s * 1e3:.4g}"
 
 
 def _ratio(v: float | None, systems: dict[str, Any], key: str) -> str:
