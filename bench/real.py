@@ -45,6 +45,9 @@ LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
           "openvino": "OpenVINO", "torch": "torch eager"}
 ENCODER_COMPILE_LAYERS = (1, 2, 4, 12)
 MIN_SAMPLE_S = 0.05
+# A training step's loss change (second loss - first) may differ from the reference's by this
+# much, relative: float32 gradients of deep nets, and BatchNorm's batch statistics.
+STEP_CHANGE_RTOL = 0.05
 
 
 @dataclass
@@ -65,6 +68,9 @@ class Row:
     rtol: float = 1e-3  # max |error| / max |reference| allowed against the reference system
     reference: tuple[str, ...] = ("onnxruntime", "torch", "gk_unfused", "gk_handwritten")
     min_rounds: int = 0  # at least this many rounds, whatever --rounds says
+    # Calls whose outputs are checked: 2 for a training step, whose second loss depends on the
+    # first step's gradients and Adam update of every weight.
+    check_calls: int = 1
     notes: list[str] = field(default_factory=list)
 
 
@@ -240,12 +246,18 @@ def torch_train(model: Any, sets: list[list[np.ndarray]]
     tensors = [[torch.from_numpy(a) for a in s] for s in sets]
     rows = float(sets[0][0].shape[0])
 
+    steps = [0]
+
     def call(i: int) -> np.ndarray:
         torch.set_grad_enabled(True)
         opt.zero_grad(set_to_none=False)
         x, target = tensors[i]
         loss = 0.5 * ((model(x) - target) ** 2).sum() / rows
         loss.backward()
+        # torch adds eps to the bias-corrected sqrt(v), graphkernel's (MindSpore's) Adam to the
+        # uncorrected one: the same step with eps / sqrt(1 - beta2^t) (as bench/training.py).
+        steps[0] += 1
+        opt.param_groups[0]["eps"] = ADAM_EPS / (1 - BETA2 ** steps[0]) ** 0.5
         opt.step()
         return np.asarray([float(loss.detach())], np.float32)
     return call, {"threads": torch.get_num_threads(), "optimizer": "Adam(foreach=True)"}
@@ -292,7 +304,7 @@ def cnn_row(model: str, batch: int, train: bool = False) -> Row:
     kind = "training step (MSE + Adam)" if train else "inference"
     return Row(f"{model}_train_b{batch}" if train else f"{model}_b{batch}", "real",
                f"{model} {kind}, batch {batch}, 224x224 (graphkernel.nn)", build,
-               rtol=2e-3 if train else 1e-3)
+               rtol=2e-3 if train else 1e-3, check_calls=2 if train else 1)
 
 
 def _onnx_peers(path: str, names: list[str], sets: list[list[np.ndarray]]) -> list[Contender]:
@@ -339,7 +351,7 @@ def bert_base_row(train: bool) -> Row:
     return Row("bert_base_train" if train else "bert_base", "real",
                f"BERT-base-size encoder {what}: 12 of the bench's encoder layers, hidden 768, "
                f"12 heads, seq 128, batch 8 (graphkernel.nn)", build,
-               rtol=2e-3 if train else 1e-3)
+               rtol=2e-3 if train else 1e-3, check_calls=2 if train else 1)
 
 
 def onnx_model_row(name: str, batch: int) -> Row:
@@ -479,8 +491,10 @@ def run_row(row: Row, rounds: int, tmp: str, log: Callable[[str], None]) -> dict
         try:
             call, info = c.prepare()
             prepared = time.perf_counter()
-            outputs[c.key] = call(0)
+            first_output = call(0)
             done = time.perf_counter()
+            outputs[c.key] = np.concatenate(
+                [np.ravel(first_output)] + [np.ravel(call(i)) for i in range(1, row.check_calls)])
         except Exception as exc:
             rec["status"], rec["error"] = "failed", _error(exc)
             log(f"  {c.key}: FAILED: {rec['error'][:400]}")
@@ -503,6 +517,17 @@ def run_row(row: Row, rounds: int, tmp: str, log: Callable[[str], None]) -> dict
                 continue
             err = float(np.max(np.abs(out.astype(np.float64) - ref))) / scale
             rec["max_err_over_max_ref"] = err
+            if row.check_calls > 1:  # training: the loss change one step made, compared too
+                change, ref_change = float(out[-1]) - float(out[0]), float(ref[-1] - ref[0])
+                rec["loss_change"] = change
+                change_err = abs(change - ref_change) / max(abs(ref_change), 1e-30)
+                rec["loss_change_rel_err"] = change_err
+                if not change_err <= STEP_CHANGE_RTOL:
+                    rec["status"] = "wrong answer"
+                    rec["error"] = (f"loss change of one step {change:.6g}, {ref_key}'s "
+                                    f"{ref_change:.6g}")
+                    log(f"  {key}: WRONG ANSWER against {ref_key}: {rec['error']}")
+                    continue
             if not err <= row.rtol:
                 rec["status"] = "wrong answer"
                 rec["error"] = f"max |error| / max |ref| = {err:.3g} > {row.rtol:g}"
@@ -777,7 +802,15 @@ def markdown(results: dict[str, Any], command: str) -> str:
             continue
         if r.get("checked_against"):
             lines.append(f"Checked against {LABELS[r['checked_against']]} (max |error| / max "
-                         "|reference|).")
+                         "|reference|" + ("; a training step's check is the first two losses, "
+                                          "and the loss change of one step, within "
+                                          f"{STEP_CHANGE_RTOL:.0%} of the reference's)."
+                                          if "train" in r["name"] else ")."))
+            changes = {k: s["loss_change"] for k, s in r["systems"].items()
+                       if "loss_change" in s}
+            if changes:
+                lines.append("Loss change of one step: " + ", ".join(
+                    f"{LABELS[k]} {v:.6g}" for k, v in changes.items()) + ".")
         lines += ["", "| system | status | first result s | prepare s | steady median ms | "
                   "steady min ms | kernels | error vs ref |", "|---|---|---:|---:|---:|---:|"
                   "---:|---:|"]

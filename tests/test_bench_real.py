@@ -65,3 +65,20 @@ def test_the_torch_network_takes_every_graphkernel_parameter(model: str) -> None
                           params["features.0.bn.moving_variance"])
     rebuilt = gk_params(gk_cnn(model, params))
     assert all(np.array_equal(rebuilt[k], v) for k, v in params.items())
+
+
+def test_a_training_step_with_the_wrong_update_is_flagged(tmp_path) -> None:
+    def stepper(drop: float):
+        return lambda: ((lambda i: np.array([10.0 - drop * i], np.float32)), {})
+
+    def build(tmp: str):
+        return [real.Contender("gk_fused", stepper(1.0)),
+                real.Contender("gk_unfused", stepper(0.5)),
+                real.Contender("torch", stepper(0.51))], {}
+    row = real.Row("stand_in_train", "real", "stand-in step", build, rtol=0.2, check_calls=2)
+    res = real.run_row(row, 1, str(tmp_path), lambda msg: None)
+    s = res["systems"]
+    assert res["checked_against"] == "torch"
+    # the losses are within rtol of each other; only the change one step made tells them apart
+    assert s["gk_fused"]["status"] == "wrong answer" and "loss change" in s["gk_fused"]["error"]
+    assert s["gk_unfused"]["status"] == "ok" and abs(s["gk_unfused"]["loss_change"] + 0.5) < 1e-6
