@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None, help="rounds per workload")
     p.add_argument("--systems", default=None,
                    help="comma-separated system keys (gk_fused, gk_unfused, numpy, numexpr, "
-                        "torch, inductor, jax, onnxruntime, mindspore); default all installed")
+                        "torch, inductor, jax, onnxruntime, openvino, mindspore); default all "
+                        "installed")
     p.add_argument("--workloads", default=None,
                    help="comma-separated workload keys or kinds (basic, composite, chain, "
                         "bias_gelu, layernorm, softmax, mlp, encoder, cnn, bert)")
@@ -45,6 +46,16 @@ def _parser() -> argparse.ArgumentParser:
                         "suite, graphkernel for --quick)")
     p.add_argument("--out", default=None,
                    help="output folder (default bench/results, or bench/results/quick)")
+    p.add_argument("--real", action="store_true",
+                   help="the real-size rows instead of the suite (bench/real.py: BERT-base, "
+                        "ResNet-18/50, MobileNetV2, ONNX exports from PyTorch, imported vs "
+                        "hand-written, the compile-time table); slow, never part of --quick")
+    p.add_argument("--only", default=None,
+                   help="with --real: comma-separated row names or groups (real, onnx, "
+                        "imported, compile_table)")
+    p.add_argument("--compile-table", action="store_true",
+                   help="print the compile-time table alone: cold and warm first result of "
+                        "1, 2, 4 and 12 of the bench's encoder layers")
     p.add_argument("--keep-env", action="store_true",
                    help="do not re-execute with OMP_WAIT_POLICY=PASSIVE and without "
                         "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE")
@@ -76,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.keep_env:
         _reexec(argv)
+    if args.real or args.compile_table or args.only:
+        return _real(args, argv)
     from bench.harness import Config, run
     from bench.report import write_all
 
@@ -102,6 +115,40 @@ def main(argv: list[str] | None = None) -> int:
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     bad = failures(results)
+    for line in bad:
+        print(f"FAILED: {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _real(args: argparse.Namespace, argv: list[str]) -> int:
+    """--real / --only / --compile-table (bench/real.py)."""
+    from bench import real
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+    if args.compile_table and not args.real and not args.only:
+        table = real.compile_table(log)
+        print("\n".join(real.compile_table_lines(table)))
+        return 0 if all("error" not in r.get(c, {}) for r in table["rows"]
+                        for c in ("cold", "warm")) else 1
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    if args.compile_table and only is not None:
+        only.append("compile_table")
+    removed = os.environ.get(MARKER)
+    command = "python -m bench" + ("" if not argv else " " + shlex.join(argv))
+    out_dir = os.path.abspath(args.out or os.path.join(REPO_ROOT, "bench", "results"))
+
+    def save(results: dict[str, Any]) -> dict[str, str]:  # after every row: a long run
+        results["removed_environment"] = json.loads(removed) if removed else {}  # keeps rows
+        return real.write(results, out_dir, command)
+    results = real.run(only, args.rounds or 5, log, on_row=save)
+    paths = save(results)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    bad = [f"{r['name']} {k}: {s['status']}: {s.get('error', '')[:300]}"
+           for r in results["rows"] for k, s in r["systems"].items()
+           if s["status"] not in ("ok", "skipped")]
+    bad += [f"{r['name']}: {r['error'][:300]}" for r in results["rows"] if "error" in r]
     for line in bad:
         print(f"FAILED: {line}", file=sys.stderr)
     return 1 if bad else 0

@@ -429,6 +429,68 @@ class OnnxRuntime(System):
                          "opset": 17, "onnx_nodes": len(model.graph.node)})
 
 
+# OpenVINO's CPU plugin on the very ONNX graph ONNX Runtime runs: float32 (it would pick bf16
+# where the CPU has it), latency mode, every core.
+OPENVINO_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+
+
+def openvino_compiled(model_bytes: bytes | str) -> Any:
+    """An OpenVINO compiled model from ONNX bytes or an ONNX file's path."""
+    import os
+
+    import openvino as ov
+    core = ov.Core()
+    model = core.read_model(model_bytes) if isinstance(model_bytes, str) else \
+        core.read_model(model_bytes, b"")
+    config = dict(OPENVINO_CONFIG, INFERENCE_NUM_THREADS=os.cpu_count() or 1)
+    return core.compile_model(model, "CPU", config)
+
+
+class OpenVINO(System):
+    key, label = "openvino", "OpenVINO"
+    runs_example_nets = True  # the same graphs as ONNX Runtime (bench/net_peers.py)
+    dists = ("openvino", "onnx")
+
+    def probe(self) -> str | None:
+        try:
+            import onnx  # noqa: F401
+            import openvino  # noqa: F401
+        except ImportError as exc:
+            return f"onnx/openvino not installed ({exc})"
+        return None
+
+    def threads(self) -> dict[str, Any]:
+        import os
+        return {"openvino_inference_threads": os.cpu_count(), **OPENVINO_CONFIG}
+
+    def supports(self, w: Workload) -> str | None:
+        if w.kind in TRAIN_KINDS:
+            return "OpenVINO runs inference graphs"
+        return None
+
+    def prepare(self, w: Workload, sets: list[dict[str, np.ndarray]],
+                params: dict[str, np.ndarray], seeds: list[int]) -> Prepared:
+        model = onnx_model(w, params)
+        t0 = time.perf_counter()
+        compiled = openvino_compiled(model.SerializeToString())
+        compile_s = time.perf_counter() - t0
+        request = compiled.create_infer_request()
+        feeds = [dict(s) for s in sets]
+
+        def fresh(i: int) -> Any:
+            request.infer(feeds[i])
+            # the request's output buffer is reused by the next call: a user keeps a copy
+            return np.array(request.get_output_tensor(0).data, copy=True)
+
+        t0 = time.perf_counter()
+        fresh(0)
+        first = time.perf_counter() - t0
+        return Prepared([Runner(self.key, FRESH, fresh, n_sets=len(sets))],
+                        {"compile_s": compile_s, "first_call_s": first, "opset": 17,
+                         "precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+                         "threads": int(compiled.get_property("INFERENCE_NUM_THREADS"))})
+
+
 class MindSporeFused(System):
     """MindSpore 2.10 on CPU, graph mode, graph-kernel fusion on. It runs in a helper process:
     importing MindSpore sets OMP_NUM_THREADS=1 for the process (which would slow every OpenMP
@@ -476,4 +538,4 @@ def all_systems() -> list[System]:
     systems.py, so the list of both lives here)."""
     return [GraphKernel(True), GraphKernel(False), GraphKernel(True, generic=True),
             NumpyEager(), NumExpr(), TorchEager(), TorchCompile(), JaxJit(), OnnxRuntime(),
-            MindSporeFused()]
+            OpenVINO(), MindSporeFused()]

@@ -23,10 +23,11 @@ from typing import Any
 
 from bench.units import probe_text
 
-PROBED = ("gk_fused", "gk_unfused", "inductor", "jax", "onnxruntime", "mindspore")
+PROBED = ("gk_fused", "gk_unfused", "inductor", "jax", "onnxruntime", "openvino", "mindspore")
 MARK = "BENCH-PROBE "
 NOTES = {
     "onnxruntime": "no kernel cache by default: warm is a second cold start",
+    "openvino": "no model cache configured (CACHE_DIR unset): warm is a second cold start",
     "jax": "warm uses jax's persistent compilation cache (off unless configured)",
     "mindspore": "warm reuses the compiler cache (MS_COMPILER_CACHE_ENABLE=1) and the "
                  "kernel folder in the working directory",

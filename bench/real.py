@@ -1,0 +1,865 @@
+"""`python -m bench --real [--only NAME,...]`: the real-size rows, too slow on two cores for
+`--quick` or CI, each measured in one process and written to bench/results/<date>-real.md/json.
+
+Rows (names for --only):
+- real sizes, written with graphkernel.nn (bench/real_models.py) beside torch eager and beside
+  ONNX Runtime and OpenVINO on torch's ONNX export of the same weights: bert_base (12 encoder
+  layers, hidden 768, 12 heads, seq 128, batch 8), bert_base_train, resnet18_b1/b8,
+  resnet50_b1/b8 (224x224), resnet50_train_b4, mobilenetv2_b8;
+- ONNX models exported from PyTorch (a dynamic batch axis) and read with graphkernel.load:
+  onnx_resnet18_b1/b8, onnx_mobilenetv3_b1/b8, onnx_bert_small, onnx_gpt2_block; graphkernel
+  fused and unfused on the file with its batch fixed, shape-generic on the file itself, ONNX
+  Runtime and OpenVINO on the file itself;
+- imported: the bench's own ONNX graphs of its inference workloads (the ones ONNX Runtime runs,
+  bench/peers.onnx_model), imported with graphkernel.load, against the hand-written cells;
+- compile_table: cold and warm first result of 1, 2, 4 and 12 of the bench's encoder layers,
+  each in a new process (cold: an empty kernel cache; warm: the cache the cold one filled).
+  `python -m bench --compile-table` prints it alone.
+
+Timing: a system's first result (compile, session creation or export load, plus its first
+call) is reported apart from its steady calls; the steady calls of the systems of a row are
+interleaved round by round (a few rounds: one call each at these sizes) and their median taken.
+graphkernel compiles into a fresh kernel cache folder for the run, so its first calls are cold.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.peers import OPENVINO_CONFIG
+
+GK_KEYS = ("gk_fused", "gk_unfused", "gk_generic")
+PEER_KEYS = ("onnxruntime", "openvino", "torch")
+LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
+          "gk_generic": "graphkernel shape-generic", "gk_handwritten": "graphkernel hand-written",
+          "gk_imported": "graphkernel imported (ONNX)", "onnxruntime": "ONNX Runtime",
+          "openvino": "OpenVINO", "torch": "torch eager"}
+ENCODER_COMPILE_LAYERS = (1, 2, 4, 12)
+MIN_SAMPLE_S = 0.05
+# A training step's loss change (second loss - first) may differ from the reference's by this
+# much, relative: float32 gradients of deep nets, and BatchNorm's batch statistics.
+STEP_CHANGE_RTOL = 0.05
+# A training row's losses (the second after one update): float32 training of a deep BatchNorm
+# net differs from float64 by ~0.6% (field notes, ResNet-50); 2e-3 flagged graphkernel unfused's
+# ResNet-50 second loss at 0.202% off torch's while its loss change agreed within 0.3%.
+TRAIN_RTOL = 1e-2
+
+
+@dataclass
+class Contender:
+    """One system on one row: prepare() compiles and returns call(i) (a numpy result of input
+    set i) and info; or a reason it does not run here."""
+    key: str
+    prepare: Callable[[], tuple[Callable[[int], np.ndarray], dict[str, Any]]] | None
+    skipped: str | None = None
+
+
+@dataclass
+class Row:
+    name: str
+    group: str  # "real", "onnx", "imported"
+    title: str
+    build: Callable[[str], tuple[list[Contender], dict[str, Any]]]  # tmp dir -> contenders
+    rtol: float = 1e-3  # max |error| / max |reference| allowed against the reference system
+    reference: tuple[str, ...] = ("onnxruntime", "torch", "gk_unfused", "gk_handwritten")
+    min_rounds: int = 0  # at least this many rounds, whatever --rounds says
+    # Calls whose outputs are checked: 2 for a training step, whose second loss depends on the
+    # first step's gradients and Adam update of every weight.
+    check_calls: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+# -- availability --------------------------------------------------------------------------------
+
+def missing(module: str) -> str | None:
+    import importlib.util
+    return None if importlib.util.find_spec(module) else f"{module} is not installed"
+
+
+def needs_torch_export() -> str | None:
+    why = missing("torch") or missing("onnx")
+    return f"the ONNX file is torch's export: {why}" if why else None
+
+
+# -- systems -------------------------------------------------------------------------------------
+
+def gk_inference(cell: Any, sets: list[list[np.ndarray]], fused: bool
+                 ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    import graphkernel
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+
+    t0 = time.perf_counter()
+    exe = graphkernel.compile(cell, *sets[0], options=CompileOptions(enable_graph_kernel=fused))
+    compile_s = time.perf_counter() - t0
+    tensors = [[graphkernel.Tensor(a) for a in s] for s in sets]
+
+    def call(i: int) -> np.ndarray:
+        out = exe(*tensors[i])
+        return (out[0] if isinstance(out, tuple) else out).asnumpy()
+    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels),
+                  "compile_cache": exe.report.compile_cache.split(":")[0]}
+
+
+def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
+              ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    """graphkernel.load of an ONNX model (a path or a ModelProto) run by nn.GraphCell. The
+    import runs the fusion pipeline with the context's setting, so fusion is set around the
+    load; a dynamic batch axis stays symbolic (one compile serves every batch)."""
+    import graphkernel
+    from graphkernel import nn
+    from graphkernel.frontend import context
+
+    before = context.get_context("enable_graph_kernel")
+    context.set_context(enable_graph_kernel=fused)
+    try:
+        t0 = time.perf_counter()
+        cell = nn.GraphCell(graphkernel.load(source))
+        load_s = time.perf_counter() - t0
+    finally:
+        context.set_context(enable_graph_kernel=before)
+    t0 = time.perf_counter()
+    compiled = cell.compiled
+    compile_s = time.perf_counter() - t0
+    tensors = [[graphkernel.Tensor(a) for a in s] for s in sets]
+
+    def call(i: int) -> np.ndarray:
+        out = compiled(*tensors[i])
+        return (out[0] if isinstance(out, tuple) else out).asnumpy()
+    return call, {"load_s": load_s, "compile_s": compile_s,
+                  "kernel_count": len(compiled.kernels),
+                  "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
+
+
+def ort(path: str, names: list[str], sets: list[list[np.ndarray]]
+        ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    import onnx
+
+    from bench.peers import ort_session
+    t0 = time.perf_counter()
+    sess = ort_session(onnx.load(path))
+    session_s = time.perf_counter() - t0
+    feeds = [dict(zip(names, s)) for s in sets]
+    out = sess.get_outputs()[0].name
+    return (lambda i: sess.run([out], feeds[i])[0]), {"session_s": session_s}
+
+
+def openvino(path: str, names: list[str], sets: list[list[np.ndarray]]
+             ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    from bench.peers import openvino_compiled
+    t0 = time.perf_counter()
+    compiled = openvino_compiled(path)
+    compile_s = time.perf_counter() - t0
+    request = compiled.create_infer_request()
+    feeds = [dict(zip(names, s)) for s in sets]
+    threads = compiled.get_property("INFERENCE_NUM_THREADS")
+    precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+
+    def call(i: int) -> np.ndarray:
+        request.infer(feeds[i])
+        return np.array(request.get_output_tensor(0).data, copy=True)
+    return call, {"compile_s": compile_s, "threads": int(threads), "precision": precision}
+
+
+def torch_inference(model: Any, sets: list[list[np.ndarray]]
+                    ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    import torch
+    tensors = [[torch.from_numpy(a) for a in s] for s in sets]
+
+    def call(i: int) -> np.ndarray:
+        with torch.inference_mode():
+            out = model(*tensors[i])
+        out = out[0] if isinstance(out, (tuple, list)) else getattr(
+            out, "last_hidden_state", out)
+        return out.numpy()
+    return call, {"threads": torch.get_num_threads()}
+
+
+def torch_export(model: Any, example: list[np.ndarray], names: list[str], path: str,
+                 dynamic_batch: bool, opset: int = 17) -> None:
+    import torch
+    args = tuple(torch.from_numpy(a) for a in example)
+    axes = {n: {0: "batch"} for n in names + ["out"]} if dynamic_batch else None
+    with torch.no_grad():
+        torch.onnx.export(model, args, path, input_names=names, output_names=["out"],
+                          dynamic_axes=axes, opset_version=opset, dynamo=False)
+
+
+def fix_batch(path: str, batch: int, out_path: str) -> None:
+    """The same ONNX file with its symbolic batch dimension set to `batch`."""
+    import onnx
+    model = onnx.load(path)
+    for v in list(model.graph.input) + list(model.graph.output):
+        dim = v.type.tensor_type.shape.dim
+        if dim and dim[0].HasField("dim_param"):
+            dim[0].dim_value = batch
+    onnx.save(model, out_path)
+
+
+# -- training steps ------------------------------------------------------------------------------
+
+LR, BETA1, BETA2, ADAM_EPS = 1e-3, 0.9, 0.999, 1e-5
+
+
+def gk_train(net: Any, sets: list[list[np.ndarray]], fused: bool
+             ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    """TrainOneStepCell(net + 0.5*sum((net(x)-target)^2)/batch, Adam): the loss per call."""
+    import graphkernel
+    from graphkernel import nn
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+    from graphkernel.ops import operations as P
+
+    rows = float(sets[0][0].shape[0])
+
+    class WithLoss(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+            self.sum, self.square = P.ReduceSum(), P.Square()
+
+        def construct(self, x: Any, target: Any) -> Any:
+            return self.sum(self.square(self.net(x) - target)) * (0.5 / rows)
+
+    loss_net = WithLoss()
+    step = nn.TrainOneStepCell(loss_net, nn.Adam(loss_net.trainable_params(), LR, BETA1,
+                                                 BETA2, ADAM_EPS))
+    step.set_train(True)
+    t0 = time.perf_counter()
+    exe = graphkernel.compile(step, *sets[0], options=CompileOptions(enable_graph_kernel=fused))
+    compile_s = time.perf_counter() - t0
+
+    def call(i: int) -> np.ndarray:
+        return np.asarray(exe.run_arrays(*sets[i])[0], np.float32).reshape(1)
+    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels)}
+
+
+def torch_train(model: Any, sets: list[list[np.ndarray]]
+                ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    import torch
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=ADAM_EPS,
+                           foreach=True)
+    tensors = [[torch.from_numpy(a) for a in s] for s in sets]
+    rows = float(sets[0][0].shape[0])
+
+    steps = [0]
+
+    def call(i: int) -> np.ndarray:
+        torch.set_grad_enabled(True)
+        opt.zero_grad(set_to_none=False)
+        x, target = tensors[i]
+        loss = 0.5 * ((model(x) - target) ** 2).sum() / rows
+        loss.backward()
+        # torch adds eps to the bias-corrected sqrt(v), graphkernel's (MindSpore's) Adam to the
+        # uncorrected one: the same step with eps / sqrt(1 - beta2^t) (as bench/training.py).
+        steps[0] += 1
+        opt.param_groups[0]["eps"] = ADAM_EPS / (1 - BETA2 ** steps[0]) ** 0.5
+        opt.step()
+        return np.asarray([float(loss.detach())], np.float32)
+    return call, {"threads": torch.get_num_threads(), "optimizer": "Adam(foreach=True)"}
+
+
+# -- rows ----------------------------------------------------------------------------------------
+
+def _sets(shapes: list[tuple[int, ...]], n: int, seed: int = 0) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(n)]
+
+
+def cnn_row(model: str, batch: int, train: bool = False) -> Row:
+    def build(tmp: str) -> tuple[list[Contender], dict[str, Any]]:
+        from bench.real_models import gk_cnn, gk_params, load_into_torch, torch_cnn
+        x_shape = (batch, 3, 224, 224)
+        shapes = [x_shape, (batch, 1000)] if train else [x_shape]
+        sets = _sets(shapes, 2)
+        params = gk_params(gk_cnn(model))
+
+        def gk_prep(fused: bool) -> Callable[[], Any]:
+            def prep() -> Any:
+                net = gk_cnn(model, params)
+                if train:
+                    net.set_train(True)
+                    return gk_train(net, sets, fused)
+                return gk_inference(net, sets, fused)
+            return prep
+        out = [Contender("gk_fused", gk_prep(True)), Contender("gk_unfused", gk_prep(False))]
+        why = needs_torch_export()
+        if why:
+            return out + [Contender(k, None, why) for k in PEER_KEYS], {}
+        net = torch_cnn(model)
+        load_into_torch(net, params)
+        if train:
+            return out + [Contender("torch", lambda: torch_train(net, sets))] + [
+                Contender(k, None, "an inference runtime (its training is apart)")
+                for k in ("onnxruntime", "openvino")], {}
+        path = os.path.join(tmp, f"{model}_b{batch}.onnx")
+        torch_export(net, sets[0], ["x"], path, dynamic_batch=False)
+        return out + _onnx_peers(path, ["x"], sets) + [
+            Contender("torch", lambda: torch_inference(net, sets))], {"onnx_file": path}
+
+    kind = "training step (MSE + Adam)" if train else "inference"
+    return Row(f"{model}_train_b{batch}" if train else f"{model}_b{batch}", "real",
+               f"{model} {kind}, batch {batch}, 224x224 (graphkernel.nn)", build,
+               rtol=TRAIN_RTOL if train else 1e-3, check_calls=2 if train else 1)
+
+
+def _onnx_peers(path: str, names: list[str], sets: list[list[np.ndarray]]) -> list[Contender]:
+    return [Contender("onnxruntime", (lambda: ort(path, names, sets)) if not
+                      missing("onnxruntime") else None, missing("onnxruntime")),
+            Contender("openvino", (lambda: openvino(path, names, sets)) if not
+                      missing("openvino") else None, missing("openvino"))]
+
+
+BERT_BASE = {"layers": 12, "hidden": 768, "heads": 12, "seq": 128, "batch": 8, "inner": 3072}
+
+
+def bert_base_row(train: bool) -> Row:
+    d = BERT_BASE
+
+    def build(tmp: str) -> tuple[list[Contender], dict[str, Any]]:
+        from bench.real_models import encoder_params, gk_encoder, torch_encoder
+        params = encoder_params(d["layers"], d["hidden"], d["inner"])
+        x = (d["batch"], d["seq"], d["hidden"])
+        sets = _sets([x, x] if train else [x], 2)
+
+        def cell() -> Any:
+            return gk_encoder(params, d["batch"], d["seq"], d["hidden"], d["heads"])
+        if train:
+            out = [Contender("gk_fused", lambda: gk_train(cell(), sets, True)),
+                   Contender("gk_unfused", lambda: gk_train(cell(), sets, False))]
+        else:
+            out = [Contender("gk_fused", lambda: gk_inference(cell(), sets, True)),
+                   Contender("gk_unfused", lambda: gk_inference(cell(), sets, False))]
+        why = missing("torch")
+        if why:
+            return out + [Contender(k, None, why) for k in PEER_KEYS], {}
+        net = torch_encoder(params, d["heads"])
+        if train:
+            return out + [Contender("torch", lambda: torch_train(net, sets))] + [
+                Contender(k, None, "an inference runtime (its training is apart)")
+                for k in ("onnxruntime", "openvino")], {}
+        path = os.path.join(tmp, "bert_base.onnx")
+        torch_export(net, sets[0], ["x"], path, dynamic_batch=False)
+        return out + _onnx_peers(path, ["x"], sets) + [
+            Contender("torch", lambda: torch_inference(net, sets))], {"onnx_file": path}
+
+    what = "training step (MSE + Adam)" if train else "inference"
+    return Row("bert_base_train" if train else "bert_base", "real",
+               f"BERT-base-size encoder {what}: 12 of the bench's encoder layers, hidden 768, "
+               f"12 heads, seq 128, batch 8 (graphkernel.nn)", build,
+               rtol=TRAIN_RTOL if train else 1e-3, check_calls=2 if train else 1)
+
+
+def onnx_model_row(name: str, batch: int) -> Row:
+    """A model exported from PyTorch with a dynamic batch axis, read with graphkernel.load."""
+    def build(tmp: str) -> tuple[list[Contender], dict[str, Any]]:
+        why = needs_torch_export() or (missing("transformers") if name in ("bert", "gpt2")
+                                       else None)
+        if why:
+            return [Contender(k, None, why) for k in GK_KEYS + PEER_KEYS], {}
+        import torch
+        torch.manual_seed(0)
+        opset = 17
+        if name in ("resnet18", "mobilenetv3"):
+            from bench.real_models import randomise_torch_batchnorm, torch_cnn
+            net = torch_cnn(name, gk_padding=False)
+            randomise_torch_batchnorm(net)
+            names, sets = ["x"], _sets([(batch, 3, 224, 224)], 2)
+            dims = {"batch": batch, "image": 224}
+        else:
+            net, names, sets, dims = _transformer(name, batch)
+            opset = 18 if name == "gpt2" else 17
+        path = os.path.join(tmp, f"{name}_dynamic.onnx")
+        fixed = os.path.join(tmp, f"{name}_b{batch}.onnx")
+        torch_export(net, sets[0], names, path, dynamic_batch=True, opset=opset)
+        fix_batch(path, batch, fixed)
+
+        out = [Contender("gk_fused", lambda: gk_loaded(fixed, sets, True)),
+               Contender("gk_unfused", lambda: gk_loaded(fixed, sets, False)),
+               Contender("gk_generic", lambda: gk_loaded(path, sets, True))]
+        return out + _onnx_peers(path, names, sets) + [
+            Contender("torch", lambda: torch_inference(net, sets))], {
+            "onnx_file": path, "opset": opset, "dims": dims}
+
+    title = {"resnet18": "ResNet-18 (torchvision's layout in PyTorch), 224x224",
+             "mobilenetv3": "MobileNetV3-small (torchvision's layout in PyTorch), 224x224",
+             "bert": "transformers BertModel (4 layers, hidden 256, 4 heads, seq 128)",
+             "gpt2": "transformers GPT2Model, one block (hidden 256, 4 heads, seq 128)"}[name]
+    key = f"onnx_{name}_b{batch}"
+    return Row(key, "onnx", f"ONNX export: {title}, batch {batch}", build)
+
+
+def _transformer(name: str, batch: int) -> tuple[Any, list[str], list[list[np.ndarray]],
+                                                 dict[str, int]]:
+    import torch
+    seq, vocab = 128, 8000
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, vocab, (batch, seq)).astype(np.int64) for _ in range(2)]
+    masks = [np.ones((batch, seq), np.int64) for _ in range(2)]
+    for m in masks:
+        m[:, seq - seq // 4:] = 0  # padding at the end of every row
+    names, sets = ["input_ids", "attention_mask"], [[i, m] for i, m in zip(ids, masks)]
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+        config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=4,
+                            num_attention_heads=4, intermediate_size=1024,
+                            max_position_embeddings=seq, attn_implementation="eager")
+        model = BertModel(config, add_pooling_layer=False).eval()
+    else:
+        from transformers import GPT2Config, GPT2Model
+        config = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=1, n_head=4,
+                            use_cache=False)
+        config._attn_implementation = "eager"
+        # With an attention mask given, transformers does not look for packed sequences
+        # (torch.diff of the positions, which has no ONNX form).
+        model = GPT2Model(config).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              return_dict=False)[0]
+    return LastHidden().eval(), names, sets, {"batch": batch, "seq": seq}
+
+
+def imported_rows() -> list[Row]:
+    """The bench's inference workloads (full suite) as its ONNX graphs, imported."""
+    from bench.workloads import TRAIN_KINDS, full_suite
+    return [_imported_row(w) for w in full_suite() if w.kind not in TRAIN_KINDS]
+
+
+def _imported_row(w: Any) -> Row:
+    def build(tmp: str) -> tuple[list[Contender], dict[str, Any]]:
+        why = missing("onnx")
+        if why:
+            return [Contender("gk_handwritten", None, why), Contender("gk_imported", None, why)
+                    ], {}
+        from bench.gk_cells import make_cell
+        from bench.peers import onnx_model
+        from bench.workloads import input_sets
+        sets_d, params = input_sets(w, [0, 1])
+        sets = [list(s.values()) for s in sets_d]
+        model = onnx_model(w, params)
+        return [Contender("gk_handwritten",
+                          lambda: gk_inference(make_cell(w, params), sets, True)),
+                Contender("gk_imported", lambda: gk_loaded(model, sets, True))], \
+            {"onnx_nodes": len(model.graph.node)}
+    return Row(f"imported_{w.key}", "imported", f"imported vs hand-written: {w.title}", build,
+               rtol=max(w.rtol, 1e-4) * 10, min_rounds=9)  # a 5% question: more rounds
+
+
+def all_rows() -> list[Row]:
+    """Quick rows first, the slowest (the training steps) last."""
+    rows = imported_rows()
+    rows += [onnx_model_row(m, b) for m in ("resnet18", "mobilenetv3") for b in (1, 8)]
+    rows += [onnx_model_row("bert", 8), onnx_model_row("gpt2", 8)]
+    rows += [cnn_row(m, b) for m in ("resnet18", "resnet50") for b in (1, 8)]
+    rows += [cnn_row("mobilenetv2", 8), bert_base_row(False)]
+    return rows + [bert_base_row(True), cnn_row("resnet50", 4, train=True)]
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+def run_row(row: Row, rounds: int, tmp: str, log: Callable[[str], None]) -> dict[str, Any]:
+    import gc
+    log(f"[{row.name}] {row.title}")
+    res: dict[str, Any] = {"name": row.name, "group": row.group, "title": row.title,
+                           "systems": {}}
+    try:
+        contenders, extra = row.build(tmp)
+    except Exception as exc:
+        res["error"] = _error(exc)
+        log(f"  FAILED to build: {res['error']}")
+        return res
+    res.update({k: v for k, v in extra.items() if k != "onnx_file"})
+    live: list[tuple[str, Callable[[int], np.ndarray]]] = []
+    outputs: dict[str, np.ndarray] = {}
+    for c in contenders:
+        rec: dict[str, Any] = {"label": LABELS[c.key]}
+        res["systems"][c.key] = rec
+        if c.prepare is None:
+            rec["status"], rec["note"] = "skipped", c.skipped
+            continue
+        t0 = time.perf_counter()
+        try:
+            call, info = c.prepare()
+            prepared = time.perf_counter()
+            first_output = call(0)
+            done = time.perf_counter()
+            outputs[c.key] = np.concatenate(
+                [np.ravel(first_output)] + [np.ravel(call(i)) for i in range(1, row.check_calls)])
+        except Exception as exc:
+            rec["status"], rec["error"] = "failed", _error(exc)
+            log(f"  {c.key}: FAILED: {rec['error'][:400]}")
+            continue
+        rec.update(info)
+        rec["prepare_s"], rec["first_call_s"] = prepared - t0, done - prepared
+        rec["first_result_s"] = done - t0
+        rec["status"] = "ok"
+        live.append((c.key, call))
+        log(f"  {c.key}: first result {done - t0:.2f} s (prepare {prepared - t0:.2f} s)")
+    ref_key = next((k for k in row.reference if k in outputs), None)
+    if ref_key:
+        res["checked_against"] = ref_key
+        ref = outputs[ref_key].astype(np.float64)
+        scale = float(np.max(np.abs(ref))) or 1.0
+        for key, out in outputs.items():
+            rec = res["systems"][key]
+            if out.shape != ref.shape:
+                rec["status"], rec["error"] = "wrong answer", f"shape {out.shape} != {ref.shape}"
+                continue
+            err = float(np.max(np.abs(out.astype(np.float64) - ref))) / scale
+            rec["max_err_over_max_ref"] = err
+            if row.check_calls > 1:  # training: the loss change one step made, compared too
+                change, ref_change = float(out[-1]) - float(out[0]), float(ref[-1] - ref[0])
+                rec["loss_change"] = change
+                change_err = abs(change - ref_change) / max(abs(ref_change), 1e-30)
+                rec["loss_change_rel_err"] = change_err
+                if not change_err <= STEP_CHANGE_RTOL:
+                    rec["status"] = "wrong answer"
+                    rec["error"] = (f"loss change of one step {change:.6g}, {ref_key}'s "
+                                    f"{ref_change:.6g}")
+                    log(f"  {key}: WRONG ANSWER against {ref_key}: {rec['error']}")
+                    continue
+            if not err <= row.rtol:
+                rec["status"] = "wrong answer"
+                rec["error"] = f"max |error| / max |ref| = {err:.3g} > {row.rtol:g}"
+                log(f"  {key}: WRONG ANSWER against {ref_key}: {rec['error']}")
+    live = [(k, c) for k, c in live if res["systems"][k]["status"] == "ok"]
+    # Calls per sample: one at real sizes; as many as make MIN_SAMPLE_S for small workloads
+    # (the imported rows include 4x4 ones), so a sample is not the clock's resolution.
+    per_sample: dict[str, int] = {}
+    for key, call in live:
+        once = res["systems"][key]["first_call_s"]
+        if once < MIN_SAMPLE_S:  # a first call can be slow (page faults): measure a second
+            t0 = time.perf_counter()
+            call(1)
+            once = time.perf_counter() - t0
+        per_sample[key] = max(1, min(100_000, int(MIN_SAMPLE_S / max(once, 1e-7))))
+    samples: dict[str, list[float]] = {k: [] for k, _ in live}
+    for r in range(max(rounds, row.min_rounds)):
+        shift = r % max(1, len(live))
+        for key, call in live[shift:] + live[:shift]:
+            k = per_sample[key]
+            t0 = time.perf_counter()
+            for j in range(k):
+                call((r + j + 1) % 2)
+            samples[key].append((time.perf_counter() - t0) / k)
+    for key, s in samples.items():
+        rec = res["systems"][key]
+        rec["steady_median_s"] = float(np.median(s))
+        rec["steady_min_s"] = float(np.min(s))
+        rec["steady_samples_s"] = [float(f"{v:.4g}") for v in s]
+        rec["calls_per_sample"] = per_sample[key]
+    summarise(res)
+    log("  " + " ".join(f"{k}={v['steady_median_s'] * 1e3:.4g}ms"
+                        for k, v in res["systems"].items() if "steady_median_s" in v))
+    del contenders, live, outputs
+    gc.collect()
+    return res
+
+
+def summarise(res: dict[str, Any]) -> None:
+    """graphkernel's best (fused; shape-generic shown too) against the best peer."""
+    systems = res["systems"]
+
+    def t(k: str) -> float | None:
+        return systems.get(k, {}).get("steady_median_s")
+    if res["group"] == "imported":
+        h, i = t("gk_handwritten"), t("gk_imported")
+        if h and i:
+            res["imported_over_handwritten"] = i / h
+            res["kernel_counts"] = {k: systems[k].get("kernel_count")
+                                    for k in ("gk_handwritten", "gk_imported")}
+        return
+    peers = {k: t(k) for k in PEER_KEYS if t(k)}
+    if peers:
+        best = min(peers, key=lambda k: peers[k])  # type: ignore[arg-type,return-value]
+        res["best_peer"], res["best_peer_s"] = best, peers[best]
+        for k in GK_KEYS:
+            if t(k):
+                res[f"{k}_over_best_peer"] = t(k) / peers[best]  # type: ignore[operator]
+
+
+def _error(exc: BaseException) -> str:
+    import traceback
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename.split('site-packages/')[-1]}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {str(exc).strip()[:1200]}{where}"
+
+
+# -- compile table -------------------------------------------------------------------------------
+
+def encoder_probe(layers: int) -> dict[str, Any]:
+    """In a new process: the first result of `layers` of the bench's (full-suite) encoder
+    layer, from cell construction to the first output; imports are done before the clock."""
+    import graphkernel
+    from bench.gk_cells import EncoderLayer  # noqa: F401
+    from bench.real_models import encoder_params, gk_encoder
+    from bench.workloads import full_suite
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+
+    d = next(w for w in full_suite() if w.kind == "encoder").dims
+    params = encoder_params(layers, d["hidden"], d["inner"])
+    x = np.random.default_rng(0).standard_normal(
+        (d["batch"], d["seq"], d["hidden"])).astype(np.float32)
+    t0 = time.perf_counter()
+    cell = gk_encoder(params, d["batch"], d["seq"], d["hidden"], d["heads"])
+    exe = graphkernel.compile(cell, x, options=CompileOptions(enable_graph_kernel=True))
+    compiled = time.perf_counter()
+    out = exe(graphkernel.Tensor(x))
+    (out[0] if isinstance(out, tuple) else out).asnumpy()
+    done = time.perf_counter()
+    t1 = time.perf_counter()
+    exe(graphkernel.Tensor(x)).asnumpy()
+    steady = time.perf_counter() - t1
+    return {"layers": layers, "dims": d, "compile_s": compiled - t0,
+            "first_result_s": done - t0, "steady_call_s": steady,
+            "kernel_count": len(exe.kernels),
+            "compile_cache": exe.report.compile_cache.split(":")[0],
+            "compile_seconds_reported": exe.compile_seconds}
+
+
+def compile_table(log: Callable[[str], None],
+                  layer_counts: tuple[int, ...] = ENCODER_COMPILE_LAYERS) -> dict[str, Any]:
+    rows = []
+    for n in layer_counts:
+        with tempfile.TemporaryDirectory(prefix="gk-bench-compile-") as cache:
+            row: dict[str, Any] = {"layers": n}
+            for phase in ("cold", "warm"):
+                env = dict(os.environ, GRAPHKERNEL_CACHE_DIR=cache)
+                proc = subprocess.run([sys.executable, "-m", "bench.real", "--encoder-probe",
+                                       str(n)], env=env, capture_output=True, text=True,
+                                      timeout=3600)
+                if proc.returncode != 0:
+                    row[phase] = {"error": proc.stderr.strip()[-1500:]}
+                else:
+                    row[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
+                p = row[phase]
+                log(f"  {n} layer(s) {phase}: " + (f"first result {p['first_result_s']:.2f} s, "
+                                                   f"{p['kernel_count']} kernels"
+                                                   if "error" not in p else p["error"][-300:]))
+            rows.append(row)
+    one = rows[0].get("cold", {}).get("first_result_s")
+    for row in rows:
+        c = row.get("cold", {}).get("first_result_s")
+        if one and c:
+            row["cold_over_one_layer"] = c / one
+    return {"rows": rows}
+
+
+def compile_table_lines(table: dict[str, Any]) -> list[str]:
+    lines = ["| layers | kernels | cold first result (s) | cold / 1 layer | warm first result "
+             "(s) | warm: compile cache | steady call (s) |",
+             "|---:|---:|---:|---:|---:|---|---:|"]
+    for r in table["rows"]:
+        c, w = r.get("cold", {}), r.get("warm", {})
+        if "error" in c or "error" in w:
+            lines.append(f"| {r['layers']} | error: {(c.get('error') or w.get('error'))[-200:]}"
+                         " | | | | | |")
+            continue
+        lines.append(f"| {r['layers']} | {c['kernel_count']} | {c['first_result_s']:.2f} | "
+                     f"{r.get('cold_over_one_layer', float('nan')):.2f}x | "
+                     f"{w['first_result_s']:.3f} | {w['compile_cache']} | "
+                     f"{c['steady_call_s']:.4f} |")
+    return lines
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def select(only: list[str] | None) -> tuple[list[Row], bool]:
+    rows = all_rows()
+    if not only:
+        return rows, True
+    names = {r.name for r in rows} | {r.group for r in rows} | {"compile_table"}
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise SystemExit(f"--only: unknown row(s) {unknown}; known: rows {[r.name for r in rows]}"
+                         f", groups real, onnx, imported, and compile_table")
+    order = {name: i for i, name in enumerate(only)}  # in the order asked (a long run's
+    chosen = [r for r in rows if r.name in only or r.group in only]  # first rows come first)
+    chosen.sort(key=lambda r: order.get(r.name, order.get(r.group, 0)))
+    return chosen, "compile_table" in only
+
+
+def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
+        on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The selected rows, then the compile table; on_row(results so far) after each row."""
+    from bench import machine
+    from bench.systems import version_of
+    rows, with_table = select(only)
+    started = time.time()
+    results: dict[str, Any] = {
+        "schema": 1, "suite": "real", "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                   time.gmtime(started)),
+        "machine": machine.machine_info(), "rounds": rounds, "only": only,
+        "versions": {d: version_of(d) for d in ("graphkernel", "numpy", "onnx", "onnxruntime",
+                                                "openvino", "torch", "transformers")},
+        "openvino_config": dict(OPENVINO_CONFIG, INFERENCE_NUM_THREADS=os.cpu_count()),
+        "threads_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                       "OPENBLAS_NUM_THREADS")}}
+    # Other work on the machine shows here: quote ratios from one run, not absolute times.
+    results["load_average_start"] = os.getloadavg()
+    log("measuring copy bandwidth ...")
+    results["copy_bandwidth"] = machine.copy_bandwidth(256 << 20)
+    results["rows"] = []
+    if with_table:
+        log("compile table: the bench's encoder layer, 1/2/4/12 layers, cold and warm ...")
+        results["compile_table"] = compile_table(log)
+    saved = os.environ.get("GRAPHKERNEL_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="gk-bench-real-") as tmp:
+        os.environ["GRAPHKERNEL_CACHE_DIR"] = os.path.join(tmp, "cache")  # cold compiles
+        try:
+            for row in rows:
+                results["rows"].append(run_row(row, rounds, tmp, log))
+                results["wall_s"] = time.time() - started
+                if on_row is not None:
+                    on_row(results)
+        finally:
+            if saved is None:
+                os.environ.pop("GRAPHKERNEL_CACHE_DIR", None)
+            else:
+                os.environ["GRAPHKERNEL_CACHE_DIR"] = saved
+    results["load_average_end"] = os.getloadavg()
+    results["wall_s"] = time.time() - started
+    return results
+
+
+def _ms(s: float | None) -> str:
+    if s is None:
+        return ""
+    return f"{s * 1e3:.0f}" if s >= 1 else f"{s * 1e3:.4g}"
+
+
+def _ratio(v: float | None, systems: dict[str, Any], key: str) -> str:
+    if v is not None:
+        return f"{v:.2f}x"
+    return systems.get(key, {}).get("status", "not run")
+
+
+def markdown(results: dict[str, Any], command: str) -> str:
+    m = results["machine"]
+    v = results["versions"]
+    lines = [f"# Real-size bench run, {results['started_utc']}", "",
+             f"`{command}` — {results['rounds']} interleaved steady rounds per row (9 for the "
+             "imported rows), a sample one call or as many as make 50 ms; first result "
+             "(compile or session + first call, graphkernel into an empty kernel cache) apart.",
+             "", f"Machine: {m.get('cpu_model')}, {m.get('cpu_count')} logical "
+             f"CPUs; copy bandwidth {results['copy_bandwidth']['gbps']:.1f} GB/s; load average "
+             f"(1, 5, 15 min) at start {_load(results.get('load_average_start'))}, at end "
+             f"{_load(results.get('load_average_end'))}. Versions: " +
+             ", ".join(f"{k} {x}" for k, x in v.items() if x) + ". OpenVINO: "
+             f"{results['openvino_config']}, all cores.", ""]
+    rows = results.get("rows", [])
+    summary = ["## Summary: graphkernel against the best peer (steady median; < 1 is faster)",
+               "", "| row | best peer | best peer ms | gk fused ms | fused / best | "
+               "gk shape-generic / best | gk unfused ms |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["group"] == "imported" or "best_peer" not in r:
+            continue
+        s = r["systems"]
+        gen = r.get("gk_generic_over_best_peer")
+        summary.append(
+            f"| {r['name']} | {LABELS[r['best_peer']]} | {_ms(r['best_peer_s'])} | "
+            f"{_ms(s.get('gk_fused', {}).get('steady_median_s'))} | "
+            f"{_ratio(r.get('gk_fused_over_best_peer'), s, 'gk_fused')} | "
+            f"{_ratio(gen, s, 'gk_generic') if 'gk_generic' in s else ''} | "
+            f"{_ms(s.get('gk_unfused', {}).get('steady_median_s'))} |")
+    lines += summary + [""]
+    imported = [r for r in rows if r["group"] == "imported"]
+    if imported:
+        lines += ["## Imported (graphkernel.load of the bench's ONNX graph) vs hand-written cell",
+                  "", "| workload | hand-written ms | imported ms | imported / hand-written | "
+                  "kernels hand-written | kernels imported |", "|---|---:|---:|---:|---:|---:|"]
+        for r in imported:
+            s = r["systems"]
+            h, i = s.get("gk_handwritten", {}), s.get("gk_imported", {})
+            ratio = r.get("imported_over_handwritten")
+            lines.append(f"| {r['name'].removeprefix('imported_')} | "
+                         f"{_ms(h.get('steady_median_s'))} | {_ms(i.get('steady_median_s'))} | "
+                         f"{'' if ratio is None else f'{ratio:.3f}'} | "
+                         f"{h.get('kernel_count', h.get('status'))} | "
+                         f"{i.get('kernel_count', i.get('status'))} |")
+        lines.append("")
+    if "compile_table" in results:
+        lines += ["## Compile time: the bench's encoder layer (full-suite size), stacked", "",
+                  "Cold: a new process, an empty kernel cache; warm: a new process, the cache "
+                  "the cold one filled. First result: cell construction, compile and first "
+                  "call (imports before the clock).", ""]
+        lines += compile_table_lines(results["compile_table"]) + [""]
+    lines += ["## Every row", ""]
+    for r in rows:
+        lines += [f"### {r['name']}: {r['title']}", ""]
+        if "error" in r:
+            lines += [f"FAILED to build: {r['error']}", ""]
+            continue
+        if r.get("checked_against"):
+            lines.append(f"Checked against {LABELS[r['checked_against']]} (max |error| / max "
+                         "|reference|" + ("; a training step's check is the first two losses, "
+                                          "and the loss change of one step, within "
+                                          f"{STEP_CHANGE_RTOL:.0%} of the reference's)."
+                                          if "train" in r["name"] else ")."))
+            changes = {k: s["loss_change"] for k, s in r["systems"].items()
+                       if "loss_change" in s}
+            if changes:
+                lines.append("Loss change of one step: " + ", ".join(
+                    f"{LABELS[k]} {v:.6g}" for k, v in changes.items()) + ".")
+        lines += ["", "| system | status | first result s | prepare s | steady median ms | "
+                  "steady min ms | kernels | error vs ref |", "|---|---|---:|---:|---:|---:|"
+                  "---:|---:|"]
+        for s in r["systems"].values():
+            err = s.get("max_err_over_max_ref")
+            status = s["status"] if s["status"] == "ok" else \
+                f"{s['status']}: {s.get('note') or s.get('error', '')}"[:300]
+            lines.append(
+                f"| {s['label']} | {status} | {_s(s.get('first_result_s'))} | "
+                f"{_s(s.get('prepare_s'))} | {_ms(s.get('steady_median_s'))} | "
+                f"{_ms(s.get('steady_min_s'))} | {s.get('kernel_count', '')} | "
+                f"{'' if err is None else f'{err:.1e}'} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _load(v: Any) -> str:
+    return "not recorded" if not v else "/".join(f"{x:.1f}" for x in v)
+
+
+def _s(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}"
+
+
+def write(results: dict[str, Any], out_dir: str, command: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    only = results.get("only")
+    stem = os.path.join(out_dir, results["started_utc"][:10] + "-real" +
+                        ("-" + "-".join(only)[:60] if only else ""))
+    results["command"] = command
+    with open(stem + ".json", "w") as fh:
+        json.dump(results, fh, indent=1, default=str)
+    with open(stem + ".md", "w") as fh:
+        fh.write(markdown(results, command))
+    return {"json": stem + ".json", "markdown": stem + ".md"}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--encoder-probe":
+        print(json.dumps(encoder_probe(int(sys.argv[2]))))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--render":  # the .md again from the .json
+        with open(sys.argv[2]) as fh:
+            saved = json.load(fh)
+        with open(sys.argv[2].removesuffix(".json") + ".md", "w") as fh:
+            fh.write(markdown(saved, saved.get("command", "python -m bench --real")))
+    else:
+        raise SystemExit("usage: python -m bench --real [--only NAME,...] | --compile-table | "
+                         "python -m bench.real --render RESULTS.json")

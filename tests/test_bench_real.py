@@ -1,0 +1,84 @@
+"""bench/real.py (`python -m bench --real`): the row runner's checks and summaries on stand-in
+systems, the imported-vs-hand-written row on a tiny workload, and the real networks' two
+versions (graphkernel.nn and torch.nn) sharing every parameter by name."""
+import os
+
+import numpy as np
+import pytest
+
+from bench import real
+from bench.workloads import tiny_suite
+
+
+def _row(outputs: dict, group: str = "real") -> real.Row:
+    def build(tmp: str):
+        return [real.Contender(k, (lambda v=v: ((lambda i: v), {"kernel_count": 3})))
+                for k, v in outputs.items()] + \
+            [real.Contender("torch", None, "torch is not installed")], {}
+    return real.Row("stand_in", group, "stand-in row", build, rtol=1e-3)
+
+
+def test_a_wrong_answer_is_flagged_and_not_timed(tmp_path) -> None:
+    ref = np.linspace(-1, 1, 12, dtype=np.float32)
+    res = real.run_row(_row({"gk_fused": ref * 1.01, "gk_unfused": ref, "onnxruntime": ref}),
+                       2, str(tmp_path), lambda msg: None)
+    s = res["systems"]
+    assert res["checked_against"] == "onnxruntime"
+    assert s["gk_fused"]["status"] == "wrong answer" and "steady_median_s" not in s["gk_fused"]
+    assert s["gk_unfused"]["status"] == "ok" and len(s["gk_unfused"]["steady_samples_s"]) == 2
+    assert s["torch"]["status"] == "skipped" and "not installed" in s["torch"]["note"]
+    assert res["best_peer"] == "onnxruntime" and "gk_unfused_over_best_peer" in res
+    text = real.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": 2,
+                          "machine": {"cpu_model": "test cpu"}, "versions": {},
+                          "copy_bandwidth": {"gbps": 1.0}, "openvino_config": {},
+                          "rows": [res]}, "python -m bench --real")
+    assert "test cpu" in text and "wrong answer" in text and "| stand_in |" in text
+
+
+def test_only_refuses_an_unknown_row() -> None:
+    with pytest.raises(SystemExit, match="unknown row"):
+        real.select(["resnet_999"])
+    rows, table = real.select(["imported", "compile_table"])
+    assert rows and all(r.group == "imported" for r in rows) and table
+
+
+@pytest.mark.skipif(not os.environ.get("CI") and real.missing("onnx") is not None,
+                    reason="pip install -e '.[test]' (onnx)")
+def test_imported_and_hand_written_agree_on_a_tiny_workload(tmp_path) -> None:
+    w = next(w for w in tiny_suite() if w.kind == "mlp")
+    res = real.run_row(real._imported_row(w), 2, str(tmp_path), lambda msg: None)
+    s = res["systems"]
+    assert s["gk_handwritten"]["status"] == "ok" and s["gk_imported"]["status"] == "ok"
+    assert s["gk_imported"]["max_err_over_max_ref"] < 1e-5
+    assert res["kernel_counts"]["gk_imported"] >= 1 and res["imported_over_handwritten"] > 0
+
+
+@pytest.mark.parametrize("model", ["resnet18", "resnet50", "mobilenetv2"])
+def test_the_torch_network_takes_every_graphkernel_parameter(model: str) -> None:
+    pytest.importorskip("torch", reason="pip install -r bench/requirements.txt (torch)")
+    from bench.real_models import gk_cnn, gk_params, load_into_torch, torch_cnn
+    params = gk_params(gk_cnn(model))
+    net = torch_cnn(model)
+    load_into_torch(net, params)  # raises on any name in one and not the other
+    state = net.state_dict()
+    assert np.array_equal(state["features.0.bn.running_var"].numpy(),
+                          params["features.0.bn.moving_variance"])
+    rebuilt = gk_params(gk_cnn(model, params))
+    assert all(np.array_equal(rebuilt[k], v) for k, v in params.items())
+
+
+def test_a_training_step_with_the_wrong_update_is_flagged(tmp_path) -> None:
+    def stepper(drop: float):
+        return lambda: ((lambda i: np.array([10.0 - drop * i], np.float32)), {})
+
+    def build(tmp: str):
+        return [real.Contender("gk_fused", stepper(1.0)),
+                real.Contender("gk_unfused", stepper(0.5)),
+                real.Contender("torch", stepper(0.51))], {}
+    row = real.Row("stand_in_train", "real", "stand-in step", build, rtol=0.2, check_calls=2)
+    res = real.run_row(row, 1, str(tmp_path), lambda msg: None)
+    s = res["systems"]
+    assert res["checked_against"] == "torch"
+    # the losses are within rtol of each other; only the change one step made tells them apart
+    assert s["gk_fused"]["status"] == "wrong answer" and "loss change" in s["gk_fused"]["error"]
+    assert s["gk_unfused"]["status"] == "ok" and abs(s["gk_unfused"]["loss_change"] + 0.5) < 1e-6
