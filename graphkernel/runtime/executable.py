@@ -130,8 +130,6 @@ class Executable:
         Python runner on checked arrays."""
         runner = self.runner
         if runner.entry is not None:
-            if runner.prefaulting is not None:
-                runner.finish_prefault()
             out = runner.entry(*arrays, *weights, *runner.entry_constants)
             if out is not NotImplemented:
                 return list(out) if type(out) is tuple else [out]
