@@ -26,7 +26,7 @@ from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
-from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
+from graphkernel.runtime.blas import blas_threads, find_in_background
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
 from graphkernel.runtime.reference import run_reference_graph
@@ -39,7 +39,7 @@ class LoadedKernels(Protocol):
 
     functions: dict[str, Any]  # kernel name -> a callable taking one argv pointer
     entry: Any  # a compiled `run` of the whole plan, or None
-    entry_module: Any  # its module (`call`, `seed`, `set_blas`), or None
+    entry_module: Any  # its module (`run`, `call`, `seed`), or None
 
 
 class Runner:
@@ -58,7 +58,7 @@ class Runner:
         self.entry: Any = None
         self.entry_call: Any = None
         self.entry_constants: tuple[np.ndarray, ...] = ()
-        self.entry_module: Any = None  # the entry's module (`run`, `call`, `seed`, `set_blas`)
+        self.entry_module: Any = None  # the entry's module (`run`, `call`, `seed`)
         self._entries: tuple[Any, Any] | None = None  # its own `run` and `call`
         self._template: list[Any] = [None] * len(plan.slots)
         for slot in plan.constant_slots():
@@ -83,10 +83,6 @@ class Runner:
             self.entry, self.entry_call = self._run_first, self._call_first
             if self.prefaulting is None:
                 self._bind_entry()
-        if hasattr(self.entry_module, "set_blas"):  # its MatMul steps call numpy's BLAS
-            blas = cblas()
-            assert blas is not None  # the entry calls BLAS only where it was found
-            self.entry_module.set_blas(*blas.addresses)
         if self.entry is not None:
             self.entry_constants = tuple(
                 np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d
