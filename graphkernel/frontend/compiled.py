@@ -90,22 +90,33 @@ class CompiledCell:
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
-        if self.output_tree is not None:
-            return _nest(self.output_tree, self._call(*args))
-        return self._call(*args)
+        return self.call(args)
 
-    def _call(self, *args: Any) -> Any:
+    def call(self, args: Sequence[Any], entry_declined: bool = False) -> Any:
+        """One call on Tensors (or arrays): the one place a call meets the compiled entry.
+        Its `call` is tried once; where it declines inputs that are all arrays it would have
+        declined them as `run` too, so the Python runner runs them. `entry_declined`: the
+        caller (a Cell's per-call path) already offered these inputs to the entry."""
+        if self.output_tree is not None:
+            return _nest(self.output_tree, self._call(args, entry_declined))
+        return self._call(args, entry_declined)
+
+    def _call(self, args: Sequence[Any], entry_declined: bool) -> Any:
         if self.size_rules and all(hasattr(a, "shape") for a in args):
             problem = broken_rule(self.name, self.input_types, args, self.size_rules)
             if problem is not None:
                 raise InputError(problem, user_location())
         call = self._runner.entry_call
-        if call is not None:  # the per-call path: one C call
+        if call is not None and not entry_declined:  # the per-call path: one C call
             out = call(self._fixed, *args)
             if out is not NotImplemented:
                 return out
         arrays = [a._array if isinstance(a, Tensor) else a for a in args]
-        outs = [Tensor._wrap(a) for a in self.run_arrays(*arrays)]
+        # Other inputs (numbers, lists) become arrays in the runtime's check: `run` may take
+        # those, though `call` could not.
+        offered = call is not None and all(isinstance(a, np.ndarray) for a in arrays)
+        outs = [Tensor._wrap(a) for a in self.executable.run(
+            _arrays(arrays), self._weights(), try_entry=not offered)]
         if self._returns_tuple or len(outs) != 1:
             return tuple(outs)
         return outs[0]
