@@ -137,12 +137,46 @@ def test_products_and_relabellings_are_declared_facts():
 
 def test_every_pointwise_op_has_a_c_expression():
     """Fusion takes every elementwise and broadcasting op into a loop nest
-    (graph_kernel/schedule.py `fusible_op` asks the op's kind, not a C template): the C
-    backend must have an expression for each."""
+    (graph_kernel/schedule.py `fusible_op` asks the op's kind, not the backend): the C
+    backend's op table must have an expression for each, and for no op the IR lacks."""
+    from graphkernel.backends.c.ops import CODE_FOR_OP
     from graphkernel.ir.opset import OPS, PatternKind
     pointwise = {o.name for o in OPS.values()
                  if o.kind in (PatternKind.ELEMWISE, PatternKind.BROADCAST)}
-    assert pointwise and not {n for n in pointwise if OPS[n].c_template is None}
+    assert pointwise and pointwise <= set(CODE_FOR_OP)
+    assert set(CODE_FOR_OP) <= set(OPS)
+
+
+def test_every_reduction_kind_has_a_c_fold():
+    """Each reduce op declares an abstract `Reduction` (kind, identity); the C backend spells
+    every kind's combine step and OpenMP operator, and each identity as a C literal."""
+    from graphkernel.backends.c.ops import C_REDUCTIONS, c_identity
+    from graphkernel.ir import types as T
+    from graphkernel.ir.opset import OPS, ReductionKind
+    assert set(C_REDUCTIONS) == set(ReductionKind)
+    identities = {o.name: (c_identity(o.reduction, T.float32), c_identity(o.reduction, T.int64))
+                  for o in OPS.values() if o.reduction is not None}
+    assert identities["ReduceMax"] == ("-INFINITY", "INT64_MIN")
+    assert identities["ReduceMin"] == ("INFINITY", "INT64_MAX")
+    assert identities["ReduceSum"] == ("0", "0") and identities["ReduceProd"] == ("1", "1")
+
+
+def test_no_c_below_the_backends():
+    """The IR, the passes, the middle end and the runtime are backend-neutral: no C expression,
+    C type, preprocessor line or OpenMP word in their source (the C backend's op table and
+    types live in backends/c/), nor the C entry's BLAS hand-over (backends/c/cblas.py)."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parent.parent / "graphkernel"
+    c_code = re.compile(r"c_template|c_float_template|omp_operator|C_STORAGE|C_COMPUTE|"
+                        r"#include|#pragma|\bomp\b|\bOpenMP\b|CBlas|set_blas|BATCH_VERSIONS")
+    found = []
+    for folder in ("ir", "passes", "graph_kernel", "runtime"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if c_code.search(line):
+                    found.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
 
 
 def test_windows_are_declared_facts():

@@ -199,3 +199,26 @@ def test_calls_from_threads_agree(rng) -> None:
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_an_input_the_entry_declines_is_offered_to_it_once(rng) -> None:
+    # One path from Cell.__call__ to the kernels: the Cell's per-call path offers the input to
+    # the compiled entry; when it declines (a strided view), neither the CompiledCell nor the
+    # Executable offers it again: the Python runner takes it.
+    net = NetBasicFuse()
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    net(Tensor(np.ascontiguousarray(x[:, ::2])))
+    module = net.__dict__["_last_call"][1].executable.runner.entry_module
+    offered: list[str] = []
+
+    def profile(frame, event, arg):  # noqa: ANN001
+        if event == "c_call" and getattr(arg, "__self__", None) is module:
+            offered.append(arg.__name__)
+
+    sys.setprofile(profile)
+    try:
+        out = net(Tensor(x[:, ::2]))  # the compiled shape and dtype, not contiguous
+    finally:
+        sys.setprofile(None)
+    assert offered == ["call"], offered
+    np.testing.assert_allclose(out.asnumpy(), (x[:, ::2] * 2 + 1) * 3, rtol=1e-6)

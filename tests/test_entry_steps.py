@@ -215,6 +215,7 @@ def test_the_entry_calls_numpys_own_openblas_when_scipys_is_listed_first(monkeyp
     import scipy.linalg  # noqa: F401  (scipy's wheel loads an OpenBLAS of its own)
     from threadpoolctl import ThreadpoolController
 
+    from graphkernel.backends.c.cblas import cblas
     from graphkernel.runtime import blas
     loaded = ThreadpoolController().select(internal_api="openblas").lib_controllers
     numpys = [c for c in loaded if blas._numpys(c.filepath)]
@@ -226,22 +227,23 @@ def test_the_entry_calls_numpys_own_openblas_when_scipys_is_listed_first(monkeyp
     # numpy's library cannot be opened there.
     monkeypatch.setattr(blas, "_state", {"blas": others + numpys})
     monkeypatch.setattr(blas, "_numpys_wheel_openblas", lambda: None)
-    found = blas.cblas()
+    found = cblas()
     assert found is not None
     names = [n for n in ("scipy_cblas_sgemm64_", "cblas_sgemm") if hasattr(numpys[0].dynlib, n)]
     assert found.sgemm == ctypes.cast(getattr(numpys[0].dynlib, names[0]), ctypes.c_void_p).value
 
 
 def test_numpys_wheel_openblas_is_found_without_scanning_every_library(monkeypatch):
+    from graphkernel.backends.c.cblas import cblas
     from graphkernel.runtime import blas
     monkeypatch.setattr(blas, "_state", {})
-    fast = blas._numpys_wheel_openblas()
-    if fast is None:
+    if blas._numpys_wheel_openblas() is None:
         pytest.skip("numpy's BLAS is not the OpenBLAS of its wheel")
-    assert blas.cblas() == fast and "blas" not in blas._state  # no threadpoolctl scan
+    fast = cblas()
+    assert fast is not None and "blas" not in blas._state  # no threadpoolctl scan
     monkeypatch.setattr(blas, "_numpys_wheel_openblas", lambda: None)
     monkeypatch.setattr(blas, "_state", {})
-    assert blas.cblas() == fast  # threadpoolctl's scan finds the same functions
+    assert cblas() == fast  # threadpoolctl's scan finds the same functions
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -249,7 +251,7 @@ def test_attention_sized_products_run_as_one_batch_gemm(dtype, rng):
     """Products above OpenBLAS's small-matrix size (100^3 multiply-adds) go to its batch GEMM,
     which runs them on its threads at once; the scores (B transposed) and the context product
     written through the head merge's view, as numpy computes them."""
-    from graphkernel.runtime.blas import cblas
+    from graphkernel.backends.c.cblas import cblas
     found = cblas()
     if found is None or not found.sgemm_batch:
         pytest.skip("needs an OpenBLAS whose batch GEMM graphkernel calls (BATCH_VERSIONS)")

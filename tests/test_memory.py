@@ -169,3 +169,23 @@ def test_a_first_call_during_the_prefault_stops_it_and_is_right(rng):
     np.testing.assert_allclose(out.asnumpy(), (x * 2 + 1) * 3, rtol=1e-6)
     del out
     np.testing.assert_allclose(exe(Tensor(x + 1)).asnumpy(), ((x + 1) * 2 + 1) * 3, rtol=1e-6)
+
+
+def test_every_way_into_the_entry_finishes_the_prefault_in_the_runner(rng):
+    # The bare compiled `run` (CompiledCell.entry) takes the warm pages on its first call as
+    # a Cell's call does: the runner alone finishes the prefault, and then hands out the
+    # entry module's own functions, so no caller checks for it on each call.
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)
+    runner = exe.executable.runner
+    assert runner.prefaulting is not None
+    out = exe.entry(x, *runner.entry_constants)
+    assert runner.prefaulting is None
+    assert runner.entry is runner.entry_module.run
+    assert runner.entry_call is runner.entry_module.call
+    np.testing.assert_allclose(out, (x * 2 + 1) * 3, rtol=1e-6)
+    import pathlib
+    package = pathlib.Path(graphkernel.__file__).parent
+    checking = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                      if "prefaulting" in p.read_text() or "finish_prefault(" in p.read_text())
+    assert checking == ["runtime/runner.py"], checking

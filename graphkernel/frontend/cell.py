@@ -129,16 +129,21 @@ class Cell:
         # same object: frontend/guards.py) and returns NotImplemented when one moved or for
         # inputs of another shape or dtype, and the full path below decides.
         last = self.__dict__.get("_last_call")
+        declined = None  # the executable whose entry declined these inputs just now
         if last is not None and last[0] == context._generation and not symbolic.recording:
             out = last[2](last[3], *inputs)
             if out is not NotImplemented:
                 return out
+            declined = last[1]
         if current_tracer() is not None:
             return self._traced_call(inputs)
         if context.get_context("mode") == context.PYNATIVE_MODE:
             return self._run_construct(inputs)
         exe = compile_cached(self, inputs)
-        out = exe(*inputs)
+        if isinstance(exe, CompiledCell):  # the same executable: not offered to its entry twice
+            out = exe.call(inputs, entry_declined=exe is declined)
+        else:
+            out = exe(*inputs)
         fast = exe.fast_call if isinstance(exe, CompiledCell) else None  # not a StaticCall
         if fast is not None:
             self.__dict__["_last_call"] = (context._generation, exe, *fast)

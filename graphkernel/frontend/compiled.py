@@ -54,20 +54,17 @@ class CompiledCell:
         # What it was built from besides its input types (none for a graph without a cell)
         self.guards = guards if guards is not None else Guards()
         runner = self._runner = executable.runner
-        self._entry = runner.entry
         self._returns_tuple = executable.plan.returns_tuple
-        # The compiled entry's `call` with this cell's Parameters, the graph's constants and
-        # the guards it checks: Tensors in, Tensors out, no Python in between
-        # (backends/c/c_entry.py).
-        self.fast_call: tuple[Any, tuple[Any, ...]] | None = None
+        # What the compiled entry's `call` takes before the inputs: this cell's Parameters,
+        # the graph's constants and the guards it checks (backends/c/c_entry.py).
+        self._fixed: tuple[Any, ...] = ()
         module = runner.entry_module
         if module is not None:
             module.set_tensor_type(Tensor)
-            self.fast_call = (module.call, (*self.params, *runner.entry_constants,
-                                            self.guards.table))
-        self._entry_call = self.fast_call
-        if output_tree is not None:  # the bare entry returns the flat tuple: nest it first
-            self.fast_call = None
+            self._fixed = (*self.params, *runner.entry_constants, self.guards.table)
+        # Whether a Cell may call the entry straight (`fast_call`): not when the bare entry's
+        # flat tuple must be nested first, nor when size rules are checked on each call.
+        self._bare_calls = output_tree is None
         # The graph's user inputs' types (dynamic sizes as symbols).
         self.input_types: list[TensorType] = []
         # Rules on dynamic sizes (a Symbol's range, a Reshape's multiple: frontend/dynamic.py)
@@ -80,28 +77,46 @@ class CompiledCell:
         compiled entry (`fast_call`), which sees only the types."""
         self.input_types = list(types)
         self.size_rules = tuple(rules)
-        self.fast_call = None
+        self._bare_calls = False
+
+    @property
+    def fast_call(self) -> tuple[Any, tuple[Any, ...]] | None:
+        """The compiled entry's `call` and its fixed arguments, for a Cell's per-call path:
+        Tensors in, Tensors out, no Python in between. None when calls need this object."""
+        call = self._runner.entry_call
+        if call is None or not self._bare_calls:
+            return None
+        return call, self._fixed
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any) -> Any:
-        if self.output_tree is not None:
-            return _nest(self.output_tree, self._call(*args))
-        return self._call(*args)
+        return self.call(args)
 
-    def _call(self, *args: Any) -> Any:
+    def call(self, args: Sequence[Any], entry_declined: bool = False) -> Any:
+        """One call on Tensors (or arrays): the one place a call meets the compiled entry.
+        Its `call` is tried once; where it declines inputs that are all arrays it would have
+        declined them as `run` too, so the Python runner runs them. `entry_declined`: the
+        caller (a Cell's per-call path) already offered these inputs to the entry."""
+        if self.output_tree is not None:
+            return _nest(self.output_tree, self._call(args, entry_declined))
+        return self._call(args, entry_declined)
+
+    def _call(self, args: Sequence[Any], entry_declined: bool) -> Any:
         if self.size_rules and all(hasattr(a, "shape") for a in args):
             problem = broken_rule(self.name, self.input_types, args, self.size_rules)
             if problem is not None:
                 raise InputError(problem, user_location())
-        fast = self._entry_call
-        if fast is not None:  # the per-call path: one C call
-            if self._runner.prefaulting is not None:  # the first call: take the warm pages
-                self._runner.finish_prefault()
-            out = fast[0](fast[1], *args)
+        call = self._runner.entry_call
+        if call is not None and not entry_declined:  # the per-call path: one C call
+            out = call(self._fixed, *args)
             if out is not NotImplemented:
                 return out
         arrays = [a._array if isinstance(a, Tensor) else a for a in args]
-        outs = [Tensor._wrap(a) for a in self.run_arrays(*arrays)]
+        # Other inputs (numbers, lists) become arrays in the runtime's check: `run` may take
+        # those, though `call` could not.
+        offered = call is not None and all(isinstance(a, np.ndarray) for a in arrays)
+        outs = [Tensor._wrap(a) for a in self.executable.run(
+            _arrays(arrays), self._weights(), try_entry=not offered)]
         if self._returns_tuple or len(outs) != 1:
             return tuple(outs)
         return outs[0]
@@ -174,7 +189,7 @@ class CompiledCell:
     @property
     def entry(self) -> Any:
         """The compiled CPython entry running the whole graph, or None."""
-        return self._entry
+        return self._runner.entry
 
     def summary(self, reasons: bool = True) -> str:
         """The kernels one call launches, the rewrites, and (with `reasons`, the default) why

@@ -15,7 +15,7 @@ from graphkernel.ir.types import Dim, SymSize
 class CostModel:
     max_inputs: int = 24
     recompute_limit: int = 8  # an expensive op may be recomputed at most this many times over
-    # Elements of iteration space above which a kernel's outer loop runs on OpenMP threads:
+    # Elements of iteration space above which a kernel's outer loop runs on threads:
     # below it the fork/join costs more than the work (measured on the 2-core VMs).
     parallel_threshold: int = 1 << 17
     # Bytes of output above which a kernel writes with non-temporal stores (None: never). Such
@@ -40,7 +40,7 @@ class CostModel:
     # OpenBLAS threads on a loaded 2-core machine, 1.4 ms on one). None: BLAS decides always.
     blas_parallel_min_mnk: int | None = 1 << 22
     # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
-    # on OpenMP threads (backends/c/c_window.py): ~20 us of one thread's work, well above a fork.
+    # on threads (backends/c/c_window.py): ~20 us of one thread's work, well above a fork.
     window_parallel_min_macs: int = 1 << 20
     # Parallel (horizontal) fusion (graph_kernel/parallel_fusion.py): independent groups of a
     # graph launched as one kernel. A loop nest moving more than `parallel_max_bytes` is large:

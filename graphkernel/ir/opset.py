@@ -104,13 +104,24 @@ def int_tuple_kinds(*names: str) -> tuple[tuple[str, AttrKind], ...]:
     return tuple((name, AttrKind.INTS) for name in names)
 
 
+class ReductionKind(Enum):
+    """What a reduce op folds its axis with."""
+
+    SUM = "sum"
+    PRODUCT = "product"
+    MAX = "max"
+    MIN = "min"
+    ALL = "all"  # logical and
+    ANY = "any"  # logical or
+
+
 @dataclass(frozen=True)
 class Reduction:
-    """How a reduce op folds its axis: the identity, one combine step and OpenMP's operator."""
+    """How a reduce op folds its axis: its kind and identity (a backend spells both)."""
 
-    identity: str  # a C literal; INFINITY/-INFINITY become the integer limits for int dtypes
-    combine: str  # C expression over `{acc}` and `{v}`
-    omp_operator: str  # the OpenMP `reduction(op: ...)` operator: +, *, max, min
+    kind: ReductionKind
+    # The fold's starting value; +-inf stands for the dtype's limits when it has no infinity.
+    identity: float
     propagates_nan: bool = False  # float max/min: a NaN anywhere makes the result NaN
 
 
@@ -130,13 +141,8 @@ class OpDef:
     call_attrs: tuple[tuple[str, Any], ...] = ()
     # Attributes given to the primitive's constructor, MindSpore style.
     init_attrs: tuple[tuple[str, Any], ...] = ()
-    # C expression template for elementwise ops: `{0}`, `{1}` are operands (already in the
-    # operand compute type), `{f}` is "f" for float math and "" for double.
-    c_template: str | None = None
-    # The template for float operands when it differs (Abs: fabs keeps abs(-0.0) == +0.0).
-    c_float_template: str | None = None
     reduction: Reduction | None = None
-    # Its C calls a vector math function (exp, log, tanh, ...): a kernel with it is
+    # It calls a vector math function (exp, log, tanh, ...): a kernel with it is
     # compute-bound (no streaming stores).
     vector_math: bool = False
     # Costs far more than a load (vector math, division, square roots): the cost model limits
@@ -380,14 +386,14 @@ NUMBERS = T.FLOAT_DTYPES + T.INT_DTYPES
 ALL = T.SUPPORTED_DTYPES
 
 
-def declare_elementwise(name: str, n: int, reference: Callable[..., Any], template: str,
+def declare_elementwise(name: str, n: int, reference: Callable[..., Any],
                  accepts: tuple[np.dtype, ...] | None = NUMBERS, aliases: tuple[str, ...] = (),
                  out_dtype: Callable[[np.dtype], np.dtype] | None = None, doc: str = "",
                  **typed: Any) -> None:
     """Declare an elementwise op; `typed`: further OpDef fields (vector_math, expensive, ...)."""
     names = ("x", "y", "z")[:n]
     declare(OpDef(name=name, kind=PatternKind.ELEMWISE, inputs=names,
-                  infer=elementwise_infer(out_dtype), reference=reference, c_template=template,
+                  infer=elementwise_infer(out_dtype), reference=reference,
                   accepts=accepts, aliases=aliases, doc=doc, **typed))
 
 

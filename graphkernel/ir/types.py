@@ -47,7 +47,7 @@ class SymSize:
     holds single symbols, `SymSize.dim("N")`; products appear as sizes and strides). Its text is
     its C expression too: generated kernels read each symbol into a local of that name.
     Ordering it against a number is undecidable at compile time, so it raises: callers decide
-    at run time instead (an OpenMP `if` clause, a pool keyed on the actual shape)."""
+    at run time instead (a threading test in the kernel, a pool keyed on the actual shape)."""
 
     __slots__ = ("coef", "names")
 

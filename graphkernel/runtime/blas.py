@@ -9,8 +9,8 @@ than they save on a small product. numpy's wheel OpenBLAS is opened where numpy 
 library). The count is put back after the product, so code outside graphkernel sees BLAS as it
 was.
 
-`cblas` hands numpy's OpenBLAS to the compiled entry as C function addresses
-(backends/c/c_gemm.py).
+`openblas` names numpy's OpenBLAS, whose functions a backend may call by address
+(backends/c/cblas.py).
 """
 from __future__ import annotations
 
@@ -43,16 +43,16 @@ def _controllers() -> list[Any]:
 
 def find_in_background() -> None:
     """Find numpy's BLAS before a plan's first product needs it: numpy's wheel OpenBLAS at once
-    (`cblas`, ~0.5 ms); any other BLAS on a daemon thread, since threadpoolctl's scan of the
+    (`openblas`, ~0.5 ms); any other BLAS on a daemon thread, since threadpoolctl's scan of the
     loaded libraries takes 6-7 ms here, which the first call of a plan with products to pin
     would otherwise pay (a caller that needs them meanwhile waits on the lock)."""
     with _lock:
-        if "cblas" in _state or "blas" in _state or "finding" in _state:
+        if "openblas" in _state or "blas" in _state or "finding" in _state:
             return
     found = _numpys_wheel_openblas()
     with _lock:
         if found is not None:
-            _state.setdefault("cblas", found)
+            _state.setdefault("openblas", found)
             return
         _state["finding"] = True
     threading.Thread(target=_controllers, name="graphkernel-blas-lookup", daemon=True).start()
@@ -62,7 +62,7 @@ _GET_THREADS = ctypes.CFUNCTYPE(ctypes.c_int)
 _SET_THREADS = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 
-def _thread_functions(found: CBlas) -> tuple[Any, Any]:
+def _thread_functions(found: OpenBlas) -> tuple[Any, Any]:
     """numpy's OpenBLAS's get- and set-threads functions as callables (made once)."""
     functions = _state.get("threads")
     if functions is None:
@@ -77,7 +77,7 @@ def blas_threads(count: int | None) -> Iterator[None]:
     if count is None:
         yield
         return
-    found = cblas()
+    found = openblas()
     if found is not None:  # numpy's OpenBLAS by address: its own get/set functions
         get, put = _thread_functions(found)
         before = get()
@@ -109,23 +109,32 @@ def describe() -> list[str]:
 
 
 @dataclass(frozen=True)
-class CBlas:
-    """numpy's own OpenBLAS as C function addresses, for the compiled entry's MatMul steps
-    (backends/c/c_gemm.py): cblas_sgemm, cblas_dgemm, its get/set-threads functions, and its
-    batch GEMMs where it has them."""
+class OpenBlas:
+    """numpy's own OpenBLAS, loaded in this process on its own pthreads: the library and how
+    its build names its functions (a backend looks up the ones it calls: backends/c/cblas.py)."""
 
-    sgemm: int
-    dgemm: int
-    get_threads: int
-    set_threads: int
-    int64: bool  # an ILP64 build (numpy's scipy_openblas64_): BLAS integers are int64_t
-    sgemm_batch: int = 0  # cblas_sgemm_batch (BATCH_VERSIONS), 0 without
-    dgemm_batch: int = 0
+    dynlib: Any  # the ctypes.CDLL
+    prefix: str  # numpy's wheels rename the symbols: a scipy_ prefix,
+    suffix: str  # a 64_ suffix for 64-bit integers
+    version: str | None  # as OpenBLAS reports it ("0.3.31"), None when unknown
 
     @property
-    def addresses(self) -> tuple[int, int, int, int, int, int]:
-        return (self.sgemm, self.dgemm, self.get_threads, self.set_threads, self.sgemm_batch,
-                self.dgemm_batch)
+    def int64(self) -> bool:
+        """An ILP64 build (numpy's scipy_openblas64_): its integers are int64_t."""
+        return self.suffix != ""
+
+    def address(self, name: str) -> int:
+        """The address of its function `name` (OpenBLAS's own spelling), 0 without it."""
+        symbol = f"{self.prefix}{name}{self.suffix}"
+        return _address(self.dynlib, symbol) if hasattr(self.dynlib, symbol) else 0
+
+    @property
+    def get_threads(self) -> int:
+        return self.address("openblas_get_num_threads")
+
+    @property
+    def set_threads(self) -> int:
+        return self.address("openblas_set_num_threads")
 
 
 def _address(dynlib: Any, name: str) -> int:
@@ -149,42 +158,21 @@ def _numpys(path: str | None) -> bool:
     return bool(path) and os.path.abspath(str(path)).startswith(_numpy_libs() + os.sep)
 
 
-_PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 OpenMP
+_PARALLEL_PTHREADS = 1  # openblas_get_parallel(): 0 sequential, 1 pthreads, 2 other threads
 
 
-# OpenBLAS versions whose cblas_?gemm_batch the entry calls (backends/c/c_gemm.py BATCH_MIN_MNK
-# depends on where the batch sends small products: checked on these).
-BATCH_VERSIONS = ((0, 3, 31),)
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    parts = []
-    for piece in (text or "").split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
-def _from_dynlib(dynlib: Any, version: str | None) -> CBlas | None:
-    """The CBlas of one loaded OpenBLAS, or None when it lacks the functions."""
+def _from_dynlib(dynlib: Any, version: str | None) -> OpenBlas | None:
+    """One loaded OpenBLAS, or None when it lacks the functions graphkernel calls."""
     for prefix, suffix in _NAMINGS:
         names = [f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix}",
                  f"{prefix}openblas_get_num_threads{suffix}",
                  f"{prefix}openblas_set_num_threads{suffix}"]
         if all(hasattr(dynlib, n) for n in names):
-            checked = _version(version) in BATCH_VERSIONS
-            batch = [_address(dynlib, n) if checked and hasattr(dynlib, n) else 0
-                     for n in (f"{prefix}cblas_sgemm_batch{suffix}",
-                               f"{prefix}cblas_dgemm_batch{suffix}")]
-            sgemm, dgemm, get_threads, set_threads = (_address(dynlib, n) for n in names)
-            return CBlas(sgemm, dgemm, get_threads, set_threads, int64=suffix != "",
-                         sgemm_batch=batch[0], dgemm_batch=batch[1])
+            return OpenBlas(dynlib, prefix, suffix, version)
     return None
 
 
-def _numpys_wheel_openblas() -> CBlas | None:
+def _numpys_wheel_openblas() -> OpenBlas | None:
     """numpy's wheel OpenBLAS (numpy.libs/), already loaded by numpy, opened without loading
     anything (RTLD_NOLOAD): no scan of every loaded library (threadpoolctl's takes 6-7 ms,
     which a warm compile would wait for). None when numpy has no such library, or it is not
@@ -207,12 +195,12 @@ def _numpys_wheel_openblas() -> CBlas | None:
     return None
 
 
-def cblas() -> CBlas | None:
-    """numpy's BLAS as C functions (found once; numpy's own wheel's OpenBLAS before any other
-    loaded), or None when it is not an OpenBLAS on its own pthreads (MKL, BLIS, an OpenMP
-    build: the Python runner calls numpy there)."""
-    if "cblas" in _state:
-        return _state["cblas"]
+def openblas() -> OpenBlas | None:
+    """numpy's BLAS when it is an OpenBLAS on its own pthreads (found once; numpy's own
+    wheel's before any other loaded), or None (MKL, BLIS, a build on other threads: the Python
+    runner calls numpy there, and threadpoolctl sets its threads)."""
+    if "openblas" in _state:
+        return _state["openblas"]
     found = _numpys_wheel_openblas()
     if found is None:  # another build of numpy: ask threadpoolctl what is loaded
         for lib in sorted(_controllers(), key=lambda lib: not _numpys(lib.filepath)):
@@ -221,14 +209,14 @@ def cblas() -> CBlas | None:
                 found = _from_dynlib(lib.dynlib, lib.version)
                 if found is not None:
                     break
-    _state["cblas"] = found
+    _state["openblas"] = found
     return found
 
 
 def threads_now() -> int | None:
     """How many threads numpy's OpenBLAS runs a product on now, or None where it is not an
-    OpenBLAS the entry calls (cblas())."""
-    found = cblas()
+    OpenBLAS graphkernel calls by address (openblas())."""
+    found = openblas()
     if found is None:
         return None
     return int(_thread_functions(found)[0]())

@@ -125,13 +125,13 @@ class Executable:
             raise ResourceError(f"{problem}, and that much memory could not be allocated; "
                                 "pass fewer rows") from None
 
-    def run(self, arrays: Sequence[Any], weights: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(self, arrays: Sequence[Any], weights: Sequence[np.ndarray],
+            try_entry: bool = True) -> list[np.ndarray]:
         """One call: the compiled entry when it takes these arrays as they are, else the
-        Python runner on checked arrays."""
+        Python runner on checked arrays. `try_entry` False: the caller offered the entry these
+        arrays already (frontend/compiled.py), and it declined them."""
         runner = self.runner
-        if runner.entry is not None:
-            if runner.prefaulting is not None:
-                runner.finish_prefault()
+        if try_entry and runner.entry is not None:
             out = runner.entry(*arrays, *weights, *runner.entry_constants)
             if out is not NotImplemented:
                 return list(out) if type(out) is tuple else [out]

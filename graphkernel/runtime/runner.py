@@ -4,8 +4,12 @@ It reads the execution plan (runtime/plan.py) and nothing else: slots are filled
 arrays, the weights' arrays and the constants; each step runs, writing its results into slots;
 slots die as the plan's release list says, so a dead value's pooled buffer serves the later
 result the plan gave it to. When the plan has a compiled CPython entry (backends/c/c_entry.py),
-`run` tries it first: it returns NotImplemented for any argument it does not take as is, and the
-step loop runs instead.
+the executable tries it first (`entry` on arrays, `entry_call` on Tensors): it returns
+NotImplemented for any argument it does not take as is, and the step loop runs instead.
+
+The runner alone finishes the prefault (`finish_prefault`): until the first call its `entry` and
+`entry_call` are wrappers that finish it and then bind the module's own functions, so no caller
+checks for it on each call.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from graphkernel.ir.opdefs.array import check_indices
 from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
-from graphkernel.runtime.blas import blas_threads, cblas, find_in_background
+from graphkernel.runtime.blas import blas_threads, find_in_background
 from graphkernel.runtime.memory import BufferPool
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
 from graphkernel.runtime.reference import run_reference_graph
@@ -35,7 +39,7 @@ class LoadedKernels(Protocol):
 
     functions: dict[str, Any]  # kernel name -> a callable taking one argv pointer
     entry: Any  # a compiled `run` of the whole plan, or None
-    entry_module: Any  # its module (`call`, `seed`, `set_blas`), or None
+    entry_module: Any  # its module (`run`, `call`, `seed`), or None
 
 
 class Runner:
@@ -47,9 +51,15 @@ class Runner:
         # This call's dynamic sizes (plan.symbols order): kernels read them by pointer.
         self.sizes = np.zeros(max(len(plan.symbols), 1), np.int64)
         self.size_of: dict[str, int] = {}
-        self.entry: Any = None  # the compiled CPython `run`, when the plan has one
+        # The compiled CPython entry, when the plan has one: `run` (arrays in and out, then the
+        # plan's weights and constants) and its module's `call` (Tensors in and out, after a
+        # tuple of the fixed arguments). Each is the module's own function once the first call
+        # finished the prefault, a wrapper that finishes it before that.
+        self.entry: Any = None
+        self.entry_call: Any = None
         self.entry_constants: tuple[np.ndarray, ...] = ()
-        self.entry_module: Any = None  # its module: `call` takes and returns Tensors
+        self.entry_module: Any = None  # the entry's module (`run`, `call`, `seed`)
+        self._entries: tuple[Any, Any] | None = None  # its own `run` and `call`
         self._template: list[Any] = [None] * len(plan.slots)
         for slot in plan.constant_slots():
             self._template[slot.index] = slot.constant
@@ -67,12 +77,12 @@ class Runner:
 
     def load(self, library: LoadedKernels) -> None:
         self._functions = library.functions
-        self.entry = library.entry
         self.entry_module = library.entry_module
-        if hasattr(self.entry_module, "set_blas"):  # its MatMul steps call numpy's BLAS
-            blas = cblas()
-            assert blas is not None  # the entry calls BLAS only where it was found
-            self.entry_module.set_blas(*blas.addresses)
+        if library.entry is not None:
+            self._entries = (library.entry, library.entry_module.call)
+            self.entry, self.entry_call = self._run_first, self._call_first
+            if self.prefaulting is None:
+                self._bind_entry()
         if self.entry is not None:
             self.entry_constants = tuple(
                 np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d
@@ -82,6 +92,19 @@ class Runner:
 
     def _bind(self) -> None:
         self.step_fns = [self._step_fn(step) for step in self.plan.steps]
+
+    def _bind_entry(self) -> None:
+        """From now on callers call the entry's own functions: no Python in between."""
+        if self._entries is not None:
+            self.entry, self.entry_call = self._entries
+
+    def _run_first(self, *args: Any) -> Any:
+        self.finish_prefault()
+        return self.entry(*args)
+
+    def _call_first(self, *args: Any) -> Any:
+        self.finish_prefault()
+        return self.entry_call(*args)
 
     # -- running --------------------------------------------------------------------------
     def finish_prefault(self) -> None:
@@ -103,6 +126,7 @@ class Runner:
                                 module.seed(b, array):
                             self.pool.forget(b, array)
             self.prefaulting = None
+            self._bind_entry()
 
     def run(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray]
             ) -> list[np.ndarray]:

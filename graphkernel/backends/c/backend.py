@@ -12,6 +12,7 @@ from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import emit_window_kernel, why_not_window_kernel
+from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.generic_kernel import emit_any_kernel
 from graphkernel.backends.c.library import build_library
 from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
@@ -78,6 +79,7 @@ class CBackend:
         library = None
         if kernels:
             library = build_library(kernels, entry_source(plan), prebuilt)
+            hand_blas_to(library.entry_module)
             runner.load(library)
         if prebuilt is not None and (library is None or os.path.basename(library.path) !=
                                      prebuilt[0] + cache.LIBRARY_SUFFIX):

@@ -29,6 +29,7 @@ from graphkernel.backends.c.c_window import (
     pool_parts,
     why_not_window_kernel,
 )
+from graphkernel.backends.c.ops import code_for_op
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.graph_kernel.lower import ConvBlock
 from graphkernel.ir import types as T
@@ -164,13 +165,14 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
             ref[node.uid] = (kind, operands[0][1])  # the same o-th element
             continue
         opdef = get_op(node.op)
-        if opdef.kind != PatternKind.ELEMWISE or opdef.c_template is None or \
+        expression = code_for_op(node.op)
+        if opdef.kind != PatternKind.ELEMWISE or expression is None or \
                 any(v.dtype != conv.dtype for v in node.inputs):
             return None, f"{node.name} ({node.op}) is not an elementwise op of the dtype"
         if kind == "full" and not kinds <= {"chan", "full"} or \
                 kind != "full" and not kinds <= {kind}:
             return None, f"{node.name} broadcasts other than per channel"
-        template = opdef.c_float_template or opdef.c_template
+        template = expression.for_operands(floating=True)
         suffix = "f" if ct == "float" else ""
         text = f"(({ct}){template.format(*[e for _, e in operands], f=suffix)})"
         defs = plan.full if kind == "full" else plan.pre

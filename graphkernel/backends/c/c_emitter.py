@@ -16,6 +16,8 @@ from graphkernel.backends.c.c_loops import Buffer, KernelSource, LoopDim, contig
 from graphkernel.backends.c.c_reduce import ReductionEmitter
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.c_views import concat_buffers, tile_buffers, view_buffers
+from graphkernel.backends.c.ops import CExpression, code_for_op
+from graphkernel.errors import CompileError
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
@@ -175,7 +177,6 @@ class _Emitter(ReductionEmitter):
         return expr
 
     def _expr(self, node: Node, dims: list[LoopDim], inner: bool) -> str:
-        opdef = get_op(node.op)
         in_dtypes = [v.dtype for v in node.inputs]
         out_ct = C_COMPUTE[node.dtype]
         if node.op == "Cast":
@@ -190,10 +191,8 @@ class _Emitter(ReductionEmitter):
             if C_COMPUTE[value.dtype] != C_COMPUTE[want]:
                 text = f"(({C_COMPUTE[want]}){text})"
             operands.append(text)
-        template = opdef.c_template or ""
         compute = C_COMPUTE[operand_dtypes[-1]] if operand_dtypes else out_ct
-        if T.is_float(operand_dtypes[-1]) and opdef.c_float_template is not None:
-            template = opdef.c_float_template
+        template = _expression(node.op).for_operands(T.is_float(operand_dtypes[-1]))
         expr = template.format(*operands, f="f" if compute == "float" else "")
         if node.dtype == T.float16 and compute == "double":
             # Cast float64 -> float16 straight from double: through float it rounds twice.
@@ -530,3 +529,11 @@ class _Emitter(ReductionEmitter):
         self.lines.append("}")
         return KernelSource(self.name, "\n".join(self.lines) + "\n", self.buffers,
                             self.stream_bytes)
+
+
+def _expression(op: str) -> CExpression:
+    expression = code_for_op(op)
+    if expression is None:
+        # fusible_op takes every pointwise op; tests/test_backends.py checks each has an entry
+        raise CompileError(f"the C backend's op table (backends/c/ops.py) has no {op}")
+    return expression

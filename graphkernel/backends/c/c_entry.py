@@ -22,9 +22,9 @@ import numpy as np
 
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
+from graphkernel.backends.c.cblas import CBlas, cblas
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
-from graphkernel.runtime.blas import CBlas, cblas
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
 
 POOL_DEPTH = 2

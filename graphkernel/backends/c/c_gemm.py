@@ -1,7 +1,7 @@
 """MatMul and BatchMatMul steps as BLAS calls from the compiled entry (backends/c/c_entry.py).
 
 A plan whose only non-kernel steps are matrix products still runs as one C call: the entry calls
-numpy's own OpenBLAS (runtime/blas.py `cblas`) through function pointers handed to the module
+numpy's own OpenBLAS (backends/c/cblas.py `cblas`) through function pointers handed to the module
 once it is loaded (`set_blas`), instead of a Python step per product. Each product is decided
 here, at plan time, from the step's static layout: its operands and result as strided matrices
 of their slots' dense buffers (the read and write views of folded layout ops,
@@ -175,7 +175,7 @@ static gk_sgemm_batch_t gk_sgemm_batch = NULL;
 static gk_dgemm_batch_t gk_dgemm_batch = NULL;
 
 /* set_blas(sgemm, dgemm, get_threads, set_threads, sgemm_batch, dgemm_batch): numpy's
-   OpenBLAS functions by address (runtime/blas.py `cblas`; the batch functions 0 where it has
+   OpenBLAS functions by address (backends/c/cblas.py `cblas`; the batch functions 0 where it has
    none, and then no product calls them); until then `run` returns NotImplemented. */
 static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 6) {

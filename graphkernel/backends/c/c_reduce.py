@@ -20,10 +20,11 @@ import numpy as np
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
 from graphkernel.backends.c.c_loops import Buffer, LoopDim
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE
+from graphkernel.backends.c.ops import C_REDUCTIONS, CReduction, c_identity
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Graph, Node
-from graphkernel.ir.opset import PatternKind, Reduction, get_op
+from graphkernel.ir.opset import PatternKind, Reduction, ReductionKind, get_op
 
 # Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
 # stay in L1 (512 floats = 2 KiB per reduction).
@@ -130,7 +131,7 @@ class ReductionEmitter:
                 acc = f"acc{self.local[red.uid]}"
                 ct = C_COMPUTE[red.dtype]
                 self.lines.append(f"{indent}{ct} {acc} = {self._reduce_init(red)};")
-                operator = _reduction(red).omp_operator
+                operator = _c_reduction(red).omp_operator
                 clauses.append(f" reduction({operator}:{acc})")
                 if self._tracks_nan(red):
                     self.lines.append(f"{indent}int nan{self.local[red.uid]} = 0;")
@@ -273,7 +274,7 @@ class ReductionEmitter:
         for red in self.sched.phases[0]:
             k = self.local[red.uid]
             self.lines.append(f"{indent}nacc{k} = {self._reduce_init(red)};")
-            clauses.append(f" reduction({_reduction(red).omp_operator}:nacc{k})")
+            clauses.append(f" reduction({_c_reduction(red).omp_operator}:nacc{k})")
             if self._tracks_nan(red):
                 self.lines.append(f"{indent}nnan{k} = 0;")
                 clauses.append(f" reduction(|:nnan{k})")
@@ -519,11 +520,7 @@ class ReductionEmitter:
         return dependent
 
     def _reduce_init(self, red: Node) -> str:
-        init = _reduction(red).identity
-        if init in ("INFINITY", "-INFINITY") and not T.is_float(red.dtype):
-            bits = "INT64" if red.dtype == T.int64 else "INT32"
-            init = f"{bits}_MAX" if init == "INFINITY" else f"{bits}_MIN"
-        return init
+        return c_identity(_reduction(red), red.dtype)
 
     @staticmethod
     def _tracks_nan(red: Node) -> bool:
@@ -531,7 +528,7 @@ class ReductionEmitter:
 
     @staticmethod
     def _combine(red: Node, acc: str, v: str) -> str:
-        return _reduction(red).combine.format(acc=acc, v=v)
+        return _c_reduction(red).combine.format(acc=acc, v=v)
 
 
 @dataclass
@@ -549,12 +546,16 @@ def _reduction(red: Node) -> Reduction:
     return reduction
 
 
+def _c_reduction(red: Node) -> CReduction:
+    return C_REDUCTIONS[_reduction(red).kind]
+
+
 def _is_float_sum(red: Node) -> bool:
-    return _reduction(red).omp_operator == "+" and T.is_float(red.dtype)
+    return _reduction(red).kind == ReductionKind.SUM and T.is_float(red.dtype)
 
 
 def _is_float_product(red: Node) -> bool:
-    return _reduction(red).omp_operator == "*" and T.is_float(red.dtype)
+    return _reduction(red).kind == ReductionKind.PRODUCT and T.is_float(red.dtype)
 
 
 def _in_blocks(size: T.Dim) -> bool:

@@ -443,9 +443,9 @@ declare(OpDef(name="ArgMinWithValue", kind=PatternKind.OPAQUE, inputs=("x",),
 
 # -- New tensors ------------------------------------------------------------------------------
 
-declare_elementwise("ZerosLike", 1, lambda x: np.zeros_like(x), "0", accepts=ALL,
+declare_elementwise("ZerosLike", 1, lambda x: np.zeros_like(x), accepts=ALL,
                     functional=("zeros_like",))
-declare_elementwise("OnesLike", 1, lambda x: np.ones_like(x), "1", accepts=ALL,
+declare_elementwise("OnesLike", 1, lambda x: np.ones_like(x), accepts=ALL,
                     functional=("ones_like",))
 
 

@@ -91,49 +91,37 @@ _TANH = _unary_grad(lambda b, x, o, dy: b("TanhGrad", o, dy))
 _ERF = _unary_grad(_erf_grad)
 _ABS = _unary_grad(lambda b, x, o, dy: b("Mul", dy, b("Sign", x)))
 
-_ew("Add", 2, same(np.add), "({0} + {1})", aliases=("TensorAdd",), grad=_ADD)
-_ew("Sub", 2, same(np.subtract), "({0} - {1})", grad=_SUB)
-_ew("Mul", 2, same(np.multiply), "({0} * {1})", grad=_MUL)
-_ew("RealDiv", 2, same(np.true_divide), "({0} / {1})", accepts=F, aliases=("Div",), grad=_DIV,
+_ew("Add", 2, same(np.add), aliases=("TensorAdd",), grad=_ADD)
+_ew("Sub", 2, same(np.subtract), grad=_SUB)
+_ew("Mul", 2, same(np.multiply), grad=_MUL)
+_ew("RealDiv", 2, same(np.true_divide), accepts=F, aliases=("Div",), grad=_DIV,
     **EXPENSIVE)
-_ew("Neg", 1, same(np.negative), "(-{0})", grad=_NEG)
-# NaN-propagating max/min, like numpy (C's fmax drops NaN). Bitwise `|`, `&` rather than
-# `||`, `&&` throughout: short-circuit operators are control flow, which stops vectorisation.
-_ew("Maximum", 2, same(np.maximum), "((({0} > {1}) | ({0} != {0})) ? {0} : {1})",
-    grad=_extremum_grad("MaximumGrad"))
-_ew("Minimum", 2, same(np.minimum), "((({0} < {1}) | ({0} != {0})) ? {0} : {1})",
-    grad=_extremum_grad("MinimumGrad"))
-_ew("Pow", 2, same(np.power), "pow{f}({0}, {1})", accepts=F, grad=_POW, **VECTOR_MATH)
-_ew("Sqrt", 1, same(np.sqrt), "sqrt{f}({0})", accepts=F, grad=_SQRT, **EXPENSIVE)
-_ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), "(1 / sqrt{f}({0}))", accepts=F, grad=_RSQRT,
-    **EXPENSIVE)
-_ew("Reciprocal", 1, same(lambda x: 1 / x), "(1 / {0})", accepts=F, grad=_RECIPROCAL,
-    **EXPENSIVE)
-# gkm_expf: graphkernel's own inlined float exp (backends/c/c_text.py, at most 1.04 ulp);
-# gkm_exp is libm's (libmvec's) double exp.
-_ew("Exp", 1, same(np.exp), "gkm_exp{f}({0})", accepts=F, grad=_EXP, **VECTOR_MATH)
-_ew("Log", 1, same(np.log), "log{f}({0})", accepts=F, grad=_LOG, **VECTOR_MATH)
-_ew("Tanh", 1, same(np.tanh), "tanh{f}({0})", accepts=F, grad=_TANH, **VECTOR_MATH)
-_ew("Erf", 1, same(lambda x: erf_reference(x)), "erf{f}({0})", accepts=F, grad=_ERF,
-    **VECTOR_MATH)
-# fabs for floats keeps abs(-0.0) == +0.0. Integers negate through unsigned arithmetic: gcc
-# folds the plain `x < 0 ? -x : x` into an abs it assumes non-negative even under -fwrapv
-# (sign(abs(INT32_MIN)) came out 1; numpy wraps to INT32_MIN, sign -1).
-_ew("Abs", 1, same(np.abs), "(({0} < 0) ? (__typeof__({0}))(0ull - (unsigned long long){0}) : {0})",
-    c_float_template="fabs{f}({0})", grad=_ABS)
-_ew("Floor", 1, same(np.floor), "floor{f}({0})", accepts=F, grad=_no_grad)
-_ew("Round", 1, same(np.rint), "rint{f}({0})", accepts=F, grad=_no_grad)
-# sign(+-0.0) is +0.0 as in numpy; NaN stays NaN ({0} != {0}).
-_ew("Sign", 1, same(np.sign), "(({0} > 0) ? 1 : (({0} < 0) ? -1 : (({0} != {0}) ? {0} : 0)))",
-    grad=_no_grad)
+_ew("Neg", 1, same(np.negative), grad=_NEG)
+# NaN-propagating max/min, like numpy.
+_ew("Maximum", 2, same(np.maximum), grad=_extremum_grad("MaximumGrad"))
+_ew("Minimum", 2, same(np.minimum), grad=_extremum_grad("MinimumGrad"))
+_ew("Pow", 2, same(np.power), accepts=F, grad=_POW, **VECTOR_MATH)
+_ew("Sqrt", 1, same(np.sqrt), accepts=F, grad=_SQRT, **EXPENSIVE)
+_ew("Rsqrt", 1, same(lambda x: 1 / np.sqrt(x)), accepts=F, grad=_RSQRT, **EXPENSIVE)
+_ew("Reciprocal", 1, same(lambda x: 1 / x), accepts=F, grad=_RECIPROCAL, **EXPENSIVE)
+_ew("Exp", 1, same(np.exp), accepts=F, grad=_EXP, **VECTOR_MATH)
+_ew("Log", 1, same(np.log), accepts=F, grad=_LOG, **VECTOR_MATH)
+_ew("Tanh", 1, same(np.tanh), accepts=F, grad=_TANH, **VECTOR_MATH)
+_ew("Erf", 1, same(lambda x: erf_reference(x)), accepts=F, grad=_ERF, **VECTOR_MATH)
+# abs(-0.0) is +0.0; integers wrap (abs(INT32_MIN) is INT32_MIN), as in numpy.
+_ew("Abs", 1, same(np.abs), grad=_ABS)
+_ew("Floor", 1, same(np.floor), accepts=F, grad=_no_grad)
+_ew("Round", 1, same(np.rint), accepts=F, grad=_no_grad)
+# sign(+-0.0) is +0.0 as in numpy; NaN stays NaN.
+_ew("Sign", 1, same(np.sign), grad=_no_grad)
 # Comparisons and logic give bool.
-for _name, _ufunc, _sym in (("Equal", np.equal, "=="), ("NotEqual", np.not_equal, "!="),
-                            ("Less", np.less, "<"), ("LessEqual", np.less_equal, "<="),
-                            ("Greater", np.greater, ">"), ("GreaterEqual", np.greater_equal, ">=")):
-    _ew(_name, 2, quiet_ref(_ufunc), "({0} " + _sym + " {1})", accepts=ALL, out_dtype=to_bool)
-_ew("LogicalAnd", 2, quiet_ref(np.logical_and), "({0} & {1})", accepts=(T.bool_,))
-_ew("LogicalOr", 2, quiet_ref(np.logical_or), "({0} | {1})", accepts=(T.bool_,))
-_ew("LogicalNot", 1, quiet_ref(np.logical_not), "(!{0})", accepts=(T.bool_,))
+for _name, _ufunc in (("Equal", np.equal), ("NotEqual", np.not_equal), ("Less", np.less),
+                      ("LessEqual", np.less_equal), ("Greater", np.greater),
+                      ("GreaterEqual", np.greater_equal)):
+    _ew(_name, 2, quiet_ref(_ufunc), accepts=ALL, out_dtype=to_bool)
+_ew("LogicalAnd", 2, quiet_ref(np.logical_and), accepts=(T.bool_,))
+_ew("LogicalOr", 2, quiet_ref(np.logical_or), accepts=(T.bool_,))
+_ew("LogicalNot", 1, quiet_ref(np.logical_not), accepts=(T.bool_,))
 
 
 def erf_reference(x: np.ndarray) -> np.ndarray:
@@ -170,8 +158,7 @@ def _select_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 
 
 declare(OpDef(name="Select", kind=PatternKind.ELEMWISE, inputs=("cond", "x", "y"),
-              infer=_select_infer, reference=_select_ref, c_template="({0} ? {1} : {2})",
-              grad=_select_grad))
+              infer=_select_infer, reference=_select_ref, grad=_select_grad))
 
 
 def _cast_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
@@ -184,6 +171,6 @@ def _cast_ref(x: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 declare(OpDef(name="Cast", kind=PatternKind.ELEMWISE, inputs=("x",), infer=_cast_infer,
-              reference=_cast_ref, call_attrs=(("dtype", None),), c_template="{0}",
+              reference=_cast_ref, call_attrs=(("dtype", None),),
               attr_kinds=(("dtype", AttrKind.DTYPE),),
               grad=lambda b, n, dy, attrs: [b.cast(dy, n.inputs[0].dtype)]))

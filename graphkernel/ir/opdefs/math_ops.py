@@ -1,7 +1,6 @@
 """More math, MindSpore's names: trigonometry and special functions, classification (IsNan,
 IsInf, IsFinite), integer-style division (FloorDiv, FloorMod, Mod), Softsign, Identity,
-StopGradient, and the logical reductions ReduceAll/ReduceAny. Every elementwise one has a C
-template, so it fuses."""
+StopGradient, and the logical reductions ReduceAll/ReduceAny. Every elementwise one fuses."""
 from __future__ import annotations
 
 import math
@@ -17,6 +16,7 @@ from graphkernel.ir.opset import (
     OpDef,
     PatternKind,
     Reduction,
+    ReductionKind,
     declare,
     declare_elementwise,
     quiet_ref,
@@ -60,55 +60,33 @@ _EXPM1 = _unary(lambda b, x, o, dy: b("Mul", dy, b("Add", o, 1.0)))
 _LOG1P = _unary(lambda b, x, o, dy: b("RealDiv", dy, b("Add", x, 1.0)))
 _IDENTITY = _unary(lambda b, x, o, dy: dy)
 
-_ew("Sin", 1, same(np.sin), "sin{f}({0})", accepts=F, functional=("sin",), grad=_SIN, **VECTOR_MATH)
-_ew("Cos", 1, same(np.cos), "cos{f}({0})", accepts=F, functional=("cos",), grad=_COS, **VECTOR_MATH)
-_ew("Erfc", 1, same(_erfc_reference), "erfc{f}({0})", accepts=F, functional=("erfc",),
+_ew("Sin", 1, same(np.sin), accepts=F, functional=("sin",), grad=_SIN, **VECTOR_MATH)
+_ew("Cos", 1, same(np.cos), accepts=F, functional=("cos",), grad=_COS, **VECTOR_MATH)
+_ew("Erfc", 1, same(_erfc_reference), accepts=F, functional=("erfc",),
     grad=_unary(_erfc_grad), **VECTOR_MATH)
-_ew("Expm1", 1, same(np.expm1), "expm1{f}({0})", accepts=F, functional=("expm1",), grad=_EXPM1,
+_ew("Expm1", 1, same(np.expm1), accepts=F, functional=("expm1",), grad=_EXPM1,
     **VECTOR_MATH)
-_ew("Log1p", 1, same(np.log1p), "log1p{f}({0})", accepts=F, functional=("log1p",), grad=_LOG1P,
+_ew("Log1p", 1, same(np.log1p), accepts=F, functional=("log1p",), grad=_LOG1P,
     **VECTOR_MATH)
-# Softsign x / (1 + |x|): one elementwise op in MindSpore, one template here.
-_ew("Softsign", 1, same(lambda x: x / (1 + np.abs(x))), "({0} / (1 + fabs{f}({0})))",
+# Softsign x / (1 + |x|): one elementwise op in MindSpore, one here.
+_ew("Softsign", 1, same(lambda x: x / (1 + np.abs(x))),
     accepts=F, functional=("softsign",), expensive=True,
     grad=_unary(_softsign_grad))
-_ew("Identity", 1, same(lambda x: np.array(x, copy=True)), "{0}", accepts=ALL,
+_ew("Identity", 1, same(lambda x: np.array(x, copy=True)), accepts=ALL,
     functional=("identity",), grad=_IDENTITY)
 # StopGradient: the value unchanged, but no gradient flows back through it (MindSpore's
 # ops.stop_gradient): its rule gives None, so autodiff leaves its input's adjoint alone.
-_ew("StopGradient", 1, same(lambda x: np.array(x, copy=True)), "{0}", accepts=ALL,
+_ew("StopGradient", 1, same(lambda x: np.array(x, copy=True)), accepts=ALL,
     functional=("stop_gradient",), grad=lambda b, n, dy, attrs: [None])
 
 # Classification: bool results. Integers and bools are always finite, never NaN or Inf.
-_ew("IsNan", 1, quiet_ref(np.isnan), "((bool)0)", c_float_template="({0} != {0})",
-    accepts=ALL, out_dtype=to_bool, functional=("isnan",))
-_ew("IsInf", 1, quiet_ref(np.isinf), "((bool)0)",
-    c_float_template="(({0} == INFINITY) | ({0} == -INFINITY))", accepts=ALL,
+_ew("IsNan", 1, quiet_ref(np.isnan), accepts=ALL, out_dtype=to_bool, functional=("isnan",))
+_ew("IsInf", 1, quiet_ref(np.isinf), accepts=ALL,
     out_dtype=to_bool, functional=("isinf",))
-# x - x is 0 for every finite x and NaN for NaN and +-Inf; no branch, so it vectorises.
-_ew("IsFinite", 1, quiet_ref(np.isfinite), "((bool)1)", c_float_template="(({0} - {0}) == 0)",
-    accepts=ALL, out_dtype=to_bool, functional=("isfinite",))
+_ew("IsFinite", 1, quiet_ref(np.isfinite), accepts=ALL, out_dtype=to_bool, functional=("isfinite",))
 
-# Integer division. C's `/` and `%` truncate, trap on a zero divisor and on INT_MIN / -1; numpy
-# gives 0 for both (and INT_MIN // -1 wraps to INT_MIN), and so do these templates.
-# Floats follow numpy's npy_divmod step by step (fmod, then correct the sign, then floor and
-# round to the nearer integer), so results match numpy bit for bit.
-_INT_FLOOR_DIV = ("(({1} == 0) ? 0 : (({1} == -1) ? -{0} : ({0} / {1} - "
-                  "((({0} % {1}) != 0) & (({0} < 0) != ({1} < 0))))))")
-# numpy's quotient before snapping: (a - fmod(a, b)) / b, one less when fmod's sign differs
-# from b's. The compiler computes the repeated subexpressions once.
-_M = "fmod{f}({0}, {1})"
-_Q = f"((({{0}} - {_M}) / {{1}}) - (({_M} != 0) & (({{1}} < 0) != ({_M} < 0))))"
-_FLOAT_FLOOR_DIV = (f"(({{1}} == 0) ? ({{0}} / {{1}}) : (({_Q} == 0) ? "
-                    f"copysign{{f}}(0, {{0}} / {{1}}) : ((({_Q} - floor{{f}}({_Q})) > 0.5) ? "
-                    f"floor{{f}}({_Q}) + 1 : floor{{f}}({_Q}))))")
-_INT_FLOOR_MOD = ("((({1} == 0) | ({1} == -1)) ? 0 : ((({0} % {1}) != 0) & "
-                  "((({0} % {1}) < 0) != ({1} < 0))) ? ({0} % {1}) + {1} : ({0} % {1}))")
-_FLOAT_FLOOR_MOD = ("((fmod{f}({0}, {1}) != 0) ? (((({1} < 0) != (fmod{f}({0}, {1}) < 0))) ? "
-                    "fmod{f}({0}, {1}) + {1} : fmod{f}({0}, {1})) : copysign{f}(0, {1}))")
-_INT_MOD = "((({1} == 0) | ({1} == -1)) ? 0 : ({0} % {1}))"
-
-
+# Integer division as numpy does it: a zero divisor gives 0 (INT_MIN // -1 wraps to INT_MIN);
+# floats follow numpy's npy_divmod bit for bit.
 def _int_safe(f: Any) -> Any:
     """numpy's integer floor_divide/remainder/fmod with a 0 divisor give 0 (with a warning)."""
     def ref(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -118,21 +96,18 @@ def _int_safe(f: Any) -> Any:
     return ref
 
 
-_ew("FloorDiv", 2, _int_safe(np.floor_divide), _INT_FLOOR_DIV,
-    c_float_template=_FLOAT_FLOOR_DIV, functional=("floor_div", "floor_divide"))
-_ew("FloorMod", 2, _int_safe(np.remainder), _INT_FLOOR_MOD, c_float_template=_FLOAT_FLOOR_MOD,
-    functional=("floor_mod", "remainder"))
-# MindSpore's Mod truncates like C's fmod: the result takes the dividend's sign.
-_ew("Mod", 2, _int_safe(np.fmod), _INT_MOD, c_float_template="fmod{f}({0}, {1})",
-    functional=("fmod",))
+_ew("FloorDiv", 2, _int_safe(np.floor_divide), functional=("floor_div", "floor_divide"))
+_ew("FloorMod", 2, _int_safe(np.remainder), functional=("floor_mod", "remainder"))
+# MindSpore's Mod truncates: the result takes the dividend's sign.
+_ew("Mod", 2, _int_safe(np.fmod), functional=("fmod",))
 
 # Logical reductions over bool tensors.
 _LOGICAL: dict[str, Any] = dict(init_attrs=(("keep_dims", False),), call_attrs=(("axis", ()),),
                                 accepts=(T.bool_,))
 declare(OpDef(name="ReduceAll", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.all), reduction=Reduction("1", "({acc} & {v})", "&"),
+              reference=_reduce_ref(np.all), reduction=Reduction(ReductionKind.ALL, 1),
               functional=("reduce_all", "all"), **_LOGICAL))
 declare(OpDef(name="ReduceAny", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.any), reduction=Reduction("0", "({acc} | {v})", "|"),
+              reference=_reduce_ref(np.any), reduction=Reduction(ReductionKind.ANY, 0),
               functional=("reduce_any", "any"), **_LOGICAL))
 

@@ -1,4 +1,4 @@
-"""Reductions. The C code generator keeps the reduced axes as keep_dims=True internally;
+"""Reductions. Code generators keep the reduced axes as keep_dims=True internally;
 ReduceMean is a composite, expanded to ReduceSum * (1/n) when fusing."""
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import numpy as np
 
 from graphkernel.errors import ShapeError
 from graphkernel.ir import types as T
-from graphkernel.ir.opset import FLOATS, NUMBERS, OpDef, PatternKind, Reduction, declare
+from graphkernel.ir.opset import (
+    FLOATS,
+    NUMBERS,
+    OpDef,
+    PatternKind,
+    Reduction,
+    ReductionKind,
+    declare,
+)
 from graphkernel.ir.types import TensorType, ValueType
 
 
@@ -104,17 +112,16 @@ def _prod_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
     return [b("RealDiv", b("Mul", _kept(b, n, dy, attrs), _kept(b, n, n, attrs)), x)]
 
 
-# Max and min propagate NaN like numpy; OpenMP's max/min clauses do not see NaN, so kernels
-# track it apart.
-_MAX = Reduction("-INFINITY", "{acc} > {v} ? {acc} : {v}", "max", propagates_nan=True)
-_MIN = Reduction("INFINITY", "{acc} < {v} ? {acc} : {v}", "min", propagates_nan=True)
+# Max and min propagate NaN like numpy.
+_MAX = Reduction(ReductionKind.MAX, -math.inf, propagates_nan=True)
+_MIN = Reduction(ReductionKind.MIN, math.inf, propagates_nan=True)
 _REDUCE_ATTRS: dict[str, Any] = dict(init_attrs=(("keep_dims", False),),
                                      call_attrs=(("axis", ()),))
 declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.sum), reduction=Reduction("0", "{acc} + {v}", "+"),
+              reference=_reduce_ref(np.sum), reduction=Reduction(ReductionKind.SUM, 0),
               accepts=NUMBERS, grad=_sum_grad, **_REDUCE_ATTRS))
 declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
-              reference=_reduce_ref(np.prod), reduction=Reduction("1", "{acc} * {v}", "*"),
+              reference=_reduce_ref(np.prod), reduction=Reduction(ReductionKind.PRODUCT, 1),
               accepts=NUMBERS, grad=_prod_grad, **_REDUCE_ATTRS))
 declare(OpDef(name="ReduceMax", kind=PatternKind.REDUCE, inputs=("x",),
               infer=_reduce_nonempty_infer,

@@ -44,7 +44,7 @@ def _reshape_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
 # they run as numpy views between kernels.
 declare(OpDef(name="Reshape", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_reshape_infer,
               reference=lambda x, shape: np.reshape(x, shape), call_attrs=(("shape", None),),
-              c_template="{0}", view=True, grad=_reshape_grad, int_tuple_attrs=("shape",),
+              view=True, grad=_reshape_grad, int_tuple_attrs=("shape",),
               attr_kinds=(("shape", AttrKind.SHAPE),)))
 
 
@@ -77,7 +77,7 @@ def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> 
 
 declare(OpDef(name="ExpandDims", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_expand_dims_infer, reference=lambda x, axis: np.expand_dims(x, axis),
-              call_attrs=(("axis", None),), c_template="{0}", view=True,
+              call_attrs=(("axis", None),), view=True,
               attr_kinds=(("axis", AttrKind.INT),),
               grad=_reshape_grad))
 
@@ -100,7 +100,7 @@ def _squeeze_ref(x: np.ndarray, axis: Any = ()) -> np.ndarray:
 
 
 declare(OpDef(name="Squeeze", kind=PatternKind.INJECTIVE, inputs=("x",), infer=_squeeze_infer,
-              reference=_squeeze_ref, init_attrs=(("axis", ()),), c_template="{0}",
+              reference=_squeeze_ref, init_attrs=(("axis", ()),),
               view=True, grad=_reshape_grad))
 
 
@@ -122,7 +122,7 @@ def _broadcast_to_ref(x: np.ndarray, shape: Any) -> np.ndarray:
 
 declare(OpDef(name="BroadcastTo", kind=PatternKind.BROADCAST, inputs=("x",),
               infer=_broadcast_to_infer, reference=_broadcast_to_ref,
-              init_attrs=(("shape", None),), c_template="{0}",
+              init_attrs=(("shape", None),),
               grad=lambda b, n, dy, attrs: [b.sum_to(dy, n.inputs[0].shape)],
               int_tuple_attrs=("shape",), attr_kinds=(("shape", AttrKind.SHAPE),)))
 
