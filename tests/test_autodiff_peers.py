@@ -125,8 +125,23 @@ def compare_with_torch(fn: Callable[..., Any], torch_fn: Callable[..., Any],
                                    err_msg=f"gradient of input {i}")
 
 
-def test_every_case_but_float64_casts_has_a_torch_twin() -> None:
-    assert set(CASES) - set(TORCH) == {"Cast"}
+# Cases of test_autodiff without a torch twin here, each with the reason; test_autodiff checks
+# all of them against finite differences. A new case needs a twin or a line here.
+NO_TWIN = {
+    "Cast": "float64 casts: torch's float32 comparison would test the cast, not the rule",
+    # Gradient ops: their own gradient is a second derivative; a torch twin would be
+    # torch.autograd.grad(..., create_graph=True) of the forward op, not written yet.
+    **{op: "a gradient op (second order)" for op in (
+        "FastGeLUGrad", "GeLUGrad", "LogSoftmaxGrad", "ReluGrad", "RsqrtGrad", "SigmoidGrad",
+        "SoftmaxGrad", "SqrtGrad", "TanhGrad")},
+    "Median": "its twin (torch.median and its gradient) not written yet",
+    "SigmoidCrossEntropyWithLogits": "a loss primitive: its twin is torch's loss, not written yet",
+    "SoftmaxCrossEntropyWithLogits": "a loss primitive: its twin is torch's loss, not written yet",
+}
+
+
+def test_every_case_without_a_torch_twin_says_why() -> None:
+    assert set(CASES) - set(TORCH) == set(NO_TWIN)
 
 
 @pytest.mark.parametrize("name", sorted(TORCH))
