@@ -326,6 +326,28 @@ def test_a_convolution_read_twice_keeps_its_own_kernel_and_says_why(rng):
     np.testing.assert_allclose(relu, np.maximum(y * 2, 0), rtol=1e-5, atol=1e-5)
 
 
+def test_two_convolutions_feeding_one_epilogue_make_one_block(rng):
+    """A residual block's main and shortcut convolutions both read by one fused Add + ReLU:
+    both offer it an epilogue, one block takes it, the other convolution runs as a kernel of
+    its own before it (lowering had planned neither, reading a result never computed)."""
+    x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    wa = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    wb = rng.standard_normal((8, 4, 1, 1)).astype(np.float32)
+    conv_a, conv_b = P.Conv2D(8, 3, pad_mode="same"), P.Conv2D(8, 1)
+
+    def fn(a, ka, kb):
+        return P.ReLU()(conv_a(a, ka) + conv_b(a, kb))
+
+    exe = compiled(fn, x, wa, wb)
+    assert len(exe.kernels) == 2, exe.kernels
+    notes = sorted(n.notes["conv_block"] for n in exe.graph.nodes if n.op == "Conv2D")
+    assert notes[0].startswith("a kernel of its own:") and "joins" in notes[0], notes
+    assert notes[1].startswith("one kernel with"), notes
+    want = np.maximum(reference("Conv2D", x, wa, out_channel=8, kernel_size=3, pad_mode="same")
+                      + reference("Conv2D", x, wb, out_channel=8, kernel_size=1), 0)
+    np.testing.assert_allclose(exe.run_arrays(x, wa, wb)[0], want, rtol=1e-5, atol=1e-4)
+
+
 def test_a_per_channel_epilogue_hoists_its_scale_out_of_the_vector_loop(rng):
     bn = nn.BatchNorm2d(6)
     bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, 6).astype(np.float32)))

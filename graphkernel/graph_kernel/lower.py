@@ -97,6 +97,10 @@ class LoweringTarget(Protocol):
         group after it."""
 
 
+# The note a backend's conv_blocks leaves on each convolution (backends/c/c_conv_block.py NOTE).
+CONV_BLOCK_NOTE = "conv_block"
+
+
 def lower(graph: Graph, target: LoweringTarget) -> Graph:
     """Record on each node of `graph` (a final graph, its composites scheduled) the kernel it
     runs as on `target`; returns `graph`."""
@@ -104,8 +108,18 @@ def lower(graph: Graph, target: LoweringTarget) -> Graph:
     views = library_views(graph)
     folded = {n.uid: lib for lib, v in views.items() for n in v.folded}
     blocks = target.conv_blocks(graph) if generates is None else {}
-    in_block = {m.uid: block for block in blocks.values() for m in block.members[:-1]}
-    last_of_block = {block.last.uid: block for block in blocks.values()}
+    # Two convolutions may offer one epilogue (a residual block's main and shortcut
+    # convolutions both feed its Add): one block per epilogue, the later convolution's; the
+    # other convolution keeps a kernel of its own, and its note says so.
+    last_of_block: dict[int, ConvBlock] = {}
+    for block in blocks.values():
+        last_of_block[block.last.uid] = block
+    for block in blocks.values():
+        winner = last_of_block[block.last.uid]
+        if winner is not block:
+            block.conv.notes[CONV_BLOCK_NOTE] = (
+                f"a kernel of its own: {block.epilogue.name} joins {winner.conv.name}'s block")
+    in_block = {m.uid: block for block in last_of_block.values() for m in block.members[:-1]}
     names = {n.uid: n.name for n in graph.nodes}
     for node in graph.nodes:
         node.lowering = _choose(node, generates, target, folded, names, in_block,

@@ -31,12 +31,12 @@ from graphkernel.backends.c.c_window import (
 )
 from graphkernel.backends.c.ops import code_for_op
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
-from graphkernel.graph_kernel.lower import ConvBlock
+from graphkernel.graph_kernel.lower import CONV_BLOCK_NOTE, ConvBlock
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import PatternKind, Window, get_op
 
-NOTE = "conv_block"
+NOTE = CONV_BLOCK_NOTE  # on each convolution: what joined it, or why nothing did
 STACK_BYTES = 48 << 10  # per scratch array on a thread's stack (OpenMP threads have >= 2 MiB)
 
 
