@@ -122,13 +122,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _real(args: argparse.Namespace, argv: list[str]) -> int:
     """--real / --only / --compile-table (bench/real.py)."""
-    from bench import real
+    from bench import real, real_report
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
     if args.compile_table and not args.real and not args.only:
         table = real.compile_table(log)
-        print("\n".join(real.compile_table_lines(table)))
+        print("\n".join(real_report.compile_table_lines(table)))
         return 0 if all("error" not in r.get(c, {}) for r in table["rows"]
                         for c in ("cold", "warm")) else 1
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
@@ -140,7 +140,7 @@ def _real(args: argparse.Namespace, argv: list[str]) -> int:
 
     def save(results: dict[str, Any]) -> dict[str, str]:  # after every row: a long run
         results["removed_environment"] = json.loads(removed) if removed else {}  # keeps rows
-        return real.write(results, out_dir, command)
+        return real_report.write(results, out_dir, command)
     results = real.run(only, args.rounds or 5, log, on_row=save)
     paths = save(results)
     for kind, path in paths.items():

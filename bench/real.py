@@ -36,18 +36,27 @@ from typing import Any
 import numpy as np
 
 from bench.peers import OPENVINO_CONFIG
+from bench.real_report import markdown
+from bench.real_systems import (
+    LABELS,
+    STEP_CHANGE_RTOL,
+    fix_batch,
+    gk_inference,
+    gk_loaded,
+    gk_train,
+    missing,
+    needs_torch_export,
+    openvino,
+    ort,
+    torch_export,
+    torch_inference,
+    torch_train,
+)
 
 GK_KEYS = ("gk_fused", "gk_unfused", "gk_generic")
 PEER_KEYS = ("onnxruntime", "openvino", "torch")
-LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
-          "gk_generic": "graphkernel shape-generic", "gk_handwritten": "graphkernel hand-written",
-          "gk_imported": "graphkernel imported (ONNX)", "onnxruntime": "ONNX Runtime",
-          "openvino": "OpenVINO", "torch": "torch eager"}
 ENCODER_COMPILE_LAYERS = (1, 2, 4, 12)
 MIN_SAMPLE_S = 0.05
-# A training step's loss change (second loss - first) may differ from the reference's by this
-# much, relative: float32 gradients of deep nets, and BatchNorm's batch statistics.
-STEP_CHANGE_RTOL = 0.05
 # A training row's losses (the second after one update): float32 training of a deep BatchNorm
 # net differs from float64 by ~0.6% (field notes, ResNet-50); 2e-3 flagged graphkernel unfused's
 # ResNet-50 second loss at 0.202% off torch's while its loss change agreed within 0.3%.
@@ -76,195 +85,6 @@ class Row:
     # first step's gradients and Adam update of every weight.
     check_calls: int = 1
     notes: list[str] = field(default_factory=list)
-
-
-# -- availability --------------------------------------------------------------------------------
-
-def missing(module: str) -> str | None:
-    import importlib.util
-    return None if importlib.util.find_spec(module) else f"{module} is not installed"
-
-
-def needs_torch_export() -> str | None:
-    why = missing("torch") or missing("onnx")
-    return f"the ONNX file is torch's export: {why}" if why else None
-
-
-# -- systems -------------------------------------------------------------------------------------
-
-def gk_inference(cell: Any, sets: list[list[np.ndarray]], fused: bool
-                 ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    import graphkernel
-    from graphkernel.graph_kernel.pipeline import CompileOptions
-
-    t0 = time.perf_counter()
-    exe = graphkernel.compile(cell, *sets[0], options=CompileOptions(enable_graph_kernel=fused))
-    compile_s = time.perf_counter() - t0
-    tensors = [[graphkernel.Tensor(a) for a in s] for s in sets]
-
-    def call(i: int) -> np.ndarray:
-        out = exe(*tensors[i])
-        return (out[0] if isinstance(out, tuple) else out).asnumpy()
-    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels),
-                  "compile_cache": exe.report.compile_cache.split(":")[0]}
-
-
-def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
-              ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    """graphkernel.load of an ONNX model (a path or a ModelProto) run by nn.GraphCell. The
-    import runs the fusion pipeline with the context's setting, so fusion is set around the
-    load; a dynamic batch axis stays symbolic (one compile serves every batch)."""
-    import graphkernel
-    from graphkernel import nn
-    from graphkernel.frontend import context
-
-    before = context.get_context("enable_graph_kernel")
-    context.set_context(enable_graph_kernel=fused)
-    try:
-        t0 = time.perf_counter()
-        cell = nn.GraphCell(graphkernel.load(source))
-        load_s = time.perf_counter() - t0
-    finally:
-        context.set_context(enable_graph_kernel=before)
-    t0 = time.perf_counter()
-    compiled = cell.compiled
-    compile_s = time.perf_counter() - t0
-    tensors = [[graphkernel.Tensor(a) for a in s] for s in sets]
-
-    def call(i: int) -> np.ndarray:
-        out = compiled(*tensors[i])
-        return (out[0] if isinstance(out, tuple) else out).asnumpy()
-    return call, {"load_s": load_s, "compile_s": compile_s,
-                  "kernel_count": len(compiled.kernels),
-                  "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
-
-
-def ort(path: str, names: list[str], sets: list[list[np.ndarray]]
-        ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    import onnx
-
-    from bench.peers import ort_session
-    t0 = time.perf_counter()
-    sess = ort_session(onnx.load(path))
-    session_s = time.perf_counter() - t0
-    feeds = [dict(zip(names, s)) for s in sets]
-    out = sess.get_outputs()[0].name
-    return (lambda i: sess.run([out], feeds[i])[0]), {"session_s": session_s}
-
-
-def openvino(path: str, names: list[str], sets: list[list[np.ndarray]]
-             ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    from bench.peers import openvino_compiled
-    t0 = time.perf_counter()
-    compiled = openvino_compiled(path)
-    compile_s = time.perf_counter() - t0
-    request = compiled.create_infer_request()
-    feeds = [dict(zip(names, s)) for s in sets]
-    threads = compiled.get_property("INFERENCE_NUM_THREADS")
-    precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
-
-    def call(i: int) -> np.ndarray:
-        request.infer(feeds[i])
-        return np.array(request.get_output_tensor(0).data, copy=True)
-    return call, {"compile_s": compile_s, "threads": int(threads), "precision": precision}
-
-
-def torch_inference(model: Any, sets: list[list[np.ndarray]]
-                    ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    import torch
-    tensors = [[torch.from_numpy(a) for a in s] for s in sets]
-
-    def call(i: int) -> np.ndarray:
-        with torch.inference_mode():
-            out = model(*tensors[i])
-        out = out[0] if isinstance(out, (tuple, list)) else getattr(
-            out, "last_hidden_state", out)
-        return out.numpy()
-    return call, {"threads": torch.get_num_threads()}
-
-
-def torch_export(model: Any, example: list[np.ndarray], names: list[str], path: str,
-                 dynamic_batch: bool, opset: int = 17) -> None:
-    import torch
-    args = tuple(torch.from_numpy(a) for a in example)
-    axes = {n: {0: "batch"} for n in names + ["out"]} if dynamic_batch else None
-    with torch.no_grad():
-        torch.onnx.export(model, args, path, input_names=names, output_names=["out"],
-                          dynamic_axes=axes, opset_version=opset, dynamo=False)
-
-
-def fix_batch(path: str, batch: int, out_path: str) -> None:
-    """The same ONNX file with its symbolic batch dimension set to `batch`."""
-    import onnx
-    model = onnx.load(path)
-    for v in list(model.graph.input) + list(model.graph.output):
-        dim = v.type.tensor_type.shape.dim
-        if dim and dim[0].HasField("dim_param"):
-            dim[0].dim_value = batch
-    onnx.save(model, out_path)
-
-
-# -- training steps ------------------------------------------------------------------------------
-
-LR, BETA1, BETA2, ADAM_EPS = 1e-3, 0.9, 0.999, 1e-5
-
-
-def gk_train(net: Any, sets: list[list[np.ndarray]], fused: bool
-             ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    """TrainOneStepCell(net + 0.5*sum((net(x)-target)^2)/batch, Adam): the loss per call."""
-    import graphkernel
-    from graphkernel import nn
-    from graphkernel.graph_kernel.pipeline import CompileOptions
-    from graphkernel.ops import operations as P
-
-    rows = float(sets[0][0].shape[0])
-
-    class WithLoss(nn.Cell):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-            self.sum, self.square = P.ReduceSum(), P.Square()
-
-        def construct(self, x: Any, target: Any) -> Any:
-            return self.sum(self.square(self.net(x) - target)) * (0.5 / rows)
-
-    loss_net = WithLoss()
-    step = nn.TrainOneStepCell(loss_net, nn.Adam(loss_net.trainable_params(), LR, BETA1,
-                                                 BETA2, ADAM_EPS))
-    step.set_train(True)
-    t0 = time.perf_counter()
-    exe = graphkernel.compile(step, *sets[0], options=CompileOptions(enable_graph_kernel=fused))
-    compile_s = time.perf_counter() - t0
-
-    def call(i: int) -> np.ndarray:
-        return np.asarray(exe.run_arrays(*sets[i])[0], np.float32).reshape(1)
-    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels)}
-
-
-def torch_train(model: Any, sets: list[list[np.ndarray]]
-                ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
-    import torch
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=LR, betas=(BETA1, BETA2), eps=ADAM_EPS,
-                           foreach=True)
-    tensors = [[torch.from_numpy(a) for a in s] for s in sets]
-    rows = float(sets[0][0].shape[0])
-
-    steps = [0]
-
-    def call(i: int) -> np.ndarray:
-        torch.set_grad_enabled(True)
-        opt.zero_grad(set_to_none=False)
-        x, target = tensors[i]
-        loss = 0.5 * ((model(x) - target) ** 2).sum() / rows
-        loss.backward()
-        # torch adds eps to the bias-corrected sqrt(v), graphkernel's (MindSpore's) Adam to the
-        # uncorrected one: the same step with eps / sqrt(1 - beta2^t) (as bench/training.py).
-        steps[0] += 1
-        opt.param_groups[0]["eps"] = ADAM_EPS / (1 - BETA2 ** steps[0]) ** 0.5
-        opt.step()
-        return np.asarray([float(loss.detach())], np.float32)
-    return call, {"threads": torch.get_num_threads(), "optimizer": "Adam(foreach=True)"}
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -659,23 +479,6 @@ def compile_table(log: Callable[[str], None],
     return {"rows": rows}
 
 
-def compile_table_lines(table: dict[str, Any]) -> list[str]:
-    lines = ["| layers | kernels | cold first result (s) | cold / 1 layer | warm first result "
-             "(s) | warm: compile cache | steady call (s) |",
-             "|---:|---:|---:|---:|---:|---|---:|"]
-    for r in table["rows"]:
-        c, w = r.get("cold", {}), r.get("warm", {})
-        if "error" in c or "error" in w:
-            lines.append(f"| {r['layers']} | error: {(c.get('error') or w.get('error'))[-200:]}"
-                         " | | | | | |")
-            continue
-        lines.append(f"| {r['layers']} | {c['kernel_count']} | {c['first_result_s']:.2f} | "
-                     f"{r.get('cold_over_one_layer', float('nan')):.2f}x | "
-                     f"{w['first_result_s']:.3f} | {w['compile_cache']} | "
-                     f"{c['steady_call_s']:.4f} |")
-    return lines
-
-
 # -- the run -------------------------------------------------------------------------------------
 
 def select(only: list[str] | None) -> tuple[list[Row], bool]:
@@ -734,122 +537,6 @@ def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
     results["load_average_end"] = os.getloadavg()
     results["wall_s"] = time.time() - started
     return results
-
-
-def _ms(s: float | None) -> str:
-    if s is None:
-        return ""
-    return f"{s * 1e3:.0f}" if s >= 1 else f"{s * 1e3:.4g}"
-
-
-def _ratio(v: float | None, systems: dict[str, Any], key: str) -> str:
-    if v is not None:
-        return f"{v:.2f}x"
-    return systems.get(key, {}).get("status", "not run")
-
-
-def markdown(results: dict[str, Any], command: str) -> str:
-    m = results["machine"]
-    v = results["versions"]
-    lines = [f"# Real-size bench run, {results['started_utc']}", "",
-             f"`{command}` — {results['rounds']} interleaved steady rounds per row (9 for the "
-             "imported rows), a sample one call or as many as make 50 ms; first result "
-             "(compile or session + first call, graphkernel into an empty kernel cache) apart.",
-             "", f"Machine: {m.get('cpu_model')}, {m.get('cpu_count')} logical "
-             f"CPUs; copy bandwidth {results['copy_bandwidth']['gbps']:.1f} GB/s; load average "
-             f"(1, 5, 15 min) at start {_load(results.get('load_average_start'))}, at end "
-             f"{_load(results.get('load_average_end'))}. Versions: " +
-             ", ".join(f"{k} {x}" for k, x in v.items() if x) + ". OpenVINO: "
-             f"{results['openvino_config']}, all cores.", ""]
-    rows = results.get("rows", [])
-    summary = ["## Summary: graphkernel against the best peer (steady median; < 1 is faster)",
-               "", "| row | best peer | best peer ms | gk fused ms | fused / best | "
-               "gk shape-generic / best | gk unfused ms |", "|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        if r["group"] == "imported" or "best_peer" not in r:
-            continue
-        s = r["systems"]
-        gen = r.get("gk_generic_over_best_peer")
-        summary.append(
-            f"| {r['name']} | {LABELS[r['best_peer']]} | {_ms(r['best_peer_s'])} | "
-            f"{_ms(s.get('gk_fused', {}).get('steady_median_s'))} | "
-            f"{_ratio(r.get('gk_fused_over_best_peer'), s, 'gk_fused')} | "
-            f"{_ratio(gen, s, 'gk_generic') if 'gk_generic' in s else ''} | "
-            f"{_ms(s.get('gk_unfused', {}).get('steady_median_s'))} |")
-    lines += summary + [""]
-    imported = [r for r in rows if r["group"] == "imported"]
-    if imported:
-        lines += ["## Imported (graphkernel.load of the bench's ONNX graph) vs hand-written cell",
-                  "", "| workload | hand-written ms | imported ms | imported / hand-written | "
-                  "kernels hand-written | kernels imported |", "|---|---:|---:|---:|---:|---:|"]
-        for r in imported:
-            s = r["systems"]
-            h, i = s.get("gk_handwritten", {}), s.get("gk_imported", {})
-            ratio = r.get("imported_over_handwritten")
-            lines.append(f"| {r['name'].removeprefix('imported_')} | "
-                         f"{_ms(h.get('steady_median_s'))} | {_ms(i.get('steady_median_s'))} | "
-                         f"{'' if ratio is None else f'{ratio:.3f}'} | "
-                         f"{h.get('kernel_count', h.get('status'))} | "
-                         f"{i.get('kernel_count', i.get('status'))} |")
-        lines.append("")
-    if "compile_table" in results:
-        lines += ["## Compile time: the bench's encoder layer (full-suite size), stacked", "",
-                  "Cold: a new process, an empty kernel cache; warm: a new process, the cache "
-                  "the cold one filled. First result: cell construction, compile and first "
-                  "call (imports before the clock).", ""]
-        lines += compile_table_lines(results["compile_table"]) + [""]
-    lines += ["## Every row", ""]
-    for r in rows:
-        lines += [f"### {r['name']}: {r['title']}", ""]
-        if "error" in r:
-            lines += [f"FAILED to build: {r['error']}", ""]
-            continue
-        if r.get("checked_against"):
-            lines.append(f"Checked against {LABELS[r['checked_against']]} (max |error| / max "
-                         "|reference|" + ("; a training step's check is the first two losses, "
-                                          "and the loss change of one step, within "
-                                          f"{STEP_CHANGE_RTOL:.0%} of the reference's)."
-                                          if "train" in r["name"] else ")."))
-            changes = {k: s["loss_change"] for k, s in r["systems"].items()
-                       if "loss_change" in s}
-            if changes:
-                lines.append("Loss change of one step: " + ", ".join(
-                    f"{LABELS[k]} {v:.6g}" for k, v in changes.items()) + ".")
-        lines += ["", "| system | status | first result s | prepare s | steady median ms | "
-                  "steady min ms | kernels | error vs ref |", "|---|---|---:|---:|---:|---:|"
-                  "---:|---:|"]
-        for s in r["systems"].values():
-            err = s.get("max_err_over_max_ref")
-            status = s["status"] if s["status"] == "ok" else \
-                f"{s['status']}: {s.get('note') or s.get('error', '')}"[:300]
-            lines.append(
-                f"| {s['label']} | {status} | {_s(s.get('first_result_s'))} | "
-                f"{_s(s.get('prepare_s'))} | {_ms(s.get('steady_median_s'))} | "
-                f"{_ms(s.get('steady_min_s'))} | {s.get('kernel_count', '')} | "
-                f"{'' if err is None else f'{err:.1e}'} |")
-        lines.append("")
-    return "\n".join(lines) + "\n"
-
-
-def _load(v: Any) -> str:
-    return "not recorded" if not v else "/".join(f"{x:.1f}" for x in v)
-
-
-def _s(v: float | None) -> str:
-    return "" if v is None else f"{v:.2f}"
-
-
-def write(results: dict[str, Any], out_dir: str, command: str) -> dict[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    only = results.get("only")
-    stem = os.path.join(out_dir, results["started_utc"][:10] + "-real" +
-                        ("-" + "-".join(only)[:60] if only else ""))
-    results["command"] = command
-    with open(stem + ".json", "w") as fh:
-        json.dump(results, fh, indent=1, default=str)
-    with open(stem + ".md", "w") as fh:
-        fh.write(markdown(results, command))
-    return {"json": stem + ".json", "markdown": stem + ".md"}
 
 
 if __name__ == "__main__":

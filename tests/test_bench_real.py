@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from bench import real
+from bench import real, real_report, real_systems
 from bench.workloads import tiny_suite
 
 
@@ -28,7 +28,7 @@ def test_a_wrong_answer_is_flagged_and_not_timed(tmp_path) -> None:
     assert s["gk_unfused"]["status"] == "ok" and len(s["gk_unfused"]["steady_samples_s"]) == 2
     assert s["torch"]["status"] == "skipped" and "not installed" in s["torch"]["note"]
     assert res["best_peer"] == "onnxruntime" and "gk_unfused_over_best_peer" in res
-    text = real.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": 2,
+    text = real_report.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": 2,
                           "machine": {"cpu_model": "test cpu"}, "versions": {},
                           "copy_bandwidth": {"gbps": 1.0}, "openvino_config": {},
                           "rows": [res]}, "python -m bench --real")
@@ -42,7 +42,7 @@ def test_only_refuses_an_unknown_row() -> None:
     assert rows and all(r.group == "imported" for r in rows) and table
 
 
-@pytest.mark.skipif(not os.environ.get("CI") and real.missing("onnx") is not None,
+@pytest.mark.skipif(not os.environ.get("CI") and real_systems.missing("onnx") is not None,
                     reason="pip install -e '.[test]' (onnx)")
 def test_imported_and_hand_written_agree_on_a_tiny_workload(tmp_path) -> None:
     w = next(w for w in tiny_suite() if w.kind == "mlp")
