@@ -208,6 +208,39 @@ def test_cross_entropy_loss_refuses_bad_labels_and_arguments():
         nn.CrossEntropyLoss(label_smoothing=1.5)
 
 
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+@pytest.mark.parametrize("fusion", [True, False])
+@pytest.mark.parametrize("bad", [5, -1, 3])
+def test_cross_entropy_loss_refuses_a_class_index_out_of_range(bad, fusion, backend):
+    """
+    Feature: nn.CrossEntropyLoss on class indices the graph cannot check while compiling
+    Description: a label outside [0, classes) that is not ignore_index, in a training step and
+        in the loss alone, fused and unfused, on both backends
+    Expectation: an InputError naming the label and its position, as MindSpore refuses it
+        (a one-hot of it is a row of zeros: the loss would be 0); the weights stay as they were
+    """
+    context.set_context(enable_graph_kernel=fusion, backend=backend)
+    try:
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((4, 6)).astype(np.float32)
+        y = np.array([0, 1, bad, -100], np.int32)
+        net = nn.Dense(6, 3)
+        before = [p.asnumpy().copy() for p in net.get_parameters()]
+        step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss()),
+                                   nn.Momentum(net.trainable_params(), 0.1, 0.9))
+        with pytest.raises(InputError, match=rf"CrossEntropyLoss: class index {bad} at "
+                           r"position \[2\] is out of range: it must be in \[0, 3\) or -100"):
+            step(Tensor(x), Tensor(y))
+        for old, p in zip(before, net.get_parameters()):
+            np.testing.assert_array_equal(p.asnumpy(), old)
+        with pytest.raises(InputError, match=f"class index {bad} at position"):
+            nn.CrossEntropyLoss()(Tensor(x[:, :3]), Tensor(y))
+        y[2] = 2  # in range: the same compiled graphs run
+        assert np.isfinite(float(step(Tensor(x), Tensor(y)).asnumpy()))
+    finally:
+        context.set_context(backend="c")
+
+
 # -- nn.LSTM ----------------------------------------------------------------------------------
 
 def _sigmoid(x):

@@ -8,6 +8,7 @@ import numpy as np
 
 from graphkernel.errors import InputError
 from graphkernel.frontend.cell import Cell
+from graphkernel.frontend.tensor import apply_op
 from graphkernel.frontend.tracing import user_location
 from graphkernel.ops import operations as P
 
@@ -168,6 +169,11 @@ class CrossEntropyLoss(LossBase):
             raise InputError(f"CrossEntropyLoss takes class indices (integers of shape "
                              f"{expected}) or probabilities (floats of shape {shape}), got "
                              f"{labels.dtype} {tuple(labels.shape)}", user_location())
+        # A label out of range would one-hot to a row of zeros, a loss of 0: checked where the
+        # graph runs (labels are data), an error as in MindSpore.
+        labels = apply_op("CheckIndices", [labels], {
+            "size": int(classes), "ignore": self.ignore_index,
+            "what": "CrossEntropyLoss: class index"})
         kept = P.Cast()(P.NotEqual()(labels, self.ignore_index), logits.dtype)
         hot = P.Cast()(P.OneHot(axis=class_axis)(labels, classes, 1.0, 0.0), logits.dtype)
         if weight is not None:
