@@ -28,6 +28,7 @@ from graphkernel.tools.report_parts import (
     INITIAL,
     conclusions_html,
     overview_html,
+    savings_html,
 )
 from graphkernel.tools.report_roofline import Ceilings, measured_ceilings
 from graphkernel.tools.report_timing import Timing, measure, random_inputs
@@ -147,12 +148,16 @@ def write_report(sources: Source | Iterable[Source], out_html: str, *,
 
 
 def write_lab_report(lab_out_dir: str, out_html: str, lab: tuple[Any, Any] | None = None, *,
-                     seed: int = 0, repeats: int = 50, ceilings: Ceilings | None = None) -> str:
-    """The lab's report: the eight figures (initial and processed graph x basic/composite x
+                     seed: int = 0, repeats: int = 50, savings: Sequence[Any] | None = None,
+                     ceilings: Ceilings | None = None) -> str:
+    """The lab's report: what fusion saves (lab.fusion_savings, measured here unless
+    `savings` is given), the eight figures (initial and processed graph x basic/composite x
     fusion off/on), kernels timed, and the lab's three conclusions. Runs the lab into
     `lab_out_dir` unless `lab` (what run_lab returned) is given."""
-    from graphkernel.tools.lab import run_lab
+    from graphkernel.tools.lab import fusion_savings, run_lab
     results, found = lab if lab is not None else run_lab(lab_out_dir, seed=seed, echo=False)
+    if savings is None:
+        savings = fusion_savings(results, seed)
     entries = []
     for on, off in (("test_basic_fuse", "test_basic_fuse_no"),
                     ("test_composite_fuse", "test_composite_fuse_no")):
@@ -168,4 +173,4 @@ def write_lab_report(lab_out_dir: str, out_html: str, lab: tuple[Any, Any] | Non
              f"{esc(lab_out_dir)}</code>.")
     return write_report(entries, out_html, title="graphkernel lab: what fusion did",
                         repeats=repeats, conclusions=found, intro=intro, seed=seed,
-                        ceilings=ceilings)
+                        ceilings=ceilings, headline=savings_html(savings))
