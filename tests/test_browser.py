@@ -92,7 +92,7 @@ def _kernels_fit_in_their_call(driver) -> None:
 
 # Text of every cluster label in the second (processed) / first (initial) SVG of a section.
 CLUSTER_LABELS_JS = """
-const svgs = arguments[0].querySelectorAll('svg');
+const svgs = arguments[0].querySelectorAll('svg.graph-svg');
 return Array.from(svgs).map(svg => Array.from(svg.querySelectorAll('g.cluster > text'))
     .map(t => t.textContent));
 """
@@ -119,7 +119,7 @@ def test_lab_report_in_headless_chromium(driver, tmp_path, monkeypatch):
     assert len(sections) == len(order)
     for section, name in zip(sections, order):
         exe = results[name].executable
-        svgs = section.find_elements("css selector", "svg")
+        svgs = section.find_elements("css selector", "svg.graph-svg")
         assert len(svgs) == 2, name
         for svg in svgs:
             assert svg.size["width"] > 80 and svg.size["height"] > 80, (name, svg.size)
@@ -175,5 +175,5 @@ def test_readme_lab_command_leaves_a_report_the_browser_loads(driver, tmp_path):
     severe = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert severe == [], severe
     assert len(driver.find_elements("css selector", "section.graph")) == 4
-    assert len(driver.find_elements("css selector", "section.graph svg")) == 8
+    assert len(driver.find_elements("css selector", "section.graph svg.graph-svg")) == 8
     _kernels_fit_in_their_call(driver)

@@ -112,6 +112,10 @@ def test_lab_cli(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("[holds]") == 3
     assert "result:" in out.stdout and "kernels per call: 1" in out.stdout
+    # The lesson where it shows: kernels and bytes from the plans, the time with its spread.
+    assert "2048x2048: 3 kernels -> 1, 96.0 MiB -> 32.0 MiB moved per call" in out.stdout
+    assert re.search(r"2048x2048: .*(x faster|x slower|no difference this measurement can "
+                     r"tell) \(.*quartiles [\d.]+-[\d.]+x\)", out.stdout), out.stdout
 
 
 @pytest.mark.slow  # a pytest run of the lab script
@@ -172,3 +176,56 @@ def test_graph_mode_caches_per_signature():
     assert len(net._compiled) == 1
     net(Tensor(np.ones((2, 8), np.float32)))
     assert len(net._compiled) == 2
+
+
+# -- the headline: what fusion saves, where it matters ----------------------------------------
+
+def test_fusion_savings_where_memory_traffic_dominates(tmp_path):
+    from graphkernel.tools.lab import LARGE, fusion_savings
+    from graphkernel.tools.report_parts import savings_html
+    results, _ = run_lab(str(tmp_path), echo=False, render_pictures=False)
+    small, large = fusion_savings(results)
+    assert small.shape == (4, 4) and large.shape == LARGE
+    # From the plans, by hand: unfused, each of the 3 kernels reads and writes the array;
+    # fused, one kernel reads it once and writes it once.
+    array = 4 * LARGE[0] * LARGE[1]
+    assert (large.kernels_off, large.kernels_on) == (3, 1)
+    assert (large.bytes_off, large.bytes_on) == (3 * 2 * array, 2 * array)
+    assert (small.bytes_off, small.bytes_on) == (3 * 2 * 64, 2 * 64)
+    for s in (small, large):
+        assert s.time_on.samples == s.time_off.samples == s.paired.samples >= 10
+        assert s.paired.q1 <= s.paired.median <= s.paired.q3
+    page = savings_html([small, large])
+    assert "1 kernel instead of 3" in page and "32.0&nbsp;MiB instead of 96.0&nbsp;MiB" in page
+    assert "2048&times;2048 float32" in page.split("</p>")[0]  # the headline is the large size
+
+
+def test_a_headline_inside_the_noise_names_no_winner():
+    from graphkernel.tools.lab import Saving
+    from graphkernel.tools.report_parts import savings_html
+    from graphkernel.tools.report_timing import Spread
+    times = Spread(1e-6, 0.9e-6, 1.2e-6, 15)
+    # Fused 1.06x "slower" by the medians, but the paired ratios' quartiles hold 1.
+    noisy = Saving((4, 4), 3, 1, 384, 128, times, times, Spread(1 / 1.06, 0.8, 1.3, 15))
+    assert not noisy.clear and "no difference this measurement can tell" in noisy.effect()
+    clear = Saving((2048, 2048), 3, 1, 3 << 25, 1 << 25, Spread(9e-3, 8e-3, 1e-2, 15),
+                   Spread(3e-3, 2.8e-3, 3.3e-3, 15), Spread(3.0, 2.8, 3.2, 15))
+    assert clear.clear and clear.effect().startswith("3.00x faster")
+    page = savings_html([noisy, clear])
+    row = page[page.index("float32[4,4]"):page.index("float32[2048,2048]")]
+    assert "within noise" in row and "slower" not in row and "faster" not in row
+    assert "3.00&times; faster" in page.split("</p>")[0]
+
+
+def test_lab_report_leads_with_what_fusion_saves(tmp_path):
+    from graphkernel.tools.lab import Saving
+    from graphkernel.tools.report import Ceilings, write_lab_report
+    from graphkernel.tools.report_timing import Spread
+    lab = run_lab(str(tmp_path), echo=False, render_pictures=False)
+    t = Spread(1e-3, 1e-3, 1e-3, 15)
+    given = [Saving((2048, 2048), 3, 1, 3 << 25, 1 << 25, t, t, Spread(3.0, 2.8, 3.2, 15))]
+    text = open(write_lab_report(str(tmp_path), str(tmp_path / "r.html"), lab=lab, repeats=3,
+                                 savings=given, ceilings=Ceilings(2e10, 1e11, "test")),
+                encoding="utf-8").read()
+    assert text.index('<section class="headline">') < text.index('class="conclusions"')
+    assert "What fusion saves" in text and "3.00&times; faster" in text

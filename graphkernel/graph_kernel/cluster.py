@@ -17,7 +17,7 @@ from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.graph_kernel.schedule import NotSchedulable, analyze, fusible_op
-from graphkernel.ir.graph import Constant, Graph, Input, Node, Value
+from graphkernel.ir.graph import Constant, Graph, Input, Node, Value, note_phases, phases_of
 from graphkernel.ir.opset import PatternKind, Window, get_op
 from graphkernel.ir.types import TupleType
 
@@ -283,6 +283,7 @@ class Clusterer:
             fused = Node("Composite", inputs, {}, type_, name, real[0].loc, sub)
             fused.notes["members"] = [u.name for u in real]
             fused.notes["fused_from"] = [label for u in real for label in unit_labels(u)]
+            note_phases(fused.notes, phases_of(real))
             replacement[group.units[0].uid] = fused
             if made is not None:
                 made[real[0].uid] = (fused, outputs, exported)

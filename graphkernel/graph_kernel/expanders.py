@@ -20,7 +20,7 @@ import numpy as np
 
 from graphkernel.ir import types as T
 from graphkernel.ir.build import GraphBuilder
-from graphkernel.ir.graph import Graph, Input, Node, Value
+from graphkernel.ir.graph import Graph, Input, Node, Value, node_phases, note_phases
 from graphkernel.ir.opdefs.reduction import inverse_count
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import TupleType
@@ -59,6 +59,8 @@ def expand_node(node: Node) -> Node:
     inner = [Input(v.tensor_type, f"x{i}") for i, v in enumerate(node.inputs)]
     sub.inputs = inner
     build = Builder(sub, node)
+    phases = node_phases(node)  # the expansion computes the part of the step its op did
+    note_phases(build.notes, phases)
     opdef = get_op(node.op)
     attrs = {**opdef.attr_defaults, **node.attrs}
     args: list[Value] = list(inner)
@@ -76,6 +78,7 @@ def expand_node(node: Node) -> Node:
     type_ = outs[0].type if len(outs) == 1 else TupleType(tuple(o.tensor_type for o in outs))
     composite = Node("Composite", node.inputs, {}, type_, node.name, node.loc, sub)
     composite.notes["expanded_from"] = node.op
+    note_phases(composite.notes, phases)
     return composite
 
 

@@ -87,6 +87,43 @@ class Constant(Value):
 # "expanded_from".
 USER_GRAPH_KERNEL = "user_graph_kernel"
 
+# The parts of a training step, in the order they run. A node of the backward carries
+# GRAD_OF (the forward node it differentiates: passes/autodiff.py); an optimizer's update is
+# noted PHASE (nn/optim/optimizer.py), as are nodes made from several parts (an expanded op, a
+# fused group: the parts' names, space-separated). A node with neither is the forward's.
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)
+PHASE = "phase"
+GRAD_OF = "grad_of"
+
+
+def node_phases(node: Value) -> tuple[str, ...]:
+    """The parts of a training step `node` computes, in PHASES order: its PHASE note (only the
+    words of PHASES count: a note read from a file is text, not trusted), else backward when it
+    is a gradient's node, else the forward."""
+    if not isinstance(node, Node):
+        return (FORWARD,)
+    noted = node.notes.get(PHASE)
+    if isinstance(noted, str):
+        words = set(noted.split())
+        found = tuple(p for p in PHASES if p in words)
+        if found:
+            return found
+    return (BACKWARD,) if GRAD_OF in node.notes else (FORWARD,)
+
+
+def phases_of(nodes: Any) -> tuple[str, ...]:
+    """The union of the nodes' parts, in PHASES order."""
+    found = {p for n in nodes for p in node_phases(n)}
+    return tuple(p for p in PHASES if p in found)
+
+
+def note_phases(notes: dict[str, Any], phases: tuple[str, ...]) -> None:
+    """Note in `notes` (of a node made from others: an expansion, a fused group; or a
+    builder's, for every node it makes) the parts it computes; the forward needs no note."""
+    if phases and phases != (FORWARD,):
+        notes[PHASE] = " ".join(phases)
+
 
 class Node(Value):
     """An op applied to values."""

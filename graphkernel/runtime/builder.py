@@ -3,7 +3,6 @@ every node becomes the step its lowering names; kernels are backend-neutral spec
 (`KernelSpec`) that the backend builds (backends/)."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -13,10 +12,11 @@ from graphkernel.graph_kernel.library_views import LibraryViews, library_views
 from graphkernel.graph_kernel.lower import KernelKind, Lowering
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.graph_kernel.schedule import Schedule
-from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
+from graphkernel.ir.graph import Constant, Graph, Node, Value, node_phases, output_types, phases_of
 from graphkernel.ir.opset import PatternKind, get_op
 from graphkernel.ir.types import TensorType
 from graphkernel.runtime import blas
+from graphkernel.runtime.flops import gemm_mnk, graph_flops, node_flops
 from graphkernel.runtime.plan import (
     ExecutionPlan,
     KernelSpec,
@@ -85,20 +85,6 @@ class _PlanBuilder:
         self.slot_of[node.uid] = self.slot_of[(source.uid, node.attrs["index"])]  # type: ignore[index]  # slots keyed by (uid, index) for items
 
 
-def gemm_mnk(node: Node) -> int | None:
-    """Multiply-adds of one GEMM of a MatMul/BatchMatMul (per batch entry; an N-d operand
-    times a matrix is one GEMM over all its rows, ir/opdefs/matmul.py `matmul_into`); None
-    when a size is not a number."""
-    a = node.inputs[0].tensor_type.shape
-    k = a[-2] if node.attrs.get("transpose_a") else a[-1]
-    out = output_types(node)[0].shape
-    merged = node.inputs[1].tensor_type.rank == 2 and not node.attrs.get("transpose_a")
-    rows = out[:-1] if merged else out[-2:-1]
-    if not all(isinstance(d, int) for d in (*rows, out[-1], k)):
-        return None
-    return math.prod(rows) * out[-1] * k
-
-
 def _blas_threads(node: Node, cost: CostModel) -> int | None:
     if not get_op(node.op).gemm or cost.blas_parallel_min_mnk is None:
         return None
@@ -127,6 +113,7 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
     attrs = {**opdef.attr_defaults, **node.attrs}
     types = output_types(node)
     op_names: tuple[str, ...] = (node.op,)
+    flops, phases = node_flops(node), node_phases(node)  # folded layout ops compute nothing
     if views is not None:  # graph_kernel/library_views.py: layout ops read or written in place
         attrs["read_views"] = {i: (v.offset, v.shape, v.strides)
                                for i, v in views.operands.items()}
@@ -146,7 +133,8 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
         (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype)
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
                 writes, types, op=node.op, attrs=attrs, pooled=pooled, aliases=not pooled,
-                bytes_moved=moved, blas_threads=_blas_threads(node, cost))
+                bytes_moved=moved, blas_threads=_blas_threads(node, cost), flops=flops,
+                phases=phases)
 
 
 def _flat(nodes: tuple[Node, ...]) -> list[Node]:
@@ -212,7 +200,9 @@ def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan,
             b.steps.append(Step(StepKind.KERNEL, conv.name + "_block", ops, reads, writes,
                                 output_types(node), kernel=spec, pooled=True,
                                 sizes=kernel_symbols(tuple(conv.inputs[0].shape)),
-                                bytes_moved=moved, lowering=lowering))
+                                bytes_moved=moved, lowering=lowering,
+                                flops=graph_flops(block.members),
+                                phases=phases_of(block.members)))
             continue
         if kind is KernelKind.LIBRARY_VIEW:
             mine = views[node.uid]
@@ -230,7 +220,8 @@ def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan,
                 if kind is KernelKind.WINDOW else ()
             b.steps.append(Step(StepKind.KERNEL, node.name, (node.op,), reads, writes,
                                 output_types(node), kernel=spec, pooled=True, sizes=sizes,
-                                bytes_moved=_bytes_moved(node), lowering=lowering))
+                                bytes_moved=_bytes_moved(node), lowering=lowering,
+                                flops=node_flops(node), phases=node_phases(node)))
             continue
         if kind is KernelKind.LIBRARY:
             b.steps.append(replace(_library_step(node, reads, writes, cost),
@@ -245,7 +236,8 @@ def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan,
         types = output_types(node)
         op_names = (node.op,) if node.subgraph is None else _flat_op_names(sub)
         common = dict(name=node.name, op_names=op_names, writes=writes,
-                      out_types=types, bytes_moved=_bytes_moved(node), lowering=lowering)
+                      out_types=types, bytes_moved=_bytes_moved(node), lowering=lowering,
+                      flops=graph_flops(sub.nodes), phases=node_phases(node))
         if kind is KernelKind.INTERPRETED:
             if lowering.warn:
                 notes.append(f"{node.name} runs op by op on numpy: {lowering.reason}")

@@ -27,6 +27,8 @@ class KernelInfo:
     output: str
     bytes_moved: int = 0
     note: str = ""
+    flops: int | None = 0  # floating-point operations (runtime/flops.py; None: unknown)
+    phases: tuple[str, ...] = ()  # the parts of a training step it computes (ir/graph.py)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name} [{self.backend}] {'+'.join(self.op_names)}>"
@@ -66,7 +68,8 @@ class Executable:
             out.append(KernelInfo(step.name, list(step.op_names),
                                   self.kernel_sources.get(step.kernel.name)
                                   if step.kernel is not None else None,
-                                  step.backend, output, step.bytes_moved, step.note))
+                                  step.backend, output, step.bytes_moved, step.note,
+                                  step.flops, step.phases))
         return out
 
     @property

@@ -111,6 +111,10 @@ class Step:
     # weight's own array (an assigned value the kernel computes element by element; no ASSIGN)
     in_place: tuple[tuple[int, int], ...] = ()
     bytes_moved: int = 0  # bytes read and written, for reports
+    # For reports, from the op table (runtime/flops.py): its floating-point operations (None:
+    # unknown), and the parts of a training step it computes (ir/graph.py PHASES)
+    flops: int | None = 0
+    phases: tuple[str, ...] = ()
     note: str = ""  # why a group is INTERPRETED
     blas_threads: int | None = None  # MatMul: BLAS threads for this product (None: BLAS's own)
     lowering: Lowering | None = None  # the node's kernel kind and why (graph_kernel/lower.py)

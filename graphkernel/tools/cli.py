@@ -15,13 +15,16 @@ if TYPE_CHECKING:
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
-    from graphkernel.tools.lab import run_lab
+    from graphkernel.tools.lab import fusion_savings, headline, run_lab
     results, found = run_lab(args.out, seed=args.seed)
     if not args.no_report:
         from graphkernel.tools.report import write_lab_report
         path = args.report or os.path.join(args.out, "report.html")
+        savings = fusion_savings(results, args.seed)
+        print("=============== what fusion saves (NetBasicFuse, off -> on) ===============")
+        print(headline(savings))
         # Reuse this run's results rather than running the lab a second time.
-        print(f"report: {write_lab_report(args.out, path, lab=(results, found))}")
+        print(f"report: {write_lab_report(args.out, path, lab=(results, found), savings=savings)}")
     return 0 if all(c.holds for c in found) else 1
 
 

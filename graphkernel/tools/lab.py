@@ -3,6 +3,7 @@ and the lab's three conclusions checked."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from graphkernel.ir.printer import print_graph
 from graphkernel.ops import operations as P
 from graphkernel.passes import stage_names
 from graphkernel.tools.render import render
+from graphkernel.tools.report_timing import Spread
 
 
 class NetBasicFuse(Cell):
@@ -180,3 +182,116 @@ def run_lab(out_dir: str, seed: int = 0, render_pictures: bool = True, echo: boo
         for i, c in enumerate(found, 1):
             print(f"{i}. [{'holds' if c.holds else 'DOES NOT HOLD'}] {c.text}\n   {c.evidence}")
     return results, found
+
+
+# -- What fusion saves, where it matters --------------------------------------------------------
+
+# The lab's 4x4 input is 64 bytes: fused or not, a call is one C call with nothing to save but a
+# few loads, so the two times differ by noise. At 2048x2048 (16 MiB an array, past the caches)
+# each unfused kernel reads and writes the whole array: memory traffic is the cost fusion cuts.
+LARGE = (2048, 2048)
+# Alternating samples per side; each sample times a batch of calls lasting at least
+# SAMPLE_SECONDS, so a 4x4 call (microseconds) is timed over many calls.
+SAMPLES = 15
+SAMPLE_SECONDS = 2e-3
+
+
+@dataclass
+class Saving:
+    """NetBasicFuse at one size, fusion off against on: kernels and bytes moved from the plans,
+    seconds per call from alternating samples (median and interquartile range), and the
+    ratio off/on of each pair of samples taken one after the other (load on the machine
+    that slows both cancels in a pair)."""
+
+    shape: tuple[int, ...]
+    kernels_off: int
+    kernels_on: int
+    bytes_off: int
+    bytes_on: int
+    time_off: Spread
+    time_on: Spread
+    paired: Spread  # time off over time on, per pair of samples
+
+    @property
+    def ratio(self) -> tuple[float, float, float]:
+        """(median, first quartile, third quartile) of the paired ratios off/on."""
+        return self.paired.median, self.paired.q1, self.paired.q3
+
+    @property
+    def clear(self) -> bool:
+        """Whether the measurement tells the two apart: the ratio's range leaves out 1."""
+        _, low, high = self.ratio
+        return low > 1.0 or high < 1.0
+
+    def effect(self) -> str:
+        median, low, high = self.ratio
+        if not self.clear:
+            return (f"no difference this measurement can tell (off/on {median:.2f}x, "
+                    f"quartiles {low:.2f}-{high:.2f}x)")
+        word, factor = ("faster", median) if median >= 1 else ("slower", 1 / median)
+        lo, hi = (low, high) if median >= 1 else (1 / high, 1 / low)
+        return f"{factor:.2f}x {word} (quartiles {lo:.2f}-{hi:.2f}x)"
+
+
+def _alternating(first: Executable, second: Executable, x: np.ndarray
+                 ) -> tuple[list[float], list[float]]:
+    """Seconds per call of each, sampled in turns (so load on the machine falls on both)."""
+    runs = [first.run_arrays, second.run_arrays]
+    batches = []
+    for run in runs:
+        for _ in range(2):
+            run(x)  # warm: pages, caches, the kernel library
+        batch, start = 1, time.perf_counter()
+        run(x)
+        once = max(time.perf_counter() - start, 1e-7)
+        batch = max(1, min(1 << 14, int(SAMPLE_SECONDS / once)))
+        batches.append(batch)
+    samples: list[list[float]] = [[], []]
+    for _ in range(SAMPLES):
+        for i, run in enumerate(runs):
+            start = time.perf_counter()
+            for _ in range(batches[i]):
+                run(x)
+            samples[i].append((time.perf_counter() - start) / batches[i])
+    return samples[0], samples[1]
+
+
+def measure_saving(off: Executable, on: Executable, x: np.ndarray) -> Saving:
+    time_off, time_on = _alternating(off, on, x)
+    return Saving(x.shape, len(off.kernels), len(on.kernels),
+                  sum(k.bytes_moved for k in off.kernels),
+                  sum(k.bytes_moved for k in on.kernels), Spread.of(time_off),
+                  Spread.of(time_on), Spread.of([a / b for a, b in zip(time_off, time_on)]))
+
+
+def fusion_savings(results: dict[str, ScenarioResult], seed: int = 0) -> list[Saving]:
+    """What fusion saves NetBasicFuse at the lab's 4x4 (its own executables) and at LARGE
+    (compiled here, fusion on and off, without touching the context or writing dumps)."""
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+    small = measure_saving(results["test_basic_fuse_no"].executable,
+                           results["test_basic_fuse"].executable, results["test_basic_fuse"].x)
+    x = np.random.default_rng(seed).standard_normal(LARGE).astype(np.float32)
+    on, off = (gk_compile(NetBasicFuse(), Tensor(x),
+                          options=CompileOptions(enable_graph_kernel=fusion))
+               for fusion in (True, False))
+    return [small, measure_saving(off, on, x)]
+
+
+def headline(savings: list[Saving]) -> str:
+    """The lesson in one sentence per size, as plain text (the report draws its own)."""
+    lines = []
+    for s in savings:
+        size = "x".join(map(str, s.shape))
+        lines.append(f"{size}: {s.kernels_off} kernels -> {s.kernels_on}, "
+                     f"{_bytes(s.bytes_off)} -> {_bytes(s.bytes_on)} moved per call, "
+                     f"{_seconds(s.time_off.median)} -> {_seconds(s.time_on.median)} a call: "
+                     f"{s.effect()}")
+    return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    return f"{n} B" if n < 10_000 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e6:.1f} us" if s < 1e-3 else f"{s * 1e3:.2f} ms"

@@ -23,7 +23,14 @@ import numpy as np
 from graphkernel.frontend.compiled import CompiledCell as Executable
 from graphkernel.tools.cellspec import load_cell_spec, parse_input_spec
 from graphkernel.tools.report_page import Page, ReportError, esc, inline_svg
-from graphkernel.tools.report_parts import FINAL, INITIAL, conclusions_html, overview_html
+from graphkernel.tools.report_parts import (
+    FINAL,
+    INITIAL,
+    conclusions_html,
+    overview_html,
+    savings_html,
+)
+from graphkernel.tools.report_roofline import Ceilings, measured_ceilings
 from graphkernel.tools.report_timing import Timing, measure, random_inputs
 from graphkernel.tools.report_views import (
     DumpEntry,
@@ -33,7 +40,7 @@ from graphkernel.tools.report_views import (
     fusion_was_on,
 )
 
-__all__ = ["DumpEntry", "ReportEntry", "ReportError", "Source", "Timing", "compare",
+__all__ = ["Ceilings", "DumpEntry", "ReportEntry", "ReportError", "Source", "Timing", "compare",
            "entries_from_folder", "inline_svg", "load_cell_spec", "measure",
            "parse_input_spec", "random_inputs", "unfused_baseline", "write_lab_report",
            "write_report"]
@@ -100,23 +107,32 @@ def _as_entries(sources: Source | Iterable[Source]) -> list[ReportEntry | DumpEn
 
 def write_report(sources: Source | Iterable[Source], out_html: str, *,
                  title: str = "graphkernel: what fusion did", repeats: int = 50,
-                 conclusions: Sequence[Any] = (), intro: str = "", seed: int = 0) -> str:
+                 conclusions: Sequence[Any] = (), intro: str = "", seed: int = 0,
+                 ceilings: Ceilings | None = None, headline: str = "") -> str:
     """Write the report of `sources` (executables, entries, save_graphs folders) to
     `out_html`; return its path. Times every executable on random inputs of its signature,
-    `repeats` samples each (see report_timing.measure). `intro` is HTML put in as is (the
-    caller's own text); `conclusions` are the lab's (anything with .text, .holds, .evidence)."""
+    `repeats` samples each (see report_timing.measure), and draws each kernel on a roofline
+    under `ceilings` (default: this machine's rates, measured as `graphkernel doctor` does).
+    `intro` and `headline` are HTML put in as is (the caller's own text, the headline in a
+    section of its own); `conclusions` are the lab's (anything with .text, .holds,
+    .evidence)."""
     entries = _as_entries(sources)
+    if ceilings is None and any(isinstance(e, ReportEntry) for e in entries):
+        ceilings = measured_ceilings()
     rng = np.random.default_rng(seed)
     page = Page(title)
     if intro:
         page.add(f'<p class="intro">{intro}</p>')
+    if headline:
+        page.add(headline)
     if conclusions:
         page.add(conclusions_html(conclusions))
     views: list[EntryView | DumpView] = []
     timings: dict[int, Timing] = {}
     for index, entry in enumerate(entries):
         if isinstance(entry, ReportEntry):
-            views.append(EntryView.build(entry, f"g{index}", rng, repeats, timings))
+            assert ceilings is not None
+            views.append(EntryView.build(entry, f"g{index}", rng, repeats, timings, ceilings))
         else:
             views.append(DumpView.build(entry, f"g{index}"))
     page.add(overview_html([v.overview_row() for v in views]))
@@ -132,12 +148,16 @@ def write_report(sources: Source | Iterable[Source], out_html: str, *,
 
 
 def write_lab_report(lab_out_dir: str, out_html: str, lab: tuple[Any, Any] | None = None, *,
-                     seed: int = 0, repeats: int = 50) -> str:
-    """The lab's report: the eight figures (initial and processed graph x basic/composite x
+                     seed: int = 0, repeats: int = 50, savings: Sequence[Any] | None = None,
+                     ceilings: Ceilings | None = None) -> str:
+    """The lab's report: what fusion saves (lab.fusion_savings, measured here unless
+    `savings` is given), the eight figures (initial and processed graph x basic/composite x
     fusion off/on), kernels timed, and the lab's three conclusions. Runs the lab into
     `lab_out_dir` unless `lab` (what run_lab returned) is given."""
-    from graphkernel.tools.lab import run_lab
+    from graphkernel.tools.lab import fusion_savings, run_lab
     results, found = lab if lab is not None else run_lab(lab_out_dir, seed=seed, echo=False)
+    if savings is None:
+        savings = fusion_savings(results, seed)
     entries = []
     for on, off in (("test_basic_fuse", "test_basic_fuse_no"),
                     ("test_composite_fuse", "test_composite_fuse_no")):
@@ -152,4 +172,5 @@ def write_lab_report(lab_out_dir: str, out_html: str, lab: tuple[Any, Any] | Non
              "<code>enable_graph_kernel</code> on and off. Dumps: <code>"
              f"{esc(lab_out_dir)}</code>.")
     return write_report(entries, out_html, title="graphkernel lab: what fusion did",
-                        repeats=repeats, conclusions=found, intro=intro, seed=seed)
+                        repeats=repeats, conclusions=found, intro=intro, seed=seed,
+                        ceilings=ceilings, headline=savings_html(savings))

@@ -109,6 +109,12 @@ tr.rulegroup td { background:#fcfcfd; font-weight:600; }
   border-radius:2px; }
 .key.fusedkey { background:#fde2b4; border:1px solid #888; }
 .key.userkey { background:#f2f4f7; border:1.5px dashed #344054; }
+.even { color:#344054; }
+figure.roof { margin:6px 0 4px; overflow-x:auto; }
+svg.roofline { max-width:100%; height:auto; }
+svg.roofline circle.point { cursor:help; }
+table.phases { width:auto; }
+.headline .big { font-size:17px; margin:4px 0 8px; }
 @media (max-width: 900px) { .figs { grid-template-columns:1fr; } }
 """
 

@@ -17,6 +17,7 @@ from graphkernel.tools import report_parts as parts_
 from graphkernel.tools.render import render_svg_text
 from graphkernel.tools.report_page import esc, inline_svg
 from graphkernel.tools.report_parts import FINAL, INITIAL, us, us_spread
+from graphkernel.tools.report_roofline import Ceilings, points_of, roofline_html
 from graphkernel.tools.report_timing import (
     Timing,
     dispatch_bound,
@@ -65,10 +66,11 @@ class EntryView:
     timing: Timing
     baseline_timing: Timing | None
     fusion_on: bool
+    ceilings: Ceilings
 
     @classmethod
     def build(cls, entry: ReportEntry, prefix: str, rng: np.random.Generator,
-              repeats: int, timings: dict[int, Timing]) -> EntryView:
+              repeats: int, timings: dict[int, Timing], ceilings: Ceilings) -> EntryView:
         exe = entry.executable
         inputs = random_inputs(exe, rng)
 
@@ -84,7 +86,7 @@ class EntryView:
         return cls(entry, prefix,
                    svg_of_graph(exe.stages[INITIAL], INITIAL, f"{prefix}-initial-"),
                    svg_of_graph(exe.stages[FINAL], FINAL, f"{prefix}-final-"),
-                   timing, base, fusion_was_on(exe))
+                   timing, base, fusion_was_on(exe), ceilings)
 
     @property
     def title(self) -> str:
@@ -95,24 +97,32 @@ class EntryView:
             return None
         return speedup_range(self.timing.whole, self.baseline_timing.whole)
 
+    def overhead_bound(self) -> bool:
+        """Whether a call of the graph is mostly overhead (report_timing.dispatch_bound): then
+        a ratio of times says nothing about what fusion saves in work."""
+        exe = self.entry.executable
+        bound, _ = dispatch_bound(sum(k.bytes_moved for k in exe.kernels),
+                                  self.timing.per_call, len(exe.kernels))
+        return bound
+
     def overview_row(self) -> str:
         exe, base = self.entry.executable, self.entry.baseline
         ratio = self.speedup()
         base_time = us_spread(self.baseline_timing.whole) if self.baseline_timing else "&ndash;"
-        what = ""
+        what, shown = "", "&ndash;"
         if ratio:
-            bound, _ = dispatch_bound(sum(k.bytes_moved for k in exe.kernels),
-                                      self.timing.per_call, len(exe.kernels))
-            saved = "mostly dispatch saved at this size" if bound else \
-                "mostly the kernels' own work saved"
+            bound = self.overhead_bound()
+            saved = ("a call is overhead at this size: the ratio is dispatch, not fusion's "
+                     "work" if bound else "mostly the kernels' own work saved")
             what = f'<div class="muted small">{saved}</div>'
+            shown = parts_.speed(*ratio, neutral=bound)
         return (f'<tr><td><a href="#{self.prefix}">{esc(self.title)}</a></td>'
                 f"<td>{'on' if self.fusion_on else 'off'}</td>"
                 f"<td class=\"num\">{len(exe.kernels)}</td>"
                 f"<td class=\"num\">{us_spread(self.timing.whole)}</td>"
                 f"<td class=\"num\">{len(base.kernels) if base else '&ndash;'}</td>"
                 f"<td class=\"num\">{base_time}</td>"
-                f"<td class=\"num\">{parts_.speed(*ratio) if ratio else '&ndash;'}{what}</td></tr>")
+                f"<td class=\"num\">{shown}{what}</td></tr>")
 
     def verdict(self) -> str:
         """The speedup, and what it measures at this size: dispatch or compute."""
@@ -128,9 +138,9 @@ class EntryView:
                        f"{parts_.size(fused_bytes)} could move in {_short(data_s)} at this "
                        f"machine's copy bandwidth, a small part of the "
                        f"{us(self.timing.per_call)} call. "
-                       f"So this speedup mostly counts the launches and Python dispatch saved "
-                       f"({len(base.kernels)} &rarr; {len(exe.kernels)} kernels), not faster "
-                       "computing, and it moves from run to run; time a larger input "
+                       f"So this ratio counts overhead (launches, dispatch, the call itself; "
+                       f"{len(base.kernels)} &rarr; {len(exe.kernels)} kernels), not fusion's "
+                       "work, and it moves from run to run; time a larger input "
                        "(<code>graphkernel report FILE.py:Net --input float32[2048,2048]</code>) "
                        "to measure compute.")
         else:
@@ -141,7 +151,7 @@ class EntryView:
         return (f'<p class="verdict">{len(base.kernels)} &rarr; {len(exe.kernels)} kernel '
                 f"launches per call; {us(self.baseline_timing.per_call)} &rarr; "
                 f"{us(self.timing.per_call)} per call (medians of the call as you run it): "
-                f"<b>{parts_.speed(*ratio)}</b>"
+                f"<b>{parts_.speed(*ratio, neutral=bound)}</b>"
                 f' <span class="muted small">(range from the interquartile ranges)</span></p>'
                 f'<p class="meaning">{meaning}</p>')
 
@@ -170,12 +180,17 @@ class EntryView:
         t = self.timing
         out.append(parts_.kernel_table(exe.kernels, t.breakdown, t.whole, t.through_entry,
                                        "With fusion" if self.fusion_on else "As compiled",
-                                       "fused swatch" if self.fusion_on else "fused"))
+                                       "fused swatch" if self.fusion_on else "fused",
+                                       self.ceilings))
+        points = points_of(exe.kernels, t.per_kernel)
         if base is not None and self.baseline_timing is not None:
             b = self.baseline_timing
             out.append(parts_.kernel_table(
                 base.kernels, b.breakdown, b.whole, b.through_entry,
-                "Without fusion (same graph, enable_graph_kernel=False)", "unfused"))
+                "Without fusion (same graph, enable_graph_kernel=False)", "unfused",
+                self.ceilings))
+            points += points_of(base.kernels, b.per_kernel, baseline=True)
+        out.append(roofline_html(points, self.ceilings, f"roofline of {exe.name}"))
         out.append(parts_.reasons_html(exe.reasons, self.fusion_on))
         rewrites = getattr(getattr(exe, "report", None), "rewrites", [])
         if rewrites:  # e.g. an inference BatchNorm folded into a convolution's weights

@@ -19,7 +19,8 @@ from graphkernel.errors import InputError
 from graphkernel.frontend.cell import Cell
 from graphkernel.frontend.grad import ParameterTuple
 from graphkernel.frontend.tensor import Parameter, Tensor
-from graphkernel.frontend.tracing import user_location
+from graphkernel.frontend.tracing import current_tracer, user_location
+from graphkernel.ir.graph import OPTIMIZER, PHASE
 from graphkernel.ops import operations as P
 from graphkernel.ops.composite import HyperMap, Map
 
@@ -109,6 +110,17 @@ class Optimizer(Cell):
         if self.dynamic_lr:
             self.global_step = Parameter(np.zeros((), self.scalar_dtype), "global_step",
                                          requires_grad=False)
+
+    def _traced_call(self, inputs: tuple[Any, ...]) -> Any:
+        # Every node the update adds is noted as the optimizer's, so a report can split a
+        # training step into forward, backward and optimizer (ir/graph.py PHASES).
+        tracer = current_tracer()
+        assert tracer is not None
+        first = len(tracer.graph.nodes)
+        out = super()._traced_call(inputs)
+        for node in tracer.graph.nodes[first:]:
+            node.notes[PHASE] = OPTIMIZER
+        return out
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A subclass's state as MindSpore keeps it, `self.moments =
