@@ -1,0 +1,75 @@
+"""Compile time that does not grow with depth (issue #30 item 5): the compiled entry of a stack
+of identical layers is the same C loop at any depth (its steps are a table of numbers,
+backends/c/c_entry.py)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Tensor, nn
+from graphkernel.backends.c import toolchain
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+pytestmark = pytest.mark.skipif(toolchain.detect() is None, reason="needs a C compiler")
+
+
+class Layer(nn.Cell):
+    """A product, bias + GeLU, a residual add and LayerNorm-like row scaling by softmax: fused
+    groups around a BLAS product, as in an encoder layer."""
+
+    def __init__(self, rng: np.random.Generator, width: int) -> None:
+        super().__init__()
+        self.w = graphkernel.Parameter(rng.standard_normal((width, width)).astype(np.float32)
+                                       * 0.2, name="w")
+        self.b = graphkernel.Parameter(rng.standard_normal(width).astype(np.float32), name="b")
+        self.matmul, self.gelu, self.softmax = P.MatMul(), P.GeLU(), P.Softmax(axis=-1)
+
+    def construct(self, x: Any) -> Any:
+        return self.softmax(self.gelu(self.matmul(x, self.w) + self.b) + x)
+
+
+class Stack(nn.Cell):
+    def __init__(self, depth: int, width: int = 16) -> None:
+        super().__init__()
+        rng = np.random.default_rng(depth)
+        self.layers = nn.CellList([Layer(rng, width) for _ in range(depth)])
+
+    def construct(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _run_function(source: str) -> str:
+    """The C of the entry's `gk_run` (its per-call code, without the tables it reads)."""
+    match = re.search(r"^static PyObject \*gk_run\(.*?^}$", source, re.M | re.S)
+    assert match is not None, "no compiled entry in the library"
+    return match.group(0)
+
+
+def test_a_deeper_stacks_entry_runs_the_same_code_on_a_longer_table() -> None:
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    runs = {}
+    for depth in (1, 6):
+        net = Stack(depth)
+        compiled = graphkernel.compile(net, x, options=ON)
+        assert compiled.entry is not None  # every step runs in the compiled entry
+        runs[depth] = _run_function(compiled.executable.library.source)
+        got = compiled(Tensor(x)).asnumpy()  # through the entry's `call`
+        want = graphkernel.compile(net, x, options=OFF).run_arrays(x)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        # the Python runner's steps agree with the entry
+        ex = compiled.executable
+        steps = ex.runner.run(ex.check_inputs([x]), compiled._weights())[0]
+        np.testing.assert_allclose(got, steps, rtol=1e-6, atol=1e-6)
+    # 6 layers' steps are data: the code gcc compiles is the 1-layer entry's, line for line,
+    # but for the count of values it holds
+    shape = {d: re.sub(r"\b\d+\b", "N", text) for d, text in runs.items()}
+    assert shape[6] == shape[1], (len(runs[1]), len(runs[6]))
