@@ -15,7 +15,7 @@ takes the same buffer.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,7 +149,7 @@ def _emit(plan: ExecutionPlan, module: str,
     for s in args + produced:
         if s not in dynamic:
             dims_at[s] = len(static_dims)
-            static_dims += [int(d) for d in plan.slots[s].type.shape]  # type: ignore[call-overload]  # static sizes are ints
+            static_dims += [int(d) for d in plan.slots[s].type.shape]
     dyn_dims: list[str] = []  # this call's dimensions of results with dynamic sizes, as C
     for s in produced:
         if s in dynamic:
@@ -406,7 +406,7 @@ def _c_list(numbers: Iterable[int]) -> str:
     return ", ".join(map(str, numbers)) or "0"
 
 
-def _operand_data(operands: list[int]) -> dict[int, str]:
+def _operand_data(operands: Sequence[int]) -> dict[int, str]:
     """A product's or gather's operands as its step function's data pointers."""
     return {s: f"d[{j}]" for j, s in enumerate(operands)}
 
