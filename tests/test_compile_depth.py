@@ -1,6 +1,7 @@
 """Compile time that does not grow with depth (issue #30 item 5): the compiled entry of a stack
 of identical layers is the same C loop at any depth (its steps are a table of numbers,
-backends/c/c_entry.py)."""
+backends/c/c_entry.py), and the compile report says where a compile's time went (trace, compile
+cache, each stage, C emission, the C compiler or the kernel cache, loading)."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,7 @@ from graphkernel import Tensor, nn
 from graphkernel.backends.c import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
+from graphkernel.tools.report_timing import compile_timeline, compile_timeline_html
 
 ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
@@ -73,3 +75,29 @@ def test_a_deeper_stacks_entry_runs_the_same_code_on_a_longer_table() -> None:
     # but for the count of values it holds
     shape = {d: re.sub(r"\b\d+\b", "N", text) for d, text in runs.items()}
     assert shape[6] == shape[1], (len(runs[1]), len(runs[6]))
+
+
+def test_the_compile_report_says_where_the_time_went(cache_folder: str) -> None:
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    cold = graphkernel.compile(Stack(2), x, options=ON)
+    names = [name for name, _ in cold.report.timeline]
+    assert names[0].startswith("trace")
+    # every stage the pipeline ran, in order, then the build: planning, the compiler, loading
+    assert [n.removeprefix("stage ") for n in names if n.startswith("stage ")] == \
+        list(cold.report.stages)
+    assert any(n.startswith("build: C compiler") for n in names), names
+    assert names.index("build: plan, kernels' C emitted") < \
+        next(i for i, n in enumerate(names) if n.startswith("build: load"))
+    assert all(s >= 0 for _, s in cold.report.timeline)
+    rows = compile_timeline(cold)
+    assert sum(s for _, s in rows) == pytest.approx(cold.compile_seconds, rel=1e-6)
+    assert "Where the compile time went" in compile_timeline_html(cold)
+    # the same graph again: the compile cache's final graph and the kernel cache's library,
+    # no stage and no compiler
+    warm = graphkernel.compile(Stack(2), x, options=ON)
+    assert warm.report.compile_cache.startswith("hit"), warm.report.compile_cache
+    names = [name for name, _ in warm.report.timeline]
+    assert not any(n.startswith("stage ") or "C compiler" in n for n in names), names
+    assert "build: library from the kernel cache (checked)" in names
+    assert sum(s for _, s in compile_timeline(warm)) == \
+        pytest.approx(warm.compile_seconds, rel=1e-6)
