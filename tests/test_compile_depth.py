@@ -101,3 +101,16 @@ def test_the_compile_report_says_where_the_time_went(cache_folder: str) -> None:
     assert "build: library from the kernel cache (checked)" in names
     assert sum(s for _, s in compile_timeline(warm)) == \
         pytest.approx(warm.compile_seconds, rel=1e-6)
+
+
+def test_a_kernel_name_in_the_prelude_is_found_as_the_prelude_text_search_found_it() -> None:
+    """shared_kernels reads the prelude's identifiers once instead of searching its text for
+    each kernel's name: both say the same for every prefix of a prelude identifier (names that
+    begin an identifier, are one, or are not there)."""
+    from graphkernel.backends.c import shared_kernels
+    from graphkernel.backends.c.c_text import PRELUDE
+    names = {ident[:k] for ident in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", PRELUDE)
+             for k in range(1, len(ident) + 1)} | {"gk_Fused_Add_Mul", "gk_"}
+    for name in sorted(names):
+        by_text = shared_kernels._own_names(name).search(PRELUDE) is not None
+        assert shared_kernels._in_prelude(name) == by_text, name
