@@ -114,3 +114,24 @@ def test_a_kernel_name_in_the_prelude_is_found_as_the_prelude_text_search_found_
     for name in sorted(names):
         by_text = shared_kernels._own_names(name).search(PRELUDE) is not None
         assert shared_kernels._in_prelude(name) == by_text, name
+
+
+def test_expanding_a_deep_stack_does_not_walk_the_graph_per_op(monkeypatch) -> None:
+    """Expansion replaced each expanded op's uses with a walk over the whole graph (quadratic
+    in depth); it now remaps inputs as it reaches them. Same results as unfused."""
+    from graphkernel.ir.graph import Graph
+    walks = []
+    original = Graph.replace_uses
+
+    def counted(self: Graph, old: Any, new: Any) -> None:
+        walks.append(old)
+        original(self, old, new)
+
+    monkeypatch.setattr(Graph, "replace_uses", counted)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    net = Stack(6)
+    compiled = graphkernel.compile(net, x, options=ON)
+    expand_walks = [n for n in walks if n.op in ("GeLU", "Softmax")]  # the expanded ops
+    assert expand_walks == [], len(expand_walks)
+    want = graphkernel.compile(net, x, options=OFF).run_arrays(x)[0]
+    np.testing.assert_allclose(compiled.run_arrays(x)[0], want, rtol=1e-4, atol=1e-5)
