@@ -232,9 +232,12 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     folder = _dump_folder()
     if folder is not None:  # refused before tracing if a dump would replace a user's file
         Dumper(folder).claim(_dump_names(name, options))
+    traced = time.perf_counter()
     with guards.recording(cell) as read:
         graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
+    traced = time.perf_counter() - traced
     compiled = compile_traced(graph, name, options, read, output_tree)
+    compiled.report.timeline.insert(0, ("trace: construct run on symbolic tensors", traced))
     if rules:
         compiled.check_sizes(compiled.input_types, rules)
     compiled.report.compile_seconds = time.perf_counter() - start
@@ -261,14 +264,20 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
         dumper.claim(_dump_names(name, options))
     # Dumps need every stage to run: the compile cache is not read then (nor written).
     key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
+    timeline: list[tuple[str, float]] = []
+    lap = time.perf_counter()
     if dumper is None and not options.flags.dump_as_text:
         key, cache_note = compile_cache.key_of(graph, options)
     hit = None
     if key is not None:
         hit, cache_note = compile_cache.load(key, graph, primitive.physical_memory())
+        timeline.append(("compile cache: key and look-up" + (", final graph read" if hit else ""),
+                         time.perf_counter() - lap))
     pending = None
     if hit is not None:  # the passes ran in an earlier process: the final graph they made
+        lap = time.perf_counter()
         final = schedule_composites(hit.final)  # loop nests live on nodes, not in the data
+        timeline.append(("loop nests planned", time.perf_counter() - lap))
         stages: Mapping[str, Graph] = _StagesOnDemand(list(hit.stage_docs), final,
                                                       graph, options)
         report = CompileReport(stages=stages, stage_docs=hit.stage_docs, reasons=hit.reasons,
@@ -278,17 +287,25 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
         need = _check_memory(results[-1].graph, name)
         results += run_stages(results[-1].graph, backend, dumper)
         final = results[-1].graph
+        timeline += [(f"stage {r.name}", r.seconds) for r in results]
         report = CompileReport(stages={r.name: r.graph for r in results},
                                stage_docs={r.name: r.doc for r in results},
                                reasons=state.reasons, rewrites=state.rewrites)
         if key is not None:  # serialised before the build, which notes decisions on it
+            lap = time.perf_counter()
             pending, problem = compile_cache.prepare(graph, final, state.reasons,
                                                      state.rewrites, report.stage_docs, need)
             cache_note += f"; {problem}" if pending is None else ""
+            timeline.append(("compile cache: final graph serialised", time.perf_counter() - lap))
+    lap = time.perf_counter()
     executable = target.build_executable(final, name, options.cost)
+    timeline += build_phases(executable, time.perf_counter() - lap)
     if key is not None and pending is not None:
+        lap = time.perf_counter()
         cache_note += f"; {compile_cache.store(key, pending)}"
+        timeline.append(("compile cache: stored", time.perf_counter() - lap))
     report.compile_cache = cache_note
+    report.timeline = timeline
     if dumper is not None and executable.library is not None:
         dumper.write_text(kernel_source_name(name), executable.library.source)
     if dumper is not None:
@@ -303,6 +320,16 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
     if options.flags.dump_as_text:
         report.dump_files.append(write_graph_kernel_dump(compiled, options.flags, folder))
     return compiled
+
+
+def build_phases(executable: Any, seconds: float) -> list[tuple[str, float]]:
+    """A build's `seconds` split: planning and emitting each kernel's C, then its library's
+    own phases (backends/c/library.py `BuiltLibrary.seconds`)."""
+    library = getattr(executable, "library", None)
+    parts = list(getattr(library, "seconds", None) or [])
+    own = seconds - sum(s for _, s in parts)
+    return [("build: plan, kernels' C emitted", max(own, 0.0))] + \
+        [(f"build: {name}", s) for name, s in parts]
 
 
 class _StagesOnDemand(Mapping[str, Graph]):
@@ -348,10 +375,13 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     target = get_backend(options.backend)
     results = run_stages(graph.clone(), backend_stages(options, state, target), None)
     final = results[-1].graph
+    lap = time.perf_counter()
     executable = target.build_executable(final, name, options.cost)
     report = CompileReport(stages={r.name: r.graph for r in results},
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
-                           rewrites=state.rewrites)
+                           rewrites=state.rewrites,
+                           timeline=[(f"stage {r.name}", r.seconds) for r in results] +
+                           build_phases(executable, time.perf_counter() - lap))
     compiled = CompiledCell(executable, [i.binding for i in final.inputs if i.kind == "weight"],
                             report)
     report.compile_seconds = time.perf_counter() - start

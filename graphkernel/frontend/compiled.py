@@ -36,6 +36,9 @@ class CompileReport:
     # What the compile cache did (frontend/compile_cache.py): "hit: <entry>", "miss: <why>;
     # stored", "not used: <why>".
     compile_cache: str = ""
+    # Where the compile's time went, in order: (phase, wall seconds). The phases add up to the
+    # compile but for bookkeeping between them (see `compile_phases`).
+    timeline: list[tuple[str, float]] = field(default_factory=list)
 
 
 class CompiledCell:

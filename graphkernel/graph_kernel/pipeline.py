@@ -76,9 +76,14 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
     flags = options.flags
     new_nodes: list[Node] = []
     inlined_items: dict[int, list[Value]] = {}  # an inlined multi-output op -> its outputs
+    # Each replaced value's replacement, applied to a node's inputs when it is reached and to
+    # the graph's results at the end: replacing every use at once (Graph.replace_uses) walked
+    # the whole graph per expanded op, quadratic in depth (120 walks for 12 encoder layers).
+    replaced: dict[int, Value] = {}
     for node in graph.nodes:
+        node.inputs = [replaced.get(v.uid, v) for v in node.inputs]
         if node.op == "GetItem" and node.inputs[0].uid in inlined_items:
-            graph.replace_uses(node, inlined_items[node.inputs[0].uid][node.attrs["index"]])
+            replaced[node.uid] = inlined_items[node.inputs[0].uid][node.attrs["index"]]
             continue
         if node.subgraph is not None:
             _expand(node.subgraph, options)
@@ -104,14 +109,15 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             inlined = _inline(composite)
             outs = expanded.outputs
             if len(outs) == 1:
-                graph.replace_uses(node, outs[0])
+                replaced[node.uid] = outs[0]
             else:
                 inlined_items[node.uid] = list(outs)
             new_nodes.extend(inlined)
             continue
-        graph.replace_uses(node, composite)
+        replaced[node.uid] = composite
         new_nodes.append(composite)
     graph.nodes = new_nodes
+    graph.remap_results(replaced)
     return graph
 
 

@@ -5,6 +5,7 @@ Nothing here asserts a time; the numbers are measured when a report is made, sid
 """
 from __future__ import annotations
 
+import html
 import statistics
 import time
 from collections.abc import Sequence
@@ -171,3 +172,55 @@ def dispatch_bound(bytes_moved: int, seconds: float, launches: int) -> tuple[boo
     bound = data_seconds < DISPATCH_BOUND_SHARE * seconds and \
         seconds < DISPATCH_PER_LAUNCH * max(1, launches)
     return bound, data_seconds
+
+
+# Consecutive stages shorter than this share of the compile are shown as one row.
+TIMELINE_MIN_SHARE = 0.02
+
+
+def compile_timeline(exe: Executable) -> list[tuple[str, float]]:
+    """Where `exe`'s compile time went, in order: the compile's own phases (trace, compile
+    cache, each pipeline stage, planning and C emission, the C compiler or the kernel cache,
+    loading), runs of stages too short to see merged into one row, and what the phases do
+    not cover (bookkeeping between them) last. The rows add up to `compile_seconds`."""
+    total = exe.compile_seconds
+    rows: list[tuple[str, float]] = []
+    short: list[tuple[str, float]] = []
+
+    def flush() -> None:
+        if len(short) == 1:
+            rows.append(short[0])
+        elif short:
+            rows.append((f"{len(short)} stages ({short[0][0].removeprefix('stage ')} .. "
+                         f"{short[-1][0].removeprefix('stage ')})", sum(s for _, s in short)))
+        short.clear()
+
+    for name, seconds in exe.report.timeline:
+        if name.startswith("stage ") and seconds < TIMELINE_MIN_SHARE * total:
+            short.append((name, seconds))
+            continue
+        flush()
+        rows.append((name, seconds))
+    flush()
+    rest = total - sum(s for _, s in rows)
+    if rest > 0:
+        rows.append(("other (checks, reports, between the phases)", rest))
+    return rows
+
+
+def compile_timeline_html(exe: Executable) -> str:
+    """The compile timeline as a table: each phase's milliseconds and share, with a bar."""
+    total = exe.compile_seconds
+    if not exe.report.timeline or total <= 0:
+        return ""
+    body = []
+    for name, seconds in compile_timeline(exe):
+        share = seconds / total
+        body.append(f"<tr><td>{html.escape(name)}</td><td class=\"num\">{seconds * 1e3:,.1f}</td>"
+                    f"<td class=\"num\">{share:.0%}</td><td><span style=\"display:inline-block;"
+                    f"background:#4a78b5;height:0.8em;width:{share * 20:.2f}em\"></span></td></tr>")
+    return ("<h3>Where the compile time went</h3>"
+            f"<p class=\"muted small\">{total * 1e3:,.0f}&nbsp;ms from the call to compile to a "
+            f"runnable graph; kernel cache: {html.escape(exe.report.compile_cache or 'n/a')}"
+            "</p><table class=\"timeline\"><tr><th>phase</th><th>ms</th><th>share</th><th></th>"
+            "</tr>" + "".join(body) + "</table>")

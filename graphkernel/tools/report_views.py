@@ -20,6 +20,7 @@ from graphkernel.tools.report_parts import FINAL, INITIAL, us, us_spread
 from graphkernel.tools.report_roofline import Ceilings, points_of, roofline_html
 from graphkernel.tools.report_timing import (
     Timing,
+    compile_timeline_html,
     dispatch_bound,
     measure,
     random_inputs,
@@ -198,6 +199,7 @@ class EntryView:
                                                          for line in rewrites) + "</ul>")
         out.append(parts_.sources_html([(k.name, " + ".join(k.op_names), k.source, k.note)
                                         for k in exe.kernels]))
+        out.append(compile_timeline_html(exe))
         out.append(parts_.stages_html([(name, exe.stage_docs.get(name, ""),
                                         print_graph(graph, f"stage {name}"))
                                        for name, graph in exe.stages.items()]))

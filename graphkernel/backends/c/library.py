@@ -10,8 +10,9 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,9 @@ class BuiltLibrary:
     functions: dict[str, KernelFn]
     entry: Any = None  # the graph's CPython `run`, when it has one
     entry_module: Any = None  # the module holding `run` and `call` (backends/c/c_entry.py)
+    # Where building it went, in order (seconds): the C of shared kernels and the entry, the
+    # compiler (or the cache's checked copy), the loader (dlopen, the entry module).
+    seconds: list[tuple[str, float]] = field(default_factory=list)
 
 
 def _prelude(with_libmvec: bool) -> str:
@@ -112,6 +116,7 @@ def build_library(kernels: list[KernelSource],
     here has that very key: a library never lands under another graph's key."""
     tc = toolchain.detect()
     assert tc is not None, "build_library needs a C compiler"
+    clock = _Clock()
     # The OpenMP runtime reads its settings when it starts: spin-waiting threads stall on a shared
     # 2-core machine, so wait passively unless the user chose otherwise.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -127,6 +132,7 @@ def build_library(kernels: list[KernelSource],
         entry_text = _glue_optimised(entry(module))
         source += "\n" + entry_text
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
+    clock.lap("C source: shared kernels, entry, hash")
     folder = cache.open_folder()
     key = _key(tc, source, flags, module is not None)
     path = cache.lookup(folder, key)
@@ -137,6 +143,8 @@ def build_library(kernels: list[KernelSource],
     if path is None:
         units = translation_units(kernels, tc.libmvec, entry_text, compile_workers(), names)
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs, units)
+    clock.lap("library from the kernel cache (checked)" if from_cache else
+              f"C compiler ({max(len(units), 1)} unit{'s' if len(units) > 1 else ''})")
     exported = names + ([f"PyInit_{module}"] if module else [])
     lib, load_name, problem = _open(path, exported)
     if problem is not None:
@@ -146,6 +154,7 @@ def build_library(kernels: list[KernelSource],
         cache.remove(os.path.dirname(path), key)
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs, units)
         from_cache = False
+        clock.lap("C compiler again (the cached library did not load)")
         lib, load_name, problem = _open(path, exported)
         if problem is not None:
             raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
@@ -164,7 +173,21 @@ def build_library(kernels: list[KernelSource],
         entry = entry_module.run if entry_module is not None else None
     finally:
         _remove_copy(load_name, path)
-    return BuiltLibrary(path, source, from_cache, functions, entry, entry_module)
+    clock.lap("load: dlopen, entry module")
+    return BuiltLibrary(path, source, from_cache, functions, entry, entry_module, clock.laps)
+
+
+class _Clock:
+    """Consecutive named laps of wall time."""
+
+    def __init__(self) -> None:
+        self.laps: list[tuple[str, float]] = []
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self._last))
+        self._last = now
 
 
 _openmp_started = False

@@ -12,6 +12,7 @@ plan, the C entry and the loader are unchanged; the forward costs the compiler n
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 
@@ -27,11 +28,27 @@ def _own_names(name: str) -> re.Pattern[str]:
     return re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9])")
 
 
+# The prelude's identifiers, read once and sorted: searching the prelude's text for each
+# kernel's name took 15-27 ms of CPU for a 12-layer encoder's 84 kernels, on every load.
+_PRELUDE_IDENTIFIERS = sorted(set(re.findall(r"[A-Za-z0-9_]+", PRELUDE)))
+
+
+def _in_prelude(name: str) -> bool:
+    """Whether an identifier of the prelude is `name` or begins with it as `_own_names` reads
+    it (`name` then `_`)."""
+    ids = _PRELUDE_IDENTIFIERS
+    at = bisect.bisect_left(ids, name)
+    if at < len(ids) and ids[at] == name:
+        return True
+    at = bisect.bisect_left(ids, name + "_")  # the identifiers beginning `name_` follow here
+    return at < len(ids) and ids[at].startswith(name + "_")
+
+
 def structural_key(kernel: KernelSource) -> str | None:
     """The kernel's code with its own name taken out, or None when the name cannot be taken
     out safely (a shared C identifier begins with it, so the text would not say which uses are
     the kernel's own)."""
-    if _own_names(kernel.name).search(PRELUDE):
+    if _in_prelude(kernel.name):
         return None
     return _own_names(kernel.name).sub(_NAME_MARK, kernel.source)
 

@@ -1,0 +1,137 @@
+"""Compile time that does not grow with depth (issue #30 item 5): the compiled entry of a stack
+of identical layers is the same C loop at any depth (its steps are a table of numbers,
+backends/c/c_entry.py), and the compile report says where a compile's time went (trace, compile
+cache, each stage, C emission, the C compiler or the kernel cache, loading)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import Tensor, nn
+from graphkernel.backends.c import toolchain
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+from graphkernel.tools.report_timing import compile_timeline, compile_timeline_html
+
+ON = CompileOptions(enable_graph_kernel=True)
+OFF = CompileOptions(enable_graph_kernel=False)
+pytestmark = pytest.mark.skipif(toolchain.detect() is None, reason="needs a C compiler")
+
+
+class Layer(nn.Cell):
+    """A product, bias + GeLU, a residual add and LayerNorm-like row scaling by softmax: fused
+    groups around a BLAS product, as in an encoder layer."""
+
+    def __init__(self, rng: np.random.Generator, width: int) -> None:
+        super().__init__()
+        self.w = graphkernel.Parameter(rng.standard_normal((width, width)).astype(np.float32)
+                                       * 0.2, name="w")
+        self.b = graphkernel.Parameter(rng.standard_normal(width).astype(np.float32), name="b")
+        self.matmul, self.gelu, self.softmax = P.MatMul(), P.GeLU(), P.Softmax(axis=-1)
+
+    def construct(self, x: Any) -> Any:
+        return self.softmax(self.gelu(self.matmul(x, self.w) + self.b) + x)
+
+
+class Stack(nn.Cell):
+    def __init__(self, depth: int, width: int = 16) -> None:
+        super().__init__()
+        rng = np.random.default_rng(depth)
+        self.layers = nn.CellList([Layer(rng, width) for _ in range(depth)])
+
+    def construct(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _run_function(source: str) -> str:
+    """The C of the entry's `gk_run` (its per-call code, without the tables it reads)."""
+    match = re.search(r"^static PyObject \*gk_run\(.*?^}$", source, re.M | re.S)
+    assert match is not None, "no compiled entry in the library"
+    return match.group(0)
+
+
+def test_a_deeper_stacks_entry_runs_the_same_code_on_a_longer_table() -> None:
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    runs = {}
+    for depth in (1, 6):
+        net = Stack(depth)
+        compiled = graphkernel.compile(net, x, options=ON)
+        assert compiled.entry is not None  # every step runs in the compiled entry
+        runs[depth] = _run_function(compiled.executable.library.source)
+        got = compiled(Tensor(x)).asnumpy()  # through the entry's `call`
+        want = graphkernel.compile(net, x, options=OFF).run_arrays(x)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        # the Python runner's steps agree with the entry
+        ex = compiled.executable
+        steps = ex.runner.run(ex.check_inputs([x]), compiled._weights())[0]
+        np.testing.assert_allclose(got, steps, rtol=1e-6, atol=1e-6)
+    # 6 layers' steps are data: the code gcc compiles is the 1-layer entry's, line for line,
+    # but for the count of values it holds
+    shape = {d: re.sub(r"\b\d+\b", "N", text) for d, text in runs.items()}
+    assert shape[6] == shape[1], (len(runs[1]), len(runs[6]))
+
+
+def test_the_compile_report_says_where_the_time_went(cache_folder: str) -> None:
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    cold = graphkernel.compile(Stack(2), x, options=ON)
+    names = [name for name, _ in cold.report.timeline]
+    assert names[0].startswith("trace")
+    # every stage the pipeline ran, in order, then the build: planning, the compiler, loading
+    assert [n.removeprefix("stage ") for n in names if n.startswith("stage ")] == \
+        list(cold.report.stages)
+    assert any(n.startswith("build: C compiler") for n in names), names
+    assert names.index("build: plan, kernels' C emitted") < \
+        next(i for i, n in enumerate(names) if n.startswith("build: load"))
+    assert all(s >= 0 for _, s in cold.report.timeline)
+    rows = compile_timeline(cold)
+    assert sum(s for _, s in rows) == pytest.approx(cold.compile_seconds, rel=1e-6)
+    assert "Where the compile time went" in compile_timeline_html(cold)
+    # the same graph again: the compile cache's final graph and the kernel cache's library,
+    # no stage and no compiler
+    warm = graphkernel.compile(Stack(2), x, options=ON)
+    assert warm.report.compile_cache.startswith("hit"), warm.report.compile_cache
+    names = [name for name, _ in warm.report.timeline]
+    assert not any(n.startswith("stage ") or "C compiler" in n for n in names), names
+    assert "build: library from the kernel cache (checked)" in names
+    assert sum(s for _, s in compile_timeline(warm)) == \
+        pytest.approx(warm.compile_seconds, rel=1e-6)
+
+
+def test_a_kernel_name_in_the_prelude_is_found_as_the_prelude_text_search_found_it() -> None:
+    """shared_kernels reads the prelude's identifiers once instead of searching its text for
+    each kernel's name: both say the same for every prefix of a prelude identifier (names that
+    begin an identifier, are one, or are not there)."""
+    from graphkernel.backends.c import shared_kernels
+    from graphkernel.backends.c.c_text import PRELUDE
+    names = {ident[:k] for ident in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", PRELUDE)
+             for k in range(1, len(ident) + 1)} | {"gk_Fused_Add_Mul", "gk_"}
+    for name in sorted(names):
+        by_text = shared_kernels._own_names(name).search(PRELUDE) is not None
+        assert shared_kernels._in_prelude(name) == by_text, name
+
+
+def test_expanding_a_deep_stack_does_not_walk_the_graph_per_op(monkeypatch) -> None:
+    """Expansion replaced each expanded op's uses with a walk over the whole graph (quadratic
+    in depth); it now remaps inputs as it reaches them. Same results as unfused."""
+    from graphkernel.ir.graph import Graph
+    walks = []
+    original = Graph.replace_uses
+
+    def counted(self: Graph, old: Any, new: Any) -> None:
+        walks.append(old)
+        original(self, old, new)
+
+    monkeypatch.setattr(Graph, "replace_uses", counted)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    net = Stack(6)
+    compiled = graphkernel.compile(net, x, options=ON)
+    expand_walks = [n for n in walks if n.op in ("GeLU", "Softmax")]  # the expanded ops
+    assert expand_walks == [], len(expand_walks)
+    want = graphkernel.compile(net, x, options=OFF).run_arrays(x)[0]
+    np.testing.assert_allclose(compiled.run_arrays(x)[0], want, rtol=1e-4, atol=1e-5)
