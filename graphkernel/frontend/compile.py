@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from graphkernel.backends import get_backend
+from graphkernel.backends import backend_config, get_backend
 from graphkernel.backends.c.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
@@ -255,6 +255,7 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
     folder = _dump_folder()
     state = BackendState()
     target = get_backend(options.backend)
+    config = backend_config(target, options.backend_config)  # refused before the passes run
     backend = backend_stages(options, state, target)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
@@ -285,7 +286,7 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
             pending, problem = compile_cache.prepare(graph, final, state.reasons,
                                                      state.rewrites, report.stage_docs, need)
             cache_note += f"; {problem}" if pending is None else ""
-    executable = target.build_executable(final, name, options.cost)
+    executable = target.build_executable(final, name, config)
     if key is not None and pending is not None:
         cache_note += f"; {compile_cache.store(key, pending)}"
     report.compile_cache = cache_note
@@ -346,9 +347,10 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     start = time.perf_counter()
     state = BackendState()
     target = get_backend(options.backend)
+    config = backend_config(target, options.backend_config)
     results = run_stages(graph.clone(), backend_stages(options, state, target), None)
     final = results[-1].graph
-    executable = target.build_executable(final, name, options.cost)
+    executable = target.build_executable(final, name, config)
     report = CompileReport(stages={r.name: r.graph for r in results},
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
                            rewrites=state.rewrites)

@@ -13,10 +13,10 @@ from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import emit_window_kernel, why_not_window_kernel
 from graphkernel.backends.c.cblas import hand_blas_to
+from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.generic_kernel import emit_any_kernel
 from graphkernel.backends.c.library import build_library
 from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
-from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
@@ -30,6 +30,7 @@ _warned_no_compiler = False
 
 class CBackend:
     name = "c"
+    config_type = CConfig
 
     def why_not_kernels(self) -> str | None:
         return None if toolchain.detect() is not None else "no C compiler"
@@ -43,24 +44,25 @@ class CBackend:
     def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
         return conv_blocks(graph)
 
-    def emit(self, spec: KernelSpec, cost: CostModel) -> KernelSource:
+    def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         kind = spec.kind
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
-            return emit_conv_block(spec.block, spec.name, cost.window_parallel_min_macs)
+            return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs)
         if kind is KernelKind.WINDOW:
-            return emit_window_kernel(spec.node, spec.name, cost.window_parallel_min_macs)
+            return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs)
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None
         if isinstance(spec.schedule, ParallelSchedule):  # independent groups, a nest each
             return emit_parallel_kernel(spec.group, spec.name, spec.schedule,
-                                        cost.parallel_threshold, cost.stream_min_bytes,
-                                        cost.prefetch_min_bytes, spec.beside_blas)
-        return emit_any_kernel(spec.group, spec.name, spec.schedule, cost.parallel_threshold,
-                               cost.stream_min_bytes, cost.prefetch_min_bytes, spec.beside_blas)
+                                        config.parallel_threshold, config.stream_min_bytes,
+                                        config.prefetch_min_bytes, spec.beside_blas)
+        return emit_any_kernel(spec.group, spec.name, spec.schedule, config.parallel_threshold,
+                               config.stream_min_bytes, config.prefetch_min_bytes,
+                               spec.beside_blas)
 
-    def build_executable(self, graph: Graph, name: str, cost: CostModel,
+    def build_executable(self, graph: Graph, name: str, config: CConfig,
                          prebuilt: tuple[str, bytes] | None = None) -> Executable:
         """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
         `prebuilt`: a library built elsewhere for the same source, by its cache key (see
@@ -73,9 +75,10 @@ class CBackend:
             _warned_no_compiler = True
         if graph.lowered_for != self.name:
             lower(graph, self)
-        plan, notes = plan_graph(graph, name, cost)
-        runner = Runner(plan, prefault=cost.prefault_buffers)  # buffers readied while gcc runs
-        kernels = [self.emit(s.kernel, cost) for s in plan.steps if s.kernel is not None]
+        plan, notes = plan_graph(graph, name, config.plan)
+        # buffers readied while gcc runs
+        runner = Runner(plan, prefault=config.plan.prefault_buffers)
+        kernels = [self.emit(s.kernel, config) for s in plan.steps if s.kernel is not None]
         library = None
         if kernels:
             library = build_library(kernels, entry_source(plan), prebuilt)
