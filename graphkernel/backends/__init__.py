@@ -33,10 +33,12 @@ class Backend(LoweringTarget, Protocol):
         `config` (a `config_type`)."""
 
     def build_executable(self, graph: Graph, name: str, config: Any,
-                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+                         prebuilt: tuple[str, bytes] | None = None,
+                         tuning_level: int = 0) -> Executable:
         """Lower `graph` (a final graph) for this backend unless it is already, plan it, build
         and load its kernels with `config` (a `config_type`). `prebuilt`: a library built
-        elsewhere, by its cache key."""
+        elsewhere, by its cache key. `tuning_level` (`--online_tuning`): how hard to measure
+        the kernels' schedule choices on this machine; a backend without choices ignores it."""
 
 
 # name -> the module whose BACKEND is that backend (imported on first use)

@@ -286,7 +286,8 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
             pending, problem = compile_cache.prepare(graph, final, state.reasons,
                                                      state.rewrites, report.stage_docs, need)
             cache_note += f"; {problem}" if pending is None else ""
-    executable = target.build_executable(final, name, config)
+    executable = target.build_executable(final, name, config,
+                                         tuning_level=options.flags.online_tuning)
     if key is not None and pending is not None:
         cache_note += f"; {compile_cache.store(key, pending)}"
     report.compile_cache = cache_note
@@ -350,7 +351,8 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     config = backend_config(target, options.backend_config)
     results = run_stages(graph.clone(), backend_stages(options, state, target), None)
     final = results[-1].graph
-    executable = target.build_executable(final, name, config)
+    executable = target.build_executable(final, name, config,
+                                         tuning_level=options.flags.online_tuning)
     report = CompileReport(stages={r.name: r.graph for r in results},
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
                            rewrites=state.rewrites)

@@ -414,7 +414,7 @@ def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -
     target = get_backend(loaded.options.backend)
     executable = target.build_executable(
         graph, loaded.name, backend_config(target, loaded.options.backend_config),
-        loaded.prebuilt)
+        loaded.prebuilt, loaded.options.flags.online_tuning)
     report = CompileReport(stages={FINAL: graph},
                            stage_docs={FINAL: "the final graph, loaded from an export"})
     compiled = CompiledCell(executable, params, report)

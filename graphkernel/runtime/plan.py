@@ -168,6 +168,9 @@ class ExecutionPlan:
     # Dynamic sizes (ir.types.SymSize) as (name, input number, axis): where each is read from
     # in a call. Buffer shapes may hold them; kernels take them after their buffers.
     symbols: tuple[tuple[str, int, int], ...] = ()
+    # Kernel name -> how the backend chose its schedule (a tuning record, measured, the
+    # defaults and why), filled in by the backend once it has chosen
+    schedule_notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:
@@ -206,6 +209,8 @@ class ExecutionPlan:
                          f"{', '.join(name(s) for s in step.writes)}{flags}"
                          + (f"; free {[name(s) for s in dead]}" if dead else "")
                          + (f"  # {step.lowering}" if step.lowering is not None else ""))
+            if step.kernel is not None and step.kernel.name in self.schedule_notes:
+                lines.append(f"      schedule: {self.schedule_notes[step.kernel.name]}")
         lines.append(f"  return {[name(s) for s in self.outputs]}"
                      + (f", copied: {list(self.copy_out)}" if any(self.copy_out) else ""))
         return "\n".join(lines)

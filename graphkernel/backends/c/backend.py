@@ -17,6 +17,7 @@ from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.generic_kernel import emit_any_kernel
 from graphkernel.backends.c.library import build_library
 from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
+from graphkernel.backends.c.tuning import choose_schedules
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
@@ -63,7 +64,8 @@ class CBackend:
                                spec.beside_blas)
 
     def build_executable(self, graph: Graph, name: str, config: CConfig,
-                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+                         prebuilt: tuple[str, bytes] | None = None,
+                         tuning_level: int = 0) -> Executable:
         """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
         `prebuilt`: a library built elsewhere for the same source, by its cache key (see
         `build_library`)."""
@@ -78,7 +80,16 @@ class CBackend:
         plan, notes = plan_graph(graph, name, config.plan)
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)
-        kernels = [self.emit(s.kernel, config) for s in plan.steps if s.kernel is not None]
+        specs = [s.kernel for s in plan.steps if s.kernel is not None]
+        choices = {}
+        if specs and toolchain.detect() is not None:
+            # Each kernel's schedule: a record of this machine's, measured now, or the defaults
+            choices = choose_schedules(plan, config, tuning_level, self.emit)
+            plan.schedule_notes.update({n: c.how for n, c in choices.items()
+                                        if c.how != "defaults"})
+            notes += [c.refused for c in choices.values() if c.refused is not None]
+        kernels = [self.emit(spec, choices[spec.name].knobs.apply(config)
+                             if spec.name in choices else config) for spec in specs]
         library = None
         if kernels:
             library = build_library(kernels, entry_source(plan), prebuilt)

@@ -40,7 +40,9 @@ class NumpyBackend:
                            "backend: the numpy backend builds no kernels")
 
     def build_executable(self, graph: Graph, name: str, config: PlanSettings,
-                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+                         prebuilt: tuple[str, bytes] | None = None,
+                         tuning_level: int = 0) -> Executable:
+        # no kernels, so no schedule choices: tuning_level has nothing to tune
         if graph.lowered_for != self.name:
             lower(graph, self)
         plan, notes = plan_graph(graph, name, config)
