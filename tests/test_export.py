@@ -469,6 +469,8 @@ def test_a_composite_with_attributes_is_refused(exported):
     ("backend_config", "stream_min_bytes", 1 << 70,
      "C backend settings: field stream_min_bytes is .*; it is int or None from 0"),
     ("cost", "max_inputs", -3, "cost model: field max_inputs is -3"),
+    ("backend_config", "vector_width", 300,
+     r"C backend settings: CConfig: vector_width is 300; it is None or one of \(128, 256"),
     ("backend_config.plan", "prefault_buffers", 1,
      r"C backend settings \(plan\): field prefault_buffers is 1; it is bool"),
     ("backend_config", "no_such_field", 1, "C backend settings: it has no field 'no_such_field'"),

@@ -16,7 +16,7 @@ from graphkernel import nn
 from graphkernel.backends.c import toolchain, tuning
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.tuning import NEVER, Knobs
-from graphkernel.errors import FlagError
+from graphkernel.errors import ContextError, FlagError
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
@@ -90,7 +90,7 @@ EXTREMES = [
     Knobs(NEVER, None, None, NEVER),  # everything never
     Knobs(1, None, 0, NEVER),
     Knobs(NEVER, 0, None, 1),
-]
+] + [Knobs(1, 0, 0, NEVER, width) for width in tuning.vector_choices()]
 
 
 @needs_cc
@@ -184,7 +184,9 @@ def _edit(field: str, value: object, knob: bool = False):
     (_edit("prefetch_min_bytes", 1.5), "knob prefetch_min_bytes is 1.5"),
     (_edit("window_parallel_min_macs", None), "knob window_parallel_min_macs is None"),
     (_edit("parallel_threshold", 1 << 80), "knob parallel_threshold is"),
-    (_edit("vector_width", 512, knob=True), "its knobs are not exactly"),
+    (_edit("vector_width", 300), "knob vector_width is 300; it is None or one of"),
+    (_edit("vector_width", "256\")\n#include <evil.h>"), "knob vector_width is"),
+    (_edit("register_width", 512, knob=True), "its knobs are not exactly"),
     (lambda text: text + " " * (1 << 16), "larger than 65536 bytes"),
 ])
 def test_a_bad_record_falls_back_to_the_defaults_with_its_reason(records, edit, reason):
@@ -218,10 +220,27 @@ def test_online_tuning_is_a_level_from_0_to_3():
 
 def test_candidates_start_with_the_defaults_and_do_not_repeat():
     default = Knobs.of(CConfig())
+    widths = len(tuning.vector_choices())
     one = tuning.candidates(default, 1)
-    assert one[0] == default and len(one) == len(set(one)) == 1 + 2 * len(tuning.CHOICES)
+    assert one[0] == default and len(one) == len(set(one)) == 1 + 2 * 4 + widths
     every = tuning.candidates(default, 2)
-    assert every[0] == default and len(every) == len(set(every)) == 3 ** len(tuning.CHOICES)
+    assert every[0] == default and len(every) == len(set(every)) == 3 ** 4 * (1 + widths)
+    calibrated = tuning.candidates(default, 1, calibrated=12345)
+    assert Knobs(**{**default.__dict__, "parallel_threshold": 12345}) in calibrated
+
+
+@needs_cc
+def test_a_vector_width_wraps_the_kernel_in_gcc_target_options():
+    cell = ExpChain()
+    arrays = _inputs(cell)
+    exe = graphkernel.compile(cell, *arrays, options=_options(config=CConfig(vector_width=256)))
+    (source,) = [k.source for k in exe.kernels if k.source]
+    assert '#pragma GCC target("prefer-vector-width=256")' in source
+    want = graphkernel.compile(cell, *arrays, options=_options()).run_arrays(*arrays)[0]
+    np.testing.assert_allclose(exe.run_arrays(*arrays)[0], want, rtol=RTOL, atol=ATOL)
+    with pytest.raises(ContextError,
+                       match=r"vector_width is 300; it is None or one of \(128, 256, 512\)"):
+        CConfig(vector_width=300)
 
 
 @needs_cc

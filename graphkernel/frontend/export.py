@@ -255,7 +255,10 @@ def _settings(kind: type, data: Any, path: str, what: str) -> Any:
             kinds = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             raise FormatError(f"{path}: bad {what}: field {name} is {value!r:.40}; it "
                               f"is {kinds}" + (" from 0" if int in allowed else ""))
-    return kind(**values)
+    try:
+        return kind(**values)
+    except GraphKernelError as exc:  # a check of the settings' own (CConfig.vector_width)
+        raise FormatError(f"{path}: bad {what}: {exc.problem}") from None
 
 
 # Before the C backend had settings of its own (issue 29), an export recorded them among the

@@ -3,6 +3,7 @@ its generated C covers), emits each kernel spec as C, compiles a plan's kernels 
 entry into one library (cached) and loads it into the runner."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -46,6 +47,17 @@ class CBackend:
         return conv_blocks(graph)
 
     def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
+        source = self._emit(spec, config)
+        if config.vector_width is None:
+            return source
+        # GCC's per-function target option, over the kernel and its helpers (OpenMP's
+        # outlined regions too); the width is one of VECTOR_WIDTHS (CConfig checks it).
+        return dataclasses.replace(source, source=(
+            "#pragma GCC push_options\n"
+            f"#pragma GCC target(\"prefer-vector-width={config.vector_width}\")\n"
+            f"{source.source}\n#pragma GCC pop_options\n"))
+
+    def _emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         kind = spec.kind
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
@@ -88,8 +100,9 @@ class CBackend:
             plan.schedule_notes.update({n: c.how for n, c in choices.items()
                                         if c.how != "defaults"})
             notes += [c.refused for c in choices.values() if c.refused is not None]
-        kernels = [self.emit(spec, choices[spec.name].knobs.apply(config)
-                             if spec.name in choices else config) for spec in specs]
+        kernels = [self.emit(spec, config) if spec.name not in choices else
+                   choices[spec.name].source or
+                   self.emit(spec, choices[spec.name].knobs.apply(config)) for spec in specs]
         library = None
         if kernels:
             library = build_library(kernels, entry_source(plan), prebuilt)

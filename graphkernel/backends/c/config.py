@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphkernel.errors import ContextError
 from graphkernel.runtime.plan import PlanSettings
 
 
 @dataclass(frozen=True)
 class CConfig:
+    def __post_init__(self) -> None:
+        problem = check_vector_width(self.vector_width)
+        if problem is not None:  # it reaches the C text: only the widths GCC takes
+            raise ContextError(f"CConfig: {problem}")
+
     # Elements of iteration space above which a kernel's outer loop runs on threads:
     # below it the fork/join costs more than the work (measured on the 2-core VMs).
     parallel_threshold: int = 1 << 17
@@ -27,8 +33,23 @@ class CConfig:
     # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
     # on threads (backends/c/c_window.py): ~20 us of one thread's work, well above a fork.
     window_parallel_min_macs: int = 1 << 20
+    # The vector width GCC prefers when it vectorises the kernel's loops, in bits (None: the
+    # toolchain's, 512 on AVX-512): some AMD cores split a 512-bit operation into two 256-bit
+    # halves, where 256-bit code can run as fast at a lower clock cost. Set per kernel by tuning
+    # (backends/c/tuning.py); one of VECTOR_WIDTHS.
+    vector_width: int | None = None
     # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
     plan: PlanSettings = field(default_factory=PlanSettings)
+
+
+VECTOR_WIDTHS = (128, 256, 512)
+
+
+def check_vector_width(width: object) -> str | None:
+    """Why `width` is not a vector width a kernel may take, or None."""
+    if width is None or (type(width) is int and width in VECTOR_WIDTHS):
+        return None
+    return f"vector_width is {width!r:.40}; it is None or one of {VECTOR_WIDTHS}"
 
 
 DEFAULT_C_CONFIG = CConfig()

@@ -3,7 +3,8 @@
 Each generated kernel takes a few settings of `CConfig` that change its C but never its
 results: whether its outer loop runs on OpenMP threads (`parallel_threshold`; for a convolution
 or pool, `window_parallel_min_macs`), whether it writes with streaming stores
-(`stream_min_bytes`) and whether it prefetches its inputs (`prefetch_min_bytes`). `Knobs` holds
+(`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`) and the vector
+width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512). `Knobs` holds
 one kernel's values of them. Tuning emits a kernel under each candidate setting, drops the
 candidates whose C is the same text as one already kept (a knob the kernel does not use),
 builds every remaining variant into one library, and times each variant inside the real plan
@@ -48,7 +49,7 @@ import numpy as np
 
 from graphkernel.backends.c import cache, toolchain
 from graphkernel.backends.c.c_loops import KernelSource
-from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.config import CConfig, check_vector_width
 from graphkernel.backends.c.shared_kernels import structural_key
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 
@@ -71,6 +72,7 @@ CHOICES: dict[str, tuple[int | None, ...]] = {
     "stream_min_bytes": (0, None),  # streaming stores always / never
     "prefetch_min_bytes": (0, None),  # prefetch always / never
     "window_parallel_min_macs": (1, NEVER),  # a convolution's images on threads always / never
+    "vector_width": (),  # 256 where GCC builds 512-bit kernels (`vector_choices`)
 }
 _OPTIONAL = {"stream_min_bytes", "prefetch_min_bytes"}  # None allowed: never
 
@@ -144,11 +146,13 @@ class Knobs:
     stream_min_bytes: int | None
     prefetch_min_bytes: int | None
     window_parallel_min_macs: int
+    vector_width: int | None = None
 
     @classmethod
     def of(cls, config: CConfig) -> Knobs:
         return cls(config.parallel_threshold, config.stream_min_bytes,
-                   config.prefetch_min_bytes, config.window_parallel_min_macs)
+                   config.prefetch_min_bytes, config.window_parallel_min_macs,
+                   config.vector_width)
 
     def apply(self, config: CConfig) -> CConfig:
         return dataclasses.replace(config, **dataclasses.asdict(self))
@@ -169,6 +173,18 @@ class Choice:
     knobs: Knobs
     how: str  # where the choice came from, for the plan's description
     refused: str | None = None  # why a stored record was not used
+    # The kernel's C when `knobs` are the defaults (emitted to find its key): not emitted again
+    source: KernelSource | None = None
+
+
+def vector_choices() -> tuple[int, ...]:
+    """The vector widths worth trying beside the toolchain's: 256 bits where GCC builds
+    512-bit kernels (AVX-512; some cores run them as two 256-bit halves). Clang does not take
+    GCC's per-function target pragma."""
+    tc = toolchain.detect()
+    if tc is None or not tc.avx512 or "clang" in tc.version.lower():
+        return ()
+    return (256,)
 
 
 def cpu_model() -> str:
@@ -241,6 +257,11 @@ def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
         return None, f"its knobs are not exactly {', '.join(names)}"
     for name in names:
         value = knobs[name]
+        if name == "vector_width":
+            problem = check_vector_width(value)
+            if problem is not None:
+                return None, f"knob {problem}"
+            continue
         if value is None and name in _OPTIONAL:
             continue
         if type(value) is not int or not 0 <= value <= NEVER:
@@ -271,7 +292,7 @@ def candidates(default: Knobs, level: int, calibrated: int | None = None) -> lis
     or every combination (level 2 and above). `calibrated`: a threads threshold from this
     machine's rates (`MachineRates.parallel_threshold`), tried beside always and never."""
     names = list(CHOICES)
-    choices = dict(CHOICES)
+    choices = dict(CHOICES, vector_width=vector_choices())
     if calibrated is not None:
         choices["parallel_threshold"] = (calibrated,) + CHOICES["parallel_threshold"]
     out = [default]
@@ -315,8 +336,9 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
     choices: dict[str, Choice] = {}
     tunable: list[_Tunable] = []
     specs = [s.kernel for s in plan.steps if s.kernel is not None]
+    bases: dict[str, KernelSource] = {}
     for spec in specs:
-        base = emit(spec, config)
+        base = bases[spec.name] = emit(spec, config)
         key = kernel_key(base)
         if key is None:
             choices[spec.name] = Choice(default, "defaults (its name is not separable)")
@@ -364,6 +386,9 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
                 knobs, f"tuned here: {knobs.differences(default)} ({ratio:.2f}x the defaults' "
                 f"speed, {len(measured)} of {len(t.variants)} variants measured{note})",
                 choices[t.spec.name].refused)
+    for spec in specs:
+        if choices[spec.name].knobs == default:
+            choices[spec.name] = dataclasses.replace(choices[spec.name], source=bases[spec.name])
     return choices
 
 
