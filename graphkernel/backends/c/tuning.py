@@ -9,7 +9,8 @@ one kernel's values of them. Tuning emits a kernel under each candidate setting,
 candidates whose C is the same text as one already kept (a knob the kernel does not use),
 builds every remaining variant into one library, and times each variant inside the real plan
 on random inputs (`Runner.profile`, so each kernel sees its neighbours' cache footprint). The
-fastest wins when it beats the defaults by more than MARGIN; otherwise the defaults stay.
+fastest of the variants that beat the defaults by more than MARGIN in every pass wins;
+otherwise the defaults stay (a loaded machine's noise is not a reason to leave them).
 
 The choice is stored as a versioned JSON record per kernel in the kernel cache folder
 (`tuning/KEY.json`), KEY = sha256 of the kernel's C under the defaults with its name taken out,
@@ -38,6 +39,7 @@ import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -63,7 +65,7 @@ NEVER = 1 << 62
 # the noise of a loaded machine, and the defaults are the tested path.
 MARGIN = 0.05
 TIME_BUDGET_S = 30.0  # per level: --online_tuning=2 may measure for a minute
-PASSES = 2  # every variant is timed this many times, interleaved with the others
+PASSES = 3  # every variant is timed this many times, interleaved with the others
 REPEATS = 5  # calls per timing (Runner.profile takes each kernel's median)
 
 # The values each knob may take in a candidate, beside the configured default.
@@ -315,7 +317,15 @@ class _Tunable:
     spec: KernelSpec
     key: str
     variants: list[tuple[Knobs, KernelSource]]  # defaults first, each a distinct C text
-    seconds: list[float]
+    seconds: list[list[float]]  # per pass, per variant (inf: not measured)
+
+    def wins(self, i: int) -> bool:
+        """Variant i beat the defaults by MARGIN in every pass: on a loaded machine one lucky
+        round is not a win."""
+        return all(p[i] < p[0] * (1 - MARGIN) for p in self.seconds)
+
+    def typical(self, i: int) -> float:
+        return statistics.median(p[i] for p in self.seconds)
 
 
 class _Loaded:
@@ -366,22 +376,22 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
                 seen.add(text)
                 variants.append((knobs, source))
         if len(variants) > 1:
-            tunable.append(_Tunable(spec, key, variants, [float("inf")] * len(variants)))
+            tunable.append(_Tunable(spec, key, variants,
+                                    [[float("inf")] * len(variants) for _ in range(PASSES)]))
     if tunable:
         _measure(plan, specs, choices, tunable, config, emit, level, progress)
         for t in tunable:
-            best = min(range(len(t.variants)), key=lambda i: t.seconds[i])
-            if not t.seconds[best] < t.seconds[0] * (1 - MARGIN):
-                best = 0
+            winners = [i for i in range(1, len(t.variants)) if t.wins(i)]
+            best = min(winners, key=t.typical, default=0)
             knobs = t.variants[best][0]
-            measured = {t.variants[i][0].differences(default): t.seconds[i]
-                        for i in range(len(t.variants)) if t.seconds[i] != float("inf")}
+            measured = {t.variants[i][0].differences(default): t.typical(i)
+                        for i in range(len(t.variants)) if t.typical(i) != float("inf")}
             note = ""
             try:
                 write_record(t.key, knobs, measured, default)
             except OSError as exc:
                 note = f"; not stored: {exc.strerror}"
-            ratio = t.seconds[0] / t.seconds[best] if t.seconds[best] > 0 else 1.0
+            ratio = t.typical(0) / t.typical(best) if t.typical(best) > 0 else 1.0
             choices[t.spec.name] = Choice(
                 knobs, f"tuned here: {knobs.differences(default)} ({ratio:.2f}x the defaults' "
                 f"speed, {len(measured)} of {len(t.variants)} variants measured{note})",
@@ -418,7 +428,7 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
     budget = TIME_BUDGET_S * level
     with _bar(PASSES * rounds, f"tuning {plan.name}: {len(tunable)} kernel(s)",
               progress) as advance:
-        for _, i in itertools.product(range(PASSES), range(rounds)):
+        for p, i in itertools.product(range(PASSES), range(rounds)):
             if time.perf_counter() - start > budget:
                 break
             if i not in built:
@@ -433,7 +443,7 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
             for kernel, seconds in zip(kernel_of, times):
                 timed = by_name.get(kernel) if kernel is not None else None
                 if timed is not None and i < len(timed.variants):
-                    timed.seconds[i] = min(timed.seconds[i], seconds)
+                    timed.seconds[p][i] = seconds
             advance()
 
 
