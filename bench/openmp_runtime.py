@@ -16,7 +16,7 @@ import time
 
 from bench.workloads import SUITES
 
-# Workloads whose kernels take the OpenMP path (above CostModel.parallel_threshold) or measure
+# Workloads whose kernels take the OpenMP path (above CConfig.parallel_threshold) or measure
 # the call overhead (4x4); the matmul networks mostly time BLAS.
 KINDS = ("basic", "composite", "chain", "bias_gelu", "layernorm", "softmax", "encoder")
 

@@ -8,11 +8,13 @@ import pytest
 
 import graphkernel
 from graphkernel import Tensor, nn
+from graphkernel.backends.c.config import CConfig
 from graphkernel.errors import ContextError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.lower import KernelKind
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
+from graphkernel.runtime.plan import PlanSettings
 
 BACKENDS = ["c", "numpy"]
 
@@ -125,6 +127,26 @@ def test_set_context_backend_numpy_runs_without_generated_kernels(rng):
 def test_unknown_backend_is_a_context_error():
     with pytest.raises(ContextError, match="backend must be one of 'c', 'numpy'"):
         context.set_context(backend="cuda")
+
+
+def test_a_backend_takes_only_its_own_settings(rng):
+    """`CompileOptions.backend_config` is typed by the backend it is for: the C backend's
+    settings given to the numpy backend are refused before anything compiles."""
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    wrong = CompileOptions(enable_graph_kernel=True, backend="numpy", backend_config=CConfig())
+    with pytest.raises(ContextError, match="backend_config is a CConfig; the numpy backend "
+                       "takes a PlanSettings"):
+        graphkernel.compile(_Softmax(), x, options=wrong)
+    right = CompileOptions(enable_graph_kernel=True, backend="numpy",
+                           backend_config=PlanSettings(prefault_buffers=False))
+    got = graphkernel.compile(_Softmax(), x, options=right).run_arrays(x)[0]
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+class _Softmax(nn.Cell):
+    def construct(self, x):
+        return P.Softmax()(x)
 
 
 def test_products_and_relabellings_are_declared_facts():

@@ -1,4 +1,4 @@
-"""Kernels planned after a multi-threaded BLAS product of their call (`CostModel.
+"""Kernels planned after a multi-threaded BLAS product of their call (`PlanSettings.
 serial_beside_blas`): their parallel regions carry `if(parallel: gk_parallel_beside_blas())`,
 which keeps the threads only on more than two cores (backends/c/c_text.py). Which kernels get it,
 and that the answers do not change."""
@@ -7,10 +7,11 @@ import pytest
 
 import graphkernel
 from graphkernel import Tensor, nn
-from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.backends.c.config import CConfig
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 from graphkernel.runtime import blas
+from graphkernel.runtime.plan import PlanSettings
 
 CLAUSE = "if(parallel: gk_parallel_beside_blas())"
 # BLAS on one thread (one core, or OPENBLAS_NUM_THREADS=1) has no spinning workers: no clause.
@@ -19,8 +20,8 @@ blas_threaded = pytest.mark.skipif(blas.threads_now() == 1,
 
 
 def options(beside: bool = True, threshold: int = 1 << 17) -> CompileOptions:
-    return CompileOptions(enable_graph_kernel=True,
-                          cost=CostModel(serial_beside_blas=beside, parallel_threshold=threshold))
+    config = CConfig(parallel_threshold=threshold, plan=PlanSettings(serial_beside_blas=beside))
+    return CompileOptions(enable_graph_kernel=True, backend_config=config)
 
 
 class Block(nn.Cell):

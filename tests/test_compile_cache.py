@@ -18,11 +18,13 @@ import pytest
 import graphkernel
 from graphkernel import nn
 from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.config import CConfig
 from graphkernel.frontend import archive, compile_cache, context
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.printer import print_graph
 from graphkernel.ops import operations as P
+from graphkernel.runtime.plan import PlanSettings
 
 needs_cc = pytest.mark.skipif(toolchain.detect() is None, reason="needs a C compiler")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,6 +162,7 @@ def _note(cell: nn.Cell, x: np.ndarray, options: CompileOptions = FUSED) -> str:
 @needs_cc
 @pytest.mark.parametrize("change", [
     "graph", "constant", "shape", "dtype", "fusion off", "flags", "cost model",
+    "C backend settings", "plan settings",
     "graphkernel version", "graphkernel sources", "numpy version", "cpu",
 ])
 def test_each_change_that_changes_the_result_misses(cache_folder: str, change: str,
@@ -188,7 +191,13 @@ def test_each_change_that_changes_the_result_misses(cache_folder: str, change: s
     elif change == "cost model":
         from dataclasses import replace
         options = CompileOptions(enable_graph_kernel=True,
-                                 cost=replace(FUSED.cost, parallel_threshold=1))
+                                 cost=replace(FUSED.cost, parallel_max_groups=2))
+    elif change == "C backend settings":
+        options = CompileOptions(enable_graph_kernel=True,
+                                 backend_config=CConfig(parallel_threshold=1))
+    elif change == "plan settings":
+        options = CompileOptions(enable_graph_kernel=True,
+                                 backend_config=CConfig(plan=PlanSettings(prefault_buffers=False)))
     elif change == "graphkernel version":
         monkeypatch.setattr(compile_cache, "__version__", "0.0.0-other")
         monkeypatch.setattr(compile_cache, "_stamp", [])
@@ -206,8 +215,13 @@ def test_each_change_that_changes_the_result_misses(cache_folder: str, change: s
 def test_the_key_holds_every_option_field() -> None:
     text = compile_cache.options_text(FUSED)
     data = json.loads(text)
-    assert set(data) == {"enable_graph_kernel", "flags", "cost", "backend"}
-    assert "enable_parallel_fusion" in data["flags"] and "parallel_threshold" in data["cost"]
+    assert set(data) == {"enable_graph_kernel", "flags", "cost", "backend", "backend_config"}
+    assert "enable_parallel_fusion" in data["flags"] and "parallel_max_bytes" in data["cost"]
+    assert "parallel_threshold" in data["backend_config"] and \
+        "blas_parallel_min_mnk" in data["backend_config"]["plan"]
+    # None is the backend's defaults: the same key
+    explicit = CompileOptions(enable_graph_kernel=True, backend_config=CConfig())
+    assert compile_cache.options_text(explicit) == text
     flags = parse_flags("--disable_expand_ops=GeLU,Softmax")
     same = parse_flags("--disable_expand_ops=Softmax,GeLU")
     assert compile_cache.options_text(CompileOptions(True, flags)) == \

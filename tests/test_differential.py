@@ -62,6 +62,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphkernel
+from graphkernel.backends.c.config import CConfig
 from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir import types as T
@@ -138,8 +139,8 @@ def check_program(input_types: list[Ty], program: Program, outputs: list[int], s
             # Kernels go parallel (OpenMP) only above 2**17 elements and stream their outputs
             # only above 16 MiB: with thresholds of one and zero, small graphs test those loop
             # nests (and recompute limits) too.
-            options.cost = CostModel(parallel_threshold=1, recompute_limit=1 << 20,
-                                     stream_min_bytes=0)
+            options.cost = CostModel(recompute_limit=1 << 20)
+            options.backend_config = CConfig(parallel_threshold=1, stream_min_bytes=0)
         exe = graphkernel.compile(cell, *arrays, options=options)
         got = exe.run_arrays(*arrays)
         for a, o in zip(arrays, originals):

@@ -16,6 +16,7 @@ from cells import Fn
 
 import graphkernel
 from graphkernel import Parameter, Tensor, nn
+from graphkernel.backends.c.config import CConfig
 from graphkernel.errors import FormatError, InputError
 from graphkernel.frontend import context
 from graphkernel.graph_kernel.pipeline import CompileOptions
@@ -24,6 +25,7 @@ from graphkernel.ir.printer import print_graph
 from graphkernel.ir.serialize import data_to_graph, graph_to_data
 from graphkernel.ir.types import TensorType
 from graphkernel.ops import operations as P
+from graphkernel.runtime.plan import PlanSettings
 
 ON = CompileOptions(enable_graph_kernel=True)
 
@@ -258,8 +260,8 @@ def _first_node(manifest):
     (lambda m, e: m.update(format="MINDIR"), True, "not a GKIR export"),
     (lambda m, e: _first_node(m)["attrs"].update(transpose_b={"pickle": "cos\nsystem"}), True,
      "unknown value tag"),
-    (lambda m, e: m["options"]["cost"].update(parallel_threshold="1; rm -rf /"), True,
-     "bad cost model"),
+    (lambda m, e: m["options"]["backend_config"].update(parallel_threshold="1; rm -rf /"), True,
+     "bad C backend settings"),
     (lambda m, e: e.update({"arrays/weight0.npy": _object_npy()}), True, "unreadable"),
     (lambda m, e: e.update({"arrays/weight0.npy": _npy(np.zeros((2, 2), np.float32))}), True,
      r"weight.*declared float32\[12,24\]|declared"),
@@ -461,17 +463,43 @@ def test_a_composite_with_attributes_is_refused(exported):
         graphkernel.load(exported)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("parallel_threshold", None, "parallel_threshold is None; it is int from 0"),
-    ("stream_min_bytes", 1 << 70, "stream_min_bytes is .*; it is int or None from 0"),
-    ("max_inputs", -3, "max_inputs is -3"),
-    ("prefault_buffers", 1, "prefault_buffers is 1; it is bool"),
-    ("no_such_field", 1, "it has no field 'no_such_field'"),
+@pytest.mark.parametrize("section,field,value,message", [
+    ("backend_config", "parallel_threshold", None,
+     "C backend settings: field parallel_threshold is None; it is int from 0"),
+    ("backend_config", "stream_min_bytes", 1 << 70,
+     "C backend settings: field stream_min_bytes is .*; it is int or None from 0"),
+    ("cost", "max_inputs", -3, "cost model: field max_inputs is -3"),
+    ("backend_config", "vector_width", 300,
+     r"C backend settings: CConfig: vector_width is 300; it is None or one of \(128, 256"),
+    ("backend_config.plan", "prefault_buffers", 1,
+     r"C backend settings \(plan\): field prefault_buffers is 1; it is bool"),
+    ("backend_config", "no_such_field", 1, "C backend settings: it has no field 'no_such_field'"),
+    # a C setting among fusion's costs, in a file that has the C backend's own section
+    ("cost", "parallel_threshold", 1, "cost model: it has no field 'parallel_threshold'"),
 ])
-def test_forged_cost_settings_are_refused_at_load(exported, field, value, message):
-    rewrite(exported, lambda m, e: m["options"]["cost"].update({field: value}))
-    with pytest.raises(FormatError, match="bad cost model: .*" + message):
+def test_forged_settings_are_refused_at_load(exported, section, field, value, message):
+    def forge(m, e):
+        part = m["options"]
+        for key in section.split("."):
+            part = part[key]
+        part[field] = value
+    rewrite(exported, forge)
+    with pytest.raises(FormatError, match="bad " + message):
         graphkernel.load(exported)
+
+
+def test_an_export_with_c_settings_among_the_costs_loads_them(exported):
+    """Files written before the C backend had settings of its own kept them in "cost"."""
+    def older(m, e):
+        config = m["options"].pop("backend_config")
+        m["options"]["cost"].update({k: v for k, v in config.items() if k != "plan"},
+                                    **config["plan"])
+        m["options"]["cost"]["parallel_threshold"] = 7
+        m["options"]["cost"]["prefault_buffers"] = False
+    rewrite(exported, older)
+    options = graphkernel.load(exported).options
+    assert options.backend_config == CConfig(parallel_threshold=7,
+                                             plan=PlanSettings(prefault_buffers=False))
 
 
 def test_forged_graph_kernel_flags_are_a_format_error(exported):

@@ -176,7 +176,7 @@ def test_every_subcommand_says_what_it_does_and_every_option_has_help():
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     listed = {c.dest: c.help for c in commands._choices_actions}
-    assert set(listed) == {"lab", "render", "report", "doctor", "bench"}
+    assert set(listed) == {"lab", "render", "report", "tune", "doctor", "bench"}
     for name, sub in commands.choices.items():
         assert listed[name], name
         if name == "bench":  # its options are `python -m bench`'s, checked below

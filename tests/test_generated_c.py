@@ -8,7 +8,7 @@ import pytest
 
 from graphkernel.backends.c import c_emitter
 from graphkernel.backends.c.c_emitter import emit_kernel
-from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL
+from graphkernel.backends.c.config import DEFAULT_C_CONFIG
 from graphkernel.graph_kernel.expanders import expand_node
 from graphkernel.graph_kernel.schedule import analyze
 from graphkernel.ir.graph import Input, Node
@@ -24,8 +24,8 @@ def softmax_source(shape: tuple[int, ...], dtype: type) -> str:
     sub = composite.subgraph
     assert sub is not None
     sched = analyze(sub.nodes, sub.outputs)
-    return emit_kernel(sub, "gk_Softmax", sched, DEFAULT_COST_MODEL.parallel_threshold,
-                       DEFAULT_COST_MODEL.stream_min_bytes).source
+    return emit_kernel(sub, "gk_Softmax", sched, DEFAULT_C_CONFIG.parallel_threshold,
+                       DEFAULT_C_CONFIG.stream_min_bytes).source
 
 
 def exp_calls(source: str) -> list[str]:
@@ -71,8 +71,8 @@ def column_grad_source(shape: tuple[int, int]) -> str:
               TensorType(shape[1:], t.dtype))
     sub = Graph("g", [x, dy], [th, dz, db], [dz, db])
     sched = analyze(sub.nodes, sub.outputs)
-    return emit_kernel(sub, "gk_ColumnGrad", sched, DEFAULT_COST_MODEL.parallel_threshold,
-                       DEFAULT_COST_MODEL.stream_min_bytes).source
+    return emit_kernel(sub, "gk_ColumnGrad", sched, DEFAULT_C_CONFIG.parallel_threshold,
+                       DEFAULT_C_CONFIG.stream_min_bytes).source
 
 
 @pytest.mark.parametrize("shape", [(8, 64), (512, 4096), (100, 3)])

@@ -8,15 +8,15 @@ from cells import Pointwise, pointwise_ref
 
 import graphkernel
 from graphkernel import Tensor, nn
-from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.backends.c.config import CConfig
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
 
 def options(prefetch_min_bytes: int | None, threads: bool = False) -> CompileOptions:
-    cost = CostModel(prefetch_min_bytes=prefetch_min_bytes,
+    config = CConfig(prefetch_min_bytes=prefetch_min_bytes,
                      parallel_threshold=1 if threads else 1 << 17)
-    return CompileOptions(enable_graph_kernel=True, cost=cost)
+    return CompileOptions(enable_graph_kernel=True, backend_config=config)
 
 
 def sources(exe) -> str:

@@ -9,16 +9,16 @@ import pytest
 
 import graphkernel
 from graphkernel.backends.c.c_text import c_identifier
-from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.backends.c.config import CConfig
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.nn import Cell
 from graphkernel.ops import operations as P
 
 
 def options(stream: bool, threads: bool = False) -> CompileOptions:
-    cost = CostModel(stream_min_bytes=0 if stream else None,
+    config = CConfig(stream_min_bytes=0 if stream else None,
                      parallel_threshold=1 if threads else 1 << 17)
-    return CompileOptions(enable_graph_kernel=True, cost=cost)
+    return CompileOptions(enable_graph_kernel=True, backend_config=config)
 
 
 class ScaleShift(Cell):

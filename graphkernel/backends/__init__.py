@@ -12,7 +12,6 @@ import importlib
 from typing import Any, Protocol
 
 from graphkernel.errors import ContextError
-from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.lower import LoweringTarget
 from graphkernel.ir.graph import Graph
 from graphkernel.runtime.executable import Executable
@@ -24,14 +23,22 @@ class Backend(LoweringTarget, Protocol):
     spec, and how it builds and loads a plan into an Executable."""
 
     name: str
+    # The type of this backend's own settings (`CompileOptions.backend_config`): a frozen
+    # dataclass whose fields are ints, None, bools or such dataclasses, so that the compile
+    # cache keys on them and a GKIR export records them (frontend/export.py checks them back).
+    config_type: type
 
-    def emit(self, spec: KernelSpec, cost: CostModel) -> Any:
-        """The kernel `spec` in this backend's form (C source, a numpy function)."""
+    def emit(self, spec: KernelSpec, config: Any) -> Any:
+        """The kernel `spec` in this backend's form (C source, a numpy function), built with
+        `config` (a `config_type`)."""
 
-    def build_executable(self, graph: Graph, name: str, cost: CostModel,
-                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+    def build_executable(self, graph: Graph, name: str, config: Any,
+                         prebuilt: tuple[str, bytes] | None = None,
+                         tuning_level: int = 0) -> Executable:
         """Lower `graph` (a final graph) for this backend unless it is already, plan it, build
-        and load its kernels. `prebuilt`: a library built elsewhere, by its cache key."""
+        and load its kernels with `config` (a `config_type`). `prebuilt`: a library built
+        elsewhere, by its cache key. `tuning_level` (`--online_tuning`): how hard to measure
+        the kernels' schedule choices on this machine; a backend without choices ignores it."""
 
 
 # name -> the module whose BACKEND is that backend (imported on first use)
@@ -47,3 +54,15 @@ def get_backend(name: str) -> Backend:
         raise ContextError(f"unknown backend {name!r}: graphkernel has {', '.join(NAMES)}")
     backend: Backend = importlib.import_module(module).BACKEND
     return backend
+
+
+def backend_config(backend: Backend, config: object | None) -> Any:
+    """`config` (`CompileOptions.backend_config`) as `backend`'s settings: its defaults for None;
+    one of another type (another backend's settings) is refused."""
+    if config is None:
+        return backend.config_type()
+    if type(config) is not backend.config_type:
+        raise ContextError(f"backend_config is a {type(config).__name__}; the {backend.name} "
+                           f"backend takes a {backend.config_type.__name__} (or None: its "
+                           "defaults)")
+    return config

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from graphkernel.backends import get_backend
+from graphkernel.backends import backend_config, get_backend
 from graphkernel.backends.c.c_text import c_identifier
 from graphkernel.errors import (
     ContextError,
@@ -258,6 +258,7 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
     folder = _dump_folder()
     state = BackendState()
     target = get_backend(options.backend)
+    config = backend_config(target, options.backend_config)  # refused before the passes run
     backend = backend_stages(options, state, target)
     dumper = Dumper(folder) if folder is not None else None
     if dumper is not None:  # refuse before compiling if a dump would replace a user's file
@@ -298,7 +299,8 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
             cache_note += f"; {problem}" if pending is None else ""
             timeline.append(("compile cache: final graph serialised", time.perf_counter() - lap))
     lap = time.perf_counter()
-    executable = target.build_executable(final, name, options.cost)
+    executable = target.build_executable(final, name, config,
+                                         tuning_level=options.flags.online_tuning)
     timeline += build_phases(executable, time.perf_counter() - lap)
     if key is not None and pending is not None:
         lap = time.perf_counter()
@@ -373,10 +375,12 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     start = time.perf_counter()
     state = BackendState()
     target = get_backend(options.backend)
+    config = backend_config(target, options.backend_config)
     results = run_stages(graph.clone(), backend_stages(options, state, target), None)
     final = results[-1].graph
     lap = time.perf_counter()
-    executable = target.build_executable(final, name, options.cost)
+    executable = target.build_executable(final, name, config,
+                                         tuning_level=options.flags.online_tuning)
     report = CompileReport(stages={r.name: r.graph for r in results},
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
                            rewrites=state.rewrites,

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel._version import __version__
+from graphkernel.backends import backend_config, get_backend
 from graphkernel.backends.c import cache, toolchain
 from graphkernel.errors import FormatError, GraphKernelError, VerifyError
 from graphkernel.frontend import archive
@@ -113,7 +114,11 @@ def options_text(options: CompileOptions) -> str:
             "flags": {f.name: _canonical(getattr(options.flags, f.name))
                       for f in dataclasses.fields(options.flags)},
             "cost": {f.name: _canonical(getattr(options.cost, f.name))
-                     for f in dataclasses.fields(options.cost)}}
+                     for f in dataclasses.fields(options.cost)},
+            # The backend's settings steer the code it generates: defaults spelt out, so that
+            # None and the default settings share a key.
+            "backend_config": dataclasses.asdict(
+                backend_config(get_backend(options.backend), options.backend_config))}
     return json.dumps(data, sort_keys=True)
 
 

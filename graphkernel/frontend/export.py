@@ -30,8 +30,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from graphkernel._version import __version__
-from graphkernel.backends import get_backend
+from graphkernel.backends import backend_config, get_backend
 from graphkernel.backends.c import cache
+from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.library import library_key
 from graphkernel.errors import (
     FormatError,
@@ -67,6 +68,7 @@ from graphkernel.ir.serialize import (
 )
 from graphkernel.ir.types import SymSize, TensorType, shape_fits
 from graphkernel.passes.stage_names import FINAL
+from graphkernel.runtime.plan import PlanSettings
 
 FORMAT = "GKIR"
 # 1: static shapes only. 2: dynamic sizes (`{"coef": c, "symbols": [...]}` in shapes) and the
@@ -108,9 +110,14 @@ class LoadedGraph:
 # -- export --------------------------------------------------------------------------------
 def _options_data(options: CompileOptions) -> dict[str, Any]:
     cost = {f.name: getattr(options.cost, f.name) for f in dataclasses.fields(options.cost)}
+    # The file holds C kernel sources and loads on the C backend: its settings are recorded,
+    # those of the plan kept when the export was compiled on the numpy backend.
+    config = options.backend_config
+    c_config = CConfig(plan=config) if isinstance(config, PlanSettings) else \
+        backend_config(get_backend("c"), config)
     return {"enable_graph_kernel": options.enable_graph_kernel,
             "graph_kernel_flags": flags_text(options.flags).replace(" (no effect)", ""),
-            "cost": cost}
+            "cost": cost, "backend_config": dataclasses.asdict(c_config)}
 
 
 def export(net: CellLike | LoadedGraph, *inputs: Any, file_name: str,
@@ -223,33 +230,55 @@ def _manifest(path: str, entries: dict[str, bytes]) -> dict[str, Any]:
 _COST_LIMIT = 1 << 63
 
 
-def _cost_model(cost: Any, path: str) -> CostModel:
-    """The cost model's fields, each of the type its declaration gives (`int | None`: an int or
-    None), integers from 0 into int64's range."""
-    if not isinstance(cost, dict):
-        raise FormatError(f"{path}: bad cost model {cost!r:.80}")
-    types = typing.get_type_hints(CostModel)
-    for name, value in cost.items():
+def _settings(kind: type, data: Any, path: str, what: str) -> Any:
+    """A `kind` (a frozen dataclass of settings) from `data`: each field of the type its
+    declaration gives (`int | None`: an int or None; a dataclass: a dict of its fields),
+    integers from 0 into int64's range. `what` names it in an error."""
+    if not isinstance(data, dict):
+        raise FormatError(f"{path}: bad {what} {data!r:.80}")
+    types = typing.get_type_hints(kind)
+    values: dict[str, Any] = {}
+    for name, value in data.items():
         declared = types.get(name) if isinstance(name, str) else None
         if declared is None:
-            raise FormatError(f"{path}: bad cost model: it has no field {name!r:.40}")
+            raise FormatError(f"{path}: bad {what}: it has no field {name!r:.40}")
+        if isinstance(declared, type) and dataclasses.is_dataclass(declared):
+            values[name] = _settings(declared, value, path, f"{what} ({name})")
+            continue
         allowed = typing.get_args(declared) or (declared,)
+        values[name] = value
         if value is None and type(None) in allowed:
             continue
         if type(value) is bool and bool in allowed:
             continue
         if type(value) is not int or int not in allowed or not 0 <= value < _COST_LIMIT:
             kinds = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-            raise FormatError(f"{path}: bad cost model: field {name} is {value!r:.40}; it "
+            raise FormatError(f"{path}: bad {what}: field {name} is {value!r:.40}; it "
                               f"is {kinds}" + (" from 0" if int in allowed else ""))
-    return CostModel(**cost)
+    try:
+        return kind(**values)
+    except GraphKernelError as exc:  # a check of the settings' own (CConfig.vector_width)
+        raise FormatError(f"{path}: bad {what}: {exc.problem}") from None
+
+
+# Before the C backend had settings of its own (issue 29), an export recorded them among the
+# cost model's: such a file's values move to where they live now.
+_C_FIELDS = {f.name for f in dataclasses.fields(CConfig)} - {"plan"}
+_PLAN_FIELDS = {f.name for f in dataclasses.fields(PlanSettings)}
 
 
 def _options(data: Any, path: str) -> CompileOptions:
     if not isinstance(data, dict) or not {"cost", "graph_kernel_flags",
                                           "enable_graph_kernel"} <= set(data):
         raise FormatError(f"{path}: bad compile options")
-    cost = _cost_model(data["cost"], path)
+    cost_data, config_data = data["cost"], data.get("backend_config")
+    if config_data is None and isinstance(cost_data, dict):
+        plan = {k: v for k, v in cost_data.items() if k in _PLAN_FIELDS}
+        config_data = {k: v for k, v in cost_data.items() if k in _C_FIELDS} | {"plan": plan}
+        cost_data = {k: v for k, v in cost_data.items()
+                     if k not in _C_FIELDS and k not in _PLAN_FIELDS}
+    cost = _settings(CostModel, cost_data, path, "cost model")
+    config = _settings(CConfig, config_data, path, "C backend settings")
     flags = data["graph_kernel_flags"]
     if not isinstance(flags, str) or type(data["enable_graph_kernel"]) is not bool:
         raise FormatError(f"{path}: bad compile options")
@@ -258,7 +287,7 @@ def _options(data: Any, path: str) -> CompileOptions:
     except GraphKernelError as exc:
         raise FormatError(f"{path}: compile options: {exc.problem}") from None
     return CompileOptions(enable_graph_kernel=data["enable_graph_kernel"], flags=parsed,
-                          cost=cost)
+                          cost=cost, backend_config=config)
 
 
 def load(file_name: str | BinaryIO, trust_prebuilt: bool = False) -> LoadedGraph:
@@ -385,8 +414,10 @@ def compile_loaded(loaded: LoadedGraph, graph: Graph, params: list[Parameter]) -
     schedule_composites(graph)  # each composite's loop nest, as the last backend stage plans it
     # A trusted prebuilt library goes into the cache only under the key of the source
     # generated here from the graph, and only when that is the key it was built under.
-    executable = get_backend(loaded.options.backend).build_executable(
-        graph, loaded.name, loaded.options.cost, loaded.prebuilt)
+    target = get_backend(loaded.options.backend)
+    executable = target.build_executable(
+        graph, loaded.name, backend_config(target, loaded.options.backend_config),
+        loaded.prebuilt, loaded.options.flags.online_tuning)
     report = CompileReport(stages={FINAL: graph},
                            stage_docs={FINAL: "the final graph, loaded from an export"})
     compiled = CompiledCell(executable, params, report)

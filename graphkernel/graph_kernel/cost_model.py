@@ -1,5 +1,7 @@
 """When fusing is legal but not worth it. Tunable heuristics live here, apart from legality
-(graph_kernel/cluster.py and schedule.py decide what *can* fuse)."""
+(graph_kernel/cluster.py and schedule.py decide what *can* fuse). How the kernels then run is
+not fusion's: the C backend's settings (threads, streaming stores, prefetch) are its own
+(backends/c/config.py), and BLAS threads and prefault the plan's (runtime/plan.py)."""
 from __future__ import annotations
 
 import math
@@ -15,33 +17,6 @@ from graphkernel.ir.types import Dim, SymSize
 class CostModel:
     max_inputs: int = 24
     recompute_limit: int = 8  # an expensive op may be recomputed at most this many times over
-    # Elements of iteration space above which a kernel's outer loop runs on threads:
-    # below it the fork/join costs more than the work (measured on the 2-core VMs).
-    parallel_threshold: int = 1 << 17
-    # Bytes of output above which a kernel writes with non-temporal stores (None: never). Such
-    # outputs are not read back from cache by the next kernel anyway; the stores skip the read
-    # for ownership (1.4x on a bandwidth-bound kernel here). Smaller outputs stay in cache.
-    stream_min_bytes: int | None = 16 << 20
-    # Bytes of an input above which a pointwise kernel calling vector math (exp, tanh, ...)
-    # prefetches it ahead of its loads (backends/c/c_emitter.py; None: never). Smaller inputs are
-    # in cache already.
-    prefetch_min_bytes: int | None = 1 << 20
-    # A kernel planned after a multi-threaded BLAS product of its call runs its parallel
-    # regions on one thread where the machine has two cores (backends/c/c_text.py
-    # `gk_parallel_beside_blas`): BLAS's idle workers spin on the other core meanwhile, and two
-    # threads ran no faster than one (the MLP, encoder and BERT-tiny blocks 2-3% faster so).
-    serial_beside_blas: bool = True
-    # Allocate and touch the buffers of a graph's first call on a background thread while the
-    # compile finishes: fresh pages cost ~2.5 us each to fault in on these VMs.
-    prefault_buffers: bool = True
-    # A matrix product with fewer multiply-adds per GEMM (m*n*k) than this runs BLAS on one
-    # thread: waking BLAS's other threads between the kernels of a call costs more than they
-    # save on a small product (a training step of a 32x64x256 MLP: 56 ms with numpy's default
-    # OpenBLAS threads on a loaded 2-core machine, 1.4 ms on one). None: BLAS decides always.
-    blas_parallel_min_mnk: int | None = 1 << 22
-    # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
-    # on threads (backends/c/c_window.py): ~20 us of one thread's work, well above a fork.
-    window_parallel_min_macs: int = 1 << 20
     # Parallel (horizontal) fusion (graph_kernel/parallel_fusion.py): independent groups of a
     # graph launched as one kernel. A loop nest moving more than `parallel_max_bytes` is large:
     # its memory traffic (~100 us per MiB here) dwarfs a launch (~1-2 us through the Python

@@ -74,7 +74,7 @@ MINDSPORE_FLAGS: dict[str, str] = {
 IMPLEMENTED = ("opt_level", "dump_as_text", "composite_op_limit_size", "enable_expand_ops",
                "enable_expand_ops_only", "disable_expand_ops", "enable_cluster_ops",
                "enable_cluster_ops_only", "disable_cluster_ops", "enable_pass", "disable_pass",
-               "enable_parallel_fusion")
+               "enable_parallel_fusion", "online_tuning")
 KNOWN_FLAGS = IMPLEMENTED  # kept for callers that list what acts
 
 _OP_LISTS = ("enable_expand_ops", "enable_expand_ops_only", "disable_expand_ops",
@@ -97,6 +97,10 @@ class GraphKernelFlags:
     or `basic_op_fusion`). enable_parallel_fusion (on by default, from opt_level 1): independent
     fused groups and siblings of one input launched as one kernel where the cost model says it
     pays (graph_kernel/parallel_fusion.py); `--enable_parallel_fusion=false` turns it off.
+    online_tuning (MindSpore's level, 0 off by default): how hard the backend measures its
+    kernels' schedule choices on this machine while compiling (backends/c/tuning.py: 1 each
+    choice alone, 2 and 3 every combination, longer), stored in the kernel cache for the next
+    compile.
     `no_effect` lists the MindSpore flags given that do nothing here; `unused_names` the op
     and stage names in list flags that name nothing graphkernel has (each `--flag=Name` with
     why), which the stages asking these flags never match.
@@ -114,6 +118,7 @@ class GraphKernelFlags:
     composite_op_limit_size: int = DEFAULT_OP_LIMIT
     dump_as_text: bool = False
     enable_parallel_fusion: bool = True
+    online_tuning: int = 0
     no_effect: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  # given, but overridden by a *_only flag
     unused_names: tuple[str, ...] = ()
@@ -210,6 +215,9 @@ def parse_flags(text: str, warn: bool = False) -> GraphKernelFlags:
             continue
         if key == "opt_level" and not 0 <= value <= 3:
             raise FlagError(f"graph_kernel_flags: --opt_level must be 0, 1, 2 or 3, got {value}")
+        if key == "online_tuning" and not 0 <= value <= 3:
+            raise FlagError(f"graph_kernel_flags: --online_tuning must be 0, 1, 2 or 3, got "
+                            f"{value}")
         if key == "composite_op_limit_size" and value < 1:
             raise FlagError(f"graph_kernel_flags: --composite_op_limit_size must be >= 1, "
                             f"got {value}")

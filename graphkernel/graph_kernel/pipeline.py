@@ -49,6 +49,10 @@ class CompileOptions:
     flags: GraphKernelFlags = field(default_factory=GraphKernelFlags)
     cost: CostModel = DEFAULT_COST_MODEL
     backend: str = "c"  # the backend that builds the kernels (backends/: "c" or "numpy")
+    # That backend's own settings (backends/c/config.py `CConfig` for "c", runtime/plan.py
+    # `PlanSettings` for "numpy"); None: its defaults. Typed by the backend, which this layer
+    # does not know.
+    backend_config: object | None = None
 
 
 def _identity(graph: Graph) -> Graph:

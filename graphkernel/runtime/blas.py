@@ -1,13 +1,13 @@
 """numpy's BLAS thread count, set around one product.
 
-A plan's small MatMul steps run BLAS on one thread (`Step.blas_threads`, decided by the cost
-model's `blas_parallel_min_mnk`): between the generated kernels of a call, BLAS's other threads
-have gone to sleep (or are spinning on a core the next kernel wants), and waking them costs more
-than they save on a small product. numpy's wheel OpenBLAS is opened where numpy loaded it
-(numpy.libs/, RTLD_NOLOAD: ~0.5 ms) and its own set-threads function called; any other BLAS
-(MKL, BLIS, a distribution's OpenBLAS) is found by threadpoolctl (a 6-7 ms scan of every loaded
-library). The count is put back after the product, so code outside graphkernel sees BLAS as it
-was.
+A plan's small MatMul steps run BLAS on one thread (`Step.blas_threads`, decided by
+`PlanSettings.blas_parallel_min_mnk`, runtime/plan.py): between the generated kernels of a call,
+BLAS's other threads have gone to sleep (or are spinning on a core the next kernel wants), and
+waking them costs more than they save on a small product. numpy's wheel OpenBLAS is opened
+where numpy loaded it (numpy.libs/, RTLD_NOLOAD: ~0.5 ms) and its own set-threads function
+called; any other BLAS (MKL, BLIS, a distribution's OpenBLAS) is found by threadpoolctl (a
+6-7 ms scan of every loaded library). The count is put back after the product, so code outside
+graphkernel sees BLAS as it was.
 
 `openblas` names numpy's OpenBLAS, whose functions a backend may call by address
 (backends/c/cblas.py).

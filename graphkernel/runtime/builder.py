@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.library_views import LibraryViews, library_views
 from graphkernel.graph_kernel.lower import KernelKind, Lowering
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
@@ -18,8 +17,10 @@ from graphkernel.ir.types import TensorType
 from graphkernel.runtime import blas
 from graphkernel.runtime.flops import gemm_mnk, graph_flops, node_flops
 from graphkernel.runtime.plan import (
+    DEFAULT_PLAN_SETTINGS,
     ExecutionPlan,
     KernelSpec,
+    PlanSettings,
     Slot,
     SlotRole,
     Step,
@@ -85,11 +86,11 @@ class _PlanBuilder:
         self.slot_of[node.uid] = self.slot_of[(source.uid, node.attrs["index"])]  # type: ignore[index]  # slots keyed by (uid, index) for items
 
 
-def _blas_threads(node: Node, cost: CostModel) -> int | None:
-    if not get_op(node.op).gemm or cost.blas_parallel_min_mnk is None:
+def _blas_threads(node: Node, settings: PlanSettings) -> int | None:
+    if not get_op(node.op).gemm or settings.blas_parallel_min_mnk is None:
         return None
     mnk = gemm_mnk(node)
-    return 1 if mnk is not None and mnk < cost.blas_parallel_min_mnk else None
+    return 1 if mnk is not None and mnk < settings.blas_parallel_min_mnk else None
 
 
 def _blas_may_spin() -> bool:
@@ -108,7 +109,7 @@ def _wakes_blas(step: Step) -> bool:
 
 
 def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
-                  cost: CostModel, views: LibraryViews | None = None) -> Step:
+                  settings: PlanSettings, views: LibraryViews | None = None) -> Step:
     opdef = get_op(node.op)
     attrs = {**opdef.attr_defaults, **node.attrs}
     types = output_types(node)
@@ -133,7 +134,7 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
         (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype)
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
                 writes, types, op=node.op, attrs=attrs, pooled=pooled, aliases=not pooled,
-                bytes_moved=moved, blas_threads=_blas_threads(node, cost), flops=flops,
+                bytes_moved=moved, blas_threads=_blas_threads(node, settings), flops=flops,
                 phases=phases)
 
 
@@ -155,7 +156,8 @@ def _bytes_moved(node: Node) -> int:
         bytes_of(output_types(node))
 
 
-def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan, list[str]]:
+def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SETTINGS
+               ) -> tuple[ExecutionPlan, list[str]]:
     """The plan of `graph`, lowered (graph_kernel/lower.py): each node becomes the step its
     `Node.lowering` names; kernels are backend-neutral specs a backend builds. Returns the plan
     and warnings for the user (groups that run op by op)."""
@@ -166,8 +168,8 @@ def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan,
     views = library_views(graph)  # marked by the last backend stage when fusion is on
     groups: _Groups = {}  # kernels that may write a weight in place, by step position
     # A multi-threaded BLAS product planned so far: its idle workers spin beside the kernels
-    # after it (CostModel.serial_beside_blas). BLAS held to one thread has no such workers.
-    watch = cost.serial_beside_blas and any(
+    # after it (PlanSettings.serial_beside_blas). BLAS held to one thread has no such workers.
+    watch = settings.serial_beside_blas and any(
         n.lowering.kind in _KERNELS for n in graph.nodes)
     beside_blas, seen = False, 0
     for node in graph.nodes:
@@ -209,7 +211,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan,
             reads = tuple(b.read(mine.operands[i].buffer if i in mine.operands else v)
                           for i, v in enumerate(node.inputs))
             writes = b.write(mine.result.buffer if mine.result is not None else node)
-            b.steps.append(replace(_library_step(node, reads, writes, cost, mine),
+            b.steps.append(replace(_library_step(node, reads, writes, settings, mine),
                                    lowering=lowering))
             continue
         reads = tuple(b.read(v) for v in node.inputs)
@@ -224,7 +226,7 @@ def plan_graph(graph: Graph, name: str, cost: CostModel) -> tuple[ExecutionPlan,
                                 flops=node_flops(node), phases=node_phases(node)))
             continue
         if kind is KernelKind.LIBRARY:
-            b.steps.append(replace(_library_step(node, reads, writes, cost),
+            b.steps.append(replace(_library_step(node, reads, writes, settings),
                                    lowering=lowering))
             continue
         if kind is KernelKind.SINGLE_OP:  # one op, one loop nest (graph_kernel/single_op.py)

@@ -65,6 +65,31 @@ def kernel_symbols(space: tuple[Dim, ...]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class PlanSettings:
+    """How a plan runs, whichever backend builds its kernels: library products' BLAS threads,
+    kernels beside a threaded product, and buffers readied before the first call. Both backends
+    run products on numpy's BLAS and buffers through the runner, so these are not one backend's
+    (backends/c/config.py `CConfig.plan`; the numpy backend takes a PlanSettings as its config)."""
+
+    # A matrix product with fewer multiply-adds per GEMM (m*n*k) than this runs BLAS on one
+    # thread: waking BLAS's other threads between the kernels of a call costs more than they
+    # save on a small product (a training step of a 32x64x256 MLP: 56 ms with numpy's default
+    # OpenBLAS threads on a loaded 2-core machine, 1.4 ms on one). None: BLAS decides always.
+    blas_parallel_min_mnk: int | None = 1 << 22
+    # A kernel planned after a multi-threaded BLAS product of its call runs its parallel
+    # regions on one thread where the machine has two cores (`KernelSpec.beside_blas`): BLAS's
+    # idle workers spin on the other core meanwhile, and two threads ran no faster than one
+    # (the MLP, encoder and BERT-tiny blocks 2-3% faster so).
+    serial_beside_blas: bool = True
+    # Allocate and touch the buffers of a graph's first call on a background thread while the
+    # compile finishes: fresh pages cost ~2.5 us each to fault in on these VMs.
+    prefault_buffers: bool = True
+
+
+DEFAULT_PLAN_SETTINGS = PlanSettings()
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """A kernel as lowering chose it (graph_kernel/lower.py), for a backend to build: its
     name (unique in the plan), its kind, and what it computes. No backend's code is in it."""
@@ -75,7 +100,7 @@ class KernelSpec:
     group: Graph | None = None  # LOOP_NEST, PARALLEL, SINGLE_OP: the group it computes
     schedule: Any = None  # the group's Schedule or ParallelSchedule
     block: ConvBlock | None = None  # CONV_BLOCK: its members
-    # It runs while a multi-threaded BLAS product's idle workers may spin (CostModel
+    # It runs while a multi-threaded BLAS product's idle workers may spin (PlanSettings
     # .serial_beside_blas): a backend may keep it off threads.
     beside_blas: bool = False
 
@@ -147,6 +172,9 @@ class ExecutionPlan:
     # Dynamic sizes (ir.types.SymSize) as (name, input number, axis): where each is read from
     # in a call. Buffer shapes may hold them; kernels take them after their buffers.
     symbols: tuple[tuple[str, int, int], ...] = ()
+    # Kernel name -> how the backend chose its schedule (a tuning record, measured, the
+    # defaults and why), filled in by the backend once it has chosen
+    schedule_notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:
@@ -185,6 +213,8 @@ class ExecutionPlan:
                          f"{', '.join(name(s) for s in step.writes)}{flags}"
                          + (f"; free {[name(s) for s in dead]}" if dead else "")
                          + (f"  # {step.lowering}" if step.lowering is not None else ""))
+            if step.kernel is not None and step.kernel.name in self.schedule_notes:
+                lines.append(f"      schedule: {self.schedule_notes[step.kernel.name]}")
         lines.append(f"  return {[name(s) for s in self.outputs]}"
                      + (f", copied: {list(self.copy_out)}" if any(self.copy_out) else ""))
         return "\n".join(lines)

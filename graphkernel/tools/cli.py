@@ -1,4 +1,4 @@
-"""The `graphkernel` command: lab, render, report, doctor, bench."""
+"""The `graphkernel` command: lab, render, report, tune, doctor, bench."""
 from __future__ import annotations
 
 import argparse
@@ -100,6 +100,55 @@ def _onnx_report_entry(path: str, specs: list[str]) -> ReportEntry:
     return report.ReportEntry(os.path.basename(path), fused.compiled, plain.compiled)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Compile a model with fusion on and `--online_tuning=LEVEL`: each kernel's schedule is
+    measured here and stored in the kernel cache, where later compiles of it find it."""
+    import numpy as np
+
+    from graphkernel.frontend.compile import compile as gk_compile
+    from graphkernel.frontend.tensor import Tensor
+    from graphkernel.graph_kernel.flags import parse_flags
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+    from graphkernel.tools.cellspec import check_input_count, load_cell_spec, parse_input_spec
+    from graphkernel.tools.report_page import ReportError
+    options = CompileOptions(enable_graph_kernel=True,
+                             flags=parse_flags(f"--online_tuning={args.level}"))
+    types = [parse_input_spec(t) for t in args.input]
+    path, sep, _ = args.model.rpartition(":")
+    if sep and path.endswith(".py"):
+        cell = load_cell_spec(args.model)
+        check_input_count(cell, len(types))
+        rng = np.random.default_rng(0)
+        inputs = [Tensor(np.asarray(rng.standard_normal(t.shape)).astype(t.dtype))
+                  for t in types]
+        compiled = gk_compile(cell, *inputs, options=options)
+    elif args.model.endswith(".onnx"):
+        from graphkernel.onnx import importer
+        names = importer.input_names(args.model)
+        if len(types) != len(names):
+            raise ReportError(f"{args.model} takes {len(names)} input(s) ({', '.join(names)}): "
+                              f"give one --input each, got {len(types)}")
+        shapes = {n: tuple(int(d) for d in t.shape) for n, t in zip(names, types)}
+        loaded = importer.load_path(args.model, shapes, options)
+        assert loaded.compiled is not None  # an import compiles
+        compiled = loaded.compiled
+    else:
+        raise ReportError(f"{args.model!r}: give FILE.py:CellClass or MODEL.onnx, e.g. "
+                          "graphkernel tune net.py:Net --input float32[4,4]")
+    from graphkernel.backends.c.tuning import machine_rates
+    notes = compiled.executable.plan.schedule_notes
+    kernels = [k for k in compiled.kernels if k.backend == "native"]
+    print(f"this machine: {machine_rates().describe()}")
+    print(f"{compiled.name}: {len(kernels)} generated kernel(s), compiled and tuned in "
+          f"{compiled.compile_seconds:.1f} s")
+    for step in compiled.executable.plan.kernel_steps():
+        if step.kernel is not None:
+            print(f"  {step.name}: {notes.get(step.kernel.name, 'defaults')}")
+    for warning in compiled.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from graphkernel.tools.doctor import doctor
     text, ok = doctor()
@@ -163,6 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--repeats", type=int, default=50, help="timing samples per executable")
     rep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     rep.set_defaults(fn=_cmd_report)
+    tune_help = ("measure each generated kernel's schedule (threads, streaming stores, prefetch) "
+                 "on this machine and store the choice in the kernel cache, keyed by the CPU "
+                 "model: later compiles of the same kernels use it (set_context("
+                 "graph_kernel_flags='--online_tuning=N') does the same while compiling)")
+    tune = sub.add_parser("tune", help="tune a model's kernels on this machine ahead of time",
+                          description=tune_help)
+    tune.add_argument("model", help="FILE.py:CellClass or MODEL.onnx")
+    tune.add_argument("--input", action="append", default=[], metavar="DTYPE[SHAPE]",
+                      help="one per input: dtype and shape, e.g. float32[4,4]")
+    tune.add_argument("--level", type=int, default=2, choices=(1, 2, 3),
+                      help="--online_tuning level: 1 each choice alone, 2 (default) and 3 every "
+                      "combination, with a longer time budget")
+    tune.set_defaults(fn=_cmd_tune)
     doctor_help = ("what this machine offers graphkernel: C compiler, OpenMP runtime, vector "
                    "math library, Graphviz renderer, kernel cache folder; exit status 1 without a "
                    "working C compiler or with a kernel cache folder it refuses")

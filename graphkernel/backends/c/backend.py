@@ -3,6 +3,7 @@ its generated C covers), emits each kernel spec as C, compiles a plan's kernels 
 entry into one library (cached) and loads it into the runner."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -13,10 +14,11 @@ from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import emit_window_kernel, why_not_window_kernel
 from graphkernel.backends.c.cblas import hand_blas_to
+from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.generic_kernel import emit_any_kernel
 from graphkernel.backends.c.library import build_library
 from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
-from graphkernel.graph_kernel.cost_model import CostModel
+from graphkernel.backends.c.tuning import choose_schedules
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
@@ -30,6 +32,7 @@ _warned_no_compiler = False
 
 class CBackend:
     name = "c"
+    config_type = CConfig
 
     def why_not_kernels(self) -> str | None:
         return None if toolchain.detect() is not None else "no C compiler"
@@ -43,25 +46,38 @@ class CBackend:
     def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
         return conv_blocks(graph)
 
-    def emit(self, spec: KernelSpec, cost: CostModel) -> KernelSource:
+    def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
+        source = self._emit(spec, config)
+        if config.vector_width is None:
+            return source
+        # GCC's per-function target option, over the kernel and its helpers (OpenMP's
+        # outlined regions too); the width is one of VECTOR_WIDTHS (CConfig checks it).
+        return dataclasses.replace(source, source=(
+            "#pragma GCC push_options\n"
+            f"#pragma GCC target(\"prefer-vector-width={config.vector_width}\")\n"
+            f"{source.source}\n#pragma GCC pop_options\n"))
+
+    def _emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         kind = spec.kind
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
-            return emit_conv_block(spec.block, spec.name, cost.window_parallel_min_macs)
+            return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs)
         if kind is KernelKind.WINDOW:
-            return emit_window_kernel(spec.node, spec.name, cost.window_parallel_min_macs)
+            return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs)
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None
         if isinstance(spec.schedule, ParallelSchedule):  # independent groups, a nest each
             return emit_parallel_kernel(spec.group, spec.name, spec.schedule,
-                                        cost.parallel_threshold, cost.stream_min_bytes,
-                                        cost.prefetch_min_bytes, spec.beside_blas)
-        return emit_any_kernel(spec.group, spec.name, spec.schedule, cost.parallel_threshold,
-                               cost.stream_min_bytes, cost.prefetch_min_bytes, spec.beside_blas)
+                                        config.parallel_threshold, config.stream_min_bytes,
+                                        config.prefetch_min_bytes, spec.beside_blas)
+        return emit_any_kernel(spec.group, spec.name, spec.schedule, config.parallel_threshold,
+                               config.stream_min_bytes, config.prefetch_min_bytes,
+                               spec.beside_blas)
 
-    def build_executable(self, graph: Graph, name: str, cost: CostModel,
-                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+    def build_executable(self, graph: Graph, name: str, config: CConfig,
+                         prebuilt: tuple[str, bytes] | None = None,
+                         tuning_level: int = 0) -> Executable:
         """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
         `prebuilt`: a library built elsewhere for the same source, by its cache key (see
         `build_library`)."""
@@ -73,9 +89,20 @@ class CBackend:
             _warned_no_compiler = True
         if graph.lowered_for != self.name:
             lower(graph, self)
-        plan, notes = plan_graph(graph, name, cost)
-        runner = Runner(plan, prefault=cost.prefault_buffers)  # buffers readied while gcc runs
-        kernels = [self.emit(s.kernel, cost) for s in plan.steps if s.kernel is not None]
+        plan, notes = plan_graph(graph, name, config.plan)
+        # buffers readied while gcc runs
+        runner = Runner(plan, prefault=config.plan.prefault_buffers)
+        specs = [s.kernel for s in plan.steps if s.kernel is not None]
+        choices = {}
+        if specs and toolchain.detect() is not None:
+            # Each kernel's schedule: a record of this machine's, measured now, or the defaults
+            choices = choose_schedules(plan, config, tuning_level, self.emit)
+            plan.schedule_notes.update({n: c.how for n, c in choices.items()
+                                        if c.how != "defaults"})
+            notes += [c.refused for c in choices.values() if c.refused is not None]
+        kernels = [self.emit(spec, config) if spec.name not in choices else
+                   choices[spec.name].source or
+                   self.emit(spec, choices[spec.name].knobs.apply(config)) for spec in specs]
         library = None
         if kernels:
             library = build_library(kernels, entry_source(plan), prebuilt)

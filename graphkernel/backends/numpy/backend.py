@@ -7,12 +7,11 @@ results are the reference the C kernels are compared with."""
 from __future__ import annotations
 
 from graphkernel.errors import CompileError
-from graphkernel.graph_kernel.cost_model import CostModel
 from graphkernel.graph_kernel.lower import ConvBlock, lower
 from graphkernel.ir.graph import Graph, Node
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
-from graphkernel.runtime.plan import KernelSpec
+from graphkernel.runtime.plan import KernelSpec, PlanSettings
 from graphkernel.runtime.runner import Runner
 
 NO_KERNELS = "the numpy backend: each op runs vectorised on numpy"
@@ -20,6 +19,7 @@ NO_KERNELS = "the numpy backend: each op runs vectorised on numpy"
 
 class NumpyBackend:
     name = "numpy"
+    config_type = PlanSettings  # no kernels of its own: only how the plan runs
 
     def why_not_kernels(self) -> str | None:
         return NO_KERNELS
@@ -33,23 +33,25 @@ class NumpyBackend:
     def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
         return {}
 
-    def emit(self, spec: KernelSpec, cost: CostModel) -> None:
+    def emit(self, spec: KernelSpec, config: PlanSettings) -> None:
         # Lowering for this backend chooses no kernel (why_not_kernels), so a plan it made
         # holds no KernelSpec; one lowered for another backend is not this backend's to run.
         raise CompileError(f"kernel {spec.name} ({spec.kind.value}) was lowered for another "
                            "backend: the numpy backend builds no kernels")
 
-    def build_executable(self, graph: Graph, name: str, cost: CostModel,
-                         prebuilt: tuple[str, bytes] | None = None) -> Executable:
+    def build_executable(self, graph: Graph, name: str, config: PlanSettings,
+                         prebuilt: tuple[str, bytes] | None = None,
+                         tuning_level: int = 0) -> Executable:
+        # no kernels, so no schedule choices: tuning_level has nothing to tune
         if graph.lowered_for != self.name:
             lower(graph, self)
-        plan, notes = plan_graph(graph, name, cost)
+        plan, notes = plan_graph(graph, name, config)
         for step in plan.steps:
             if step.kernel is not None:
-                self.emit(step.kernel, cost)
+                self.emit(step.kernel, config)
         if prebuilt is not None:
             notes.append("the export's prebuilt library is C: the numpy backend does not use it")
-        return Executable(plan, Runner(plan, prefault=cost.prefault_buffers), None, notes)
+        return Executable(plan, Runner(plan, prefault=config.prefault_buffers), None, notes)
 
 
 BACKEND = NumpyBackend()

@@ -1,0 +1,55 @@
+"""The C backend's own settings: when a generated kernel runs on threads, writes with streaming
+stores, prefetches its inputs, and when a convolution's images share the threads. They steer
+the C text the emitters write, so the compile-cache key and a GKIR export record them
+(`CompileOptions.backend_config`); fusion's costs stay in graph_kernel/cost_model.py, and how a
+plan runs whichever backend built it (BLAS threads, prefault) in runtime/plan.py's
+`PlanSettings`, held here as `plan`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphkernel.errors import ContextError
+from graphkernel.runtime.plan import PlanSettings
+
+
+@dataclass(frozen=True)
+class CConfig:
+    def __post_init__(self) -> None:
+        problem = check_vector_width(self.vector_width)
+        if problem is not None:  # it reaches the C text: only the widths GCC takes
+            raise ContextError(f"CConfig: {problem}")
+
+    # Elements of iteration space above which a kernel's outer loop runs on threads:
+    # below it the fork/join costs more than the work (measured on the 2-core VMs).
+    parallel_threshold: int = 1 << 17
+    # Bytes of output above which a kernel writes with non-temporal stores (None: never). Such
+    # outputs are not read back from cache by the next kernel anyway; the stores skip the read
+    # for ownership (1.4x on a bandwidth-bound kernel here). Smaller outputs stay in cache.
+    stream_min_bytes: int | None = 16 << 20
+    # Bytes of an input above which a pointwise kernel calling vector math (exp, tanh, ...)
+    # prefetches it ahead of its loads (backends/c/c_emitter.py; None: never). Smaller inputs are
+    # in cache already.
+    prefetch_min_bytes: int | None = 1 << 20
+    # Multiply-adds (a pool: window reads) of a convolution or pool above which its images run
+    # on threads (backends/c/c_window.py): ~20 us of one thread's work, well above a fork.
+    window_parallel_min_macs: int = 1 << 20
+    # The vector width GCC prefers when it vectorises the kernel's loops, in bits (None: the
+    # toolchain's, 512 on AVX-512): some AMD cores split a 512-bit operation into two 256-bit
+    # halves, where 256-bit code can run as fast at a lower clock cost. Set per kernel by tuning
+    # (backends/c/tuning.py); one of VECTOR_WIDTHS.
+    vector_width: int | None = None
+    # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
+    plan: PlanSettings = field(default_factory=PlanSettings)
+
+
+VECTOR_WIDTHS = (128, 256, 512)
+
+
+def check_vector_width(width: object) -> str | None:
+    """Why `width` is not a vector width a kernel may take, or None."""
+    if width is None or (type(width) is int and width in VECTOR_WIDTHS):
+        return None
+    return f"vector_width is {width!r:.40}; it is None or one of {VECTOR_WIDTHS}"
+
+
+DEFAULT_C_CONFIG = CConfig()

@@ -1,0 +1,488 @@
+"""Per-kernel schedule choices measured on this machine (issue 30, "tuned where it runs").
+
+Each generated kernel takes a few settings of `CConfig` that change its C but never its
+results: whether its outer loop runs on OpenMP threads (`parallel_threshold`; for a convolution
+or pool, `window_parallel_min_macs`), whether it writes with streaming stores
+(`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`) and the vector
+width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512). `Knobs` holds
+one kernel's values of them. Tuning emits a kernel under each candidate setting, drops the
+candidates whose C is the same text as one already kept (a knob the kernel does not use),
+builds every remaining variant into one library, and times each variant inside the real plan
+on random inputs (`Runner.profile`, so each kernel sees its neighbours' cache footprint). The
+fastest of the variants that beat the defaults by more than MARGIN in every pass wins;
+otherwise the defaults stay (a loaded machine's noise is not a reason to leave them).
+
+The choice is stored as a versioned JSON record per kernel in the kernel cache folder
+(`tuning/KEY.json`), KEY = sha256 of the kernel's C under the defaults with its name taken out,
+the CPU model and the toolchain. A later compile of the same kernel on the same machine reads
+it instead of measuring. A record is data: its version, key, CPU model and each knob's value
+range are checked; one that fails is not used (the defaults are, with the reason in the
+executable's warnings and the plan's description) and only the checked knob values ever reach
+an emitter.
+
+The defaults are CConfig's, the same on every machine (so that generated C is reproducible);
+what this machine's rates suggest enters as a candidate: the threads threshold at which one
+thread's bandwidth-bound work is PAYOFF times the measured OpenMP fork/join cost, from the
+measured copy bandwidth (`MachineRates`).
+
+Levels (`--online_tuning=N`, MindSpore's graph-kernel flag; MindSpore declares it an integer,
+0 off): 0 measures nothing (records already stored are still read); 1 tries each knob alone;
+2 and above try every combination of knob values. Measuring stops after the time budget
+(TIME_BUDGET_S per level) and keeps what it measured.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c.c_loops import KernelSource
+from graphkernel.backends.c.config import CConfig, check_vector_width
+from graphkernel.backends.c.shared_kernels import structural_key
+from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
+
+RECORD_FORMAT = "graphkernel-tuning"
+RECORD_VERSION = 1
+RECORD_MAX_BYTES = 1 << 16  # a record is a few hundred bytes: anything larger is not one
+FOLDER = "tuning"
+# A threshold no kernel reaches: the knob is off for this kernel.
+NEVER = 1 << 62
+# A variant must beat the defaults by this share to be chosen: below it the difference is within
+# the noise of a loaded machine, and the defaults are the tested path.
+MARGIN = 0.05
+TIME_BUDGET_S = 30.0  # per level: --online_tuning=2 may measure for a minute
+PASSES = 3  # every variant is timed this many times, interleaved with the others
+REPEATS = 5  # calls per timing (Runner.profile takes each kernel's median)
+
+# The values each knob may take in a candidate, beside the configured default.
+CHOICES: dict[str, tuple[int | None, ...]] = {
+    "parallel_threshold": (1, NEVER),  # threads always / never
+    "stream_min_bytes": (0, None),  # streaming stores always / never
+    "prefetch_min_bytes": (0, None),  # prefetch always / never
+    "window_parallel_min_macs": (1, NEVER),  # a convolution's images on threads always / never
+    "vector_width": (),  # 256 where GCC builds 512-bit kernels (`vector_choices`)
+}
+_OPTIONAL = {"stream_min_bytes", "prefetch_min_bytes"}  # None allowed: never
+
+
+# A kernel's outer loop goes on threads when one thread's work is at least PAYOFF times the
+# cost of the fork and join: then the threads save more than the fork costs.
+PAYOFF = 4
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """What the calibrated thresholds come from, measured here (small and bounded)."""
+
+    copy_bytes_per_s: float  # read + write, past the caches
+    fork_join_s: float  # one empty OpenMP parallel region
+
+    def parallel_threshold(self) -> int:
+        """Elements of a bandwidth-bound loop (8 bytes moved each: a float32 read and written)
+        whose one-thread time is PAYOFF forks."""
+        return max(1, int(PAYOFF * self.fork_join_s * self.copy_bytes_per_s / 8))
+
+    def describe(self) -> str:
+        return (f"copy {self.copy_bytes_per_s / 1e9:.1f} GB/s, fork/join "
+                f"{self.fork_join_s * 1e6:.1f} us: threads from {self.parallel_threshold():,} "
+                "elements")
+
+
+_FORK_JOIN_SOURCE = """
+void gk_fork_join(void **args) {
+  volatile int *sink = (volatile int *)args[0];
+#pragma omp parallel
+  { if (sink[0] < 0) sink[0] = 0; }
+}
+"""
+_rates: list[MachineRates] = []
+
+
+def machine_rates() -> MachineRates:
+    """This machine's copy bandwidth and OpenMP fork/join cost (measured once a process: the
+    best of a few short runs, closest to what the hardware does on a loaded machine)."""
+    if _rates:
+        return _rates[0]
+    from graphkernel.backends.c.library import build_library
+    src = np.ones(8 << 20, dtype=np.float32)
+    dst = np.empty_like(src)
+    copy = _best(lambda: np.copyto(dst, src), 10)
+    library = build_library([KernelSource("gk_fork_join", _FORK_JOIN_SOURCE, [])])
+    fork = library.functions["gk_fork_join"]
+    sink = np.zeros(1, np.int32)
+    argv = (ctypes.c_void_p * 1)(sink.ctypes.data)
+    fork(argv)
+    fork_join = _best(lambda: fork(argv), 200)
+    _rates.append(MachineRates(2 * src.nbytes / copy, fork_join))
+    return _rates[0]
+
+
+def _best(run: Callable[[], object], times: int) -> float:
+    best = float("inf")
+    for _ in range(times):
+        t = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One kernel's values of the CConfig settings that shape its schedule."""
+
+    parallel_threshold: int
+    stream_min_bytes: int | None
+    prefetch_min_bytes: int | None
+    window_parallel_min_macs: int
+    vector_width: int | None = None
+
+    @classmethod
+    def of(cls, config: CConfig) -> Knobs:
+        return cls(config.parallel_threshold, config.stream_min_bytes,
+                   config.prefetch_min_bytes, config.window_parallel_min_macs,
+                   config.vector_width)
+
+    def apply(self, config: CConfig) -> CConfig:
+        return dataclasses.replace(config, **dataclasses.asdict(self))
+
+    def differences(self, default: Knobs) -> str:
+        """The knobs that differ from `default`, in words ("defaults" when none does)."""
+        words = []
+        for name, value in dataclasses.asdict(self).items():
+            if value != getattr(default, name):
+                shown = "never" if value is None or value == NEVER else \
+                    "always" if value in (0, 1) else str(value)
+                words.append(f"{name}={shown}")
+        return ", ".join(words) or "defaults"
+
+
+@dataclass(frozen=True)
+class Choice:
+    knobs: Knobs
+    how: str  # where the choice came from, for the plan's description
+    refused: str | None = None  # why a stored record was not used
+    # The kernel's C when `knobs` are the defaults (emitted to find its key): not emitted again
+    source: KernelSource | None = None
+
+
+def vector_choices() -> tuple[int, ...]:
+    """The vector widths worth trying beside the toolchain's: 256 bits where GCC builds
+    512-bit kernels (AVX-512; some cores run them as two 256-bit halves). Clang does not take
+    GCC's per-function target pragma."""
+    tc = toolchain.detect()
+    if tc is None or not tc.avx512 or "clang" in tc.version.lower():
+        return ()
+    return (256,)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def toolchain_id() -> str:
+    tc = toolchain.detect()
+    if tc is None:
+        return "no compiler"
+    return f"{tc.compiler} {tc.version} {' '.join(tc.flags)}"
+
+
+def kernel_key(default_source: KernelSource) -> str | None:
+    """The record key of a kernel: its C under the defaults with its own name taken out, the
+    CPU model and the toolchain; None when its name cannot be taken out."""
+    code = structural_key(default_source)
+    if code is None:
+        return None
+    text = "\0".join((code, cpu_model(), toolchain_id()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def record_folder() -> str:
+    return os.path.join(cache.open_folder(), FOLDER)
+
+
+def record_path(key: str) -> str:
+    return os.path.join(record_folder(), key + ".json")
+
+
+def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
+    """The knobs a stored record holds for kernel `key`: (knobs, None); (None, None) when there
+    is no record; (None, why) when there is one this graphkernel does not use."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(RECORD_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror})"
+    if len(data) > RECORD_MAX_BYTES:
+        return None, f"larger than {RECORD_MAX_BYTES} bytes: not a tuning record"
+    try:
+        record = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None, "not JSON (truncated or corrupt)"
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        return None, "not a graphkernel tuning record"
+    version = record.get("version")
+    if version != RECORD_VERSION:
+        return None, (f"version {version!r:.20}; this graphkernel reads version "
+                      f"{RECORD_VERSION}")
+    if record.get("key") != key:
+        return None, "recorded for another kernel or toolchain (its key differs)"
+    cpu = cpu_model()
+    if record.get("cpu_model") != cpu:
+        return None, f"measured on another CPU ({record.get('cpu_model')!r:.60}, here {cpu!r})"
+    knobs = record.get("knobs")
+    names = [f.name for f in dataclasses.fields(Knobs)]
+    if not isinstance(knobs, dict) or sorted(knobs) != sorted(names):
+        return None, f"its knobs are not exactly {', '.join(names)}"
+    for name in names:
+        value = knobs[name]
+        if name == "vector_width":
+            problem = check_vector_width(value)
+            if problem is not None:
+                return None, f"knob {problem}"
+            continue
+        if value is None and name in _OPTIONAL:
+            continue
+        if type(value) is not int or not 0 <= value <= NEVER:
+            kind = "an int from 0 to 2**62" + (" or null" if name in _OPTIONAL else "")
+            return None, f"knob {name} is {value!r:.40}; it is {kind}"
+    return Knobs(**knobs), None
+
+
+def write_record(key: str, knobs: Knobs, seconds: dict[str, float], default: Knobs) -> str:
+    """Store `knobs` for kernel `key` (atomically: a reader sees the old record or the new)."""
+    folder = record_folder()
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    record = {"format": RECORD_FORMAT, "version": RECORD_VERSION, "key": key,
+              "cpu_model": cpu_model(), "toolchain": toolchain_id(),
+              "knobs": dataclasses.asdict(knobs), "defaults": dataclasses.asdict(default),
+              "measured_seconds": seconds, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                    time.gmtime())}
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=key + ".", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1, sort_keys=True)
+    path = record_path(key)
+    os.replace(tmp, path)
+    return path
+
+
+def candidates(default: Knobs, level: int, calibrated: int | None = None) -> list[Knobs]:
+    """The knob settings tried at `level`: the defaults first, then each knob alone (level 1)
+    or every combination (level 2 and above). `calibrated`: a threads threshold from this
+    machine's rates (`MachineRates.parallel_threshold`), tried beside always and never."""
+    names = list(CHOICES)
+    choices = dict(CHOICES, vector_width=vector_choices())
+    if calibrated is not None:
+        choices["parallel_threshold"] = (calibrated,) + CHOICES["parallel_threshold"]
+    out = [default]
+    if level == 1:
+        for name in names:
+            for value in choices[name]:
+                out.append(Knobs(**(dataclasses.asdict(default) | {name: value})))
+    else:
+        values = [(getattr(default, n),) + choices[n] for n in names]
+        out += [Knobs(*combo) for combo in itertools.product(*values)]
+    unique: list[Knobs] = []
+    for knobs in out:
+        if knobs not in unique:
+            unique.append(knobs)
+    return unique
+
+
+@dataclass
+class _Tunable:
+    spec: KernelSpec
+    key: str
+    variants: list[tuple[Knobs, KernelSource]]  # defaults first, each a distinct C text
+    seconds: list[list[float]]  # per pass, per variant (inf: not measured)
+
+    def wins(self, i: int) -> bool:
+        """Variant i beat the defaults by MARGIN in every pass: on a loaded machine one lucky
+        round is not a win."""
+        return all(p[i] < p[0] * (1 - MARGIN) for p in self.seconds)
+
+    def typical(self, i: int) -> float:
+        return statistics.median(p[i] for p in self.seconds)
+
+
+class _Loaded:
+    """The runner's view of a library whose functions are chosen per round."""
+
+    def __init__(self, functions: dict[str, Any]) -> None:
+        self.functions = functions
+        self.entry = None
+        self.entry_module = None
+
+
+def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
+                     emit: Callable[[KernelSpec, CConfig], KernelSource],
+                     progress: bool = True) -> dict[str, Choice]:
+    """Each kernel spec of `plan` -> its knobs: a stored record's, measured here (level > 0),
+    or `config`'s defaults. `emit` writes a spec's C under a config."""
+    default = Knobs.of(config)
+    choices: dict[str, Choice] = {}
+    tunable: list[_Tunable] = []
+    specs = [s.kernel for s in plan.steps if s.kernel is not None]
+    bases: dict[str, KernelSource] = {}
+    for spec in specs:
+        base = bases[spec.name] = emit(spec, config)
+        key = kernel_key(base)
+        if key is None:
+            choices[spec.name] = Choice(default, "defaults (its name is not separable)")
+            continue
+        path = record_path(key)
+        knobs, refused = read_record(path, key)
+        if knobs is not None:
+            choices[spec.name] = Choice(knobs, f"tuned: {knobs.differences(default)} "
+                                        f"(record {key})")
+            continue
+        refused_text = None if refused is None else \
+            f"kernel {spec.name}: tuning record {path} not used: {refused}; defaults used"
+        choices[spec.name] = Choice(default, "defaults" + ("" if refused is None else
+                                                           f" (record refused: {refused})"),
+                                    refused_text)
+        if level <= 0 or plan.symbols:
+            continue
+        variants = [(default, base)]
+        seen = {structural_key(base)}
+        for knobs in candidates(default, level, machine_rates().parallel_threshold())[1:]:
+            source = emit(dataclasses.replace(spec, name=f"{spec.name}_tune{len(variants)}"),
+                          knobs.apply(config))
+            text = structural_key(source)
+            if text is not None and text not in seen:
+                seen.add(text)
+                variants.append((knobs, source))
+        if len(variants) > 1:
+            tunable.append(_Tunable(spec, key, variants,
+                                    [[float("inf")] * len(variants) for _ in range(PASSES)]))
+    if tunable:
+        _measure(plan, specs, choices, tunable, config, emit, level, progress)
+        for t in tunable:
+            winners = [i for i in range(1, len(t.variants)) if t.wins(i)]
+            best = min(winners, key=t.typical, default=0)
+            knobs = t.variants[best][0]
+            measured = {t.variants[i][0].differences(default): t.typical(i)
+                        for i in range(len(t.variants)) if t.typical(i) != float("inf")}
+            note = ""
+            try:
+                write_record(t.key, knobs, measured, default)
+            except OSError as exc:
+                note = f"; not stored: {exc.strerror}"
+            ratio = t.typical(0) / t.typical(best) if t.typical(best) > 0 else 1.0
+            choices[t.spec.name] = Choice(
+                knobs, f"tuned here: {knobs.differences(default)} ({ratio:.2f}x the defaults' "
+                f"speed, {len(measured)} of {len(t.variants)} variants measured{note})",
+                choices[t.spec.name].refused)
+    for spec in specs:
+        if choices[spec.name].knobs == default:
+            choices[spec.name] = dataclasses.replace(choices[spec.name], source=bases[spec.name])
+    return choices
+
+
+def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Choice],
+             tunable: list[_Tunable], config: CConfig,
+             emit: Callable[[KernelSpec, CConfig], KernelSource], level: int,
+             progress: bool) -> None:
+    """Time every variant of `tunable` inside `plan`, in rounds: round i runs each kernel's
+    i-th variant (its defaults when it has fewer), so one build and one plan serve them all.
+    Each round's variants are built when the round first comes (one compiler run), and no
+    round starts after the budget: a build or a round may overrun it, nothing more."""
+    from graphkernel.backends.c.library import build_library
+    from graphkernel.runtime.runner import Runner
+    start = time.perf_counter()
+    by_name = {t.spec.name: t for t in tunable}
+    first = [t.variants[0][1] for t in tunable]
+    first += [emit(spec, choices[spec.name].knobs.apply(config)) for spec in specs
+              if spec.name not in by_name]
+    built = {0: build_library(first).functions}
+    runner = Runner(plan, prefault=False)
+    rng = np.random.default_rng(0)
+    arrays = [_random(plan.slots[s].type, rng) for s in plan.inputs]
+    weights = [_random(plan.slots[s].type, rng) for s in plan.weights]
+    kernel_of = [step.kernel.name if step.kernel is not None else None
+                 for step in plan.kernel_steps()]
+    rounds = max(len(t.variants) for t in tunable)
+    budget = TIME_BUDGET_S * level
+    with _bar(PASSES * rounds, f"tuning {plan.name}: {len(tunable)} kernel(s)",
+              progress) as advance:
+        for p, i in itertools.product(range(PASSES), range(rounds)):
+            if time.perf_counter() - start > budget:
+                break
+            if i not in built:
+                built[i] = build_library([t.variants[i][1] for t in tunable
+                                          if i < len(t.variants)]).functions
+            functions = dict(built[0])
+            for t in tunable:
+                if i < len(t.variants):
+                    functions[t.spec.name] = built[i][t.variants[i][1].name]
+            runner.load(_Loaded(functions))
+            times = runner.profile(arrays, weights, REPEATS)
+            for kernel, seconds in zip(kernel_of, times):
+                timed = by_name.get(kernel) if kernel is not None else None
+                if timed is not None and i < len(timed.variants):
+                    timed.seconds[p][i] = seconds
+            advance()
+
+
+def _random(tensor_type: Any, rng: np.random.Generator) -> np.ndarray:
+    """An input of `tensor_type`: normal floats, zeros otherwise (valid indices, masks)."""
+    shape, dtype = tuple(tensor_type.shape), np.dtype(tensor_type.dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype)
+
+
+class _bar:
+    """A rich progress bar on a terminal (stderr), nothing elsewhere or without rich."""
+
+    def __init__(self, total: int, what: str, show: bool) -> None:
+        self.total, self.what, self.show = total, what, show
+        self.progress: Any = None
+
+    def __enter__(self) -> Callable[[], None]:
+        if self.show and getattr(sys.stderr, "isatty", lambda: False)():
+            try:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+            except ImportError:
+                return lambda: None
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                     MofNCompleteColumn(), TimeElapsedColumn(),
+                                     console=Console(file=sys.stderr), transient=True)
+            task = self.progress.add_task(self.what, total=self.total)
+            self.progress.start()
+            return lambda: self.progress.update(task, advance=1)
+        return lambda: None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()

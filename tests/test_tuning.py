@@ -1,0 +1,266 @@
+"""Per-kernel schedule choices tuned on this machine (backends/c/tuning.py, `--online_tuning`):
+a choice never changes results beyond the differential tests' tolerances, a stored record is
+reused by the next compile, and a corrupt, foreign or truncated record falls back to the
+defaults with its reason in the warnings and the plan's description."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+import graphkernel
+from graphkernel import nn
+from graphkernel.backends.c import toolchain, tuning
+from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.tuning import NEVER, Knobs
+from graphkernel.errors import ContextError, FlagError
+from graphkernel.graph_kernel.flags import parse_flags
+from graphkernel.graph_kernel.pipeline import CompileOptions
+from graphkernel.ops import operations as P
+
+needs_cc = pytest.mark.skipif(toolchain.detect() is None, reason="no C compiler")
+# The differential tests' tolerances for float32 programs with transcendental ops
+RTOL, ATOL = 1e-4, 1e-5
+
+
+class SoftmaxTanh(nn.Cell):
+    """A reduction schedule (Softmax) with pointwise work after it."""
+
+    def construct(self, x, b):
+        return P.Tanh()(P.Softmax()(x + b) * 3.0) + x
+
+
+class ExpChain(nn.Cell):
+    """A pointwise kernel calling vector math (a prefetch candidate)."""
+
+    def construct(self, x, b):
+        return P.Exp()(x * 0.5) * P.Sigmoid()(x + b)
+
+
+class DenseGeLU(nn.Cell):
+    """A product, then kernels beside BLAS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = nn.Dense(96, 96)
+
+    def construct(self, x, b):
+        return P.GeLU()(self.dense(x)) + P.ReduceMean(keep_dims=True)(x, -1) + b
+
+
+class ConvReLU(nn.Cell):
+    """A convolution with its epilogue (the window kernels' threads threshold)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, pad_mode="same")
+
+    def construct(self, x, b):
+        return P.ReLU()(P.BiasAdd()(self.conv(x), b)) * 2.0
+
+
+def _inputs(cell: nn.Cell, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if isinstance(cell, ConvReLU):
+        return [rng.standard_normal((2, 3, 12, 12)).astype(np.float32),
+                rng.standard_normal((8,)).astype(np.float32)]
+    return [rng.standard_normal((64, 96)).astype(np.float32),
+            rng.standard_normal((96,)).astype(np.float32)]
+
+
+def _options(level: int = 0, config: CConfig | None = None) -> CompileOptions:
+    return CompileOptions(enable_graph_kernel=True,
+                          flags=parse_flags(f"--online_tuning={level}"), backend_config=config)
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """A tuning-record folder of this test's own: records never reach other tests' kernels."""
+    folder = str(tmp_path / "tuning")
+    monkeypatch.setattr(tuning, "record_folder", lambda: folder)
+    return folder
+
+
+# Knob settings the tuner may choose (candidates at level 2 combine these values)
+EXTREMES = [
+    Knobs(1, 0, 0, 1),  # everything always: threads, streaming stores, prefetch
+    Knobs(NEVER, None, None, NEVER),  # everything never
+    Knobs(1, None, 0, NEVER),
+    Knobs(NEVER, 0, None, 1),
+] + [Knobs(1, 0, 0, NEVER, width) for width in tuning.vector_choices()]
+
+
+@needs_cc
+@pytest.mark.parametrize("cell_type", [SoftmaxTanh, ExpChain, DenseGeLU, ConvReLU])
+def test_every_choice_the_tuner_makes_keeps_the_results(cell_type, records):
+    cell = cell_type()
+    arrays = _inputs(cell)
+    want = graphkernel.compile(cell, *arrays, options=_options()).run_arrays(*arrays)[0]
+    default = Knobs.of(CConfig())
+    for knobs in EXTREMES:
+        assert tuning.candidates(default, 2).count(knobs) == 1
+        exe = graphkernel.compile(cell, *arrays, options=_options(config=knobs.apply(CConfig())))
+        np.testing.assert_allclose(exe.run_arrays(*arrays)[0], want, rtol=RTOL, atol=ATOL,
+                                   err_msg=str(knobs))
+    tuned = graphkernel.compile(cell, *arrays, options=_options(level=1))
+    np.testing.assert_allclose(tuned.run_arrays(*arrays)[0], want, rtol=RTOL, atol=ATOL)
+    other = _inputs(cell, seed=1)  # and on inputs the tuner did not see
+    np.testing.assert_allclose(tuned.run_arrays(*other)[0],
+                               graphkernel.compile(cell, *other, options=_options())
+                               .run_arrays(*other)[0], rtol=RTOL, atol=ATOL)
+
+
+def _tuned_once(records: str) -> tuple[str, dict]:
+    """Tune SoftmaxTanh at level 1: its record's path and content."""
+    cell = SoftmaxTanh()
+    exe = graphkernel.compile(cell, *_inputs(cell), options=_options(level=1))
+    notes = list(exe.executable.plan.schedule_notes.values())
+    assert len(notes) == 1 and notes[0].startswith("tuned here: "), notes
+    (name,) = os.listdir(records)
+    path = os.path.join(records, name)
+    with open(path, encoding="utf-8") as fh:
+        return path, json.load(fh)
+
+
+@needs_cc
+def test_a_stored_choice_is_reused_without_measuring(records, monkeypatch):
+    path, record = _tuned_once(records)
+    assert record["cpu_model"] == tuning.cpu_model() and record["version"] == 1
+    assert os.path.basename(path) == record["key"] + ".json"
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again although a record was stored")
+    monkeypatch.setattr(tuning, "_measure", no_measuring)
+    cell = SoftmaxTanh()
+    for level in (0, 1):  # a record serves untuned compiles too (`graphkernel tune` ahead)
+        exe = graphkernel.compile(cell, *_inputs(cell), options=_options(level=level))
+        (note,) = exe.executable.plan.schedule_notes.values()
+        assert note.startswith("tuned: ") and f"(record {record['key']})" in note
+        assert "schedule: tuned: " in exe.executable.plan.describe()
+
+
+@needs_cc
+def test_a_stored_choice_steers_the_generated_kernel(records):
+    path, record = _tuned_once(records)
+    never = Knobs(NEVER, None, None, NEVER)
+    tuning.write_record(record["key"], never, {}, Knobs.of(CConfig()))
+    cell = SoftmaxTanh()
+    arrays = _inputs(cell)
+    exe = graphkernel.compile(cell, *arrays, options=_options())
+    (source,) = [k.source for k in exe.kernels if k.source]
+    assert "#pragma omp parallel" not in source
+    (note,) = exe.executable.plan.schedule_notes.values()
+    assert "parallel_threshold=never" in note
+    threads = Knobs(1, None, None, NEVER)
+    tuning.write_record(record["key"], threads, {}, Knobs.of(CConfig()))
+    exe = graphkernel.compile(cell, *arrays, options=_options())
+    (source,) = [k.source for k in exe.kernels if k.source]
+    assert "#pragma omp parallel" in source
+
+
+def _edit(field: str, value: object, knob: bool = False):
+    def edit(text: str) -> str:
+        data = json.loads(text)
+        part = data["knobs"] if knob or field in data["knobs"] else data
+        part[field] = value
+        return json.dumps(data)
+    return edit
+
+
+@needs_cc
+@pytest.mark.parametrize("edit,reason", [
+    (lambda text: text[:len(text) // 2], "not JSON \\(truncated or corrupt\\)"),
+    (lambda text: "", "not JSON"),
+    (_edit("cpu_model", "Another CPU 9000"), "measured on another CPU \\('Another CPU 9000'"),
+    (_edit("version", 2), "version 2; this graphkernel reads version 1"),
+    (_edit("key", "0" * 32), "recorded for another kernel or toolchain"),
+    (_edit("format", "something else"), "not a graphkernel tuning record"),
+    (lambda text: "[1, 2]", "not a graphkernel tuning record"),
+    (_edit("parallel_threshold", -1), "knob parallel_threshold is -1; it is an int from 0"),
+    (_edit("stream_min_bytes", "0); system(\"id\"); (0"), "knob stream_min_bytes is"),
+    (_edit("prefetch_min_bytes", 1.5), "knob prefetch_min_bytes is 1.5"),
+    (_edit("window_parallel_min_macs", None), "knob window_parallel_min_macs is None"),
+    (_edit("parallel_threshold", 1 << 80), "knob parallel_threshold is"),
+    (_edit("vector_width", 300), "knob vector_width is 300; it is None or one of"),
+    (_edit("vector_width", "256\")\n#include <evil.h>"), "knob vector_width is"),
+    (_edit("register_width", 512, knob=True), "its knobs are not exactly"),
+    (lambda text: text + " " * (1 << 16), "larger than 65536 bytes"),
+])
+def test_a_bad_record_falls_back_to_the_defaults_with_its_reason(records, edit, reason):
+    path, record = _tuned_once(records)
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(edit(text))
+    cell = SoftmaxTanh()
+    arrays = _inputs(cell)
+    exe = graphkernel.compile(cell, *arrays, options=_options())
+    (warning,) = [w for w in exe.warnings if "tuning record" in w]
+    assert path in warning and "defaults used" in warning
+    assert re.search(reason, warning), warning
+    (note,) = exe.executable.plan.schedule_notes.values()
+    assert note.startswith("defaults (record refused: ")
+    assert "record refused" in exe.executable.plan.describe()
+    assert "tuning record" in exe.summary()
+    plain = graphkernel.compile(cell, *arrays, options=CompileOptions(enable_graph_kernel=True))
+    assert [k.source for k in exe.kernels] == [k.source for k in plain.kernels]
+    np.testing.assert_allclose(exe.run_arrays(*arrays)[0], plain.run_arrays(*arrays)[0],
+                               rtol=RTOL, atol=ATOL)
+
+
+def test_online_tuning_is_a_level_from_0_to_3():
+    assert parse_flags("--online_tuning=2").online_tuning == 2
+    assert "online_tuning" not in parse_flags("--online_tuning=1").no_effect
+    with pytest.raises(FlagError, match="--online_tuning must be 0, 1, 2 or 3, got 7"):
+        parse_flags("--online_tuning=7")
+
+
+def test_candidates_start_with_the_defaults_and_do_not_repeat():
+    default = Knobs.of(CConfig())
+    widths = len(tuning.vector_choices())
+    one = tuning.candidates(default, 1)
+    assert one[0] == default and len(one) == len(set(one)) == 1 + 2 * 4 + widths
+    every = tuning.candidates(default, 2)
+    assert every[0] == default and len(every) == len(set(every)) == 3 ** 4 * (1 + widths)
+    calibrated = tuning.candidates(default, 1, calibrated=12345)
+    assert Knobs(**{**default.__dict__, "parallel_threshold": 12345}) in calibrated
+
+
+@needs_cc
+def test_a_vector_width_wraps_the_kernel_in_gcc_target_options():
+    cell = ExpChain()
+    arrays = _inputs(cell)
+    exe = graphkernel.compile(cell, *arrays, options=_options(config=CConfig(vector_width=256)))
+    (source,) = [k.source for k in exe.kernels if k.source]
+    assert '#pragma GCC target("prefer-vector-width=256")' in source
+    want = graphkernel.compile(cell, *arrays, options=_options()).run_arrays(*arrays)[0]
+    np.testing.assert_allclose(exe.run_arrays(*arrays)[0], want, rtol=RTOL, atol=ATOL)
+    with pytest.raises(ContextError,
+                       match=r"vector_width is 300; it is None or one of \(128, 256, 512\)"):
+        CConfig(vector_width=300)
+
+
+@needs_cc
+def test_graphkernel_tune_tunes_a_cell_ahead_of_time(records, tmp_path, capsys):
+    from graphkernel.tools import cli
+    spec = tmp_path / "net.py"
+    spec.write_text("from graphkernel import nn\n"
+                    "from graphkernel.ops import operations as P\n\n\n"
+                    "class Net(nn.Cell):\n"
+                    "    def construct(self, x, b):\n"
+                    "        return P.Tanh()(P.Softmax()(x + b) * 3.0) + x\n")
+    assert cli.main(["tune", f"{spec}:Net", "--input", "float32[64,96]", "--input",
+                     "float32[96]", "--level", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 generated kernel(s)" in out and "tuned here: " in out, out
+    assert len(os.listdir(records)) == 1
+    # the next compile of that kernel, with no tuning asked, uses the record
+    cell = SoftmaxTanh()
+    exe = graphkernel.compile(cell, *_inputs(cell), options=_options())
+    (note,) = exe.executable.plan.schedule_notes.values()
+    assert note.startswith("tuned: ")
+    assert cli.main(["tune", "net.txt", "--input", "float32[4]"]) == 2
+    assert "give FILE.py:CellClass or MODEL.onnx" in capsys.readouterr().err
