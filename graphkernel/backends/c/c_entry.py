@@ -225,9 +225,7 @@ def _emit(plan: ExecutionPlan, module: str,
                       f"{array(call.source)}, &gk_shape, NPY_CORDER); }}",
                       f"  if (v[{local[call.target]}] == NULL) goto fail;"]
         elif isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
-            batch_api = blas is not None and bool(blas.dgemm_batch if call.double
-                                                  else blas.sgemm_batch)
-            lines += emit_gemm(call, {s: data(s) for s in step.reads + step.writes}, batch_api)
+            lines += emit_gemm(call, {s: data(s) for s in step.reads + step.writes})
         elif isinstance(call, GatherCall):
             lines += emit_gather(call, {s: data(s) for s in step.reads + step.writes})
         else:
@@ -267,7 +265,7 @@ def _emit(plan: ExecutionPlan, module: str,
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',
-           '   "set_blas(sgemm, dgemm, get_threads, set_threads, sgemm_batch, dgemm_batch): '
+           '   "set_blas(sgemm, dgemm, get_threads, set_threads): '
            'numpy\'s BLAS by address"},']
           if blas is not None else []),
         "  {NULL, NULL, 0, NULL}};",
