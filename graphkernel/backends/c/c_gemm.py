@@ -51,6 +51,7 @@ class GemmCall:
     c: Matrix
     double: bool
     one_thread: bool  # Step.blas_threads == 1
+    library: str = "openblas"  # whose cblas_?gemm runs it (blas_choice.py): "openblas", "mkl"
 
 
 def _layout(strides: tuple[int, ...], rows: int, cols: int) -> tuple[bool, int] | None:
@@ -157,23 +158,32 @@ static gk_sgemm_t gk_sgemm = NULL;
 static gk_dgemm_t gk_dgemm = NULL;
 static int (*gk_blas_get_threads)(void) = NULL;
 static void (*gk_blas_set_threads)(int) = NULL;
+/* MKL's, where products were chosen for it (backends/c/blas_choice.py): its LP64 interface on
+   its sequential layer. */
+typedef void (*gk_mkl_sgemm_t)(int, int, int, int, int, int, float, const float *, int,
+  const float *, int, float, float *, int);
+typedef void (*gk_mkl_dgemm_t)(int, int, int, int, int, int, double, const double *, int,
+  const double *, int, double, double *, int);
+static gk_mkl_sgemm_t gk_mkl_sgemm = NULL;
+static gk_mkl_dgemm_t gk_mkl_dgemm = NULL;
 #if defined(_OPENMP)
 int omp_get_num_threads(void);
 int omp_get_thread_num(void);
 #endif
 
-/* set_blas(sgemm, dgemm, get_threads, set_threads): numpy's OpenBLAS functions by address
-   (backends/c/cblas.py `cblas`); until then `run` returns NotImplemented. */
+/* set_blas(sgemm, dgemm, get_threads, set_threads, mkl_sgemm, mkl_dgemm): numpy's OpenBLAS
+   functions by address (backends/c/cblas.py `cblas`), then MKL's (0 where it is not installed:
+   a product chosen for MKL then returns NotImplemented, as everything does until set_blas). */
 static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "set_blas takes four function addresses");
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "set_blas takes six function addresses");
     return NULL;
   }
-  void *p[4];
-  for (int i = 0; i < 4; ++i) {
+  void *p[6];
+  for (int i = 0; i < 6; ++i) {
     p[i] = PyLong_AsVoidPtr(args[i]);
     if (p[i] == NULL && PyErr_Occurred()) return NULL;
-    if (p[i] == NULL) {
+    if (p[i] == NULL && i < 4) {
       PyErr_SetString(PyExc_ValueError, "set_blas: a NULL address");
       return NULL;
     }
@@ -182,6 +192,8 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
   gk_dgemm = (gk_dgemm_t)p[1];
   gk_blas_get_threads = (int (*)(void))p[2];
   gk_blas_set_threads = (void (*)(int))p[3];
+  gk_mkl_sgemm = (gk_mkl_sgemm_t)p[4];
+  gk_mkl_dgemm = (gk_mkl_dgemm_t)p[5];
   Py_RETURN_NONE;
 }
 """
@@ -225,6 +237,8 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     loop) while the other pool's threads want the cores, and a loaded machine deschedules the
     worker the caller then spins on (docs/perf-notes.md, "One thread pool")."""
     ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
+    if call.library == "mkl":  # sequential: no threads of its own to hold
+        fn = fn.replace("gk_", "gk_mkl_")
     lines = ["  {"]
     for name, mat, const in (("A", call.a, "const "), ("B", call.b, "const "),
                              ("C", call.c, "")):
@@ -239,13 +253,16 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     trans = {False: _NO_TRANS, True: _TRANS}
     total = math.prod(call.batch)
     split = not call.one_thread
-    # BLAS on one thread for the product, put back after it. Without OpenMP a product not held
-    # to one thread keeps BLAS's own threads: nothing else would run it in parallel.
-    if split:
+    # OpenBLAS on one thread for the product, put back after it (MKL is sequential). Without
+    # OpenMP a product not held to one thread keeps OpenBLAS's own threads: nothing else would
+    # run it in parallel.
+    hold = call.library == "openblas"
+    if hold and split:
         lines.append("#if defined(_OPENMP)")
-    lines += ["    int gk_threads = gk_blas_get_threads();",
-              "    if (gk_threads != 1) gk_blas_set_threads(1);"]
-    if split:
+    if hold:
+        lines += ["    int gk_threads = gk_blas_get_threads();",
+                  "    if (gk_threads != 1) gk_blas_set_threads(1);"]
+    if hold and split:
         lines.append("#endif")
     m, n = call.m, call.n
     if split:
@@ -295,10 +312,38 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
             lines.append(f"{indent}}}")
         if split:
             lines.append("    }")
-    if split:
+    if hold and split:
         lines.append("#if defined(_OPENMP)")
-    lines.append("    if (gk_threads != 1) gk_blas_set_threads(gk_threads);")
-    if split:
+    if hold:
+        lines.append("    if (gk_threads != 1) gk_blas_set_threads(gk_threads);")
+    if hold and split:
         lines.append("#endif")
     lines.append("  }")
     return lines
+
+
+def thread_shape(call: GemmCall, threads: int) -> tuple[int, int, int]:
+    """(m, n, k) of the product one thread runs: its block of a split product (as `emit_gemm`
+    cuts it for `threads` OpenMP threads), the whole of a product held to one thread."""
+    if call.one_thread or threads <= 1:
+        return call.m, call.n, call.k
+    side = call.m if _split_rows(call) else call.n
+    each = min(side, (-(-side // threads) + 15) // 16 * 16)
+    return (each, call.n, call.k) if _split_rows(call) else (call.m, each, call.k)
+
+
+def with_library(call: GemmCall, step: Step) -> GemmCall:
+    """The call on the library chosen for its shape (backends/c/blas_choice.py: numpy's OpenBLAS
+    unless MKL is installed and runs the shape faster here). The choice is written into the
+    step's attrs as `gemm_library` (ExecutionPlan.describe shows it)."""
+    import dataclasses
+
+    from graphkernel.backends.c import blas_choice
+    m, n, k = thread_shape(call, blas_choice.openmp_threads())
+    shape = blas_choice.GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
+    libs = blas_choice.libraries()
+    if not libs:
+        return call
+    choice = blas_choice.choose(shape, libs)
+    step.attrs["gemm_library"] = choice.library.label
+    return dataclasses.replace(call, library=choice.library.name)

@@ -1,10 +1,12 @@
 """numpy's OpenBLAS (runtime/blas.py `openblas`) as the C function addresses the compiled entry's
-MatMul steps call (c_gemm.py), and handing them to a loaded entry module."""
+MatMul steps call (c_gemm.py), and handing them (with MKL's, where products were chosen for it:
+blas_choice.py) to a loaded entry module."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from graphkernel.backends.c.blas_choice import mkl
 from graphkernel.runtime.blas import openblas
 
 
@@ -40,4 +42,5 @@ def hand_blas_to(entry_module: Any) -> None:
     if hasattr(entry_module, "set_blas"):
         blas = cblas()
         assert blas is not None  # the entry calls BLAS only where it was found
-        entry_module.set_blas(*blas.addresses)
+        found = mkl()  # 0s without: products chosen for MKL then leave it to the Python runner
+        entry_module.set_blas(*blas.addresses, *((found.sgemm, found.dgemm) if found else (0, 0)))
