@@ -182,3 +182,23 @@ def test_mkl_runs_the_shape_it_was_timed_on(tmp_path):
     assert set(choice.seconds) == {lib.label for lib in blas_choice.libraries()}
     assert all(s > 0 for s in choice.seconds.values())
     assert len(blas_choice.load_records(path)) == 2
+
+
+def test_doctor_names_the_gemm_libraries_and_advises_on_spinning_openmp(monkeypatch):
+    from graphkernel.tools import doctor, machine_rates
+    line = doctor._gemm_line()
+    libs = blas_choice.libraries()
+    assert line.startswith("gemm     : ")
+    if libs:
+        assert f"{libs[0].label} (default)" in line
+        assert ("not installed" in line) == (blas_choice.mkl() is None)
+    monkeypatch.setattr(machine_rates.os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
+    monkeypatch.setattr(machine_rates.os, "sched_getaffinity", lambda pid: set(range(8)),
+                        raising=False)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("KMP_BLOCKTIME", "200")
+    lines, advice = machine_rates.thread_lines([])
+    assert "KMP_BLOCKTIME=200" in lines[0] and "KMP_BLOCKTIME above 0" in advice
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")
+    assert "suit this machine" in machine_rates.thread_lines([])[1]
