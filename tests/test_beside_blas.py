@@ -96,3 +96,26 @@ def test_blas_held_to_one_thread_at_compile_leaves_the_kernels_their_threads(rng
         exe = graphkernel.compile(Block(1024), x, options=options())
     assert not any(CLAUSE in s for s in kernel_sources(exe).values())
     assert blas.threads_now() == before
+
+
+@blas_threaded
+def test_a_batch_of_products_held_to_one_thread_leaves_the_kernels_their_threads(rng):
+    # Attention's heads: 128x128x64 per product, below CostModel.blas_parallel_min_mnk, so
+    # BLAS runs each on one thread (the entry splits the batch over OpenMP's threads, the
+    # Python runner holds numpy's BLAS to one): no BLAS worker wakes, the softmax after it
+    # keeps its threads.
+    q, k = (rng.standard_normal((2, 4, 128, 64)).astype(np.float32) for _ in range(2))
+
+    class Scores(nn.Cell):
+        def construct(self, q, k):
+            return P.Softmax()(P.BatchMatMul(transpose_b=True)(q, k))
+
+    exe = graphkernel.compile(Scores(), q, k, options=options(threshold=1))
+    assert [s.blas_threads for s in exe.plan.steps if s.op == "BatchMatMul"] == [1]
+    sources = kernel_sources(exe)
+    assert any("omp parallel" in s for s in sources.values())
+    assert not any(CLAUSE in s for s in sources.values())
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64))
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(exe(Tensor(q), Tensor(k)).asnumpy(), e / e.sum(-1, keepdims=True),
+                               rtol=1e-5, atol=1e-6)

@@ -247,14 +247,10 @@ def test_numpys_wheel_openblas_is_found_without_scanning_every_library(monkeypat
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_attention_sized_products_run_as_one_batch_gemm(dtype, rng):
-    """Products above OpenBLAS's small-matrix size (100^3 multiply-adds) go to its batch GEMM,
-    which runs them on its threads at once; the scores (B transposed) and the context product
-    written through the head merge's view, as numpy computes them."""
-    from graphkernel.backends.c.cblas import cblas
-    found = cblas()
-    if found is None or not found.sgemm_batch:
-        pytest.skip("needs an OpenBLAS whose batch GEMM graphkernel calls (BATCH_VERSIONS)")
+def test_attention_sized_products_split_over_openmps_threads(dtype, rng):
+    """A batch of small products (attention's heads) runs one-thread BLAS calls split over
+    OpenMP's threads, never BLAS's own pool or its batch GEMM; the scores (B transposed) and the
+    context product written through the head merge's view, as numpy computes them."""
     q, k, v = (rng.standard_normal((2, 4, 128, 64)).astype(dtype) for _ in range(3))
 
     def attention(q, k, v):
@@ -272,12 +268,37 @@ def test_attention_sized_products_run_as_one_batch_gemm(dtype, rng):
     products = [s for s in exe.plan.steps if s.op == "BatchMatMul"]
     assert len(products) == 2 and all(gemm_call(exe.plan, s).one_thread for s in products)
     source = exe.executable.library.source
-    name = "gk_dgemm_batch(" if dtype == np.float64 else "gk_sgemm_batch("
-    assert source.count(name) == 2 and exe.executable.runner.entry is not None
+    assert "gemm_batch" not in source and exe.executable.runner.entry is not None
+    assert source.count("#pragma omp parallel for schedule(static)\n    for (int64_t gk_b") == 2
     tol = 1e-5 if dtype == np.float32 else 1e-12
     by_entry, by_steps = run_both(exe, q, k, v)
     for got in (by_entry[0], by_steps[0]):
         np.testing.assert_allclose(got, want(q, k, v), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(300, 256, 100), (24, 256, 1000)], ids=["rows", "columns"])
+def test_a_large_product_is_split_over_openmps_threads(dtype, shape, rng):
+    """A product not held to one thread runs one-thread BLAS on each OpenMP thread, a block of
+    rows (or columns, the longer side) each, BLAS's own threads put back after it: the same
+    result as numpy's, and BLAS's thread count as it was."""
+    from graphkernel.runtime import blas
+    m, k, n = shape
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    exe = graphkernel.compile(Fn(lambda a, b: relu(P.MatMul()(a, b))), a, b, options=ON)
+    (step,) = [s for s in exe.plan.steps if s.op == "MatMul"]
+    call = gemm_call(exe.plan, step)
+    assert step.blas_threads is None and not call.one_thread
+    source = exe.executable.library.source
+    assert "omp_get_thread_num()" in source and exe.executable.runner.entry is not None
+    assert ("gk_hi - gk_lo, " + str(n) if m >= n else str(m) + ", gk_hi - gk_lo") in source
+    before = blas.threads_now()
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    by_entry, by_steps = run_both(exe, a, b)
+    assert blas.threads_now() == before
+    for got in (by_entry[0], by_steps[0]):
+        np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=tol, atol=tol)
 
 
 def test_reshapes_of_an_input_and_of_the_result_run_in_the_entry(rng):

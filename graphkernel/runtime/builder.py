@@ -101,11 +101,13 @@ def _blas_may_spin() -> bool:
 
 
 def _wakes_blas(step: Step) -> bool:
-    """Whether a step runs a BLAS product on BLAS's own threads: a MatMul or BatchMatMul not
-    held to one thread, or a BatchMatMul at all (the C entry runs a batch of small products as
-    one batch GEMM, on BLAS's threads: backends/c/c_gemm.py)."""
-    return step.kind is StepKind.LIBRARY and (
-        step.op == "BatchMatMul" or (step.op == "MatMul" and step.blas_threads is None))
+    """Whether a step may run a BLAS product on BLAS's own threads: a MatMul or BatchMatMul not
+    held to one thread, when the Python runner runs it (numpy). The compiled entry runs every
+    product on OpenMP's threads, one BLAS thread each (backends/c/c_gemm.py), but which runner
+    a plan gets is known only after planning: the kernels after such a product are planned for
+    either."""
+    return step.kind is StepKind.LIBRARY and step.op in ("MatMul", "BatchMatMul") and \
+        step.blas_threads is None
 
 
 def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],

@@ -206,6 +206,8 @@ class ExecutionPlan:
         for i, (step, dead) in enumerate(zip(self.steps, self.release)):
             flags = (" aliases" if step.aliases else "") + \
                 (f" blas_threads={step.blas_threads}" if step.blas_threads else "") + \
+                (f" blas={step.attrs['gemm_library']!r}" if "gemm_library" in step.attrs
+                 else "") + \
                 (f" overwrites {[name(s) for s in step.overwrites]}" if step.overwrites else "") + \
                 "".join(f" ({name(v)} written into {name(w)})" for v, w in step.in_place)
             lines.append(f"  [{i}] {step.kind.value:<11} {step.name}: "

@@ -7,7 +7,7 @@ import os
 import stat
 import tempfile
 
-from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c import blas_choice, cache, toolchain
 from graphkernel.errors import CacheError, ToolchainError
 from graphkernel.runtime import blas
 from graphkernel.tools import machine_rates
@@ -95,13 +95,27 @@ def doctor(measure: bool = True) -> tuple[str, bool]:
     if measure:
         lines += _rate_lines(tc)
     thread_lines, advice = machine_rates.thread_lines(blas.describe())
-    lines += thread_lines + [advice]
+    lines += thread_lines + [_gemm_line(), advice]
     if missing:
         lines.append("missing  : " + "; ".join(missing))
     else:
         lines.append("missing  : nothing")
     ok = tc is not None and problem is None
     return "\n".join(lines), ok
+
+
+def _gemm_line() -> str:
+    """Which libraries the compiled entry's products may run on (backends/c/blas_choice.py)."""
+    found = blas_choice.libraries()
+    if not found:
+        return ("gemm     : products run through numpy (its BLAS is not an OpenBLAS the "
+                "compiled entry calls)")
+    mkl = blas_choice.mkl()
+    text = (f"gemm     : compiled products on OpenMP's threads, one BLAS thread each; "
+            f"{found[0].label} (default)")
+    if mkl is None:
+        return text + ", MKL not installed (pip install graphkernel[mkl] to time it per shape)"
+    return text + f", {mkl.label} where timed faster per shape ({blas_choice.CHOICE_FILE})"
 
 
 def _rate_lines(tc: toolchain.Toolchain | None) -> list[str]:

@@ -125,8 +125,13 @@ def fma_rate(tc: Toolchain | None) -> Rate | str:
 
 # A multi-threaded BLAS whose idle workers spin takes the cores the kernels and other processes
 # need: on a loaded 2-core machine bert_tiny.py swung 19-117 ms a call with OpenBLAS threads
-# spinning, 7-9 ms with OPENBLAS_NUM_THREADS=1.
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
+# spinning, 7-9 ms with OPENBLAS_NUM_THREADS=1. The compiled entry's products run on OpenMP's
+# threads, one BLAS thread each (backends/c/c_gemm.py), so OpenBLAS's pool serves numpy's own
+# products and plans the Python runner runs: an unfused 2-layer BERT-base took 460 ms of CPU a
+# call with its workers, 332 ms with OPENBLAS_NUM_THREADS=1 (docs/perf-notes.md "One thread pool").
+# LLVM's libomp spins its idle threads for KMP_BLOCKTIME ms (0 under OMP_WAIT_POLICY=PASSIVE).
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY",
+                "KMP_BLOCKTIME")
 
 
 def thread_lines(blas_lines: list[str]) -> tuple[list[str], str]:
@@ -146,12 +151,15 @@ def thread_lines(blas_lines: list[str]) -> tuple[list[str], str]:
     if busy and not one_thread:
         advice = (f"advice   : {'a loaded' if load >= cores else 'a small'} machine "
                   f"({cores} cores, load {load:.1f}): set OPENBLAS_NUM_THREADS=1 (and "
-                  "OMP_WAIT_POLICY=PASSIVE, graphkernel's default) - spinning BLAS threads "
-                  "swung bert_tiny.py 19-117 ms a call on a loaded 2-core box, one BLAS thread "
-                  "7-9 ms")
-    elif os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "ACTIVE":
-        advice = ("advice   : OMP_WAIT_POLICY=ACTIVE makes idle OpenMP threads spin: unset it "
-                  "(graphkernel waits passively) unless this machine runs nothing else")
+                  "OMP_WAIT_POLICY=PASSIVE, graphkernel's default). Compiled graphs run their "
+                  "products on graphkernel's OpenMP threads either way; this keeps numpy's own "
+                  "products and unfused plans from leaving OpenBLAS workers spinning (an "
+                  "unfused 2-layer BERT-base: 460 -> 332 ms of CPU a call)")
+    elif os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "ACTIVE" or \
+            os.environ.get("KMP_BLOCKTIME", "0").strip() not in ("", "0"):
+        advice = ("advice   : OMP_WAIT_POLICY=ACTIVE or a KMP_BLOCKTIME above 0 makes idle "
+                  "OpenMP threads spin between kernels: unset them (graphkernel waits "
+                  "passively) unless this machine runs nothing else")
     else:
         advice = "advice   : thread settings suit this machine (BLAS threads as set)"
     return lines, advice

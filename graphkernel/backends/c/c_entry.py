@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
-from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude
+from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude, with_library
 from graphkernel.backends.c.cblas import CBlas, cblas
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
@@ -48,6 +48,9 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     blas = cblas() if gemms else None
     if gemms and blas is None:
         return None
+    for i, call in calls.items():  # each product's library, by measurement where MKL is here
+        if isinstance(call, GemmCall):
+            calls[i] = with_library(call, plan.steps[i])
     return lambda module: _emit(plan, module, calls, blas)  # type: ignore[arg-type]  # no None left in `calls` (checked above)
 
 
@@ -189,10 +192,7 @@ def _emit(plan: ExecutionPlan, module: str,
             program.op(_OP_VIEW, vid[call.target], vid[call.source],
                        len(plan.slots[call.target].type.shape), dims_at[call.target])
         elif isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
-            batch_api = blas is not None and bool(blas.dgemm_batch if call.double
-                                                  else blas.sgemm_batch)
-            program.call(emit_gemm(call, _operand_data(operands), batch_api),
-                         [ref(s) for s in operands])
+            program.call(emit_gemm(call, _operand_data(operands)), [ref(s) for s in operands])
         elif isinstance(call, GatherCall):
             program.call(emit_gather(call, _operand_data(operands)), [ref(s) for s in operands])
         else:
@@ -213,6 +213,11 @@ def _emit(plan: ExecutionPlan, module: str,
     ]
     if blas is not None:  # the Python runner until the loader hands over numpy's BLAS
         lines.append("  if (gk_sgemm == NULL) Py_RETURN_NOTIMPLEMENTED;")
+    for double in (False, True):  # MKL's, for products chosen for it: gone, the Python runner
+        if any(isinstance(c, GemmCall) and c.library == "mkl" and c.double == double
+               for c in calls.values()):
+            lines.append(f"  if (gk_mkl_{'d' if double else 's'}gemm == NULL) "
+                         "Py_RETURN_NOTIMPLEMENTED;")
     lines.append(f"  int64_t gk_size[{max(len(plan.symbols), 1)}] = {{0}};")
     lines += [
         f"  for (int i = 0; i < {6 * len(static_args)}; i += 6) {{",
@@ -281,7 +286,7 @@ def _emit(plan: ExecutionPlan, module: str,
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',
-           '   "set_blas(sgemm, dgemm, get_threads, set_threads, sgemm_batch, dgemm_batch): '
+           '   "set_blas(sgemm, dgemm, get_threads, set_threads, mkl_sgemm, mkl_dgemm): '
            'numpy\'s BLAS by address"},']
           if blas is not None else []),
         "  {NULL, NULL, 0, NULL}};",

@@ -23,15 +23,9 @@ from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import is_static
 from graphkernel.runtime.plan import ExecutionPlan, Step
 
-# Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch runs
-# on several threads (BLAS's batch GEMM, or split over OpenMP's): ~0.1 ms of one core's work,
-# well above waking a sleeping thread.
+# Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
+# split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
 PARALLEL_BATCH_MIN_MNK = 1 << 22
-# OpenBLAS's batch GEMM sends products of at most 100^3 multiply-adds to its small-matrix
-# kernels through a table that holds offsets, not addresses, in DYNAMIC_ARCH builds (numpy's
-# wheels): those calls crash (0.3.31: 32 of 64x64x40 segfault). Larger products take its
-# ordinary kernels; smaller batches keep the OpenMP split below.
-BATCH_MIN_MNK = 100 ** 3 + 1
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # the CBLAS enum values
 
 
@@ -57,6 +51,7 @@ class GemmCall:
     c: Matrix
     double: bool
     one_thread: bool  # Step.blas_threads == 1
+    library: str = "openblas"  # whose cblas_?gemm runs it (blas_choice.py): "openblas", "mkl"
 
 
 def _layout(strides: tuple[int, ...], rows: int, cols: int) -> tuple[bool, int] | None:
@@ -159,24 +154,26 @@ typedef void (*gk_sgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, float,
   const float *, BLASINT, const float *, BLASINT, float, float *, BLASINT);
 typedef void (*gk_dgemm_t)(int, int, int, BLASINT, BLASINT, BLASINT, double,
   const double *, BLASINT, const double *, BLASINT, double, double *, BLASINT);
-typedef void (*gk_sgemm_batch_t)(int, const int *, const int *, const BLASINT *,
-  const BLASINT *, const BLASINT *, const float *, const float **, const BLASINT *,
-  const float **, const BLASINT *, const float *, float **, const BLASINT *, BLASINT,
-  const BLASINT *);
-typedef void (*gk_dgemm_batch_t)(int, const int *, const int *, const BLASINT *,
-  const BLASINT *, const BLASINT *, const double *, const double **, const BLASINT *,
-  const double **, const BLASINT *, const double *, double **, const BLASINT *, BLASINT,
-  const BLASINT *);
 static gk_sgemm_t gk_sgemm = NULL;
 static gk_dgemm_t gk_dgemm = NULL;
 static int (*gk_blas_get_threads)(void) = NULL;
 static void (*gk_blas_set_threads)(int) = NULL;
-static gk_sgemm_batch_t gk_sgemm_batch = NULL;
-static gk_dgemm_batch_t gk_dgemm_batch = NULL;
+/* MKL's, where products were chosen for it (backends/c/blas_choice.py): its LP64 interface on
+   its sequential layer. */
+typedef void (*gk_mkl_sgemm_t)(int, int, int, int, int, int, float, const float *, int,
+  const float *, int, float, float *, int);
+typedef void (*gk_mkl_dgemm_t)(int, int, int, int, int, int, double, const double *, int,
+  const double *, int, double, double *, int);
+static gk_mkl_sgemm_t gk_mkl_sgemm = NULL;
+static gk_mkl_dgemm_t gk_mkl_dgemm = NULL;
+#if defined(_OPENMP)
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+#endif
 
-/* set_blas(sgemm, dgemm, get_threads, set_threads, sgemm_batch, dgemm_batch): numpy's
-   OpenBLAS functions by address (backends/c/cblas.py `cblas`; the batch functions 0 where it has
-   none, and then no product calls them); until then `run` returns NotImplemented. */
+/* set_blas(sgemm, dgemm, get_threads, set_threads, mkl_sgemm, mkl_dgemm): numpy's OpenBLAS
+   functions by address (backends/c/cblas.py `cblas`), then MKL's (0 where it is not installed:
+   a product chosen for MKL then returns NotImplemented, as everything does until set_blas). */
 static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 6) {
     PyErr_SetString(PyExc_TypeError, "set_blas takes six function addresses");
@@ -195,8 +192,8 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
   gk_dgemm = (gk_dgemm_t)p[1];
   gk_blas_get_threads = (int (*)(void))p[2];
   gk_blas_set_threads = (void (*)(int))p[3];
-  gk_sgemm_batch = (gk_sgemm_batch_t)p[4];
-  gk_dgemm_batch = (gk_dgemm_batch_t)p[5];
+  gk_mkl_sgemm = (gk_mkl_sgemm_t)p[4];
+  gk_mkl_dgemm = (gk_mkl_dgemm_t)p[5];
   Py_RETURN_NONE;
 }
 """
@@ -222,10 +219,26 @@ def parallel_batch(call: GemmCall) -> bool:
         math.prod(call.batch) * call.m * call.n * call.k >= PARALLEL_BATCH_MIN_MNK
 
 
-def emit_gemm(call: GemmCall, data: dict[int, str], batch_api: bool = False) -> list[str]:
+def _split_rows(call: GemmCall) -> bool:
+    """Whether a product split over threads splits its rows (m) rather than its columns (n):
+    the longer side, so each thread's part stays a well-shaped GEMM."""
+    return call.m >= call.n
+
+
+def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     """The C lines of one product inside the entry's `gk_run`; `data` gives each slot's
-    pointer expression; `batch_api`: BLAS has cblas_?gemm_batch (set_blas)."""
+    pointer expression.
+
+    Every product runs BLAS on one thread, on its caller; the threads are OpenMP's, the pool
+    the kernels run on. A product not held to one thread (`GemmCall.one_thread`) is split
+    into one block of rows (or columns) per OpenMP thread; a batch of small ones
+    (`parallel_batch`) into runs of whole products. BLAS's own thread pool stays asleep: with
+    two pools on two cores, OpenBLAS's idle workers spin (its exec_blas and the workers' wait
+    loop) while the other pool's threads want the cores, and a loaded machine deschedules the
+    worker the caller then spins on (docs/perf-notes.md, "One thread pool")."""
     ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
+    if call.library == "mkl":  # sequential: no threads of its own to hold
+        fn = fn.replace("gk_", "gk_mkl_")
     lines = ["  {"]
     for name, mat, const in (("A", call.a, "const "), ("B", call.b, "const "),
                              ("C", call.c, "")):
@@ -239,54 +252,98 @@ def emit_gemm(call: GemmCall, data: dict[int, str], batch_api: bool = False) -> 
     a, b, c = ("gk_" + name + "".join(offsets[name]) for name in "ABC")
     trans = {False: _NO_TRANS, True: _TRANS}
     total = math.prod(call.batch)
-    if parallel_batch(call) and batch_api and call.m * call.n * call.k >= BATCH_MIN_MNK:
-        # Small products, many of them (attention's heads): one call of BLAS's batch GEMM,
-        # which runs whole products on its threads at once. The same products as one-thread
-        # calls split over OpenMP's threads ran no faster than one after the other (OpenBLAS
-        # ran them in turn: 32 of 128x128x64 took 560 us split, 596 us in turn, 320 us as a
-        # batch, bit-identical).
-        lines += [f"    {ctype} **gk_ptrs = malloc(sizeof({ctype} *) * 3 * {total});",
-                  "    if (gk_ptrs == NULL) { PyErr_NoMemory(); goto fail; }",
-                  f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
-                  *_batch_indices(call, "      "),
-                  f"      gk_ptrs[gk_b] = ({ctype} *)({a});",
-                  f"      gk_ptrs[{total} + gk_b] = ({ctype} *)({b});",
-                  f"      gk_ptrs[{2 * total} + gk_b] = {c};",
-                  "    }",
-                  f"    const int gk_ta = {trans[call.a.trans]}, gk_tb = {trans[call.b.trans]};",
-                  f"    const gk_blasint gk_m = {call.m}, gk_n = {call.n}, gk_k = {call.k};",
-                  f"    const gk_blasint gk_lda = {call.a.ld}, gk_ldb = {call.b.ld}, "
-                  f"gk_ldc = {call.c.ld}, gk_size = {total};",
-                  f"    const {ctype} gk_one = 1, gk_zero = 0;",
-                  f"    {fn}_batch({_ROW_MAJOR}, &gk_ta, &gk_tb, &gk_m, &gk_n, &gk_k, &gk_one, "
-                  f"(const {ctype} **)gk_ptrs, &gk_lda, (const {ctype} **)gk_ptrs + {total}, "
-                  f"&gk_ldb, &gk_zero, gk_ptrs + {2 * total}, &gk_ldc, 1, &gk_size);",
-                  "    free(gk_ptrs);",
-                  "  }"]
-        return lines
-    if call.one_thread:  # a small product: BLAS on one thread, put back after it
+    split = not call.one_thread
+    # OpenBLAS on one thread for the product, put back after it (MKL is sequential). Without
+    # OpenMP a product not held to one thread keeps OpenBLAS's own threads: nothing else would
+    # run it in parallel.
+    hold = call.library == "openblas"
+    if hold and split:
+        lines.append("#if defined(_OPENMP)")
+    if hold:
         lines += ["    int gk_threads = gk_blas_get_threads();",
                   "    if (gk_threads != 1) gk_blas_set_threads(1);"]
-    gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {call.m}, "
-            f"{call.n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
+    if hold and split:
+        lines.append("#endif")
+    m, n = call.m, call.n
+    if split:
+        # Each thread's block: rows of A and C (columns of B and C), starting at gk_lo.
+        if _split_rows(call):
+            a += " + gk_lo" + ("" if call.a.trans else f" * {call.a.ld}")
+            c += f" + gk_lo * {call.c.ld}"
+            m = "gk_hi - gk_lo"
+        else:
+            b += " + gk_lo" + (f" * {call.b.ld}" if call.b.trans else "")
+            c += " + gk_lo"
+            n = "gk_hi - gk_lo"
+    gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {m}, "
+            f"{n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
     if parallel_batch(call):
-        # Without a batch GEMM: one BLAS thread each, the batch split over OpenMP's threads
-        # (BLAS on one thread runs on its caller).
         lines += ["    #pragma omp parallel for schedule(static)",
                   f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
                   *_batch_indices(call, "      "),
                   f"      {gemm}", "    }"]
     else:
         indent = "    "
+        if split:
+            side = call.m if _split_rows(call) else call.n
+            # Blocks of whole 16-row (column) panels: BLAS's kernels work in such panels.
+            lines += ["    #pragma omp parallel",
+                      "    {",
+                      "#if defined(_OPENMP)",
+                      "      const int64_t gk_parts = omp_get_num_threads(), "
+                      "gk_part = omp_get_thread_num();",
+                      "#else",
+                      "      const int64_t gk_parts = 1, gk_part = 0;",
+                      "#endif",
+                      f"      const int64_t gk_each = (({side} + gk_parts - 1) / gk_parts + 15) "
+                      "/ 16 * 16;",
+                      f"      const int64_t gk_lo = gk_part * gk_each < {side} ? "
+                      f"gk_part * gk_each : {side};",
+                      f"      const int64_t gk_hi = gk_lo + gk_each < {side} ? gk_lo + gk_each : "
+                      f"{side};"]
+            indent = "      "
         for axis, size in enumerate(call.batch):
             lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {size}; "
                          f"++gk_i{axis}) {{")
             indent += "  "
-        lines.append(indent + gemm)
+        lines.append(indent + (f"if (gk_hi > gk_lo) {gemm}" if split else gemm))
         for _ in call.batch:
             indent = indent[:-2]
             lines.append(f"{indent}}}")
-    if call.one_thread:
+        if split:
+            lines.append("    }")
+    if hold and split:
+        lines.append("#if defined(_OPENMP)")
+    if hold:
         lines.append("    if (gk_threads != 1) gk_blas_set_threads(gk_threads);")
+    if hold and split:
+        lines.append("#endif")
     lines.append("  }")
     return lines
+
+
+def thread_shape(call: GemmCall, threads: int) -> tuple[int, int, int]:
+    """(m, n, k) of the product one thread runs: its block of a split product (as `emit_gemm`
+    cuts it for `threads` OpenMP threads), the whole of a product held to one thread."""
+    if call.one_thread or threads <= 1:
+        return call.m, call.n, call.k
+    side = call.m if _split_rows(call) else call.n
+    each = min(side, (-(-side // threads) + 15) // 16 * 16)
+    return (each, call.n, call.k) if _split_rows(call) else (call.m, each, call.k)
+
+
+def with_library(call: GemmCall, step: Step) -> GemmCall:
+    """The call on the library chosen for its shape (backends/c/blas_choice.py: numpy's OpenBLAS
+    unless MKL is installed and runs the shape faster here). The choice is written into the
+    step's attrs as `gemm_library` (ExecutionPlan.describe shows it)."""
+    import dataclasses
+
+    from graphkernel.backends.c import blas_choice
+    m, n, k = thread_shape(call, blas_choice.openmp_threads())
+    shape = blas_choice.GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
+    libs = blas_choice.libraries()
+    if not libs:
+        return call
+    choice = blas_choice.choose(shape, libs)
+    step.attrs["gemm_library"] = choice.library.label
+    return dataclasses.replace(call, library=choice.library.name)

@@ -1,46 +1,30 @@
 """numpy's OpenBLAS (runtime/blas.py `openblas`) as the C function addresses the compiled entry's
-MatMul steps call (c_gemm.py), and handing them to a loaded entry module."""
+MatMul steps call (c_gemm.py), and handing them (with MKL's, where products were chosen for it:
+blas_choice.py) to a loaded entry module."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from graphkernel.backends.c.blas_choice import mkl
 from graphkernel.runtime.blas import openblas
-
-# OpenBLAS versions whose cblas_?gemm_batch the entry calls (c_gemm.py BATCH_MIN_MNK depends on
-# where the batch sends small products: checked on these).
-BATCH_VERSIONS = ((0, 3, 31),)
 
 
 @dataclass(frozen=True)
 class CBlas:
-    """numpy's own OpenBLAS as C function addresses: cblas_sgemm, cblas_dgemm, its get/set-threads
-    functions, and its batch GEMMs where it has them."""
+    """numpy's own OpenBLAS as C function addresses: cblas_sgemm, cblas_dgemm and its
+    get/set-threads functions."""
 
     sgemm: int
     dgemm: int
     get_threads: int
     set_threads: int
     int64: bool  # an ILP64 build (numpy's scipy_openblas64_): BLAS integers are int64_t
-    sgemm_batch: int = 0  # cblas_sgemm_batch (BATCH_VERSIONS), 0 without
-    dgemm_batch: int = 0
 
     @property
-    def addresses(self) -> tuple[int, int, int, int, int, int]:
+    def addresses(self) -> tuple[int, int, int, int]:
         """What the entry module's `set_blas` takes, in its order."""
-        return (self.sgemm, self.dgemm, self.get_threads, self.set_threads, self.sgemm_batch,
-                self.dgemm_batch)
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    parts = []
-    for piece in (text or "").split(".")[:3]:
-        digits = "".join(itertools.takewhile(str.isdigit, piece))
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+        return (self.sgemm, self.dgemm, self.get_threads, self.set_threads)
 
 
 def cblas() -> CBlas | None:
@@ -49,11 +33,8 @@ def cblas() -> CBlas | None:
     found = openblas()
     if found is None:
         return None
-    checked = _version(found.version) in BATCH_VERSIONS
     return CBlas(found.address("cblas_sgemm"), found.address("cblas_dgemm"), found.get_threads,
-                 found.set_threads, int64=found.int64,
-                 sgemm_batch=found.address("cblas_sgemm_batch") if checked else 0,
-                 dgemm_batch=found.address("cblas_dgemm_batch") if checked else 0)
+                 found.set_threads, int64=found.int64)
 
 
 def hand_blas_to(entry_module: Any) -> None:
@@ -61,4 +42,5 @@ def hand_blas_to(entry_module: Any) -> None:
     if hasattr(entry_module, "set_blas"):
         blas = cblas()
         assert blas is not None  # the entry calls BLAS only where it was found
-        entry_module.set_blas(*blas.addresses)
+        found = mkl()  # 0s without: products chosen for MKL then leave it to the Python runner
+        entry_module.set_blas(*blas.addresses, *((found.sgemm, found.dgemm) if found else (0, 0)))
