@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -136,9 +137,11 @@ def test_kernel_table_numbers_are_computed_from_the_plan(tmp_path):
     # By hand: 2 M N K = 196,608 flops, 4 (MK + KN + MN) = 26,624 bytes = 26.0 KiB.
     assert cell("flops") == "0.20 M" and 2 * M * N * K == 196_608
     assert cell("bytes") == "26.0 KiB" and 4 * (M * K + K * N + M * N) == 26_624
-    seconds = float(cell("time").split()[0].replace(",", "")) * 1e-6
+    seconds = float(cell("fastest").split()[0].replace(",", "")) * 1e-6
     gbs = float(cell("gbs").split()[0].replace(",", ""))
-    # GB/s is bytes over the kernel's time (the time cell is rounded to 0.1 us).
+    # GB/s is bytes over the kernel's fastest time (the cell is rounded to 0.1 us), which no
+    # mean of the same calls is under.
+    assert seconds <= float(cell("time").split()[0].replace(",", "")) * 1e-6
     assert gbs == pytest.approx(26_624 / seconds / 1e9, rel=0.05)
 
 
@@ -162,7 +165,8 @@ exe = graphkernel.compile(NetBasicFuse(), Tensor(x),
 copies, points = [], []
 for _ in range(3):
     copies.append(copy_bandwidth().value * 1e9)
-    points += points_of(exe.kernels, measure(exe, [x], repeats=3, budget_s=0.2).per_kernel)
+    points += points_of(exe.kernels, measure(exe, [x], repeats=3, budget_s=0.2)
+                        .fastest_per_kernel)
 point = max(points, key=lambda p: p.bytes_per_s)
 c = Ceilings(max(copies), None, "best of three")
 print(json.dumps(dict(flops=point.flops, bytes=point.bytes_moved, size=x.size,
@@ -209,3 +213,42 @@ def test_a_speedup_inside_the_noise_names_no_winner():
     assert "slower" not in speed(1 / 1.06, 0.85, 1.10)
     assert "3.00&times; faster" in speed(3.0, 2.8, 3.2)
     assert "2.00&times; slower" in speed(0.5, 0.45, 0.55)
+
+
+BUSY = "while True: pass"
+
+
+def test_a_kernel_point_matches_the_call_as_a_user_times_it_on_a_busy_machine(tmp_path):
+    # NetBasicFuse at 2048x2048 is one kernel, so its roofline point's time and the call as a
+    # user makes it, net(Tensor(x)), time the same work. The report once drew it at 4.5 GB/s
+    # while the lab timed 33 GB/s: on a loaded machine a wall-clock time is the kernel's own
+    # plus the scheduler's, and a mean over calls is mostly the scheduler's. Other processes
+    # spinning on every core (one per core: each of the kernel's threads shares its core, as
+    # on a loaded host) make that happen here on any machine. The report and the user's 20
+    # calls (as many as the report's step-by-step split makes at repeats=5) take turns, three
+    # times, and the best of each must agree: load that comes and goes falls on both.
+    from graphkernel.tools.lab import NetBasicFuse
+    x = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    net = graphkernel.compile(NetBasicFuse(), Tensor(x),
+                              options=CompileOptions(enable_graph_kernel=True))
+    assert len(net.kernels) == 1
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY])
+            for _ in range(min(os.cpu_count() or 1, 32))]
+    points, user = [], []
+    try:
+        for _ in range(3):
+            text = open(write_report([net], str(tmp_path / "r.html"), repeats=5,
+                                     ceilings=CEILINGS), encoding="utf-8").read()
+            points.append(re.search(r"<circle class=\"point[^>]*>", text).group(0))
+            for _ in range(20):
+                t = Tensor(x)
+                start = time.perf_counter()
+                net(t)
+                user.append(time.perf_counter() - start)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    seconds = min(net.kernels[0].bytes_moved / float(_attr(p, "data-bytes-per-s"))
+                  for p in points)
+    assert 0.5 * min(user) <= seconds <= 2.0 * min(user), (seconds, min(user))

@@ -158,7 +158,7 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
     dispatch row add up to that call (see report_timing.Breakdown). Each row also has its
     bytes moved and flops from the plan, the rates they give at its time and its share of the
     roof at its intensity (report_roofline)."""
-    points = points_of(kernels, split.per_kernel) if split else []
+    points = points_of(kernels, split.fastest) if split else []
     training = is_training(points_of(kernels, [0.0] * len(kernels)))
     rows = []
     for i, k in enumerate(kernels):
@@ -171,11 +171,12 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
                     f"<td><span class=\"backend {esc(k.backend)}\">{esc(k.backend)}</span></td>"
                     f"{part}<td class=\"num bytes\">{size(k.bytes_moved)}</td>"
                     f'<td class="num flops">{flops_text(k.flops)}</td>'
+                    f'<td class="num fastest">{us(p.seconds if p else None)}</td>'
                     f'<td class="num gbs">{giga(p.bytes_per_s if p else None, "GB/s")}</td>'
                     f'<td class="num gflops">{giga(p.flops_per_s if p else None, "GFLOP/s")}</td>'
                     f'<td class="num roofshare">{share_text(share)}</td>'
                     f"<td class=\"num time\">{us(t)}</td></tr>")
-    columns = 11 if training else 10
+    columns = 12 if training else 11
     if split is not None:
         rows.append(f'<tr class="between"><td></td><td colspan="{columns - 1}">between the '
                     "kernels: Python dispatch, input checks, timing</td>"
@@ -187,7 +188,7 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
             f"</td><td>{sum(len(k.op_names) for k in kernels)} ops</td><td></td>"
             f"<td>one call, step by step</td>{'<td></td>' if training else ''}"
             f"<td class=\"num\">{size(total_bytes)}</td><td class=\"num\">"
-            f"{flops_text(total_flops)}</td><td></td><td></td><td></td>"
+            f"{flops_text(total_flops)}</td><td></td><td></td><td></td><td></td>"
             f"<td class=\"num call\">{us(split.call if split else None)}</td></tr></tfoot>")
     note = ""
     if split is not None and whole is not None:
@@ -200,12 +201,14 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
                 f"it goes {how}: {us_spread(whole)} (median and interquartile range), the time "
                 "the overview and speedup use. Bytes moved: the buffers a kernel reads and "
                 "writes; flops: counted from its ops (a ? where an op has no count); GB/s and "
-                "GFLOP/s: those over its time; of roof: its rate over the roofline's at its "
-                "flops per byte.</p>")
+                "GFLOP/s: those over its fastest time in these calls (other work on the "
+                "machine only adds time, and the roof is a best-of measurement too); of roof: "
+                "its rate over the roofline's at its flops per byte.</p>")
     return (f'<table class="kernels {css}"><caption>{caption}</caption><thead><tr>'
             "<th class=\"num\">#</th><th>kernel</th><th>member ops</th><th>output</th>"
             "<th>backend</th>" + ("<th>part</th>" if training else "") +
             "<th class=\"num\">bytes moved</th><th class=\"num\">flops</th>"
+            "<th class=\"num\">fastest</th>"
             "<th class=\"num\">GB/s</th><th class=\"num\">GFLOP/s</th>"
             "<th class=\"num\">of roof</th><th class=\"num\">time in a "
             f"step-by-step call</th></tr></thead><tbody>{''.join(rows)}</tbody>{foot}</table>"

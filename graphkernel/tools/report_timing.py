@@ -49,12 +49,20 @@ class Breakdown:
     Every number is a mean over the same calls: the middle half by call time (between its first
     and third quartile, so a stray slow call does not count), hence the kernels plus `between`
     (dispatch, input checks and timing around the kernels) add up to `call`, and no kernel can
-    exceed the call it was measured in."""
+    exceed the call it was measured in.
+
+    `fastest`: each kernel's shortest time over all the calls, what its rates (GB/s, GFLOP/s,
+    share of the roof) are computed from. The roofline's ceilings are best-of measurements, and
+    on a shared machine a wall-clock time is the kernel's own plus whatever the scheduler adds:
+    a thread of an OpenMP team taken off its core stalls the whole kernel at the team's
+    barrier, which on a loaded 2-vCPU host made a 1 ms kernel's mean 5-15 ms. Interruptions
+    only ever add time, so the fastest of many is the kernel's rate."""
 
     call: float
     per_kernel: list[float]
     between: float
     calls: int
+    fastest: list[float]
 
 
 @dataclass
@@ -73,6 +81,10 @@ class Timing:
     @property
     def per_kernel(self) -> list[float]:
         return self.breakdown.per_kernel
+
+    @property
+    def fastest_per_kernel(self) -> list[float]:
+        return self.breakdown.fastest
 
 
 DYNAMIC_SIZE = 128
@@ -142,7 +154,8 @@ def breakdown(exe: Executable, inputs: Sequence[np.ndarray], calls: int,
     count = len(middle)
     per_kernel = [sum(ks[i] for _, ks in middle) / count for i in range(len(exe.kernels))]
     call = sum(c for c, _ in middle) / count
-    return Breakdown(call, per_kernel, call - sum(per_kernel), count)
+    fastest = [min(ks[i] for _, ks in rows) for i in range(len(exe.kernels))]
+    return Breakdown(call, per_kernel, call - sum(per_kernel), count, fastest)
 
 
 def copy_bandwidth() -> float:

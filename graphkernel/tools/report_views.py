@@ -183,14 +183,14 @@ class EntryView:
                                        "With fusion" if self.fusion_on else "As compiled",
                                        "fused swatch" if self.fusion_on else "fused",
                                        self.ceilings))
-        points = points_of(exe.kernels, t.per_kernel)
+        points = points_of(exe.kernels, t.fastest_per_kernel)
         if base is not None and self.baseline_timing is not None:
             b = self.baseline_timing
             out.append(parts_.kernel_table(
                 base.kernels, b.breakdown, b.whole, b.through_entry,
                 "Without fusion (same graph, enable_graph_kernel=False)", "unfused",
                 self.ceilings))
-            points += points_of(base.kernels, b.per_kernel, baseline=True)
+            points += points_of(base.kernels, b.fastest_per_kernel, baseline=True)
         out.append(roofline_html(points, self.ceilings, f"roofline of {exe.name}"))
         out.append(parts_.reasons_html(exe.reasons, self.fusion_on))
         rewrites = getattr(getattr(exe, "report", None), "rewrites", [])
