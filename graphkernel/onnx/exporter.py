@@ -441,6 +441,23 @@ def _gather(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
     return w.emit("Gather", ins, axis=int(attrs["axis"]) % len(n.inputs[0].shape))
 
 
+@_writer("RangeLike")
+def _range_like(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    rank = len(n.inputs[0].shape)
+    axis = attrs["axis"] % rank
+    length = w.emit("Squeeze", [w.emit("Shape", ins, start=axis, end=axis + 1),
+                                w.const(np.array([0], np.int64), "axes")])
+    line = w.emit("Range", [w.const(np.asarray(0, np.int64), "start"), length,
+                            w.const(np.asarray(1, np.int64), "delta")])
+    if rank - axis - 1:
+        line = w.emit("Reshape", [line, w.const(np.array([-1] + [1] * (rank - axis - 1),
+                                                         np.int64), "shape")])
+    out = w.emit("Expand", [line, w.emit("Shape", ins)])
+    if n.dtype != np.int64:
+        out = w.emit("Cast", [out], to=helper.np_dtype_to_tensor_dtype(n.dtype))
+    return out
+
+
 @_writer("ZerosLike")
 def _zeros_like(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
     zero = numpy_helper.from_array(np.zeros(1, dtype=n.dtype), "value")
