@@ -146,3 +146,56 @@ def test_a_shape_generic_network_exports_dim_params(tmp_path, rng, make, feature
         x = rng.standard_normal((batch, *features)).astype(np.float32)
         got, = onnxruntime_outputs(made, {inp.name: x})
         np.testing.assert_allclose(got, net(Tensor(x)).asnumpy(), rtol=1e-4, atol=1e-6)
+
+
+EXPORTS = os.path.join(os.path.dirname(__file__), "data", "onnx")
+# tests/data/onnx/make_models.py's PyTorch exports: the input's shape after the dynamic batch
+# (the masked ones take an attention mask too, and hold a Range up to the batch)
+REAL_EXPORTS = {"resnet18_small": (3, 32, 32), "mobilenetv3_small": (3, 64, 64),
+                "bert_encoder_small": (16,), "gpt2_block_small": (16,),
+                "bert_encoder_masked_small": (16,), "gpt2_block_masked_small": (16,)}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_EXPORTS))
+def test_an_imported_model_written_back_out_runs_in_onnxruntime_alike(tmp_path, rng, name):
+    """graphkernel.export(GraphCell(load(x)), ..., file_format="ONNX"): the imported model's
+    graph as loaded (initializers as constants, the dynamic batch a dim_param) runs in ONNX
+    Runtime with the original model's result at batch 1 and 3."""
+    source = os.path.join(EXPORTS, f"{name}.onnx")
+    rest = REAL_EXPORTS[name]
+    context.set_context(enable_graph_kernel=True)
+    cell = nn.GraphCell(graphkernel.load(source))
+
+    def example(batch):
+        if len(rest) > 1:  # an image
+            return [rng.standard_normal((batch,) + rest).astype(np.float32)]
+        ids = rng.integers(0, 100, (batch,) + rest).astype(np.int64)
+        mask = np.ones_like(ids)
+        mask[:, -3:] = 0  # used by the masked exports only
+        return [ids, mask][:len(cell._loaded.signature)]
+    path = graphkernel.export(cell, *[Tensor(a) for a in example(2)],
+                              file_name=str(tmp_path / name), file_format="ONNX")
+    made, original = onnx.load(path), onnx.load(source)
+    onnx.checker.check_model(made, full_check=True)
+    given = {t.name for t in original.graph.initializer}
+    written = [i.name for i in made.graph.input]
+    read = [i.name for i in original.graph.input if i.name not in given]
+    assert all(i.type.tensor_type.shape.dim[0].dim_param for i in made.graph.input)  # any batch
+    for batch in (1, 3):
+        arrays = example(batch)
+        got, = onnxruntime_outputs(made, dict(zip(written, arrays)))
+        expected, = onnxruntime_outputs(original, dict(zip(read, arrays)))
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+
+
+def test_a_graph_cell_of_a_gkir_export_is_refused_for_onnx(tmp_path, rng):
+    """A GKIR export holds only its fused final graph: writing it as ONNX is a clear refusal,
+    and nothing is written."""
+    net = cnn()
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    gkir = graphkernel.export(net, Tensor(x), file_name=str(tmp_path / "cnn"))
+    cell = nn.GraphCell(graphkernel.load(gkir))
+    with pytest.raises(UnsupportedError, match="GKIR export"):
+        graphkernel.export(cell, Tensor(x), file_name=str(tmp_path / "back"), file_format="ONNX")
+    assert not os.path.exists(tmp_path / "back.onnx")

@@ -77,3 +77,39 @@ def test_a_pytorch_export_with_a_dynamic_batch_compiles_once_and_matches_onnxrun
 def test_the_committed_exports_are_small():
     for name in MODELS:
         assert os.path.getsize(os.path.join(DATA, f"{name}.onnx")) < 1_000_000, name
+
+
+# transformers' models called with an attention mask as well: the mask is built by index
+# arithmetic over arange(batch), an ONNX Range up to the dynamic batch (make_models.py)
+MASKED = ("bert_encoder_masked_small", "gpt2_block_masked_small")
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+@pytest.mark.parametrize("name", MASKED)
+def test_a_range_up_to_the_dynamic_batch_runs_at_every_batch(name, fusion, rng, monkeypatch):
+    import onnx
+    import onnxruntime
+
+    context.set_context(enable_graph_kernel=fusion)
+    path = os.path.join(DATA, f"{name}.onnx")
+    assert any(n.op_type == "Range" for n in onnx.load(path).graph.node)
+    compiles = []
+    real = importer.compile_traced
+    monkeypatch.setattr(importer, "compile_traced",
+                        lambda *a, **k: compiles.append(1) or real(*a, **k))
+    loaded = graphkernel.load(path)
+    assert [n for n, _ in loaded.signature] == ["input_ids", "attention_mask"]
+    assert all(isinstance(t.shape[0], SymSize) for _, t in loaded.signature)
+    cell = nn.GraphCell(loaded)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        ids = _input(rng, "tokens", (batch, 16))
+        mask = np.ones((batch, 16), np.int64)
+        for row, padding in enumerate(rng.integers(0, 8, batch)):  # each row its own padding
+            mask[row, 16 - padding:] = 0
+        got = cell(Tensor(ids), Tensor(mask)).asnumpy()
+        expected, = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        assert got.shape == expected.shape == (batch, 16, 32)
+        error = np.max(np.abs(got - expected)) / np.max(np.abs(expected))
+        assert error <= 1e-4, (name, batch, error)
+    assert len(compiles) == 1  # one compile serves both batch sizes

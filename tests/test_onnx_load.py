@@ -198,6 +198,35 @@ def test_shape_arithmetic_on_a_dynamic_batch_folds_or_is_refused(rng):
         graphkernel.load(model(nodes(2), *io))
 
 
+def test_a_range_up_to_a_dynamic_batch_is_traced_or_refused(rng):
+    """Range(0, batch, 1) is a tensor of the dynamic length, each element its position (one
+    compile serves every batch, as ONNX Runtime computes); from another start its length is
+    not the input's dimension: a clear refusal naming the node."""
+    def nodes(start):
+        return [helper_node("Shape", ["x"], ["shape"]),
+                helper_node("Constant", [], ["first"], value_ints=[0]),
+                helper_node("Gather", ["shape", "first"], ["batch1"]),
+                helper_node("Squeeze", ["batch1"], ["batch"]),
+                helper_node("Constant", [], ["start"], value=init("s", np.int64(start))),
+                helper_node("Constant", [], ["step"], value=init("d", np.int64(1))),
+                helper_node("Range", ["start", "batch", "step"], ["rows"], name="range"),
+                helper_node("Cast", ["rows"], ["rowsf"], to=TensorProto.FLOAT),
+                helper_node("Constant", [], ["axes"], value_ints=[1]),
+                helper_node("Unsqueeze", ["rowsf", "axes"], ["column"]),
+                helper_node("Add", ["x", "column"], ["y"])]
+
+    io = [value("x", ["batch", 5])], [value("y", ["batch", 5])]
+    made = model(nodes(0), *io)
+    cell = nn.GraphCell(graphkernel.load(made))
+    for batch in (1, 4):
+        x = rng.standard_normal((batch, 5)).astype(np.float32)
+        expected, = onnxruntime_outputs(made, {"x": x})
+        np.testing.assert_array_equal(cell(Tensor(x)).asnumpy(), expected)
+    with pytest.raises(UnsupportedError, match=r"'range' \(Range, opset 17\): a Range from "
+                                               r"\[2\] to \[N\].*must start at 0"):
+        graphkernel.load(model(nodes(2), *io))
+
+
 @pytest.mark.parametrize("attrs, shape", [
     (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), [2, 3, 9, 9]),
     (dict(kernel_shape=[2, 3], dilations=[2, 1], ceil_mode=1, storage_order=1), [1, 2, 8, 7]),

@@ -135,7 +135,7 @@ def view_maps(nodes: list[Node], in_group: set[int]) -> dict[int, IndexMap]:
             continue
         src = node.inputs[0]
         base = maps.get(src.uid) if src.uid in in_group else \
-            None if isinstance(src, Constant) else dense(src)
+            None if isinstance(src, Constant) and src.is_scalar else dense(src)
         if base is None:
             continue
         mapped = apply(node, base)

@@ -163,7 +163,10 @@ def backend_stages(options: CompileOptions, state: BackendState,
     def expand(graph: Graph) -> Graph:
         if flags.expands("BatchNorm", False):  # inference BatchNorm into the conv's weights
             state.rewrites = fold_batch_norms(graph)
-        return _expand(graph, options)
+        # The BatchNorm fold and the expanders make ops of their own; those on constants only
+        # (an imported model's BatchNorm statistics, reshaped per channel) fold now, as the
+        # frontend folds the traced ones, instead of each becoming a kernel.
+        return fold_constants(_expand(graph, options))
 
     def basic_fusion(graph: Graph) -> Graph:
         # Layout ops first move above the elementwise ops feeding them, to the inputs, where

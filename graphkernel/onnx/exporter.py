@@ -15,13 +15,15 @@ from onnx import helper, numpy_helper
 
 from graphkernel.errors import FormatError, UnsupportedError
 from graphkernel.frontend.compile import automatic_types, compile
+from graphkernel.frontend.export import LoadedGraph, check_signature
 from graphkernel.frontend.signature import CellLike
 from graphkernel.graph_kernel.pipeline import CompileOptions
-from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.graph import Constant, Graph, Node, Value, output_types
 from graphkernel.ir.opdefs.array import _slice_index, strided_slice_index
 from graphkernel.ir.opdefs.nn import pair, window_padding
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
+from graphkernel.nn.graph_cell import GraphCell
 from graphkernel.passes.stage_names import VALIDATE
 
 OPSET = 20  # Gelu is new in 20; LayerNormalization 17; Reduce* take axes as an input from 18
@@ -32,11 +34,15 @@ def export_onnx(net: CellLike, *inputs: Any, file_name: str) -> str:
     """Write `net`'s forward graph for `inputs` to `file_name` (".onnx" added when missing) as
     an ONNX model that `onnx.checker` accepts. Returns the path written."""
     path = os.path.abspath(file_name if file_name.endswith(SUFFIX) else file_name + SUFFIX)
-    # as the GKIR export: declared inputs, or the graph automatic dynamic shapes made
-    compiled = compile(net, *inputs, options=CompileOptions(enable_graph_kernel=False),
-                       types=automatic_types(net, inputs))
-    graph = compiled.report.stages[VALIDATE]
-    made = graph_to_model(graph, type(net).__name__)
+    loaded = net._loaded if isinstance(net, GraphCell) else net
+    if isinstance(loaded, LoadedGraph):
+        graph, name = _loaded_graph(loaded, inputs), loaded.name
+    else:
+        # as the GKIR export: declared inputs, or the graph automatic dynamic shapes made
+        compiled = compile(net, *inputs, options=CompileOptions(enable_graph_kernel=False),
+                           types=automatic_types(net, inputs))
+        graph, name = compiled.report.stages[VALIDATE], type(net).__name__
+    made = graph_to_model(graph, name)
     onnx.checker.check_model(made, full_check=True)
     try:
         with open(path, "wb") as fh:
@@ -44,6 +50,20 @@ def export_onnx(net: CellLike, *inputs: Any, file_name: str) -> str:
     except OSError as exc:
         raise FormatError(f"{path}: cannot write the ONNX model ({exc.strerror})") from None
     return path
+
+
+def _loaded_graph(loaded: LoadedGraph, inputs: tuple[Any, ...]) -> Graph:
+    """The forward graph of a loaded model (`graphkernel.load`, or the `nn.GraphCell` that
+    runs it): an imported ONNX model's initial graph, as its load traced it (its initializers
+    constants, its dynamic dimensions kept). A GKIR export holds only its final, fused graph,
+    which is refused. `inputs`, when given, must fit the signature."""
+    if inputs:
+        check_signature(loaded, list(inputs))
+    if loaded.compiled is None or loaded.compiled.report.stages.get(VALIDATE) is None:
+        raise UnsupportedError(f"export to ONNX: {loaded.name} was loaded from a GKIR export, "
+                               "which keeps only its fused final graph; export the network it "
+                               "was made from")
+    return loaded.compiled.report.stages[VALIDATE]
 
 
 def graph_to_model(graph: Graph, name: str) -> onnx.ModelProto:
@@ -152,6 +172,10 @@ class _Writer:
             if source.uid in self.names and index == 0 and isinstance(source, Node) and \
                     source.op in _FIRST_ITEM:
                 self.names[node.uid] = self.names[source.uid]
+                return
+            if isinstance(source, Node) and source.op == "Split":
+                # Split's item i is the i-th of its equal pieces along the axis: a Slice.
+                self.names[node.uid] = _split_item(self, source, index)
                 return
             if isinstance(source, Node) and source.op == "Unstack":
                 # Unstack's item i is a Gather of index i (a scalar index drops the axis);
@@ -394,6 +418,50 @@ def _slice(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
 @_writer("Unstack")
 def _unstack(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
     return ins[0]  # each item is written where a GetItem takes it
+
+
+@_writer("Split")
+def _split(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    return ins[0]  # each item is written where a GetItem takes it (_split_item)
+
+
+def _split_item(w: _Writer, split: Node, index: int) -> str:
+    attrs = {**get_op("Split").attr_defaults, **split.attrs}
+    shape = split.inputs[0].shape
+    axis = attrs["axis"] % len(shape)
+    size = output_types(split)[index].shape[axis]
+    bounds = [w.const(np.array([v], np.int64), what) for v, what in
+              ((index * size, "starts"), ((index + 1) * size, "ends"), (axis, "axes"))]
+    return w.emit("Slice", [w.names[split.uid]] + bounds)
+
+
+@_writer("Gather")
+def _gather(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    # graphkernel's indices are in range and not negative, where ONNX's Gather agrees
+    return w.emit("Gather", ins, axis=int(attrs["axis"]) % len(n.inputs[0].shape))
+
+
+@_writer("RangeLike")
+def _range_like(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    rank = len(n.inputs[0].shape)
+    axis = attrs["axis"] % rank
+    length = w.emit("Squeeze", [w.emit("Shape", ins, start=axis, end=axis + 1),
+                                w.const(np.array([0], np.int64), "axes")])
+    line = w.emit("Range", [w.const(np.asarray(0, np.int64), "start"), length,
+                            w.const(np.asarray(1, np.int64), "delta")])
+    if rank - axis - 1:
+        line = w.emit("Reshape", [line, w.const(np.array([-1] + [1] * (rank - axis - 1),
+                                                         np.int64), "shape")])
+    out = w.emit("Expand", [line, w.emit("Shape", ins)])
+    if n.dtype != np.int64:
+        out = w.emit("Cast", [out], to=helper.np_dtype_to_tensor_dtype(n.dtype))
+    return out
+
+
+@_writer("ZerosLike")
+def _zeros_like(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
+    zero = numpy_helper.from_array(np.zeros(1, dtype=n.dtype), "value")
+    return w.emit("ConstantOfShape", [w.emit("Shape", ins)], value=zero)
 
 
 @_writer("BatchNorm")

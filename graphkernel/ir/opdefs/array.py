@@ -1,8 +1,8 @@
 """Array ops, MindSpore's signatures: joining and splitting (Concat, Split, Stack, Unstack),
 slicing (Slice, StridedSlice with all five masks), indexing (Gather, OneHot), arg-reductions
-(Argmax, ArgMaxWithValue, ArgMinWithValue), Median, new tensors (ZerosLike, OnesLike, Fill,
-Ones, Zeros) and the static Shape, Size and DType. The data-moving ones run as numpy kernels
-between fused kernels."""
+(Argmax, ArgMaxWithValue, ArgMinWithValue), Median, new tensors (ZerosLike, OnesLike,
+RangeLike, Fill, Ones, Zeros) and the static Shape, Size and DType. The data-moving ones run as
+numpy kernels between fused kernels."""
 from __future__ import annotations
 
 import math
@@ -447,6 +447,27 @@ declare_elementwise("ZerosLike", 1, lambda x: np.zeros_like(x), accepts=ALL,
                     functional=("zeros_like",))
 declare_elementwise("OnesLike", 1, lambda x: np.ones_like(x), accepts=ALL,
                     functional=("ones_like",))
+
+
+def _range_like_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
+    x, = types
+    _axis(attrs["axis"], x.rank, "RangeLike")
+    return TensorType(x.shape, T.to_dtype(attrs["dtype"]))
+
+
+def _range_like_ref(x: np.ndarray, axis: int = 0, dtype: Any = T.int64) -> np.ndarray:
+    axis = _axis(axis, x.ndim, "RangeLike")
+    line = np.arange(x.shape[axis], dtype=T.to_dtype(dtype))
+    return np.ascontiguousarray(np.broadcast_to(
+        line.reshape((-1,) + (1,) * (x.ndim - axis - 1)), x.shape))
+
+
+# Each element's position along `axis` of x (0, 1, ..., n-1), in x's shape: the values of a
+# range whose length is known only when the graph runs (an ONNX Range up to a dynamic size);
+# x gives the shape, its values are not read. Its numpy reference runs between kernels.
+declare(OpDef(name="RangeLike", kind=PatternKind.OPAQUE, inputs=("x",),
+              infer=_range_like_infer, reference=_range_like_ref,
+              init_attrs=(("axis", 0), ("dtype", T.int64)), accepts=ALL))
 
 
 def _fill_shape(shape: Any) -> tuple[int, ...]:

@@ -83,10 +83,14 @@ def _conv(cx: NodeContext, x: Value, w: Value, bias: Value = None) -> Value:
     y = op("Conv2D", x, w, out_channel=out_channels, kernel_size=tuple(kernel),
            pad_mode="pad" if any(pad) else "valid", pad=pad if any(pad) else 0,
            stride=tuple(strides), dilation=tuple(dilations), group=cx.attr("group", 1))
+    if bias is not None and rank(bias) == 1 and dtype_of(bias) == dtype_of(y):
+        # MindSpore's Conv2d bias: the form an inference BatchNorm after it folds into
+        # (graph_kernel/bn_fold.py), as for a written network.
+        y = op("BiasAdd", y, bias, data_format="NCHW")
+    elif bias is not None:
+        y = op("Add", y, reshape(cx, bias, (1, out_channels, 1, 1)))
     if n == 1:
         y = op("Squeeze", y, axis=(2,))
-    if bias is not None:
-        y = op("Add", y, reshape(cx, bias, (1, out_channels) + (1,) * n))
     return y
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.ir import types as T
 from graphkernel.onnx.arrays import tensor_array
 from graphkernel.onnx.ops.base import (
     FOLDERS,
@@ -108,6 +109,24 @@ def _range(cx: NodeContext, start: Value, limit: Value, delta: Value) -> np.ndar
         raise cx.refuse("delta 0")
     count = max(int(np.ceil((b - a) / d)), 0)
     return (a + d * np.arange(count)).astype(a.dtype)
+
+
+def _symbolic_range(cx: NodeContext, start: Value, limit: Value, delta: Value) -> Value:
+    """A Range up to a dynamic size (transformers' masks count the batch: `arange(batch)`):
+    from 0 in steps of 1 it has that many elements, a traced tensor of that length (a dynamic
+    dimension, as `Cell.set_inputs` makes), each element its position (RangeLike)."""
+    a, b, d = (cx.known(v, what).reshape(-1) for v, what in ((start, "start"), (limit, "limit"),
+                                                             (delta, "delta")))
+    if a.dtype == object or d.dtype == object or a.size != 1 or b.size != 1 or d.size != 1 or \
+            int(a[0]) != 0 or int(d[0]) != 1:
+        raise cx.refuse(f"a Range from {a.tolist()} to {b.tolist()} in steps of {d.tolist()}: "
+                        "a range up to a dynamic size (a dim_param) must start at 0 in steps "
+                        "of 1")
+    dtype = dtype_of(start)
+    return op("RangeLike", zeros_of_shape(cx, [b[0]], dtype), axis=0, dtype=T.to_dtype(dtype))
+
+
+FOLDERS["Range"] = _symbolic_range  # known bounds fold in _range; a dynamic limit is traced
 
 
 @converts("Reshape")

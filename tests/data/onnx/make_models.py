@@ -1,6 +1,6 @@
 """Makes the small PyTorch exports in this folder, which tests/test_onnx_exports.py loads.
 
-Four real exports with a dynamic batch axis (`dim_param` "batch"), each at a reduced width so
+Six real exports with a dynamic batch axis (`dim_param` "batch"), each at a reduced width so
 the file stays well under 1 MB, random weights from a fixed seed (nothing is downloaded):
 
 - resnet18_small.onnx: ResNet-18's layout (7x7 stem, max pool, four stages of two basic
@@ -13,6 +13,10 @@ the file stays well under 1 MB, random weights from a fixed seed (nothing is dow
   32, 4 heads), input_ids int64[batch, 16]; outputs the last hidden state.
 - gpt2_block_small.onnx: transformers' GPT2Model from a small GPT2Config (one block, hidden
   32, 4 heads), input_ids int64[batch, 16]; outputs the last hidden state.
+- bert_encoder_masked_small.onnx, gpt2_block_masked_small.onnx: the same two configurations
+  called with an attention_mask int64[batch, 16] as well (the shape-generic form of the bench's
+  BERT and GPT-2 rows): transformers builds the mask from `arange(batch)`, a Range up to the
+  dynamic batch.
 
 torchvision's wheels do not match torch 2.13 here, so the two CNNs are their layouts written
 in PyTorch. Run with torch 2.13 (CPU) and transformers installed (not in the test extra; CI
@@ -173,13 +177,43 @@ def gpt2_block() -> nn.Module:
     return LastHiddenState(GPT2Model(config))
 
 
+class MaskedLastHiddenState(nn.Module):
+    """The model called with an attention mask too: transformers then builds the mask with
+    index arithmetic over `arange(batch)`, an ONNX Range up to the dynamic batch."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 # -- export ------------------------------------------------------------------------------------
-def export(net: nn.Module, example: torch.Tensor, path: str, input_name: str) -> None:
+def export(net: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...], path: str,
+           input_name: str | tuple[str, ...]) -> None:
     net.eval()
-    torch.onnx.export(net, (example,), path, dynamo=False, opset_version=OPSET,
-                      input_names=[input_name], output_names=["y"],
-                      dynamic_axes={input_name: {0: "batch"}, "y": {0: "batch"}})
+    examples = example if isinstance(example, tuple) else (example,)
+    names = list(input_name) if isinstance(input_name, tuple) else [input_name]
+    torch.onnx.export(net, examples, path, dynamo=False, opset_version=OPSET,
+                      input_names=names, output_names=["y"],
+                      dynamic_axes={**{n: {0: "batch"} for n in names}, "y": {0: "batch"}})
     print(f"{path}: {os.path.getsize(path)} bytes")
+
+
+def export_masked(folder: str, ids: torch.Tensor) -> None:
+    """bert_encoder_masked_small.onnx and gpt2_block_masked_small.onnx: the two transformers
+    models (their own seeds) with an attention mask input, the last quarter of each row
+    padding."""
+    mask = torch.ones_like(ids)
+    mask[:, -ids.shape[1] // 4:] = 0
+    names = ("input_ids", "attention_mask")
+    torch.manual_seed(SEED + 1)
+    export(MaskedLastHiddenState(bert_encoder().model), (ids, mask),
+           os.path.join(folder, "bert_encoder_masked_small.onnx"), names)
+    torch.manual_seed(SEED + 2)
+    export(MaskedLastHiddenState(gpt2_block().model), (ids, mask),
+           os.path.join(folder, "gpt2_block_masked_small.onnx"), names)
 
 
 def main(folder: str) -> None:
@@ -198,6 +232,7 @@ def main(folder: str) -> None:
         export(bert_encoder(), ids, os.path.join(folder, "bert_encoder_small.onnx"),
                "input_ids")
         export(gpt2_block(), ids, os.path.join(folder, "gpt2_block_small.onnx"), "input_ids")
+        export_masked(folder, ids)
 
 
 if __name__ == "__main__":
