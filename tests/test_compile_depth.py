@@ -5,6 +5,7 @@ cache, each stage, C emission, the C compiler or the kernel cache, loading)."""
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import numpy as np
@@ -135,3 +136,57 @@ def test_expanding_a_deep_stack_does_not_walk_the_graph_per_op(monkeypatch) -> N
     assert expand_walks == [], len(expand_walks)
     want = graphkernel.compile(net, x, options=OFF).run_arrays(x)[0]
     np.testing.assert_allclose(compiled.run_arrays(x)[0], want, rtol=1e-4, atol=1e-5)
+
+
+class HeadsLayer(nn.Cell):
+    """A product + bias split into heads and merged back (the views sink_views moves above the
+    bias add), then GeLU and a residual, as in an attention block."""
+
+    def __init__(self, rng: np.random.Generator, width: int) -> None:
+        super().__init__()
+        self.w = graphkernel.Parameter(rng.standard_normal((width, width)).astype(np.float32)
+                                       * 0.2, name="w")
+        self.b = graphkernel.Parameter(rng.standard_normal(width).astype(np.float32), name="b")
+        self.matmul, self.bias_add, self.gelu = P.MatMul(), P.BiasAdd(), P.GeLU()
+        self.reshape, self.transpose = P.Reshape(), P.Transpose()
+
+    def construct(self, x: Any) -> Any:
+        rows, width = x.shape
+        y = self.bias_add(self.matmul(x, self.w), self.b)
+        heads = self.transpose(self.reshape(y, (rows, 2, width // 2)), (1, 0, 2))
+        merged = self.reshape(self.transpose(heads * 0.5, (1, 0, 2)), (rows, width))
+        return self.gelu(merged) + x
+
+
+def test_moving_views_in_a_deep_stack_does_not_walk_the_graph_per_view(monkeypatch) -> None:
+    """sink_views took the whole graph's users (and rescanned it) once per view it moved:
+    quadratic in depth. The passes now take the users a fixed number of times at any depth.
+    Same results as unfused."""
+    from graphkernel.graph_kernel import index_maps
+    from graphkernel.ir.graph import Graph
+    walks: dict[str, int] = {}
+    original = Graph.users
+
+    def counted(self: Graph) -> Any:
+        caller = sys._getframe(1).f_code
+        if "graph_kernel" in caller.co_filename:  # the passes over the whole graph
+            walks[caller.co_name] = walks.get(caller.co_name, 0) + 1
+        return original(self)
+
+    monkeypatch.setattr(Graph, "users", counted)
+    moved = []
+    sink = index_maps._sink
+    monkeypatch.setattr(index_maps, "_sink", lambda *a: moved.append(1) or sink(*a))
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    counts = {}
+    for depth in (1, 6):
+        walks.clear()
+        moved.clear()
+        net = nn.SequentialCell([HeadsLayer(np.random.default_rng(i), 16)
+                                 for i in range(depth)])
+        compiled = graphkernel.compile(net, x, options=ON)
+        counts[depth] = (dict(walks), len(moved))
+        want = graphkernel.compile(net, x, options=OFF).run_arrays(x)[0]
+        np.testing.assert_allclose(compiled.run_arrays(x)[0], want, rtol=1e-4, atol=1e-5)
+    assert counts[6][1] >= 6 * 2, counts  # views were moved in every layer
+    assert counts[6][0] == counts[1][0], counts

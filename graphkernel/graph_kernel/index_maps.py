@@ -185,27 +185,37 @@ def sink_views(graph: Graph) -> Graph:
     """Rewrite V(E(x, y, ...)) as E(V(x'), V(y'), ...) for a layout op V whose input is an
     elementwise op E used only by V (x' is x broadcast to E's shape where it is smaller), until
     no more apply: the views end on the inputs of the elementwise work, where kernels read them
-    through index maps."""
-    changed = True
-    while changed:
-        changed = False
-        users = graph.users()
-        outputs = {v.uid for v in graph.outputs}
-        for view in list(graph.nodes):
-            src = view.inputs[0] if view.subgraph is None and (
-                view.op in SINKABLE or view.op in SLICES and _unary(view.inputs[0])) else None
-            if not isinstance(src, Node) or not _pointwise(src) or src.uid in outputs or \
-                    len(users[src.uid]) != 1 or \
-                    _strip_ones(src.shape) == _strip_ones(view.shape):  # free where it is
-                continue
-            _sink(graph, view, src)
-            changed = True
-            break
+    through index maps.
+
+    One scan in graph order, with the users computed once and kept up to date by each rewrite
+    (a rescan and a users walk per rewrite was quadratic in depth). After a rewrite the scan
+    goes back to E's place, where the moved views now stand: nodes before it cannot have become
+    rewritable (a rewrite only moves E's uses to the new views and V's uses to the new E), so
+    this applies the same rewrites in the same order as rescanning from the start."""
+    users = graph.users()
+    outputs = {v.uid for v in graph.outputs}
+    at = 0
+    while at < len(graph.nodes):
+        view = graph.nodes[at]
+        src = view.inputs[0] if view.subgraph is None and (
+            view.op in SINKABLE or view.op in SLICES and _unary(view.inputs[0])) else None
+        if not isinstance(src, Node) or not _pointwise(src) or src.uid in outputs or \
+                len(users[src.uid]) != 1 or \
+                _strip_ones(src.shape) == _strip_ones(view.shape):  # free where it is
+            at += 1
+            continue
+        at = _sink(graph, at, src, users, outputs)
     return graph
 
 
-def _sink(graph: Graph, view: Node, src: Node) -> None:
-    at = graph.nodes.index(src)
+def _sink(graph: Graph, view_at: int, src: Node, users: dict[int, list[Node]],
+          outputs: set[int]) -> int:
+    """Move the view at `view_at` above its input `src`, keeping `users` and `outputs` up to
+    date; returns the place the moved views start (src's old place)."""
+    view = graph.nodes[view_at]
+    at = view_at - 1
+    while graph.nodes[at] is not src:  # src comes before its user, usually just before
+        at -= 1
     new_inputs: list[Value] = []
     added: list[Node] = []
     for operand in src.inputs:
@@ -234,8 +244,24 @@ def _sink(graph: Graph, view: Node, src: Node) -> None:
     compute = Node(src.op, new_inputs, src.attrs, view.type, src.name, src.loc, sub)
     compute.notes = dict(src.notes)
     graph.nodes[at:at + 1] = added
-    graph.nodes[graph.nodes.index(view)] = compute
-    graph.replace_uses(view, compute)
+    graph.nodes[view_at + len(added) - 1] = compute
+    # users: src's operands lose src (once per use) and gain the new nodes reading them;
+    # V's readers read the new E instead
+    for operand in src.inputs:
+        readers = users[operand.uid]
+        readers.remove(src)
+    for node in added + [compute]:
+        for value in node.inputs:
+            users.setdefault(value.uid, []).append(node)
+    del users[src.uid]
+    readers = users.pop(view.uid, [])
+    for reader in dict.fromkeys(readers):
+        reader.inputs = [compute if v is view else v for v in reader.inputs]
+    users[compute.uid] = readers
+    graph.remap_results({view.uid: compute})
+    if view.uid in outputs:
+        outputs.add(compute.uid)
+    return at
 
 
 def _broadcast_element(value: Value) -> Constant | None:
