@@ -336,7 +336,9 @@ def summarise(records: list[dict[str, Any]], workloads: list[str], systems: Iter
             if not paired:
                 note = _status_note(records, workload, system)
                 if note:
-                    rows.append(Row(workload, system, *([math.nan] * 8), rounds=0, note=note))
+                    nan = math.nan
+                    rows.append(Row(workload, system, nan, nan, nan, nan, nan, nan, nan, nan,
+                                    rounds=0, note=note))
                 continue
             ratios = [per_side["after"][r] / per_side["before"][r] for r in paired]
             wall_paired = sorted(set(wall["before"]) & set(wall["after"]))
