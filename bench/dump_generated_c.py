@@ -2,10 +2,13 @@
 per library, so two versions of the compiler can be compared with `diff -r`.
 
 The graphs: the bench's quick workloads (elementwise chains, LayerNorm, Softmax, an MLP, an
-encoder layer, two training steps, the digits CNN, BERT-tiny), fused with static shapes and
-shape-generic, and the lab's composite scenarios (fused and unfused).
+encoder layer, two training steps, the digits CNN, BERT-tiny), fused with static shapes,
+shape-generic and unfused, and the lab's composite scenarios (fused and unfused). With --full,
+the bench's full suite instead of the quick one: the sizes `python -m bench` times, whose
+kernels (GEMM blocking, conv blocks, parallel splits) differ from the small sizes' (a minute or
+two more: every workload is compiled and called once at full size).
 
-    python -m bench.dump_generated_c OUT_DIR
+    python -m bench.dump_generated_c [--full] OUT_DIR
 
 The whole-graph compile cache is turned off so that every graph is planned and generated
 again; the kernel cache (GRAPHKERNEL_CACHE_DIR) may be shared: the source is recorded before it
@@ -58,22 +61,27 @@ class _Recorder:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    full = "--full" in argv
+    paths = [a for a in argv if a != "--full"]
+    if len(paths) != 1 or paths[0].startswith("-"):
         print(__doc__, file=sys.stderr)
         return 2
-    out_dir = os.path.abspath(argv[0])
+    out_dir = os.path.abspath(paths[0])
     os.makedirs(out_dir, exist_ok=True)
     os.environ["GRAPHKERNEL_COMPILE_CACHE"] = "0"
     from bench.systems import GraphKernel
-    from bench.workloads import input_sets, quick_suite
+    from bench.workloads import full_suite, input_sets, quick_suite
     from graphkernel import context
     from graphkernel.tools import lab
 
     library = _library_module()
     recorder = _Recorder(out_dir)
     library._key = recorder.wrap(library._key)
-    for system in (GraphKernel(fused=True), GraphKernel(fused=True, generic=True)):
-        for w in quick_suite():
+    # The three ways the bench times graphkernel: fused, shape-generic, unfused (one kernel
+    # per op: the single-op kernels' C).
+    for system in (GraphKernel(fused=True), GraphKernel(fused=True, generic=True),
+                   GraphKernel(fused=False)):
+        for w in full_suite() if full else quick_suite():
             if system.supports(w) is not None:
                 continue
             recorder.start(f"{system.key}/{w.key}")
