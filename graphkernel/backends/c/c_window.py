@@ -8,9 +8,10 @@ vector accumulator of output channels per pixel (one lane per channel, gcc's vec
 and a broadcast multiply-add per pixel per tap, in registers; the pixels' offsets are constants
 of the source (whole rows of a narrow output, equal segments of a wide row). With AVX-512 two
 channel blocks go together. A group of few output channels (a depthwise convolution) turns the
-vectors along a row's pixels instead. The weights are repacked per call, each unit of work's in
-one run (with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied: parameters may change
-between calls). Images share out over OpenMP threads when the call is large enough; a batch too
+vectors along a row's pixels instead. The weights are repacked, each unit of work's in one run
+(with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied), into the plan's workspace
+(runtime/plan.py Workspace), and again only when a weight's version or array changed since.
+Images share out over OpenMP threads when the call is large enough; a batch too
 small for that shares one image's units of work instead. float16 computes in float32 and rounds
 once, as the numpy reference does. Sums run in tap order, not BLAS's: results differ from the
 reference by rounding only.
@@ -138,7 +139,7 @@ def workspace_bytes(conv: Node) -> int:
     the widest vector (64 bytes; a narrower one never needs more)."""
     (o, cg, kh, kw), x = conv.inputs[1].shape, conv.inputs[0].shape
     g = x[1] // cg
-    size = np.dtype(C_COMPUTE[conv.dtype]).itemsize if conv.dtype != T.float16 else 4
+    size = 8 if C_COMPUTE[conv.dtype] == "double" else 4  # float16 computes in float
     taps = cg * kh * kw
     if o // g < PIXEL_PATH_CHANNELS:  # scalars [channel][tap], in whole vectors
         packed = o * taps * size + 64
