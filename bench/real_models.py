@@ -323,7 +323,7 @@ def load_into_torch(model: Any, params: dict[str, np.ndarray]) -> None:
     given = {torch_name(k): v for k, v in params.items()}
     if set(given) != wanted:
         raise KeyError(f"torch/graphkernel names differ: {sorted(set(given) ^ wanted)[:8]}")
-    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v))
+    model.load_state_dict({k: torch.from_numpy(np.array(v))  # writeable: torch asks
                            for k, v in given.items()}, strict=False)
 
 

@@ -207,7 +207,7 @@ def test_assigns_write_weights_in_place_fused_and_unfused(rng):
         assert "written into $1:w" in exe.plan.describe() and "overwrites" in exe.plan.describe()
         first = exe(Tensor(x)).asnumpy()
         np.testing.assert_allclose(first, (start + x) * 2, rtol=1e-6)
-        assert param.asnumpy() is own  # written in place: the same array
+        assert np.shares_memory(param.asnumpy(), own)  # written in place: the same array
         np.testing.assert_allclose(own, start + x, rtol=1e-6)
         second = exe.run_arrays(x)[0]
         np.testing.assert_allclose(second, (start + 2 * x) * 2, rtol=1e-6)

@@ -133,6 +133,8 @@ class Cell:
         if last is not None and last[0] == context._generation and not symbolic.recording:
             out = last[2](last[3], *inputs)
             if out is not NotImplemented:
+                for p in last[1].written:  # its in-place writes: a new version of each
+                    p.bump_version()
                 return out
             declined = last[1]
         if current_tracer() is not None:

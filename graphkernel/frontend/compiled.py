@@ -58,6 +58,13 @@ class CompiledCell:
         self.guards = guards if guards is not None else Guards()
         runner = self._runner = executable.runner
         self._returns_tuple = executable.plan.returns_tuple
+        # Data kept from a Parameter (a convolution's repacked weights) is current while its
+        # version word holds; the Parameters this graph writes in place have moved after each
+        # call (`written`: bumped by every path that runs it, a Cell's per-call one included).
+        plan = executable.plan
+        runner.bind_versions([p._version for p in self.params])
+        self.written = tuple(p for p, slot in zip(self.params, plan.weights)
+                             if slot in plan.written_weights)
         # What the compiled entry's `call` takes before the inputs: this cell's Parameters,
         # the graph's constants and the guards it checks (backends/c/c_entry.py).
         self._fixed: tuple[Any, ...] = ()
@@ -113,27 +120,42 @@ class CompiledCell:
         if call is not None and not entry_declined:  # the per-call path: one C call
             out = call(self._fixed, *args)
             if out is not NotImplemented:
+                for p in self.written:
+                    p.bump_version()
                 return out
         arrays = [a._array if isinstance(a, Tensor) else a for a in args]
         # Other inputs (numbers, lists) become arrays in the runtime's check: `run` may take
         # those, though `call` could not.
         offered = call is not None and all(isinstance(a, np.ndarray) for a in arrays)
-        outs = [Tensor._wrap(a) for a in self.executable.run(
-            _arrays(arrays), self._weights(), try_entry=not offered)]
+        try:
+            outs = [Tensor._wrap(a) for a in self.executable.run(
+                _arrays(arrays), self._weights(), try_entry=not offered)]
+        finally:  # a call that failed part way may have written some
+            for p in self.written:
+                p.bump_version()
         if self._returns_tuple or len(outs) != 1:
             return tuple(outs)
         return outs[0]
 
     def run_arrays(self, *args: Any) -> list[np.ndarray]:
         """Run on arrays (or Tensors); return the outputs as numpy arrays."""
-        return self.executable.run(_arrays(args), self._weights())
+        try:
+            return self.executable.run(_arrays(args), self._weights())
+        finally:
+            for p in self.written:
+                p.bump_version()
 
     def profile_kernels(self, *args: Any, repeats: int = 20) -> list[float]:
         """Median seconds each of `.kernels` takes within one call, over `repeats` calls."""
-        return self.executable.profile(_arrays(args), self._weights(), repeats)
+        try:
+            return self.executable.profile(_arrays(args), self._weights(), repeats)
+        finally:
+            for p in self.written:
+                p.bump_version()
 
     def _weights(self) -> list[np.ndarray]:
-        return [p.asnumpy() for p in self.params]
+        # The live arrays (not asnumpy's read-only views): the plan may write them in place.
+        return [p._array for p in self.params]  # type: ignore[misc]  # a Parameter has data
 
     # -- introspection --------------------------------------------------------------------
     @property

@@ -319,7 +319,14 @@ def _declared_shape(shape: Any) -> tuple[int | Symbol | None, ...]:
 
 
 class Parameter(Tensor):
-    """A weight a Cell owns: a graph input bound at call time, so updates are seen."""
+    """A weight a Cell owns: a graph input bound at call time, so updates are seen.
+
+    Its values change only through its write paths, each of which bumps its version word
+    (`version`): `set_data`, `p[...] = value`, an op run eagerly that writes it (Assign), and a
+    compiled graph's in-place writes (optimizer updates, `CompiledCell` bumps them after the
+    call). Compiled graphs keep data derived from it (a convolution's repacked weights) until
+    the word moves. `asnumpy()` hands out a read-only view of the live array, so no write
+    escapes the count."""
 
     def __init__(self, default_input: Any, name: str = "", requires_grad: bool = True) -> None:
         super().__init__(default_input)
@@ -329,6 +336,25 @@ class Parameter(Tensor):
             self._array = np.array(self._array, order="C", copy=True)
         self.name = name
         self.requires_grad = requires_grad
+        # Kernels read it by address (runtime/runner.py bind_versions): changed in place only.
+        self._version = np.zeros(1, np.int64)
+
+    @property
+    def version(self) -> int:
+        """How many times the values were written (a counter, starting at 0)."""
+        return int(self._version[0])
+
+    def bump_version(self) -> None:
+        """Record that the values changed (every write path calls this)."""
+        self._version[0] += 1
+
+    def asnumpy(self) -> np.ndarray:
+        """The live values as a read-only view (they change with the Parameter): write through
+        `set_data` or `p[...] = value`, which compiled graphs see."""
+        array = super().asnumpy()
+        view = array.view()
+        view.flags.writeable = False
+        return view
 
     def set_data(self, data: Any) -> None:
         """Replace the value, cast to the Parameter's dtype; the shape must stay (compiled
@@ -342,10 +368,26 @@ class Parameter(Tensor):
                              "Parameter on the cell (cell.weight = Parameter(...))",
                              user_location())
         self._array = array
+        self.bump_version()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """`p[key] = value`: written into the Parameter's own array, as numpy assigns (the
+        value cast to its dtype, broadcast to the selection)."""
+        if self._array is None:
+            raise GraphModeError(f"assigning into Parameter {self.name!r} while tracing: use "
+                                 "P.Assign (or ops.assign) in construct", user_location())
+        source = value.asnumpy() if isinstance(value, Tensor) else value
+        try:
+            self._array[key] = source
+        except (IndexError, ValueError, TypeError) as err:
+            raise InputError(f"Parameter {self.name!r} ({self.dtype.name}"
+                             f"{list(self.shape)})[{key!r}] = a value: {err}",
+                             user_location()) from None
+        finally:
+            self.bump_version()  # even a failed broadcast may have written some of it
 
     def __repr__(self) -> str:
         return f"Parameter(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype.name})"
-
 
 
 def value_in(graph: SymbolicGraph, tensor: Tensor) -> Value:
@@ -469,7 +511,7 @@ def _apply(op: OpDef, args: list[Any], attrs: dict[str, Any], loc: Any
         wrapped = _wrap_eager(result, out_type)
         written = wrapped if isinstance(wrapped, tuple) else (wrapped,)
         for i, k in zip(op.writes, op.written_outputs):
-            operands[i].asnumpy()[...] = written[k].asnumpy()  # type: ignore[union-attr]  # eager: arrays
+            operands[i][...] = written[k].asnumpy()  # Parameter.__setitem__: counted
         return written[0] if op.returns_first_only else wrapped
     values: list[Value] = []
     for o in operands:

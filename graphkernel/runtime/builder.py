@@ -3,6 +3,7 @@ every node becomes the step its lowering names; kernels are backend-neutral spec
 (`KernelSpec`) that the backend builds (backends/)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -12,7 +13,7 @@ from graphkernel.graph_kernel.lower import KernelKind, Lowering
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir.graph import Constant, Graph, Node, Value, node_phases, output_types, phases_of
-from graphkernel.ir.opset import PatternKind, get_op
+from graphkernel.ir.opset import PatternKind, Window, get_op
 from graphkernel.ir.types import TensorType
 from graphkernel.runtime import blas
 from graphkernel.runtime.flops import gemm_mnk, graph_flops, node_flops
@@ -25,6 +26,7 @@ from graphkernel.runtime.plan import (
     SlotRole,
     Step,
     StepKind,
+    Workspace,
     bytes_of,
     kernel_identifier,
     kernel_symbols,
@@ -158,11 +160,14 @@ def _bytes_moved(node: Node) -> int:
         bytes_of(output_types(node))
 
 
-def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SETTINGS
+def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SETTINGS,
+               workspace_bytes: Callable[[KernelSpec], int] | None = None
                ) -> tuple[ExecutionPlan, list[str]]:
     """The plan of `graph`, lowered (graph_kernel/lower.py): each node becomes the step its
     `Node.lowering` names; kernels are backend-neutral specs a backend builds. Returns the plan
-    and warnings for the user (groups that run op by op)."""
+    and warnings for the user (groups that run op by op). `workspace_bytes`: the backend's
+    size of the data a convolution kernel keeps between calls (its repacked weights; 0: none),
+    each given a WORKSPACE slot."""
     assert graph.lowered_for is not None, "plan_graph takes a lowered graph"
     b = _PlanBuilder(graph)
     notes: list[str] = []
@@ -273,6 +278,8 @@ def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SE
             continue
         b.steps.append(Step(StepKind.ASSIGN, f"assign {weight.name}", (), (source_slot, target), (),
                             (), overwrites=(target,), bytes_moved=2 * weight.tensor_type.nbytes))
+    if workspace_bytes is not None:
+        _add_workspaces(b, workspace_bytes, {target for _, target in assigned})
     slots = tuple(b.slots)
     inputs = tuple(b.slot_of[i.uid] for i in graph.inputs if i.kind == "input")
     weights = tuple(weight_slots.values())
@@ -283,6 +290,34 @@ def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SE
                          tuple(b.steps), tuple(release), tuple(buffers), buffer_of, copy_out,
                          symbol_bindings(slots, inputs))
     return plan, notes
+
+
+def _add_workspaces(b: _PlanBuilder, workspace_bytes: Callable[[KernelSpec], int],
+                    written: set[int]) -> None:
+    """A WORKSPACE slot for each convolution kernel the backend keeps data for, read after
+    the kernel's other reads and overwritten by it. Its contents are kept between calls when
+    every source (the convolution's inputs after the image) is a constant or a weight that no
+    step of this plan writes: a weight the plan assigns changes within the call (a training
+    step), so its kernel recomputes them each call."""
+    for i, step in enumerate(b.steps):
+        spec = step.kernel
+        if spec is None or spec.kind not in (KernelKind.WINDOW, KernelKind.CONV_BLOCK):
+            continue
+        conv = spec.block.conv if spec.block is not None else spec.node
+        if get_op(conv.op).window is not Window.CONVOLUTION:
+            continue
+        nbytes = workspace_bytes(spec)
+        if nbytes <= 0:
+            continue
+        sources = step.reads[1:len(conv.inputs)]
+        kept = all(b.slots[s].role is SlotRole.CONSTANT or
+                   b.slots[s].role is SlotRole.WEIGHT and s not in written for s in sources)
+        slot = b._new(f"{step.name}.workspace", TensorType((nbytes,), np.dtype(np.uint8)),
+                      SlotRole.WORKSPACE)
+        b.slots[slot] = replace(b.slots[slot], workspace=Workspace(sources, kept))
+        b.steps[i] = replace(step, reads=step.reads + (slot,),
+                             overwrites=step.overwrites + (slot,),
+                             kernel=replace(spec, workspace=True))
 
 
 # step name -> (node, its group, its schedule)

@@ -15,7 +15,10 @@ at the graph again. The Python runner (`runtime/runner.py`) and the CPython entr
 - **in-place writes and aliasing** are fields, not habits: `Step.overwrites` names the read
   slots whose memory a step writes into (an ASSIGN writes into a weight's array), `Step.aliases`
   says its results may be views of what it reads, and `copy_out` says which results are copied
-  so that a caller never holds memory that is also an input, a weight or another result.
+  so that a caller never holds memory that is also an input, a weight or another result;
+- **workspace** a kernel keeps between calls (a convolution's repacked weights) is a slot too
+  (`SlotRole.WORKSPACE`, its `Workspace` saying what it is computed from), owned by the runner
+  and freed with it; the kernel reads it after its other reads and names it in `overwrites`.
 """
 from __future__ import annotations
 
@@ -51,6 +54,28 @@ class SlotRole(Enum):
     WEIGHT = "weight"  # a Parameter's array, passed by the frontend after the inputs
     CONSTANT = "constant"  # filled once, read-only
     VALUE = "value"  # written by a step
+    WORKSPACE = "workspace"  # bytes one kernel keeps between calls (Workspace), runner-owned
+
+
+# A workspace starts with a header of int64 words the runner and the kernel share:
+# [0, 3) the version words (int64 *) of its sources, NULL where none is bound; [3, 6) the
+# versions its contents were computed at; [6, 9) the sources' data pointers then; [9] nonzero
+# once computed. The kernel's data follows at WORKSPACE_HEADER_BYTES (a vector's alignment).
+WORKSPACE_HEADER_BYTES = 128
+WORKSPACE_SOURCES = 3  # at most: a folded convolution's weight, BatchNorm scale and variance
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """What a WORKSPACE slot holds: a kernel's data computed from `sources` (slots: a
+    convolution's weight, scale and variance, repacked). `kept`: the contents outlive a call,
+    recomputed only when a source changes (each source a weight no step of this plan writes, or
+    a constant); otherwise every call recomputes them. A kept source's change is seen through
+    its version word (the frontend's Parameter bumps it on every write; `Runner.bind_versions`)
+    and its data pointer; a weight with no version word bound is recomputed every call."""
+
+    sources: tuple[int, ...]
+    kept: bool
 
 
 def kernel_identifier(text: str) -> str:
@@ -100,6 +125,8 @@ class KernelSpec:
     group: Graph | None = None  # LOOP_NEST, PARALLEL, SINGLE_OP: the group it computes
     schedule: Any = None  # the group's Schedule or ParallelSchedule
     block: ConvBlock | None = None  # CONV_BLOCK: its members
+    # Its argv has a workspace (a WORKSPACE slot) after the reads its node makes.
+    workspace: bool = False
     # It runs while a multi-threaded BLAS product's idle workers may spin (PlanSettings
     # .serial_beside_blas): a backend may keep it off threads.
     beside_blas: bool = False
@@ -112,6 +139,7 @@ class Slot:
     type: TensorType
     role: SlotRole
     constant: np.ndarray | None = None  # CONSTANT slots: the array
+    workspace: Workspace | None = None  # WORKSPACE slots: what it holds
 
 
 @dataclass(frozen=True)
@@ -183,6 +211,9 @@ class ExecutionPlan:
     def constant_slots(self) -> list[Slot]:
         return [s for s in self.slots if s.role is SlotRole.CONSTANT]
 
+    def workspace_slots(self) -> list[Slot]:
+        return [s for s in self.slots if s.role is SlotRole.WORKSPACE]
+
     def kernel_steps(self) -> list[Step]:
         return [s for s in self.steps if s.launches_kernel]
 
@@ -224,11 +255,11 @@ class ExecutionPlan:
 
 def entry_arguments(plan: ExecutionPlan) -> list[int]:
     """Slots a compiled entry of the whole plan takes, in order: inputs, weights, then the
-    constants the steps read (in order of first use)."""
+    constants and workspaces the steps read (in order of first use)."""
     args = list(plan.inputs) + list(plan.weights)
     for step in plan.steps:
         for s in step.reads:
-            if plan.slots[s].role is SlotRole.CONSTANT and s not in args:
+            if plan.slots[s].role in (SlotRole.CONSTANT, SlotRole.WORKSPACE) and s not in args:
                 args.append(s)
     return args
 

@@ -28,7 +28,15 @@ from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
 from graphkernel.runtime.blas import blas_threads, find_in_background
 from graphkernel.runtime.memory import BufferPool
-from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
+from graphkernel.runtime.plan import (
+    WORKSPACE_HEADER_BYTES,
+    WORKSPACE_SOURCES,
+    ExecutionPlan,
+    SlotRole,
+    Step,
+    StepKind,
+    entry_arguments,
+)
 from graphkernel.runtime.reference import run_reference_graph
 
 StepFn = Callable[[list[Any]], None]
@@ -63,6 +71,15 @@ class Runner:
         self._template: list[Any] = [None] * len(plan.slots)
         for slot in plan.constant_slots():
             self._template[slot.index] = slot.constant
+        # Workspaces (plan.Workspace): zeroed, so nothing counts as computed, and freed with
+        # the runner. A constant source never changes: its version word is this one, fixed.
+        self._constant_version = np.zeros(1, np.int64)
+        self._version_words: list[np.ndarray | None] = [None] * len(plan.weights)
+        for slot in plan.workspace_slots():
+            (nbytes,) = slot.type.shape
+            assert isinstance(nbytes, int)  # a workspace's size is a constant of its kernel
+            self._template[slot.index] = _aligned_zeros(nbytes)
+        self.bind_versions(self._version_words)
         self._functions: dict[str, Any] = {}
         self.step_fns: list[StepFn] = []
         self.prefaulting: threading.Thread | None = None
@@ -84,11 +101,34 @@ class Runner:
             if self.prefaulting is None:
                 self._bind_entry()
         if self.entry is not None:
+            # constants (0-d stays 0-d) and this runner's workspaces
             self.entry_constants = tuple(
-                np.asarray(self.plan.slots[s].constant, order="C")  # 0-d stays 0-d
+                np.asarray(self._template[s], order="C")
                 for s in entry_arguments(self.plan)[len(self.plan.inputs) +
                                                     len(self.plan.weights):])
         self._bind()
+
+    def bind_versions(self, words: Sequence[np.ndarray | None]) -> None:
+        """The version word (an int64 array of one element that changes whenever the
+        weight's values do) of each weight, in `plan.weights` order, None where there is none.
+        Kept workspaces read from a weight with a word are recomputed only when it (or the
+        weight's array) changes; from a weight without one, on every call."""
+        assert len(words) == len(self.plan.weights)
+        self._version_words = list(words)  # kept alive: the workspaces hold their addresses
+        position = {slot: k for k, slot in enumerate(self.plan.weights)}
+        for slot in self.plan.workspace_slots():
+            assert slot.workspace is not None and \
+                len(slot.workspace.sources) <= WORKSPACE_SOURCES
+            header = self._template[slot.index][:WORKSPACE_HEADER_BYTES].view(np.int64)
+            header[:] = 0  # recomputed on the next call
+            if not slot.workspace.kept:
+                continue
+            for i, source in enumerate(slot.workspace.sources):
+                if self.plan.slots[source].role is SlotRole.CONSTANT:
+                    word: np.ndarray | None = self._constant_version
+                else:
+                    word = self._version_words[position[source]]
+                header[i] = 0 if word is None else word.ctypes.data
 
     def _bind(self) -> None:
         self.step_fns = [self._step_fn(step) for step in self.plan.steps]
@@ -334,6 +374,13 @@ class Runner:
                 value = np.asarray(value)
                 slots[s] = value if value.dtype == t.dtype else value.astype(t.dtype)
         return library
+
+
+def _aligned_zeros(nbytes: int) -> np.ndarray:
+    """`nbytes` zero bytes starting on a 64-byte boundary (a vector's alignment)."""
+    raw = np.zeros(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + nbytes]
 
 
 def _strided(array: np.ndarray, offset: int, shape: tuple[int, ...],

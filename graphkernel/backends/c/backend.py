@@ -12,7 +12,11 @@ from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_k
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
-from graphkernel.backends.c.c_window import emit_window_kernel, why_not_window_kernel
+from graphkernel.backends.c.c_window import (
+    emit_window_kernel,
+    why_not_window_kernel,
+    workspace_bytes,
+)
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.generic_kernel import emit_any_kernel
@@ -63,7 +67,8 @@ class CBackend:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs)
         if kind is KernelKind.WINDOW:
-            return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs)
+            return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs,
+                                      spec.workspace)
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None
@@ -89,7 +94,7 @@ class CBackend:
             _warned_no_compiler = True
         if graph.lowered_for != self.name:
             lower(graph, self)
-        plan, notes = plan_graph(graph, name, config.plan)
+        plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes)
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)
         specs = [s.kernel for s in plan.steps if s.kernel is not None]
@@ -116,3 +121,8 @@ class CBackend:
 
 
 BACKEND = CBackend()
+
+
+def _workspace_bytes(spec: KernelSpec) -> int:
+    """A convolution kernel's workspace: its repacked weights, kept between calls."""
+    return workspace_bytes(spec.block.conv if spec.block is not None else spec.node)

@@ -27,6 +27,7 @@ from graphkernel.backends.c.c_window import (
     conv_parts,
     image_loop,
     pool_parts,
+    prepack,
     why_not_window_kernel,
 )
 from graphkernel.backends.c.ops import code_for_op
@@ -188,17 +189,18 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
 # -- the kernel ------------------------------------------------------------------------------
 
 def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource:
-    """One kernel for the block; argv: `block.reads`, the result, then the batch size when it is
-    dynamic."""
+    """One kernel for the block; argv: `block.reads`, the workspace of its repacked weights
+    (c_window.workspace_bytes), the result, then the batch size when it is dynamic."""
     conv, pool = block.conv, block.pool
     plan, problem = _epilogue_plan(conv, block.epilogue)
     assert plan is not None, problem
     parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs})
-    ct, st, vt = parts.ct, parts.st, parts.vt
+    ct, st = parts.ct, parts.st
     o = conv.shape[1]
     reads = block.reads
     n = conv.inputs[0].shape[0]
-    batch, sizes = str(n), read_sizes(kernel_symbols((n,)), len(reads) + 1)
+    # argv: the reads, the workspace holding the repacked weights, the result, the sizes
+    batch, sizes = str(n), read_sizes(kernel_symbols((n,)), len(reads) + 2)
     lines = [*parts.statics]
     out_size = parts.out_size
     if pool is not None:
@@ -220,10 +222,12 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource
     lines += ["    #pragma omp simd", "    for (int64_t p = 0; p < P; ++p) {"]
     lines += [f"      const {ct} {local} = {text};" for local, text in plan.full]
     lines += [f"      tile[o * P + p] = {plan.result};", "    }", "  }", "}", ""]
-    # The kernel: weights repacked and per-channel values computed once, then image by image.
+    # The kernel: weights repacked when they changed, per-channel values computed once, then
+    # image by image.
     lines += [f"void {name}(void *const *args) {{", *parts.reads,
-              f"  {st} *restrict out = ({st} *)args[{len(reads)}];", *sizes,
-              f"  {vt} wt[{parts.wt_count}];", *parts.repack,
+              f"  {st} *restrict out = ({st} *)args[{len(reads) + 1}];", *sizes,
+              *prepack(parts, f"args[{len(reads)}]", parts.params.split(", "),
+                       math.prod(conv.inputs[1].shape)),
               f"  {ct} pre[{o * npre}];", *inputs,
               f"  enum {{ O = {o} }};",
               "  for (int64_t o = 0; o < O; ++o) {"]

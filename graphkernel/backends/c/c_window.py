@@ -8,9 +8,10 @@ vector accumulator of output channels per pixel (one lane per channel, gcc's vec
 and a broadcast multiply-add per pixel per tap, in registers; the pixels' offsets are constants
 of the source (whole rows of a narrow output, equal segments of a wide row). With AVX-512 two
 channel blocks go together. A group of few output channels (a depthwise convolution) turns the
-vectors along a row's pixels instead. The weights are repacked per call, each unit of work's in
-one run (with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied: parameters may change
-between calls). Images share out over OpenMP threads when the call is large enough; a batch too
+vectors along a row's pixels instead. The weights are repacked, each unit of work's in one run
+(with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied), into the plan's workspace
+(runtime/plan.py Workspace), and again only when a weight's version or array changed since.
+Images share out over OpenMP threads when the call is large enough; a batch too
 small for that shares one image's units of work instead. float16 computes in float32 and rounds
 once, as the numpy reference does. Sums run in tap order, not BLAS's: results differ from the
 reference by rounding only.
@@ -36,6 +37,7 @@ from graphkernel.ir.graph import Node
 from graphkernel.ir.opdefs.nn import conv_geometry, pool_geometry
 from graphkernel.ir.opset import Window, get_op
 from graphkernel.ir.types import SymSize, TensorType
+from graphkernel.runtime.plan import WORKSPACE_HEADER_BYTES
 
 # An output of at most this many pixels goes in equal blocks over the whole image, each block
 # its own code with constant offsets (a 7x7 or 14x14 output fills every block; whole rows of 7
@@ -67,8 +69,32 @@ WINDOW_TYPES = """\
 #endif
 typedef float gk_vfloat __attribute__((vector_size(GK_VBYTES), aligned(4)));
 typedef double gk_vdouble __attribute__((vector_size(GK_VBYTES), aligned(8)));
+/* A workspace's header (runtime/plan.py WORKSPACE_HEADER_BYTES, the runner fills `version`):
+   its contents are current when computed from these same sources at these same versions. */
+typedef struct {
+  int64_t *version[3];
+  int64_t packed[3];
+  const void *source[3];
+  int64_t valid;
+} gk_pack_header;
+#define GK_PACK_HEADER @HEADER@
+_Static_assert(sizeof(gk_pack_header) <= GK_PACK_HEADER, "the workspace header's size");
+static inline int gk_pack_fresh(const gk_pack_header *h, const void *const *src, int n,
+                                int64_t *seen) {
+  int fresh = h->valid != 0;
+  for (int i = 0; i < n; ++i) {
+    seen[i] = h->version[i] != NULL ? *h->version[i] : 0;
+    if (h->version[i] == NULL || h->source[i] != src[i] || h->packed[i] != seen[i]) fresh = 0;
+  }
+  return fresh;
+}
+static inline void gk_pack_done(gk_pack_header *h, const void *const *src, int n,
+                                const int64_t *seen) {
+  for (int i = 0; i < n; ++i) { h->packed[i] = seen[i]; h->source[i] = src[i]; }
+  h->valid = 1;
+}
 #endif
-"""
+""".replace("@HEADER@", str(WORKSPACE_HEADER_BYTES))
 
 
 def why_not_window_kernel(node: Node) -> str | None:
@@ -91,12 +117,15 @@ def why_not_window_kernel(node: Node) -> str | None:
     return None
 
 
-def emit_window_kernel(node: Node, name: str, threshold: int) -> KernelSource:
+def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False
+                       ) -> KernelSource:
     """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
-    argv: the node's inputs, its output, then the batch size when it is dynamic. Images run on
-    OpenMP threads when their multiply-adds reach `threshold`."""
+    argv: the node's inputs, a convolution's workspace (`workspace`, which a convolution
+    needs: `workspace_bytes`), its output, then the batch size when it is dynamic. Images run
+    on OpenMP threads when their multiply-adds reach `threshold`."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
     if get_op(node.op).window is Window.CONVOLUTION:
+        assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
         lines = _conv(node, name, attrs, threshold)
     else:
         lines = _pool(node, name, attrs, threshold)
@@ -105,11 +134,46 @@ def emit_window_kernel(node: Node, name: str, threshold: int) -> KernelSource:
     return KernelSource(name, WINDOW_TYPES + "\n".join(lines) + "\n", buffers)
 
 
+def workspace_bytes(conv: Node) -> int:
+    """Bytes of a convolution kernel's workspace: the header, then its repacked weights at
+    the widest vector (64 bytes; a narrower one never needs more)."""
+    (o, cg, kh, kw), x = conv.inputs[1].shape, conv.inputs[0].shape
+    g = x[1] // cg
+    size = 8 if C_COMPUTE[conv.dtype] == "double" else 4  # float16 computes in float
+    taps = cg * kh * kw
+    if o // g < PIXEL_PATH_CHANNELS:  # scalars [channel][tap], in whole vectors
+        packed = o * taps * size + 64
+    else:
+        packed = g * taps * -(-(o // g) // (64 // size)) * 64
+    return WORKSPACE_HEADER_BYTES + packed
+
+
+def prepack(parts: ConvParts, workspace: str, sources: list[str], weights: int) -> list[str]:
+    """The lines binding `wt` to the repacked weights in `workspace` (an argv entry), repacked
+    only when `sources` (C pointers) or their versions changed since they were packed. Large
+    weights repack on the OpenMP threads: the pragma only where there are that many (a small
+    convolution would enter the OpenMP runtime for a serial region)."""
+    threads = ["  #pragma omp parallel for schedule(static)"] \
+        if weights >= REPACK_PARALLEL_MIN else []
+    return [f"  {parts.vt} *restrict wt = ({parts.vt} *)((char *){workspace} + GK_PACK_HEADER);",
+            f"  gk_pack_header *pack = (gk_pack_header *){workspace};",
+            f"  const void *pack_sources[] = {{{', '.join(sources)}}};",
+            f"  int64_t pack_seen[{len(sources)}];",
+            f"  if (!gk_pack_fresh(pack, pack_sources, {len(sources)}, pack_seen)) {{",
+            *threads, *parts.repack,
+            f"    gk_pack_done(pack, pack_sources, {len(sources)}, pack_seen);",
+            "  }"]
+
+
 def _batch(node: Node) -> tuple[str, list[str]]:
     """The batch size's C expression and the lines that read it (after the buffers)."""
+    return _batch_after(node, len(node.inputs) + 1)
+
+
+def _batch_after(node: Node, first: int) -> tuple[str, list[str]]:
+    """The batch size's C expression and the lines that read it from args[first]."""
     n = node.inputs[0].shape[0]
-    symbols = kernel_symbols((n,))
-    return str(n), read_sizes(symbols, len(node.inputs) + 1)
+    return str(n), read_sizes(kernel_symbols((n,)), first)
 
 
 def image_loop(call: str, batch: str, per_image: int, threshold: int,
@@ -150,6 +214,7 @@ class ConvParts:
     st: str
     image: str  # the per-image call, {xn} and {on} to fill; needs wt and xp
     direct: str  # the slow per-image loop, {xn} and {on} to fill; needs nothing
+    params: str  # the C names of the weights (w, or w, scale, var): the repack's sources
     scratch: int  # elements of the zero-bordered copy xp
     macs: int  # multiply-adds per image
     in_size: int  # elements per input image
@@ -157,33 +222,23 @@ class ConvParts:
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
-    """The kernel: weights repacked, then image by image. The repacked weights and each
-    thread's zero-bordered scratch plane live in buffers of the calling (or OpenMP) thread that
-    outlast the call, allocated on its first call: at ResNet sizes a fresh malloc per call
-    page-faulted tens of megabytes each time (a batch of one spent more time there than in the
-    arithmetic). The scratch's border is zero from its calloc and only its interior is ever
-    written, so it is reused as is. Per thread, so calls from several threads never share."""
+    """The kernel: weights repacked into the workspace (args after the inputs) when they
+    changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
+    of the calling (or OpenMP) thread that outlasts the call, allocated on its first call: at
+    ResNet sizes a fresh malloc per call page-faulted megabytes each time. The scratch's border
+    is zero from its calloc and only its interior is ever written, so it is reused as is. Per
+    thread, so calls from several threads never share."""
     parts = conv_parts(node, name, attrs)
-    batch, sizes = _batch(node)
-    vt, st, ct = parts.vt, parts.st, parts.ct
+    batch, sizes = _batch_after(node, len(node.inputs) + 2)
+    ct = parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
     weights = math.prod(node.inputs[1].shape)
+    nin = len(node.inputs)
     lines = parts.statics + ["", f"void {name}(void *const *args) {{", *parts.reads,
-                             f"  {st} *restrict out = ({st} *)args[{len(node.inputs)}];",
+                             f"  {parts.st} *restrict out = ({parts.st} *)args[{nin + 1}];",
                              *sizes,
-                             f"  static __thread {vt} *wt_kept = NULL;",
-                             "  if (wt_kept == NULL)",
-                             f"    wt_kept = ({vt} *)malloc(sizeof({vt}) * ({parts.wt_count}));",
-                             f"  {vt} *restrict wt = wt_kept;",
-                             "  if (wt == NULL) {",
-                             f"    for (int64_t n = 0; n < {batch}; ++n) "
-                             f"{parts.direct.format(xn=xn, on=on)}",
-                             "    return;",
-                             "  }",
-                             # Large weights repack on the threads (the loop over channels).
-                             f"  #pragma omp parallel for schedule(static) "
-                             f"if ({weights}LL >= {REPACK_PARALLEL_MIN}LL)",
-                             *parts.repack]
+                             *prepack(parts, f"args[{nin}]", parts.params.split(", "),
+                                      weights)]
     scratch = [f"  static __thread {ct} *xp_kept = NULL;",
                f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, sizeof({ct}));",
                f"  {ct} *xp = xp_kept;"]
@@ -316,7 +371,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         wt_count = f"({o * taps}LL + {name}_VL - 1) / {name}_VL"
         return ConvParts(lines, reads, repack, wt_count, vt, ct, st,
                          f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
-                         f"{direct}({{xn}}, {params}, {{on}});",
+                         f"{direct}({{xn}}, {params}, {{on}});", params,
                          c * hp * wp + SCRATCH_SLACK, o * p * taps, c * h * wd, o * p)
     # Repacked weights: [group][unit][tap][channel block of the unit] (`{name}_wi`), lanes
     # past the group's channels zero: a unit reads its weights in one contiguous run (a stride
@@ -342,7 +397,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "  }"]
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
                      f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
-                     f"{direct}({{xn}}, {params}, {{on}});",
+                     f"{direct}({{xn}}, {params}, {{on}});", params,
                      c * hp * wp, o * p * taps, c * h * wd, o * p)
 
 
