@@ -139,7 +139,10 @@ def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng
 @pytest.mark.parametrize("kind", ["MaxPool", "AvgPool"])
 @pytest.mark.parametrize("geometry", [((1, 64, 112, 112), 3, 2, "same"),
                                       ((2, 8, 57, 61), 3, 2, "valid"),
-                                      ((1, 70, 45, 47), 2, 1, "same")])
+                                      ((1, 70, 45, 47), 2, 1, "same"),
+                                      # rows narrower than POOL_ROW_MIN_OUTPUTS: by output
+                                      ((3, 5, 8, 8), 2, 2, "valid"),
+                                      ((2, 4, 9, 7), 3, 2, "same")])
 def test_real_size_pools_share_an_image_over_threads(kind, geometry, rng):
     """ResNet's stem pool and odd sizes at a batch of one: channels on threads, rows without
     tests inside the image; NaN and infinities where they fall, against the reference."""
