@@ -472,9 +472,11 @@ def test_the_suite_compiles_into_its_own_folder_not_the_users(user_cache_dir: st
         return {f for f in os.listdir(folder) if f.endswith(".so")} \
             if os.path.isdir(folder) else set()
 
+    # Other pytest-xdist workers add libraries to the same folder meanwhile: the two kernels
+    # are told apart by the paths their builds report.
     before = libraries(session)
     k1, k2 = (1 + secrets.randbelow(10**9) / 1e12 for _ in range(2))
-    _compile(np.ones((3, 4), np.float32), ScaleShift(k1))
+    parent = _compile(np.ones((3, 4), np.float32), ScaleShift(k1)).library_path
     code = textwrap.dedent(f"""
         import numpy as np
         import graphkernel
@@ -485,14 +487,17 @@ def test_the_suite_compiles_into_its_own_folder_not_the_users(user_cache_dir: st
             def construct(self, x):
                 return x * {k2!r} + 1.0
 
-        graphkernel.compile(ScaleShift(), np.ones((3, 4), np.float32),
-                            options=CompileOptions(enable_graph_kernel=True))
+        exe = graphkernel.compile(ScaleShift(), np.ones((3, 4), np.float32),
+                                  options=CompileOptions(enable_graph_kernel=True))
+        print(exe.library_path)
     """)
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=300)
     assert child.returncode == 0, child.stderr
-    new = libraries(session) - before
-    assert len(new) == 2, new
+    built = {parent, child.stdout.strip().splitlines()[-1]}
+    assert {os.path.dirname(path) for path in built} == {session}, built
+    new = {os.path.basename(path) for path in built}
+    assert len(new) == 2 and new <= libraries(session) - before, (new, before)
     assert not new & libraries(user_cache_dir)
 
 
