@@ -10,9 +10,21 @@ import pytest
 # subprocess a test starts. The default location itself (what a process without
 # GRAPHKERNEL_CACHE_DIR would use) is pointed into the session folder too, so that anything
 # falling back to it is seen at the end (pytest_sessionfinish) instead of landing in ~/.cache.
-_USER_CACHE = os.path.abspath(os.environ.get("GRAPHKERNEL_CACHE_DIR") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphkernel"))
-_SESSION = tempfile.mkdtemp(prefix="graphkernel-tests-")
+#
+# Under pytest-xdist (`-n`) the controller's environment, set below, reaches its workers: a
+# worker takes the controller's session folder and the user's cache it recorded, so that all
+# workers share one kernel folder (a kernel compiled by one is loaded by the others; the cache's
+# locks and atomic renames make that safe) and only the controller removes the folder.
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ and "GRAPHKERNEL_TEST_SESSION" in os.environ
+if _WORKER:
+    _USER_CACHE = os.environ["GRAPHKERNEL_TEST_USER_CACHE"]
+    _SESSION = os.environ["GRAPHKERNEL_TEST_SESSION"]
+else:
+    _USER_CACHE = os.path.abspath(os.environ.get("GRAPHKERNEL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphkernel"))
+    _SESSION = tempfile.mkdtemp(prefix="graphkernel-tests-")
+    os.environ["GRAPHKERNEL_TEST_USER_CACHE"] = _USER_CACHE
+    os.environ["GRAPHKERNEL_TEST_SESSION"] = _SESSION
 # A cold folder costs the suite its compiles again (CI's case anyway); to keep kernels between
 # runs on your machine, name a folder of the suite's own in GRAPHKERNEL_TEST_CACHE_DIR.
 _KEEP = os.environ.get("GRAPHKERNEL_TEST_CACHE_DIR")
@@ -32,6 +44,8 @@ collect_ignore = ["lab/test_graph_kernel_fusion.py"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _WORKER:
+        return  # the controller checks and removes the shared folder once its workers are done
     fell_back = os.path.exists(_DEFAULT_CACHE)
     shutil.rmtree(_SESSION, ignore_errors=True)
     if fell_back:

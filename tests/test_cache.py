@@ -472,9 +472,11 @@ def test_the_suite_compiles_into_its_own_folder_not_the_users(user_cache_dir: st
         return {f for f in os.listdir(folder) if f.endswith(".so")} \
             if os.path.isdir(folder) else set()
 
+    # Other pytest-xdist workers add libraries to the same folder meanwhile: the two kernels
+    # are told apart by the paths their builds report.
     before = libraries(session)
     k1, k2 = (1 + secrets.randbelow(10**9) / 1e12 for _ in range(2))
-    _compile(np.ones((3, 4), np.float32), ScaleShift(k1))
+    parent = _compile(np.ones((3, 4), np.float32), ScaleShift(k1)).library_path
     code = textwrap.dedent(f"""
         import numpy as np
         import graphkernel
@@ -485,15 +487,43 @@ def test_the_suite_compiles_into_its_own_folder_not_the_users(user_cache_dir: st
             def construct(self, x):
                 return x * {k2!r} + 1.0
 
-        graphkernel.compile(ScaleShift(), np.ones((3, 4), np.float32),
-                            options=CompileOptions(enable_graph_kernel=True))
+        exe = graphkernel.compile(ScaleShift(), np.ones((3, 4), np.float32),
+                                  options=CompileOptions(enable_graph_kernel=True))
+        print(exe.library_path)
     """)
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=300)
     assert child.returncode == 0, child.stderr
-    new = libraries(session) - before
-    assert len(new) == 2, new
+    built = {parent, child.stdout.strip().splitlines()[-1]}
+    assert {os.path.dirname(path) for path in built} == {session}, built
+    new = {os.path.basename(path) for path in built}
+    assert len(new) == 2 and new <= libraries(session) - before, (new, before)
     assert not new & libraries(user_cache_dir)
+
+
+def test_pytest_xdist_workers_compile_into_one_folder(tmp_path: Any) -> None:
+    # The test command runs on pytest-xdist workers (pyproject's addopts): each worker imports
+    # tests/conftest.py, and all must take the one kernel folder of the run, or each compiles
+    # every kernel again. Every worker of a two-worker run (--dist each) writes down its folder.
+    tests = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / "test_folder.py").write_text(textwrap.dedent(f"""
+        import os
+
+        def test_write_the_folder():
+            with open(os.path.join({str(tmp_path)!r}, os.environ["PYTEST_XDIST_WORKER"] + ".txt"),
+                      "w") as fh:
+                fh.write(os.environ["GRAPHKERNEL_CACHE_DIR"])
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_", "GRAPHKERNEL_TEST_"))}
+    env["PYTHONPATH"] = os.pathsep.join([tests, os.path.dirname(tests)])
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                          "conftest", "-n", "2", "--dist", "each", "-o", "addopts=",
+                          str(tmp_path / "test_folder.py")],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    folders = {open(tmp_path / f"gw{i}.txt").read() for i in range(2)}
+    assert len(folders) == 1, folders
 
 
 class ScaleShift(nn.Cell):

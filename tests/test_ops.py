@@ -81,15 +81,28 @@ ELEMENTWISE = [op for op in opset.OPS.values() if op.kind == opset.PatternKind.E
 POSITIVE = {"Sqrt", "Rsqrt", "Log", "Pow", "Reciprocal", "RealDiv", "Log1p"}
 
 
+# Every op in float32 and on the numpy backend on every run (no compile there); in the other
+# dtypes a generated kernel each (a compile apiece) only for these ops, one or more of each kind
+# (arithmetic, integer division, comparison, logic, selection, cast, transcendental, test), and
+# the rest in the slow step.
+DTYPE_REPRESENTATIVES = {"Add", "RealDiv", "FloorDiv", "Mod", "Maximum", "Neg", "Abs", "Sign",
+                         "Round", "Exp", "Tanh", "Pow", "Less", "Equal", "LogicalAnd", "Select",
+                         "Cast", "IsNan"}
+
+
 def _cases():
     for op in ELEMENTWISE:
         accepted = op.accepts or T.SUPPORTED_DTYPES
         for dtype in accepted:
-            yield pytest.param(op.name, dtype.name, id=f"{op.name}-{dtype.name}")
+            for backend in BACKENDS:
+                slow = backend == "c" and dtype.name != "float32" and \
+                    op.name not in DTYPE_REPRESENTATIVES
+                yield pytest.param(op.name, dtype.name, backend,
+                                   marks=[pytest.mark.slow] if slow else [],
+                                   id=f"{op.name}-{dtype.name}-{backend}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name,dtype", list(_cases()))
+@pytest.mark.parametrize("name,dtype,backend", list(_cases()))
 def test_elementwise_op_matches_numpy(name, dtype, backend, rng):
     op = opset.get_op(name)
     shapes = [(3, 17), (17,), (3, 1)][: len(op.inputs)]
@@ -111,8 +124,12 @@ def test_elementwise_op_matches_numpy(name, dtype, backend, rng):
         assert_matches(got, want, tolerance(dtype, name))
 
 
-@pytest.mark.parametrize("src", ["float16", "float32", "float64", "int32", "int64", "bool"])
-@pytest.mark.parametrize("dst", ["float16", "float32", "float64", "int32", "int64", "bool"])
+# Casts from and to float32 on every run; the other pairs (a compile each) in the slow step.
+@pytest.mark.parametrize("src,dst", [
+    pytest.param(src, dst, id=f"{dst}-{src}",
+                 marks=[] if "float32" in (src, dst) else [pytest.mark.slow])
+    for dst in ["float16", "float32", "float64", "int32", "int64", "bool"]
+    for src in ["float16", "float32", "float64", "int32", "int64", "bool"]])
 def test_cast_between_all_dtypes(src, dst, rng):
     x = random_array(rng, (4, 9), src)
     exe = graphkernel.compile(Wrap(OneOp(P.Cast(), (np.dtype(dst),))), x, options=ON)
@@ -123,11 +140,24 @@ def test_cast_between_all_dtypes(src, dst, rng):
 REDUCTIONS = ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"]
 
 
-@pytest.mark.parametrize("name", REDUCTIONS)
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
-@pytest.mark.parametrize("axis,keep", [(-1, False), (0, True), (1, False), ((0, 2), True),
-                                       (None, False), ((), True)])
-@pytest.mark.parametrize("backend", BACKENDS)
+REDUCTION_AXES = [(-1, False), (0, True), (1, False), ((0, 2), True), (None, False), ((), True)]
+
+
+def _reduction_cases():
+    # Every case on the numpy backend (no compile) and in float32 on every run; in the other
+    # dtypes the generated kernels (a compile each) of the last axis and of two axes, and the
+    # other axes in the slow step.
+    for backend in BACKENDS:
+        for axis, keep in REDUCTION_AXES:
+            for dtype in ["float16", "float32", "float64", "int32", "int64"]:
+                for name in REDUCTIONS:
+                    slow = backend == "c" and dtype != "float32" and axis not in (-1, (0, 2))
+                    yield pytest.param(name, dtype, axis, keep, backend,
+                                       marks=[pytest.mark.slow] if slow else [],
+                                       id=f"{backend}-{axis}-{keep}-{dtype}-{name}")
+
+
+@pytest.mark.parametrize("name,dtype,axis,keep,backend", list(_reduction_cases()))
 def test_reduction_matches_numpy(name, dtype, axis, keep, backend, rng):
     x = random_array(rng, (3, 5, 7), dtype)
     if name == "ReduceProd" and np.dtype(dtype).kind == "f":
