@@ -368,7 +368,8 @@ def test_mpirun_ranks_with_different_parameters_fail_on_every_rank(tmp_path, fau
                            r"parameters: parameter #(\d+) \((.*?)\): rank 0 has (.*?), rank 1 "
                            r"has (.*?) \(seen by rank (\d)", printed[rank])
         assert report is not None, printed[rank]
-        assert report.group(4) == rank1 and int(report.group(5)) == rank
+        # Which rank saw it first is a race: a rank may print the other's report, relayed.
+        assert report.group(4) == rank1 and int(report.group(5)) in (0, 1)
         assert report.group(3) == rank1.replace("17", "16").replace("float64", "float32")
 
 
