@@ -1,7 +1,8 @@
 """Helpers several test files share: a Cell whose construct is a plain function, the compile
 options with fusion on and off, a chain of library products (`MatMulChain`), a pointwise net
 with a weight (`Pointwise`, for dynamic batches), the mark of tests that need OpenMP, and the
-absolute tolerances of float32 sums (`product_atol`, `sum_atol`)."""
+absolute tolerances of float32 sums (`product_atol`, `sum_atol`), and a stack of identical
+encoder-like layers (`Stack`, for kernel sharing and compile time at depth)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -106,3 +107,30 @@ def fused_and_unfused_outputs(make_net: Callable[[], Any], *arrays: np.ndarray
         assert fused.dtype == plain.dtype and fused.shape == plain.shape
         np.testing.assert_allclose(fused, plain, rtol=2e-6, atol=1e-6)
     return outs[0]
+
+
+class StackLayer(nn.Cell):
+    """Dense + bias + GeLU, a residual add and a row softmax: two fused groups around a
+    product, as in an encoder layer's feed-forward block."""
+
+    def __init__(self, rng: np.random.Generator, width: int) -> None:
+        super().__init__()
+        self.w = Parameter(rng.standard_normal((width, width)).astype(np.float32)
+                                       * 0.2, name="w")
+        self.b = Parameter(rng.standard_normal(width).astype(np.float32), name="b")
+        self.matmul, self.gelu, self.softmax = P.MatMul(), P.GeLU(), P.Softmax(axis=-1)
+
+    def construct(self, x: Any) -> Any:
+        return self.softmax(self.gelu(self.matmul(x, self.w) + self.b) + x)
+
+
+class Stack(nn.Cell):
+    def __init__(self, depth: int, width: int = 16) -> None:
+        super().__init__()
+        rng = np.random.default_rng(depth)
+        self.layers = nn.CellList([StackLayer(rng, width) for _ in range(depth)])
+
+    def construct(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+        return x

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cells import Stack
 
 import graphkernel
 from graphkernel import Tensor, nn
@@ -21,33 +22,6 @@ from graphkernel.tools.report_timing import compile_timeline, compile_timeline_h
 ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
 pytestmark = pytest.mark.skipif(toolchain.detect() is None, reason="needs a C compiler")
-
-
-class Layer(nn.Cell):
-    """A product, bias + GeLU, a residual add and LayerNorm-like row scaling by softmax: fused
-    groups around a BLAS product, as in an encoder layer."""
-
-    def __init__(self, rng: np.random.Generator, width: int) -> None:
-        super().__init__()
-        self.w = graphkernel.Parameter(rng.standard_normal((width, width)).astype(np.float32)
-                                       * 0.2, name="w")
-        self.b = graphkernel.Parameter(rng.standard_normal(width).astype(np.float32), name="b")
-        self.matmul, self.gelu, self.softmax = P.MatMul(), P.GeLU(), P.Softmax(axis=-1)
-
-    def construct(self, x: Any) -> Any:
-        return self.softmax(self.gelu(self.matmul(x, self.w) + self.b) + x)
-
-
-class Stack(nn.Cell):
-    def __init__(self, depth: int, width: int = 16) -> None:
-        super().__init__()
-        rng = np.random.default_rng(depth)
-        self.layers = nn.CellList([Layer(rng, width) for _ in range(depth)])
-
-    def construct(self, x: Any) -> Any:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def _run_function(source: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cells import Stack
 
 import graphkernel
 from graphkernel import nn
@@ -27,33 +28,6 @@ def _functions(compiled: Any) -> tuple[set[str], dict[str, str]]:
     """The kernel functions compiled with code of their own, and each forward's target."""
     source = compiled.executable.library.source
     return set(_BODY.findall(source)), dict(_FORWARD.findall(source))
-
-
-class Layer(nn.Cell):
-    """Dense + bias + GeLU, a residual add and a row softmax: two fused groups around a
-    product, as in an encoder layer's feed-forward block."""
-
-    def __init__(self, rng: np.random.Generator, width: int) -> None:
-        super().__init__()
-        self.w = graphkernel.Parameter(rng.standard_normal((width, width)).astype(np.float32)
-                                       * 0.2, name="w")
-        self.b = graphkernel.Parameter(rng.standard_normal(width).astype(np.float32), name="b")
-        self.matmul, self.gelu, self.softmax = P.MatMul(), P.GeLU(), P.Softmax(axis=-1)
-
-    def construct(self, x: Any) -> Any:
-        return self.softmax(self.gelu(self.matmul(x, self.w) + self.b) + x)
-
-
-class Stack(nn.Cell):
-    def __init__(self, depth: int, width: int = 16) -> None:
-        super().__init__()
-        rng = np.random.default_rng(depth)
-        self.layers = nn.CellList([Layer(rng, width) for _ in range(depth)])
-
-    def construct(self, x: Any) -> Any:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
