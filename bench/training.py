@@ -114,13 +114,13 @@ def gk_reference(w: Workload, inputs: dict[str, np.ndarray], params: dict[str, n
     return step_vector(w, loss, _gk_weights(step, w)).astype(np.float64)
 
 
-def _state_of(params: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(p, p.copy()) for p in params]
+def _state_of(params: list[Any]) -> list[tuple[Any, np.ndarray]]:
+    return [(p, p.asnumpy().copy()) for p in params]
 
 
-def _restore(saved: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    for array, initial in saved:
-        array[...] = initial
+def _restore(saved: list[tuple[Any, np.ndarray]]) -> None:
+    for param, initial in saved:
+        param[...] = initial  # through the Parameter: its version moves, as compiled plans see
 
 
 def prepare_graphkernel(key: str, fused: bool, w: Workload, sets: list[dict[str, np.ndarray]],
@@ -138,7 +138,7 @@ def prepare_graphkernel(key: str, fused: bool, w: Workload, sets: list[dict[str,
     exe = graphkernel.compile(step, *arrays[0],
                               options=CompileOptions(enable_graph_kernel=fused))
     compile_s = time.perf_counter() - t0
-    every = [p.asnumpy() for _, p in step.parameters_and_names()]
+    every = [p for _, p in step.parameters_and_names()]
     saved = _state_of(every)
     t0 = time.perf_counter()
     exe.run_arrays(*arrays[0])
