@@ -86,6 +86,8 @@ def test_wide_convolution_blocks_channels_and_pixels(rng):
     ((2, 4, 9, 6), 32, 3, dict(pad_mode="pad", pad=(1, 0, 2, 1), stride=(2, 1))),
     ((1, 6, 11, 7), 18, 2, dict(pad_mode="valid", dilation=(2, 3), group=3)),
     ((3, 1, 5, 5), 16, 3, dict(pad_mode="same", stride=2)),  # 3 x 3 out: rows one by one
+    ((2, 3, 16, 8), 48, 3, dict(pad_mode="same")),  # 128 pixels: whole rows, by pixel
+    ((2, 3, 16, 8), 20, 3, dict(pad_mode="same")),  # whole rows, a partial channel block
 ])
 def test_narrow_outputs_go_in_blocks_of_whole_rows(dtype, geometry, rng):
     """Outputs at most 8 wide (the digits CNN's): row blocks, pairs of channel blocks, odd
