@@ -85,7 +85,10 @@ def test_lab_writes_its_report_by_default_and_prints_the_path_last(tmp_path):
     proc = _cli("lab", "--out", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "report: out/report.html"
-    assert (tmp_path / "out" / "report.html").read_text(encoding="utf-8").count("<svg") == 8
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    # The lab's four scenarios: each fused and unfused graph drawn, and one roofline each.
+    assert page.count('<svg class="roofline"') == 4
+    assert page.count("<svg") - page.count('<svg class="roofline"') == 8
     proc = _cli("lab", "--out", "quiet", "--no-report", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "quiet" / "report.html").exists() and "report:" not in proc.stdout

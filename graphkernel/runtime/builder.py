@@ -104,8 +104,8 @@ def _blas_may_spin() -> bool:
 
 def _wakes_blas(step: Step) -> bool:
     """Whether a step may run a BLAS product on BLAS's own threads: a MatMul or BatchMatMul not
-    held to one thread, when the Python runner runs it (numpy). The compiled entry runs every
-    product on OpenMP's threads, one BLAS thread each (backends/c/c_gemm.py), but which runner
+    held to one thread, when the Python runner runs it (numpy). The C backend's entry runs every
+    product on its own kernels' threads, one BLAS thread each (backends/c/), but which runner
     a plan gets is known only after planning: the kernels after such a product are planned for
     either."""
     return step.kind is StepKind.LIBRARY and step.op in ("MatMul", "BatchMatMul") and \
