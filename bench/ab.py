@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.machine import cpu_model
+
 SIDES = ("before", "after")
 DEFAULT_SYSTEMS = ("gk_fused", "gk_generic", "gk_unfused", "numpy")
 CONTROL = "numpy"
@@ -409,16 +411,6 @@ def _git_commit(root: str) -> str:
     return out.stdout.strip() or "(not a git checkout)"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
 
 def report_main(json_path: str, out_path: str | None = None) -> int:
     """The markdown again from a run's --json file (after changing the summary, say)."""
@@ -523,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             "", f"Command: `{command}`", "",
             f"- before: `{sides['before'].root}` at {sides['before'].commit}",
             f"- after: `{sides['after'].root}` at {sides['after'].commit}",
-            f"- host: {os.cpu_count()} logical CPUs, {_cpu_model()}; load average "
+            f"- host: {os.cpu_count()} logical CPUs, {cpu_model()}; load average "
             f"{load_start[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
             f"- {threads}; {run['rounds']} timed rounds after one untimed compile round; each "
             f"round one fresh process per side and workload, the first side alternating; "

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.machine import cpu_model
+
 
 @dataclass(frozen=True)
 class ConvShape:
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             CLOCK = time.process_time
     rng = np.random.default_rng(0)
     print(f"# CPU: {platform.processor() or platform.machine()}; "
-          f"{_cpu_model()}; numpy {np.__version__}")
+          f"{cpu_model()}; numpy {np.__version__}")
     print("| conv | batch | GFLOP | graphkernel ms (GFLOP/s) | first call s | ONNX Runtime ms |"
           " OpenVINO ms | gk / best peer |")
     print("|---|---|---|---|---|---|---|---|")
@@ -190,16 +192,6 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {s.name} | {b} | {gf:.2f} | {t_gk * 1e3:.2f} ({gf / t_gk:.0f}) | "
                       f"{first:.2f} | {ms(t_ort)} | {ms(t_ov)} | {ratio} |", flush=True)
 
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

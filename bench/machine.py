@@ -27,6 +27,14 @@ def _read(path: str) -> str | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where there is none)."""
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
@@ -36,10 +44,8 @@ def machine_info() -> dict[str, Any]:
         "transparent_hugepages": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
     }
     cpuinfo = _read("/proc/cpuinfo") or ""
-    for line in cpuinfo.splitlines():
-        if line.startswith("model name"):
-            info["cpu_model"] = line.split(":", 1)[1].strip()
-            break
+    if cpuinfo:
+        info["cpu_model"] = cpu_model()
     flags = next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines()
                   if ln.startswith("flags")), [])
     info["simd"] = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f") if f in flags]

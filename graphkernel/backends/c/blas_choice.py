@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.backends.c import cache
+from graphkernel.backends.c import cache, toolchain
 from graphkernel.backends.c.cache import warn_once
 from graphkernel.errors import CacheError
 from graphkernel.runtime.blas import blas_threads, openblas
@@ -208,19 +208,8 @@ def time_gemm(libs: list[GemmLibrary], shape: GemmShape) -> dict[str, float]:
 
 def cpu_model() -> str:
     """The CPU a timing holds for: its model name and a hash of its feature flags."""
-    name, flags = "unknown", ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name == "unknown":
-                    name = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = value.strip()
-    except OSError:
-        import platform
-        name = platform.processor() or platform.machine()
-    return f"{name}|{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+    flags = toolchain.cpu_signature()
+    return f"{toolchain.cpu_model()}|{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
 _KEYS = {"cpu": str, "dtype": str, "m": int, "n": int, "k": int, "trans_a": bool,

@@ -350,6 +350,21 @@ def _one_thread_in_child() -> None:
 
 
 @functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform says: what measurements
+    taken on this machine (tuning records, BLAS timings) are keyed by."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
 def cpu_signature() -> str:
     """What -march=native depends on: kernels built for one CPU are not reused on another."""
     try:

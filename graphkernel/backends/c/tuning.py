@@ -38,7 +38,6 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -189,16 +188,7 @@ def vector_choices() -> tuple[int, ...]:
     return (256,)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or what the platform says."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+cpu_model = toolchain.cpu_model  # records are kept per CPU model
 
 
 def toolchain_id() -> str:
