@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from graphkernel.backends.c.c_images import image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
+from graphkernel.backends.c.c_pool import pool_parts
 from graphkernel.backends.c.c_text import C_COMPUTE, c_comment, literal
 from graphkernel.backends.c.c_window import (
     WINDOW_TYPES,
     conv_parts,
-    image_loop,
-    pool_parts,
     prepack,
     why_not_window_kernel,
 )

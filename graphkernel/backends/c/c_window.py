@@ -16,8 +16,7 @@ small for that shares one image's units of work instead. float16 computes in flo
 once, as the numpy reference does. Sums run in tap order, not BLAS's: results differ from the
 reference by rounding only.
 
-A pool walks each output element's window with bounds tests ('same' padding: MaxPool's
-padding is -inf, AvgPool divides by the elements it covers). NaN propagates as in numpy.
+Pools are in c_pool.py; the loop over images both share is in c_images.py.
 
 Only the batch axis may be dynamic (its size is an argument, backends/c/shape_args.py); anything
 else stays the op's numpy reference (`why_not_window_kernel` says why)."""
@@ -29,12 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.backends.c.c_images import batch_after, image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
+from graphkernel.backends.c.c_pool import pool_kernel
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
-from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
-from graphkernel.ir.opdefs.nn import conv_geometry, pool_geometry
+from graphkernel.ir.opdefs.nn import conv_geometry
 from graphkernel.ir.opset import Window, get_op
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.plan import WORKSPACE_HEADER_BYTES
@@ -128,7 +128,7 @@ def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = 
         assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
         lines = _conv(node, name, attrs, threshold)
     else:
-        lines = _pool(node, name, attrs, threshold)
+        lines = pool_kernel(node, name, attrs, threshold)
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(node.inputs)]
     buffers.append(Buffer(node, tuple(node.shape), True, 0))
     return KernelSource(name, WINDOW_TYPES + "\n".join(lines) + "\n", buffers)
@@ -165,40 +165,6 @@ def prepack(parts: ConvParts, workspace: str, sources: list[str], weights: int) 
             "  }"]
 
 
-def _batch(node: Node) -> tuple[str, list[str]]:
-    """The batch size's C expression and the lines that read it (after the buffers)."""
-    return _batch_after(node, len(node.inputs) + 1)
-
-
-def _batch_after(node: Node, first: int) -> tuple[str, list[str]]:
-    """The batch size's C expression and the lines that read it from args[first]."""
-    n = node.inputs[0].shape[0]
-    return str(n), read_sizes(kernel_symbols((n,)), first)
-
-
-def image_loop(call: str, batch: str, per_image: int, threshold: int,
-            scratch: list[str], free: list[str]) -> list[str]:
-    """The loop over images: on threads (each with its own scratch) above `threshold`
-    multiply-adds, else on the calling thread (an OpenMP `if` clause still enters the runtime).
-    `call` may read `gk_par`: true when one image alone reaches `threshold` on the calling
-    thread, so that the image's own work can go to threads (a batch of one)."""
-    body = ["    for (int64_t n = 0; n < nb; ++n) " + call]
-    lines = [f"  const int64_t nb = {batch};",
-             f"  if (nb > 1 && nb * (int64_t){per_image} >= (int64_t){threshold}) {{",
-             "    #pragma omp parallel",
-             "    {",
-             "      const int gk_par = 0;",
-             "      (void)gk_par;"]
-    lines += ["  " + s for s in scratch]
-    lines += ["      #pragma omp for schedule(static)", "  " + body[0]]
-    lines += ["  " + s for s in free]
-    lines += ["    }", "  } else {",
-              f"    const int gk_par = (int64_t){per_image} >= (int64_t){threshold};",
-              "    (void)gk_par;"]
-    lines += scratch + body + free + ["  }"]
-    return lines
-
-
 # -- convolution ----------------------------------------------------------------------------
 
 @dataclass
@@ -229,7 +195,7 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
     is zero from its calloc and only its interior is ever written, so it is reused as is. Per
     thread, so calls from several threads never share."""
     parts = conv_parts(node, name, attrs)
-    batch, sizes = _batch_after(node, len(node.inputs) + 2)
+    batch, sizes = batch_after(node, len(node.inputs) + 2)
     ct = parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
     weights = math.prod(node.inputs[1].shape)
@@ -581,135 +547,3 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
         "  }",
         "#endif",
         "}"]
-
-
-# -- pools ------------------------------------------------------------------------------------
-
-def _pool(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
-    statics, image, in_size, out_size, reads = pool_parts(node, name, attrs)
-    batch, sizes = _batch(node)
-    st = C_STORAGE[node.dtype]
-    lines = statics + ["", f"void {name}(void *const *args) {{",
-                       f"  const {st} *restrict x = (const {st} *)args[0];",
-                       f"  {st} *restrict out = ({st} *)args[1];", *sizes]
-    call = image.format(xn=f"x + n * {in_size}LL", on=f"out + n * {out_size}LL")
-    lines += image_loop(call, batch, reads, threshold, [], [])
-    lines.append("}")
-    return lines
-
-
-def pool_parts(node: Node, name: str, attrs: dict[str, Any]
-               ) -> tuple[list[str], str, int, int, int]:
-    """A pool's per-image function, its call ({xn}, {on} to fill), the elements of an input
-    and an output image, and the reads per image."""
-    x = node.inputs[0].tensor_type
-    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
-    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
-    _, c, h, wd = x.shape
-    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
-    (pt, _), (pl, _) = geo["pads"]
-    oh, ow = geo["out"]
-    is_max = node.op == "MaxPool"
-    inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
-    # NaN wins as in numpy's max: once a maximum is NaN no comparison replaces it.
-    ops = f"{node.op} {list(x.shape)} -> {list(node.shape)}, window {(kh, kw)}, stride " \
-          f"{(sh, sw)}, pads {geo['pads']}"
-    image, plane = f"{name}_image", f"{name}_plane"
-    if ow < POOL_ROW_MIN_OUTPUTS:
-        body = _pool_plane_by_output(plane, st, ct, is_max, inf, geo, h, wd)
-    else:
-        body = _pool_plane_by_row(plane, st, ct, is_max, inf, geo, h, wd)
-    lines = [
-        f"/* {c_comment(name)}: {c_comment(ops)} */",
-        *body,
-        f"static void {image}(const {st} *restrict xn, {st} *restrict on, int par) {{",
-        "  if (par) {",
-        "    #pragma omp parallel for schedule(static)",
-        f"    for (int64_t ci = 0; ci < {c}; ++ci) "
-        f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
-        "  } else {",
-        f"    for (int64_t ci = 0; ci < {c}; ++ci) "
-        f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
-        "  }",
-        "}",
-    ]
-    return lines, f"{image}({{xn}}, {{on}}, gk_par);", c * h * wd, c * oh * ow, \
-        c * oh * ow * kh * kw
-
-
-# Outputs in a pool's row below which it walks each output's window instead of vectorising
-# along the row: a row of a few outputs fills a fraction of a vector, and the row form's
-# accumulator arrays and strided loads then cost more than the tests they save (the digits
-# CNN's 2x2 pools over 8x8 and 4x4 images ran 1.6x slower in the row form, bench/ab.py).
-POOL_ROW_MIN_OUTPUTS = 16
-
-
-def _pool_plane_by_output(plane: str, st: str, ct: str, is_max: bool, inf: str,
-                          geo: dict[str, Any], h: int, wd: int) -> list[str]:
-    """One channel's plane, output by output: each walks its window, skipping what falls in
-    the padding."""
-    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
-    (pt, _), (pl, _) = geo["pads"]
-    oh, ow = geo["out"]
-    start = f"{ct} m = -{inf};" if is_max else f"{ct} m = 0; int64_t count = 0;"
-    take = "if (v > m || v != v) m = v;" if is_max else "m += v; ++count;"
-    result = "m" if is_max else f"m / ({ct})count"
-    return [
-        f"static void {plane}(const {st} *restrict xc, {st} *restrict o) {{",
-        f"  for (int64_t i = 0; i < {oh}; ++i)",
-        f"    for (int64_t j = 0; j < {ow}; ++j) {{",
-        f"      {start}",
-        f"      for (int64_t a = 0; a < {kh}; ++a) {{",
-        f"        const int64_t r = i * {sh} + a - {pt};",
-        f"        if (r < 0 || r >= {h}) continue;",
-        f"        for (int64_t b = 0; b < {kw}; ++b) {{",
-        f"          const int64_t q = j * {sw} + b - {pl};",
-        f"          if (q < 0 || q >= {wd}) continue;",
-        f"          const {ct} v = ({ct})xc[r * {wd} + q];",
-        f"          {take}",
-        "        }",
-        "      }",
-        f"      o[i * {ow} + j] = ({st})({result});",
-        "    }",
-        "}",
-    ]
-
-
-def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
-                       geo: dict[str, Any], h: int, wd: int) -> list[str]:
-    """One channel's plane, row by row (ResNet's stem pool: 5.0 to 0.57 ms)."""
-    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
-    (pt, _), (pl, _) = geo["pads"]
-    oh, ow = geo["out"]
-    # Row by row: the window's rows inside the image, and per window column the range of
-    # outputs whose column is inside (constants), so the loop over a row's outputs has no
-    # tests and vectorises. Each output still takes its window's elements in row-major order.
-    init = f"acc[j] = -{inf};" if is_max else "acc[j] = 0; cnt[j] = 0;"
-    take = "acc[j] = (v > acc[j] || v != v) ? v : acc[j];" if is_max else \
-        "acc[j] += v; cnt[j] += 1;"
-    result = "acc[j]" if is_max else "acc[j] / cnt[j]"
-    columns = []
-    for bb in range(kw):
-        lo = max(0, -(-(pl - bb) // sw))
-        hi = min(ow, (wd - 1 - bb + pl) // sw + 1)
-        if lo < hi:
-            columns += ["      #pragma omp simd",
-                        f"      for (int64_t j = {lo}; j < {hi}; ++j) {{",
-                        f"        const {ct} v = ({ct})row[j * {sw} + {bb - pl}];",
-                        f"        {take}",
-                        "      }"]
-    return [
-        f"static void {plane}(const {st} *restrict xc, {st} *restrict o) {{",
-        f"  {ct} acc[{ow}];" + ("" if is_max else f" {ct} cnt[{ow}];"),
-        f"  for (int64_t i = 0; i < {oh}; ++i) {{",
-        f"    for (int64_t j = 0; j < {ow}; ++j) {{ {init} }}",
-        f"    for (int64_t a = 0; a < {kh}; ++a) {{",
-        f"      const int64_t r = i * {sh} + a - {pt};",
-        f"      if (r < 0 || r >= {h}) continue;",
-        f"      const {st} *restrict row = xc + r * {wd}LL;",
-        *columns,
-        "    }",
-        f"    for (int64_t j = 0; j < {ow}; ++j) o[i * {ow} + j] = ({st})({result});",
-        "  }",
-        "}",
-    ]
