@@ -149,6 +149,15 @@ class _Nest:
 @dataclass(eq=False)  # a kernel is itself: hashed and compared by identity
 class _Kernel:
     nests: list[_Nest] = field(default_factory=list)
+    index: int = 0  # creation order: kernels are tried oldest first
+    head: int = 0  # the position of its first member (members share one reachability set)
+    # Kept up to date on each join (`ParallelFuser._note_join`), so that most kernels a unit
+    # cannot join are passed over without weighing: the members' positions as a bitset, the
+    # iteration spaces of its nests, how many nests move more than parallel_max_bytes.
+    bits: int = 0
+    # iteration space -> the fewest ops in one of its nests of that space
+    spaces: dict[tuple[int, ...], int] = field(default_factory=dict)
+    large: int = 0
 
     @property
     def members(self) -> list[_Unit]:
@@ -175,6 +184,11 @@ class ParallelFuser:
         self.graph_desc = list(self.desc)  # the graph's own, for naming a path's ends
         self.readers = users
         self.getitems: dict[int, list[Node]] = {}
+        self.kernels: list[_Kernel] = []  # every kernel made so far, oldest first
+        # Open kernels (not full) by the iteration spaces of their nests and by their count of
+        # nests over parallel_max_bytes (0 or 1; 2 or more take no separate nest): `_candidates`.
+        self._by_space: dict[tuple[int, ...], dict[_Kernel, None]] = {}
+        self._by_large: tuple[dict[_Kernel, None], dict[_Kernel, None]] = ({}, {})
         for node in graph.nodes:
             if node.op == "GetItem":
                 self.getitems.setdefault(node.inputs[0].uid, []).append(node)
@@ -212,17 +226,57 @@ class ParallelFuser:
 
     def _path(self, unit: _Unit, kernel: _Kernel) -> str | None:
         """A path between `unit` and a member of `kernel` (either way), in words, or None."""
-        bits = sum(1 << m.pos for m in kernel.members)
-        first = kernel.members[0]
-        if self.desc[unit.pos] & bits:
+        if not self._related(unit, kernel):
+            return None
+        if self.desc[unit.pos] & kernel.bits:
             src, dst = unit.node, next(m for m in kernel.members
                                        if self.desc[unit.pos] >> m.pos & 1).node
-        elif self.desc[first.pos] >> unit.pos & 1:
-            src, dst = self._reaching(kernel, unit), unit.node
         else:
-            return None
+            src, dst = self._reaching(kernel, unit), unit.node
         return (f"{src.name} reaches {dst.name} through other kernels: in one launch the "
                 "kernel would wait for its own result")
+
+    def _related(self, unit: _Unit, kernel: _Kernel) -> bool:
+        """Whether there is a path between `unit` and a member of `kernel` (either way): a few
+        bit operations, as the members share one reachability set."""
+        return bool(self.desc[unit.pos] & kernel.bits or self.desc[kernel.head] >> unit.pos & 1)
+
+    def _candidates(self, unit: _Unit, near: list[_Kernel]) -> list[_Kernel]:
+        """The kernels `_join_refusal` could let `unit` join, in the order they are tried (its
+        siblings' kernels first, then oldest first): open ones (not full) with no path to or
+        from it and either a nest of its iteration space with room for its ops
+        (composite_op_limit_size) to interleave with, or room for one more loop nest
+        (parallel_decline refuses a second nest over parallel_max_bytes). Every other kernel
+        refuses it, for the limit, a path or the cost, so the analysis and cost checks it would
+        run are skipped: a unit is weighed only against kernels it could join, not against every
+        kernel so far (a training step's independent optimizer updates met every one)."""
+        room = self.flags.composite_op_limit_size - len(unit.nodes)
+        same_space = {k: None for k in self._by_space.get(unit.sched.space, {})
+                      if k.spaces[unit.sched.space] <= room}
+        large = unit.bytes > self.cost.parallel_max_bytes
+        found = {**same_space, **self._by_large[0], **({} if large else self._by_large[1])}
+        ordered = [k for k in near if k in found] + \
+            sorted((k for k in found if k not in near), key=lambda k: k.index)
+        return [k for k in ordered if not self._related(unit, k)]
+
+    def _note_join(self, kernel: _Kernel, full: bool) -> None:
+        """Bring `kernel`'s bitset, spaces, count of large nests and the indexes of open kernels
+        by space and by count of large nests up to date after a join (a full one leaves them)."""
+        kernel.bits = sum(1 << m.pos for m in kernel.members)
+        kernel.head = kernel.members[0].pos
+        kernel.spaces = {}
+        for nest in kernel.nests:
+            ops = kernel.spaces.get(nest.sched.space, len(nest.nodes))
+            kernel.spaces[nest.sched.space] = min(ops, len(nest.nodes))
+        kernel.large = sum(nest.bytes > self.cost.parallel_max_bytes for nest in kernel.nests)
+        for space in kernel.spaces:
+            self._by_space.setdefault(space, {}).pop(kernel, None)
+            if not full:
+                self._by_space[space][kernel] = None
+        for count, kernels in enumerate(self._by_large):
+            kernels.pop(kernel, None)
+            if kernel.large == count and not full:
+                kernels[kernel] = None
 
     def _reaching(self, kernel: _Kernel, unit: _Unit) -> Node:
         """A member with a path to `unit` in the original graph (else through merges)."""
@@ -270,7 +324,11 @@ class ParallelFuser:
 
     # -- the pass ----------------------------------------------------------------------------
     def run(self) -> Graph:
-        kernels: list[_Kernel] = []
+        kernels = self.kernels
+        # Kernels that may take another group (not full), oldest first; a full kernel refuses
+        # every newcomer for the limit, so only the oldest full one is ever worth naming.
+        open_kernels: list[_Kernel] = []
+        first_full: _Kernel | None = None
         kernel_of: dict[int, _Kernel] = {}  # member uid -> its kernel
         readers: dict[int, list[Node]] = {}  # value uid -> top-level nodes reading it
         for node in self.graph.nodes:
@@ -278,6 +336,7 @@ class ParallelFuser:
                 if not (isinstance(v, Constant) and v.is_scalar) and node.op != "GetItem":
                     readers.setdefault(v.uid, []).append(node)
         noted_library: set[int] = set()
+        limit = self.cost.parallel_max_groups
         for node in self.graph.nodes:
             if node.op == "GetItem":
                 continue
@@ -287,31 +346,48 @@ class ParallelFuser:
             siblings = [n for v in node.inputs for n in readers.get(v.uid, [])
                         if n is not node and n.op != "GetItem"]
             self._note_library_siblings(node, siblings, noted_library)
-            near = [kernel_of[n.uid] for n in siblings if n.uid in kernel_of]
-            order = list(dict.fromkeys(near + kernels))  # siblings' kernels first
-            refused: list[tuple[_Kernel, FuseRule, str]] = []
+            near = list(dict.fromkeys(kernel_of[n.uid] for n in siblings if n.uid in kernel_of))
+            # The first kernel, siblings' kernels first, then oldest first, that takes the
+            # unit: only those that could are weighed (`_join_refusal`).
             joined = None
-            for kernel in order:
-                refusal = self._join_refusal(unit, kernel)
-                if refusal is None:
+            for kernel in self._candidates(unit, near):
+                if self._join_refusal(unit, kernel) is None:
                     joined = kernel
                     break
-                refused.append((kernel, *refusal))
             if joined is None:
-                joined = _Kernel([_Nest([unit], list(unit.nodes), list(unit.outputs),
-                                        unit.sched)])
-                kernels.append(joined)
                 # Worth telling: a sibling left apart, or a refusal by the cost model or limit.
-                for kernel, rule, detail in refused:
-                    if kernel in near or rule in (FuseRule.COST, FuseRule.LIMIT):
-                        other = next((m.node for m in kernel.members if m.node in siblings),
-                                     kernel.members[0].node)
-                        self._refuse(other, node, rule, detail)
-                        break
+                told = near[0] if near else self._first_costly(unit, open_kernels, first_full)
+                joined = _Kernel([_Nest([unit], list(unit.nodes), list(unit.outputs),
+                                        unit.sched)], index=len(kernels))
+                kernels.append(joined)
+                open_kernels.append(joined)
+                if told is not None:
+                    refusal = self._join_refusal(unit, told)
+                    assert refusal is not None  # it was refused above (or is full)
+                    other = next((m.node for m in told.members if m.node in siblings),
+                                 told.members[0].node)
+                    self._refuse(other, node, *refusal)
             else:
                 self._merge_reachability(joined, unit)
+            self._note_join(joined, len(joined.members) >= limit)
+            if len(joined.members) >= limit:
+                open_kernels.remove(joined)
+                if first_full is None or joined.index < first_full.index:
+                    first_full = joined
             kernel_of[node.uid] = joined
         return self._materialise([k for k in kernels if len(k.members) > 1])
+
+    def _first_costly(self, unit: _Unit, open_kernels: list[_Kernel],
+                      first_full: _Kernel | None) -> _Kernel | None:
+        """The oldest kernel that refused `unit` for the limit or the cost, not a path: the
+        oldest full kernel, or the oldest open one with no path to or from `unit` (it was
+        refused, so for the cost)."""
+        for kernel in open_kernels:
+            if first_full is not None and first_full.index < kernel.index:
+                break
+            if not self._related(unit, kernel):
+                return kernel
+        return first_full
 
     def _note_library_siblings(self, node: Node, siblings: list[Node], noted: set[int]) -> None:
         """A library call (MatMul, Conv2D) reading the same input: never part of one launch."""
