@@ -4,6 +4,7 @@ every stage in full, and the stages' graphs are not copied for nothing — with 
 as before."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -12,12 +13,16 @@ import pytest
 import graphkernel
 from bench.real_models import encoder_params, gk_encoder
 from graphkernel import nn
-from graphkernel.graph_kernel import parallel_fusion
+from graphkernel.errors import VerifyError
+from graphkernel.frontend import compile_cache, context
+from graphkernel.graph_kernel import parallel_fusion, pipeline
 from graphkernel.graph_kernel.parallel_fusion import ParallelFuser
 from graphkernel.graph_kernel.pipeline import CompileOptions
-from graphkernel.ir.graph import Graph
+from graphkernel.ir.graph import Constant, Graph
+from graphkernel.ir.printer import print_graph
 from graphkernel.ops import operations as P
-from graphkernel.passes import stage_names
+from graphkernel.passes import manager, stage_names
+from graphkernel.passes.manager import Stage, run_stages
 
 # The numpy backend: these tests look at the passes, not at the C they lead to.
 ON = CompileOptions(enable_graph_kernel=True, backend="numpy")
@@ -113,3 +118,121 @@ def test_parallel_fusion_weighs_a_group_only_against_kernels_it_could_join() -> 
     # 3x the layers: 3x the groups, each weighed against about as many kernels as before
     # (weighed against every kernel so far, 3x the groups met 3x the kernels: 7.6x)
     assert attempts[6] <= 4 * attempts[2], attempts
+
+
+def _compile_counting(monkeypatch: pytest.MonkeyPatch, cell: Any, *arrays: np.ndarray
+                      ) -> tuple[Any, int, int]:
+    """Compile (no compile cache): the result, how many graphs the pass manager verified, and
+    how many graphs it copied."""
+    monkeypatch.setenv(compile_cache.ENV, "0")
+    verified, copied = 0, 0
+    verify, clone = manager.verify, Graph.clone
+
+    def counted_verify(graph: Graph, where: str = "") -> None:
+        nonlocal verified
+        verified += 1
+        verify(graph, where)
+
+    def counted_clone(graph: Graph) -> Graph:
+        nonlocal copied
+        copied += sys._getframe(1).f_code.co_filename == manager.__file__
+        return clone(graph)
+
+    monkeypatch.setattr(manager, "verify", counted_verify)
+    monkeypatch.setattr(Graph, "clone", counted_clone)
+    exe = graphkernel.compile(cell, *arrays, options=ON)
+    return exe, verified, copied
+
+
+def test_a_compile_verifies_in_full_only_the_graphs_it_hands_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _inputs()
+    exe, verified, copied = _compile_counting(monkeypatch, _encoder(2), x)
+    # the initial graph and the graph that runs (before: each of the 12 stages' results)
+    assert verified == 2, verified
+    assert copied == 2, copied  # each list of stages copies its input once (before: 12)
+    monkeypatch.setenv(manager.VERIFY_EACH_STAGE_ENV, "1")
+    exe, verified, _ = _compile_counting(monkeypatch, _encoder(2), x)
+    assert verified == len(exe.stages)
+
+
+def test_each_stages_graph_is_rebuilt_as_it_was_dumped(tmp_path: Any) -> None:
+    """The stages' graphs are not kept as copies: asked for, they are rebuilt by running the
+    stages again, the same graphs save_graphs dumped as the compile ran."""
+    x = _inputs()
+    context.set_context(save_graphs=True, save_graphs_path=str(tmp_path))
+    try:
+        dumped = graphkernel.compile(_encoder(1), x, options=ON)
+    finally:
+        context.set_context(save_graphs=False)
+    compiled = graphkernel.compile(_encoder(1), x, options=ON)
+    assert list(compiled.report.stages) == list(dumped.report.stages)
+    for name, graph in compiled.report.stages.items():
+        doc = compiled.report.stage_docs[name]
+        header = f"stage {name}" + (f": {doc}" if doc else "")
+        assert print_graph(graph, header) == (tmp_path / f"{name}.ir").read_text(), name
+    np.testing.assert_allclose(compiled.run_arrays(x)[0], dumped.run_arrays(x)[0], rtol=1e-6)
+
+
+def _drop_a_used_node(graph: Graph) -> Graph:
+    """A broken pass: removes a node another node reads."""
+    read = {v.uid for n in graph.nodes for v in n.inputs}
+    graph.nodes.remove(next(n for n in graph.nodes if n.uid in read))
+    return graph
+
+
+def test_a_pass_that_breaks_the_graph_is_caught_and_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(compile_cache.ENV, "0")  # the stages run
+    x = _inputs()
+    simplify = pipeline.simplify_composites
+    monkeypatch.setattr(pipeline, "simplify_composites",
+                        lambda graph: _drop_a_used_node(simplify(graph)))
+    with pytest.raises(VerifyError, match=f"after stage {stage_names.SIMPLIFY}: .* before it "
+                                          "is defined"):
+        graphkernel.compile(_encoder(1), x, options=ON)
+
+
+def test_a_broken_graph_a_later_stage_trips_over_names_the_stage_that_broke_it() -> None:
+    x = _inputs()
+    graph = _before_parallel_fusion(_encoder(1), x)
+
+    def trips(graph: Graph) -> Graph:  # a pass that expects a well-formed graph
+        made = {v.uid for v in graph.inputs} | {n.uid for n in graph.nodes}
+        for node in graph.nodes:
+            for value in node.inputs:
+                if not isinstance(value, Constant) and value.uid not in made:
+                    raise KeyError(value.uid)
+        return graph
+
+    stages = [Stage("a_fine", lambda g: g), Stage("b_breaks", _drop_a_used_node),
+              Stage("c_trips", trips), Stage("d_end", lambda g: g)]
+    with pytest.raises(VerifyError, match="after stage b_breaks: .* before it is defined"):
+        run_stages(graph, stages, None)
+    # the stage that raised on a well-formed graph: its own error
+    with pytest.raises(KeyError):
+        run_stages(graph, [stages[0], Stage("c_trips", lambda g: trips(_drop_a_used_node(g)))],
+                   None)
+
+
+@pytest.mark.parametrize("what", ["encoder", "training step"])
+def test_lowering_keeps_the_loop_nests_the_end_stage_planned(what: str) -> None:
+    """Lowering gets the end stage's graph itself (no copy): it keeps the schedules planned
+    there instead of planning each composite again, and they are the ones it would plan."""
+    x = _inputs()
+    cell = _encoder(2) if what == "encoder" else _training_step(2)
+    final = graphkernel.compile(cell, *([x] if what == "encoder" else [x, x]),
+                                options=ON).report.stages[stage_names.FINAL]
+    composites = [n for n in final.nodes if n.subgraph is not None]
+    kept = [_plan_text(n.schedule) for n in composites]
+    again = [_plan_text(n.schedule) for n in pipeline.schedule_composites(final).nodes
+             if n.subgraph is not None]
+    assert composites and kept == again
+
+
+def _plan_text(schedule: Any) -> Any:
+    """A composite's schedule as comparable text (a parallel kernel's nests: each one's ops)."""
+    if isinstance(schedule, parallel_fusion.ParallelSchedule):
+        return [(repr(nest.schedule), nest.args, [n.name for n in nest.graph.nodes])
+                for nest in schedule.nests]
+    return repr(schedule)

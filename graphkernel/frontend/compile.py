@@ -39,7 +39,7 @@ from graphkernel.graph_kernel.pipeline import (
 from graphkernel.ir.graph import Graph, output_types
 from graphkernel.ir.types import SizeMultipleNeeded, SymSize, TensorType
 from graphkernel.passes.dumper import Dumper
-from graphkernel.passes.manager import run_stages, stage_dump_names
+from graphkernel.passes.manager import StageGraphs, run_stages, stage_dump_names
 from graphkernel.passes.stage_names import FINAL
 
 
@@ -289,7 +289,7 @@ def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any =
         results += run_stages(results[-1].graph, backend, dumper)
         final = results[-1].graph
         timeline += [(f"stage {r.name}", r.seconds) for r in results]
-        report = CompileReport(stages={r.name: r.graph for r in results},
+        report = CompileReport(stages=StageGraphs(results),  # each built when asked for
                                stage_docs={r.name: r.doc for r in results},
                                reasons=state.reasons, rewrites=state.rewrites)
         if key is not None:  # serialised before the build, which notes decisions on it
@@ -345,7 +345,7 @@ class _StagesOnDemand(Mapping[str, Graph]):
         self._final = final
         self._traced = traced
         self._options = options
-        self._graphs: dict[str, Graph] | None = None
+        self._graphs: Mapping[str, Graph] | None = None
 
     def __getitem__(self, name: str) -> Graph:
         if name not in self._names:
@@ -357,7 +357,7 @@ class _StagesOnDemand(Mapping[str, Graph]):
             results += run_stages(results[-1].graph,
                                   backend_stages(self._options, BackendState(),
                                                  get_backend(self._options.backend)), None)
-            self._graphs = {r.name: r.graph for r in results}
+            self._graphs = StageGraphs(results)
         return self._graphs[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -381,7 +381,7 @@ def compile_graph(graph: Graph, name: str, options: CompileOptions | None = None
     lap = time.perf_counter()
     executable = target.build_executable(final, name, config,
                                          tuning_level=options.flags.online_tuning)
-    report = CompileReport(stages={r.name: r.graph for r in results},
+    report = CompileReport(stages=StageGraphs(results),
                            stage_docs={r.name: r.doc for r in results}, reasons=state.reasons,
                            rewrites=state.rewrites,
                            timeline=[(f"stage {r.name}", r.seconds) for r in results] +

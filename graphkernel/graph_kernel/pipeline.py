@@ -141,7 +141,7 @@ def backend_stages(options: CompileOptions, state: BackendState,
     """hwopt_* stages: with fusion off only the end stage, whose graph equals the initial one;
     then, given the backend that runs it, lowering."""
     lowering = [] if target is None else [
-        Stage(names.LOWER, lambda graph: lower(schedule_composites(graph), target),
+        Stage(names.LOWER, lambda graph: lower(schedule_composites(graph, planned=True), target),
               f"each node's kernel kind on the {target.name} backend, and why")]
     end = Stage(names.END, lambda graph: schedule_collectives(schedule_composites(graph)),
                 "the graph that runs: one kernel per node, each composite's loop nest planned")
@@ -211,13 +211,14 @@ def backend_stages(options: CompileOptions, state: BackendState,
     return runs + [end] + lowering
 
 
-def schedule_composites(graph: Graph) -> Graph:
+def schedule_composites(graph: Graph, planned: bool = False) -> Graph:
     """Plan each composite's loop nest once, for the code generator: the schedule is kept on
     the node (`Node.schedule`), or, when the group is not one loop nest, the reason (it then
     runs op by op). Legality checks during fusion ask `analyze` about candidate groups; this is
-    the one schedule of each composite that runs."""
+    the one schedule of each composite that runs. `planned`: keep the schedules nodes already
+    hold (lowering gets the end stage's graph itself, planned; a copy holds none)."""
     for node in graph.nodes:
-        if node.subgraph is None:
+        if node.subgraph is None or planned and node.schedule is not None:
             continue
         try:
             if LOOP_NESTS in node.notes:  # a parallel kernel: one loop nest or several
