@@ -63,8 +63,8 @@ class CompiledCell:
         # call (`written`: bumped by every path that runs it, a Cell's per-call one included).
         plan = executable.plan
         runner.bind_versions([p._version for p in self.params])
-        self.written = tuple(p for p, slot in zip(self.params, plan.weights)
-                             if slot in plan.written_weights)
+        written = set(plan.written_weights)  # a property that walks every step: once
+        self.written = tuple(p for p, slot in zip(self.params, plan.weights) if slot in written)
         # What the compiled entry's `call` takes before the inputs: this cell's Parameters,
         # the graph's constants and the guards it checks (backends/c/c_entry.py).
         self._fixed: tuple[Any, ...] = ()
