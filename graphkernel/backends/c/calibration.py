@@ -54,9 +54,13 @@ _OFF = ("off", "0", "no", "false")
 PAYOFF = 2
 THREADS = 2  # the least split that pays: what the threshold is about
 BYTES_PER_ELEMENT = 8  # a bandwidth-bound element: a float32 read and one written
-# 512-bit code is preferred only where a 512-bit FMA beats two 256-bit ones by this much: some
-# AMD cores run it as two 256-bit halves (no gain), where 256-bit code runs at a higher clock.
-WIDE_GAIN = 1.3
+# 256-bit vectors are preferred only where 512-bit FMAs run measurably slower than 256-bit ones
+# (below this share of their rate: a core that drops its clock for 512-bit work). Where both
+# rates are equal (AMD's Zen 4 runs a 512-bit FMA as two 256-bit halves) 512-bit code still
+# wins: half the instructions, and libmvec's 16-wide exp/tanh. On such an EPYC (2 vCPU),
+# prefer-vector-width=256 made chain8 2.3x, bias+GeLU 1.4x and Softmax 1.4x slower in
+# one-thread CPU time, alternating A/B in one run.
+NARROW_BELOW = 0.9
 # Streaming stores above this share of the last-level cache: such an output does not stay in
 # cache for the next kernel anyway, so its read-for-ownership is wasted.
 STREAM_SHARE_OF_LLC = 0.5
@@ -168,8 +172,8 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
       rate (a MAC is 2 flops): an understatement of its time, so the threshold errs high.
     - stream_min_bytes: STREAM_SHARE_OF_LLC of the last-level cache.
     - prefetch_min_bytes: the L2 size: a smaller input is in a core's cache already.
-    - vector_width: 256 where 512-bit FMAs do not beat 256-bit ones by WIDE_GAIN; otherwise
-      the toolchain's (512 on AVX-512).
+    - vector_width: 256 where 512-bit FMAs run below NARROW_BELOW of the 256-bit rate;
+      otherwise the toolchain's (512 on AVX-512).
     Thresholds are rounded to a power of two and clamped (CLAMPS)."""
     base = CConfig()
     fork = cal.fork_join_s
@@ -200,10 +204,10 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
         sources["vector_width"] = "default, no 512-bit FMA measured"
     else:
         ratio = cal.fma_flops_512 / cal.fma_flops_256
-        wide_pays = ratio >= WIDE_GAIN
-        values["vector_width"] = None if wide_pays else 256
+        narrow = ratio < NARROW_BELOW
+        values["vector_width"] = 256 if narrow else None
         sources["vector_width"] = (f"calibrated: 512-bit FMA {ratio:.2f}x the 256-bit rate"
-                                   + ("" if wide_pays else f", under {WIDE_GAIN}x"))
+                                   + (f", under {NARROW_BELOW}x" if narrow else ""))
     config = dataclasses.replace(base, **values)
     ordered = {f.name: sources[f.name] for f in dataclasses.fields(CConfig)
                if f.name in sources}
