@@ -3,7 +3,8 @@
 `CConfig`'s thresholds decide when a kernel runs on threads, streams its stores, prefetches its
 inputs and which vector width GCC prefers. As constants they were right for the host they were
 chosen on; here they come from a small cost model (`derive`, a pure function) over what this
-machine measures once (`measure`, bounded: about half a second plus one compiler run):
+machine measures once (`measure`, bounded: 0.4-1.3 s with its compile on a loaded 2-vCPU
+host):
 
 - copy bandwidth (numpy copying an array past the last-level cache, read + write),
 - the FMA rate of one core at 256 and at 512 bits (generated C, independent vector FMAs),
@@ -235,23 +236,28 @@ void gk_cal_fork_join(void **args) {
   { if (sink[0] < 0) sink[0] = 0; }
 }
 """
+# GCC's vector extension rather than <immintrin.h> (which adds 0.5 s to the compile); the
+# kernels are built with -ffp-contract=off, so contraction is asked for per function (GCC's
+# optimize attribute, clang's pragma) to make each step one fused multiply-add.
 _FMA = r"""
-#include <immintrin.h>
-#if defined(GUARD)
+#if GUARD
+typedef float gk_vBITS __attribute__((vector_size(BITS / 8)));
+__attribute__((optimize("fp-contract=fast")))
 void gk_cal_fmaBITS(void **args) {
+#ifdef __clang__
+#pragma clang fp contract(fast)
+#endif
   long steps = *(const long *)args[0];
   float *io = (float *)args[1];
-  VEC acc[12], mul = SET(0.999999f), add = SET(1e-7f);
-  for (int c = 0; c < 12; ++c) acc[c] = SET(io[c]);
+  gk_vBITS acc[12], mul, add;
+  for (int l = 0; l < LANES; ++l) { mul[l] = 0.999999f; add[l] = 1e-7f; }
+  for (int c = 0; c < 12; ++c)
+    for (int l = 0; l < LANES; ++l) acc[c][l] = io[c];
   for (long i = 0; i < steps; ++i) {
 #pragma GCC unroll 12
-    for (int c = 0; c < 12; ++c) acc[c] = FMADD(acc[c], mul, add);
+    for (int c = 0; c < 12; ++c) acc[c] = acc[c] * mul + add;
   }
-  for (int c = 0; c < 12; ++c) {
-    float t[LANES];
-    STORE(t, acc[c]);
-    io[c] = t[0] + t[LANES - 1];
-  }
+  for (int c = 0; c < 12; ++c) io[c] = acc[c][0] + acc[c][LANES - 1];
   *(double *)args[2] = 2.0 * LANES * 12 * (double)steps;
 }
 #else
@@ -262,10 +268,9 @@ void gk_cal_fmaBITS(void **args) { *(double *)args[2] = 0.0; }
 
 def fma_source(bits: int) -> str:
     """The C of `gk_cal_fma{bits}` (also what `graphkernel doctor` times)."""
-    prefix = "_mm256" if bits == 256 else "_mm512"
-    words = {"GUARD": "__FMA__" if bits == 256 else "__AVX512F__", "BITS": str(bits),
-             "VEC": f"__m{bits}", "SET": f"{prefix}_set1_ps", "FMADD": f"{prefix}_fmadd_ps",
-             "STORE": f"{prefix}_storeu_ps", "LANES": str(bits // 32)}
+    # 512-bit vectors only where the CPU has them (elsewhere GCC would split them in two)
+    words = {"GUARD": "defined(__AVX512F__)" if bits == 512 else "1", "BITS": str(bits),
+             "LANES": str(bits // 32)}
     text = _FMA
     for word, value in words.items():
         text = text.replace(word, value)
@@ -275,12 +280,15 @@ def fma_source(bits: int) -> str:
 FMA_STEPS = 50_000  # about 0.1-0.3 ms a run on a current core
 
 
-def _best(run: Callable[[], object], times: int) -> float:
-    best = float("inf")
-    for _ in range(times):
+def _best(run: Callable[[], object], times: int, budget_s: float = 0.0) -> float:
+    """The shortest of `times` runs of `run`, more while under `budget_s` seconds in all (at
+    most 4 x `times`): on a loaded machine the best run is the closest to the hardware's."""
+    best, start, count = float("inf"), time.perf_counter(), 0
+    while count < times or (time.perf_counter() - start < budget_s and count < 4 * times):
         t = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - t)
+        count += 1
     return best
 
 
@@ -309,13 +317,13 @@ def fma_rate(functions: dict[str, Any], bits: int) -> float | None:
 
 
 def copy_rate(llc_bytes: int | None) -> float:
-    """Bytes read plus written per second by a numpy copy of an array past the last-level
-    cache (32 MiB, or twice the LLC, at most 256 MiB)."""
-    nbytes = min(max(32 << 20, 2 * (llc_bytes or 0)), 256 << 20)
+    """Bytes read plus written per second by a numpy copy between two arrays that together
+    pass the last-level cache (32 MiB each, or the LLC's size, at most 256 MiB)."""
+    nbytes = min(max(32 << 20, llc_bytes or 0), 256 << 20)
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # pages touched before timing
-    return 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 8)
+    return 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 5, budget_s=0.2)
 
 
 def fork_join_seconds(functions: dict[str, Any]) -> float:
@@ -370,9 +378,8 @@ def measure() -> Calibration:
     caches = cache_sizes()
     fma256 = fma_rate(functions, 256)
     fma512 = fma_rate(functions, 512)
-    if fma256 is None:  # no FMA instructions: time the widest the flags build, or refuse
-        raise CalibrationError("the calibration's FMA kernel needs FMA instructions "
-                               "(-march=native on this CPU does not have them)")
+    if fma256 is None:  # built on every CPU: no work done is the kernel's fault
+        raise CalibrationError("the calibration's 256-bit FMA kernel did no work")
     return Calibration(copy_rate(caches["llc_bytes"]), fma256, fma512,
                        fork_join_seconds(functions), **caches)
 
