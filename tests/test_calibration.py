@@ -143,6 +143,20 @@ def test_calibration_off_keeps_the_constants(calibrating, monkeypatch):
     assert backend_config(get_backend("c"), None) == CConfig()
 
 
+def test_a_refused_cache_keeps_the_constants(tmp_path, monkeypatch):
+    monkeypatch.delenv(calibration.ENV, raising=False)
+    monkeypatch.setattr(calibration, "_resolved", {})
+    monkeypatch.setattr(toolchain, "detect", lambda: _TC)
+    folder = tmp_path / "open"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(folder))
+    defaults = calibration.resolve()
+    assert defaults.config == CConfig()
+    assert defaults.origin.startswith("the kernel cache is refused (the kernel cache folder")
+    assert not (folder / calibration.FOLDER).exists()
+
+
 def _edit(field: str, value: object, where: str = "") -> Callable[[str], str]:
     def edit(text: str) -> str:
         record = json.loads(text)
@@ -297,3 +311,23 @@ def test_extreme_calibrations_keep_the_results(cell_type, shapes):
         for config, text in ((EAGER, eager), (SHY, shy)):
             assert f">= (int64_t){config.window_parallel_min_macs};" in text
     assert "prefer-vector-width=256" in shy and "prefer-vector-width" not in eager
+
+
+def test_cache_sizes_come_from_sysfs_and_what_does_not_parse_is_left_out(tmp_path):
+    def index(n: int, level: str, kind: str, size: str) -> None:
+        folder = tmp_path / f"index{n}"
+        folder.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(text + "\n")
+    index(0, "1", "Data", "48K")
+    index(1, "1", "Instruction", "32K")
+    index(2, "2", "Unified", "2048K")
+    index(3, "3", "Unified", "60M")
+    assert calibration.cache_sizes(str(tmp_path)) == \
+        {"l1d_bytes": 48 << 10, "l2_bytes": 2 * MIB, "llc_bytes": 60 * MIB}
+    (tmp_path / "index3" / "size").write_text("lots\n")  # not a size: no LLC, not a guess
+    (tmp_path / "index2" / "level").write_text("two\n")
+    assert calibration.cache_sizes(str(tmp_path)) == \
+        {"l1d_bytes": 48 << 10, "l2_bytes": None, "llc_bytes": None}
+    assert calibration.cache_sizes(str(tmp_path / "missing")) == \
+        {"l1d_bytes": None, "l2_bytes": None, "llc_bytes": None}

@@ -41,7 +41,7 @@ import numpy as np
 from graphkernel.backends.c import cache, records, toolchain
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig
-from graphkernel.errors import GraphKernelError
+from graphkernel.errors import CacheError, GraphKernelError
 
 RECORD_FORMAT = "graphkernel-calibration"
 RECORD_VERSION = 1
@@ -459,7 +459,10 @@ def resolve() -> Defaults:
         return _constant_defaults(off)
     if toolchain.detect() is None:
         return _constant_defaults("no C compiler to calibrate with")
-    slot = (record_folder(), toolchain_id())
+    try:
+        slot = (record_folder(), toolchain_id())
+    except CacheError as err:  # compiling says so too; the defaults need no cache
+        return _constant_defaults(f"the kernel cache is refused ({err.problem})")
     if slot not in _resolved:
         _resolved[slot] = _calibrated()
     return _resolved[slot]
