@@ -331,3 +331,16 @@ def test_cache_sizes_come_from_sysfs_and_what_does_not_parse_is_left_out(tmp_pat
         {"l1d_bytes": 48 << 10, "l2_bytes": None, "llc_bytes": None}
     assert calibration.cache_sizes(str(tmp_path / "missing")) == \
         {"l1d_bytes": None, "l2_bytes": None, "llc_bytes": None}
+
+
+@needs_cc
+def test_doctor_shows_the_thread_settings_the_calibration_found(tmp_path, monkeypatch):
+    """Building the calibration's kernels sets OMP_WAIT_POLICY for the process: the doctor's
+    thread line and advice are about the user's settings, taken before it measures."""
+    monkeypatch.delenv(calibration.ENV, raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(calibration, "_resolved", {})
+    monkeypatch.setattr(calibration, "record_folder", lambda: str(tmp_path / "calibration"))
+    text, _ = doctor_mod.doctor()
+    assert re.search(r"^calibrate: copy .* \(measured now in ", text, re.M), text
+    assert "OMP_WAIT_POLICY=unset" in text

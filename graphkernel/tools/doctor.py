@@ -93,10 +93,12 @@ def doctor(measure: bool = True) -> tuple[str, bool]:
     lines.append(line)
     if problem is not None:
         missing.append(problem)
+    # the thread settings as the user left them: building the calibration's kernels sets
+    # OMP_WAIT_POLICY for this process (backends/c/library.py)
+    thread_lines, advice = machine_rates.thread_lines(blas.describe())
     if measure:
         lines += _rate_lines(tc)
         lines += _calibration_lines()
-    thread_lines, advice = machine_rates.thread_lines(blas.describe())
     lines += thread_lines + [_gemm_line(), advice]
     if missing:
         lines.append("missing  : " + "; ".join(missing))
