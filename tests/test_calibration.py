@@ -344,3 +344,19 @@ def test_doctor_shows_the_thread_settings_the_calibration_found(tmp_path, monkey
     text, _ = doctor_mod.doctor()
     assert re.search(r"^calibrate: copy .* \(measured now in ", text, re.M), text
     assert "OMP_WAIT_POLICY=unset" in text
+
+
+def test_a_seeded_cache_folder_reads_the_record_instead_of_measuring(calibrating, tmp_path,
+                                                                     monkeypatch):
+    """The bench's cold compiles run on an empty kernel cache, not on an uncalibrated machine."""
+    calibration.resolve()
+    other = tmp_path / "cold-cache"
+    copy = calibration.seed(str(other))
+    assert copy is not None and os.path.dirname(copy) == str(other / calibration.FOLDER)
+    assert oct(os.stat(other).st_mode & 0o777) == "0o700"
+    monkeypatch.setattr(calibration, "record_folder", lambda: str(other / calibration.FOLDER))
+    calibration._resolved.clear()
+    assert calibration.resolve().origin == f"record {copy}"
+    assert calibrating == [1]  # measured once, in the first folder
+    monkeypatch.setenv(calibration.ENV, "off")
+    assert calibration.seed(str(tmp_path / "another")) is None

@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import shutil
 import statistics
 import time
 import warnings
@@ -498,6 +499,24 @@ def _calibrated() -> Defaults:
         origin += f", not stored: {exc.strerror}"
     config, sources = derive(cal)
     return Defaults(config, sources, cal, origin)
+
+
+def seed(cache_folder: str) -> str | None:
+    """Copy this machine's calibration record into another kernel cache folder (created
+    private), so that a process using that folder reads it instead of measuring: a benchmark's
+    cold compile is a cold kernel cache on a calibrated machine. Returns the copy's path, or
+    None when calibration is off or has no record."""
+    defaults = resolve()
+    if defaults.calibration is None:
+        return None
+    path = record_path()
+    if read_record(path) != (defaults.calibration, None):
+        return None  # measured but not stored (a read-only cache)
+    folder = os.path.join(cache.ensure_private_dir(cache_folder), FOLDER)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    target = os.path.join(folder, os.path.basename(path))
+    shutil.copyfile(path, target)
+    return target
 
 
 def default_config() -> CConfig:
