@@ -134,7 +134,7 @@ class Defaults:
     """CConfig's defaults as resolved on this machine, and where each came from."""
 
     config: CConfig
-    sources: dict[str, str]  # CConfig field -> "calibrated: ..." or "default (...)"
+    sources: dict[str, str]  # CConfig field -> "calibrated: ..." or "default, why"
     calibration: Calibration | None
     origin: str  # where the calibration came from, or why there is none
 
