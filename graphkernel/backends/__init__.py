@@ -28,6 +28,10 @@ class Backend(LoweringTarget, Protocol):
     # cache keys on them and a GKIR export records them (frontend/export.py checks them back).
     config_type: type
 
+    def default_config(self) -> Any:
+        """The settings a compile without `backend_config` uses (a `config_type`): the C
+        backend's come from this machine's calibration (backends/c/calibration.py)."""
+
     def emit(self, spec: KernelSpec, config: Any) -> Any:
         """The kernel `spec` in this backend's form (C source, a numpy function), built with
         `config` (a `config_type`)."""
@@ -57,10 +61,10 @@ def get_backend(name: str) -> Backend:
 
 
 def backend_config(backend: Backend, config: object | None) -> Any:
-    """`config` (`CompileOptions.backend_config`) as `backend`'s settings: its defaults for None;
-    one of another type (another backend's settings) is refused."""
+    """`config` (`CompileOptions.backend_config`) as `backend`'s settings: its defaults on this
+    machine for None; one of another type (another backend's settings) is refused."""
     if config is None:
-        return backend.config_type()
+        return backend.default_config()
     if type(config) is not backend.config_type:
         raise ContextError(f"backend_config is a {type(config).__name__}; the {backend.name} "
                            f"backend takes a {backend.config_type.__name__} (or None: its "

@@ -135,10 +135,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     else:
         raise ReportError(f"{args.model!r}: give FILE.py:CellClass or MODEL.onnx, e.g. "
                           "graphkernel tune net.py:Net --input float32[4,4]")
+    from graphkernel.backends.c import calibration
     from graphkernel.backends.c.tuning import machine_rates
     notes = compiled.executable.plan.schedule_notes
     kernels = [k for k in compiled.kernels if k.backend == "native"]
     print(f"this machine: {machine_rates().describe()}")
+    defaults = calibration.resolve()
+    print("untuned defaults (what a kernel without a record uses):")
+    for line in defaults.lines():
+        print(f"  {line}")
     print(f"{compiled.name}: {len(kernels)} generated kernel(s), compiled and tuned in "
           f"{compiled.compile_seconds:.1f} s")
     for step in compiled.executable.plan.kernel_steps():

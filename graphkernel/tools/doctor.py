@@ -1,5 +1,6 @@
 """`graphkernel doctor`: what this machine offers (compiler, OpenMP, libmvec, renderer, cache),
-what it measures (copy bandwidth, FMA and GEMM rates), how BLAS and OpenMP threads are set, and
+what it measures (copy bandwidth, FMA and GEMM rates), the calibration the C backend's
+defaults come from and each default's value and source, how BLAS and OpenMP threads are set, and
 what is missing."""
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import os
 import stat
 import tempfile
 
-from graphkernel.backends.c import blas_choice, cache, toolchain
-from graphkernel.errors import CacheError, ToolchainError
+from graphkernel.backends.c import blas_choice, cache, calibration, toolchain
+from graphkernel.errors import CacheError, GraphKernelError, ToolchainError
 from graphkernel.runtime import blas
 from graphkernel.tools import machine_rates
 from graphkernel.tools.render import find_renderer
@@ -92,9 +93,12 @@ def doctor(measure: bool = True) -> tuple[str, bool]:
     lines.append(line)
     if problem is not None:
         missing.append(problem)
+    # the thread settings as the user left them: building the calibration's kernels sets
+    # OMP_WAIT_POLICY for this process (backends/c/library.py)
+    thread_lines, advice = machine_rates.thread_lines(blas.describe())
     if measure:
         lines += _rate_lines(tc)
-    thread_lines, advice = machine_rates.thread_lines(blas.describe())
+        lines += _calibration_lines()
     lines += thread_lines + [_gemm_line(), advice]
     if missing:
         lines.append("missing  : " + "; ".join(missing))
@@ -116,6 +120,23 @@ def _gemm_line() -> str:
     if mkl is None:
         return text + ", MKL not installed (pip install graphkernel[mkl] to time it per shape)"
     return text + f", {mkl.label} where timed faster per shape ({blas_choice.CHOICE_FILE})"
+
+
+def _calibration_lines() -> list[str]:
+    """The calibration the C backend's defaults come from (measured now and stored when the
+    cache has no record), and each default with where it came from."""
+    try:
+        defaults = calibration.resolve()
+    except GraphKernelError as err:
+        return [f"calibrate: NOT MEASURED - {err.problem}",
+                "defaults : CConfig's constants (no calibration)"]
+    cal = defaults.calibration
+    lines = [f"calibrate: {cal.describe()} ({defaults.origin})" if cal is not None else
+             f"calibrate: none - {defaults.origin}"]
+    settings = defaults.lines()
+    lines.append(f"defaults : {settings[0]}")
+    lines += [f"           {line}" for line in settings[1:]]
+    return lines
 
 
 def _rate_lines(tc: toolchain.Toolchain | None) -> list[str]:

@@ -1,6 +1,7 @@
 """What this machine does per second, measured small and bounded for `graphkernel doctor`:
-copy bandwidth (numpy, a 32 MiB array), FMA rate (a generated C kernel of independent vector
-fused multiply-adds on one core, when a compiler is present) and GEMM rate (numpy's BLAS,
+copy bandwidth (numpy, a 32 MiB array), FMA rate (the calibration's generated C kernels of
+independent vector fused multiply-adds on one core, at 256 and 512 bits, when a compiler is
+present) and GEMM rate (numpy's BLAS,
 float32 512x512); and how BLAS and OpenMP threads are set, with advice. Each figure is the best
 of a few short runs: on a loaded machine the best is closest to what the hardware can do."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphkernel.backends.c import calibration
 from graphkernel.backends.c.toolchain import Toolchain
 
 # Each measurement stops after this many seconds of repeats (the three stay under 2 s with the
@@ -68,59 +70,41 @@ def gemm_rate() -> Rate:
                 "threads as set")
 
 
-# CHAINS independent accumulators of one vector each hide the FMA latency; each step is one
-# fused multiply-add per lane (2 flops); without -ffast-math the compiler cannot fold the
-# steps away. The vector width comes in as a -D macro.
-_FMA_SOURCE = """
-typedef float gk_vec __attribute__((vector_size(GK_VEC_BYTES)));
-#define GK_LANES (GK_VEC_BYTES / 4)
-#define CHAINS 12
-double gk_fma_flops(long steps, float *out) {
-  gk_vec acc[CHAINS], mul, add;
-  for (int l = 0; l < GK_LANES; ++l) { mul[l] = 0.999999f; add[l] = 1e-7f * (l + 1); }
-  for (int c = 0; c < CHAINS; ++c)
-    for (int l = 0; l < GK_LANES; ++l) acc[c][l] = out[c] + l;
-  for (long i = 0; i < steps; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < CHAINS; ++c) acc[c] = acc[c] * mul + add;
-  }
-  for (int c = 0; c < CHAINS; ++c) {
-    float s = 0.0f;
-    for (int l = 0; l < GK_LANES; ++l) s += acc[c][l];
-    out[c] = s;
-  }
-  return 2.0 * GK_LANES * CHAINS * (double)steps;
-}
-"""
-
-
 def fma_rate(tc: Toolchain | None) -> Rate | str:
-    """Fused multiply-adds per second on one core from a generated C kernel, or why not."""
+    """Fused multiply-adds per second on one core from generated C (the calibration's kernels,
+    backends/c/calibration.py, built in a temporary folder: the doctor leaves the kernel cache
+    alone), at the widest vectors that run faster; or why not."""
     if tc is None:
         return "no C compiler: the FMA rate is measured by a generated kernel"
-    width = 64 if tc.avx512 else 32
+    rates: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="graphkernel-doctor-") as tmp:
         src, lib = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma.so")
         with open(src, "w", encoding="ascii") as fh:
-            fh.write(_FMA_SOURCE)
-        flags = [f for f in tc.flags if f not in ("-ffp-contract=off", "-fopenmp")]
-        cmd = [tc.compiler, *flags, "-ffp-contract=fast", f"-DGK_VEC_BYTES={width}", src,
-               "-o", lib]
+            fh.write(calibration.fma_source(256) + calibration.fma_source(512))
+        flags = [f for f in tc.flags if f != "-fopenmp"]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            done = subprocess.run([tc.compiler, *flags, src, "-o", lib], capture_output=True,
+                                  text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"the FMA kernel did not compile ({exc})"
         if done.returncode != 0:
             return f"the FMA kernel did not compile ({done.stderr.strip()[-300:]})"
-        kernel = ctypes.CDLL(lib).gk_fma_flops
-    kernel.restype = ctypes.c_double
-    kernel.argtypes = [ctypes.c_long, ctypes.c_void_p]
-    seed = np.ones(16, dtype=np.float32)
-    steps = 200_000
-    flops = kernel(steps, seed.ctypes.data)
-    seconds = _best_seconds(lambda: kernel(steps, seed.ctypes.data))
-    return Rate("fma", flops / seconds / 1e9, "GFLOP/s",
-                f"generated C, one core, {width * 8}-bit vectors, float32")
+        library = ctypes.CDLL(lib)
+    functions = {}
+    for bits in (256, 512):
+        function = getattr(library, f"gk_cal_fma{bits}")
+        function.argtypes, function.restype = [ctypes.c_void_p], None
+        functions[f"gk_cal_fma{bits}"] = function
+    for bits in (256, 512):
+        rate = calibration.fma_rate(functions, bits)
+        if rate is not None:
+            rates[bits] = rate
+    if not rates:
+        return "this CPU's flags build no FMA instructions"
+    bits = max(rates, key=lambda b: rates[b])
+    other = "".join(f"; {b}-bit: {r / 1e9:,.1f}" for b, r in rates.items() if b != bits)
+    return Rate("fma", rates[bits] / 1e9, "GFLOP/s",
+                f"generated C, one core, {bits}-bit vectors, float32{other}")
 
 
 # A multi-threaded BLAS whose idle workers spin takes the cores the kernels and other processes

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import warnings
 
-from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c import cache, calibration, toolchain
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_entry import entry_source
@@ -37,6 +37,11 @@ _warned_no_compiler = False
 class CBackend:
     name = "c"
     config_type = CConfig
+
+    def default_config(self) -> CConfig:
+        """CConfig's defaults from this machine's calibration, or its constants
+        ($GRAPHKERNEL_CALIBRATION=off, no compiler): backends/c/calibration.py."""
+        return calibration.default_config()
 
     def why_not_kernels(self) -> str | None:
         return None if toolchain.detect() is not None else "no C compiler"

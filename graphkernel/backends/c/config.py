@@ -3,7 +3,12 @@ stores, prefetches its inputs, and when a convolution's images share the threads
 the C text the emitters write, so the compile-cache key and a GKIR export record them
 (`CompileOptions.backend_config`); fusion's costs stay in graph_kernel/cost_model.py, and how a
 plan runs whichever backend built it (BLAS threads, prefault) in runtime/plan.py's
-`PlanSettings`, held here as `plan`."""
+`PlanSettings`, held here as `plan`.
+
+The values below are the constants, chosen on one host: a compile without settings of its own
+takes the defaults backends/c/calibration.py derives from this machine's measured rates (copy
+bandwidth, FMA rate, OpenMP fork/join, cache sizes), and these only where calibration is off
+($GRAPHKERNEL_CALIBRATION=off, as in the test suite) or cannot run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

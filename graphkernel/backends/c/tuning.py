@@ -36,11 +36,9 @@ import ctypes
 import dataclasses
 import hashlib
 import itertools
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c import cache, records, toolchain
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig, check_vector_width
 from graphkernel.backends.c.shared_kernels import structural_key
@@ -56,7 +54,6 @@ from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 
 RECORD_FORMAT = "graphkernel-tuning"
 RECORD_VERSION = 1
-RECORD_MAX_BYTES = 1 << 16  # a record is a few hundred bytes: anything larger is not one
 FOLDER = "tuning"
 # A threshold no kernel reaches: the knob is off for this kernel.
 NEVER = 1 << 62
@@ -219,30 +216,10 @@ def record_path(key: str) -> str:
 def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
     """The knobs a stored record holds for kernel `key`: (knobs, None); (None, None) when there
     is no record; (None, why) when there is one this graphkernel does not use."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(RECORD_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror})"
-    if len(data) > RECORD_MAX_BYTES:
-        return None, f"larger than {RECORD_MAX_BYTES} bytes: not a tuning record"
-    try:
-        record = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None, "not JSON (truncated or corrupt)"
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-        return None, "not a graphkernel tuning record"
-    version = record.get("version")
-    if version != RECORD_VERSION:
-        return None, (f"version {version!r:.20}; this graphkernel reads version "
-                      f"{RECORD_VERSION}")
-    if record.get("key") != key:
-        return None, "recorded for another kernel or toolchain (its key differs)"
-    cpu = cpu_model()
-    if record.get("cpu_model") != cpu:
-        return None, f"measured on another CPU ({record.get('cpu_model')!r:.60}, here {cpu!r})"
+    record, refused = records.read_record(path, RECORD_FORMAT, RECORD_VERSION, key, cpu_model(),
+                                          "tuning record", "kernel or toolchain")
+    if record is None:
+        return None, refused
     knobs = record.get("knobs")
     names = [f.name for f in dataclasses.fields(Knobs)]
     if not isinstance(knobs, dict) or sorted(knobs) != sorted(names):
@@ -264,19 +241,12 @@ def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
 
 def write_record(key: str, knobs: Knobs, seconds: dict[str, float], default: Knobs) -> str:
     """Store `knobs` for kernel `key` (atomically: a reader sees the old record or the new)."""
-    folder = record_folder()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
     record = {"format": RECORD_FORMAT, "version": RECORD_VERSION, "key": key,
               "cpu_model": cpu_model(), "toolchain": toolchain_id(),
               "knobs": dataclasses.asdict(knobs), "defaults": dataclasses.asdict(default),
               "measured_seconds": seconds, "written": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                     time.gmtime())}
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=key + ".", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, indent=1, sort_keys=True)
-    path = record_path(key)
-    os.replace(tmp, path)
-    return path
+    return records.write_record(record_folder(), key, record)
 
 
 def candidates(default: Knobs, level: int, calibrated: int | None = None) -> list[Knobs]:

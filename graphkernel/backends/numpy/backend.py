@@ -21,6 +21,9 @@ class NumpyBackend:
     name = "numpy"
     config_type = PlanSettings  # no kernels of its own: only how the plan runs
 
+    def default_config(self) -> PlanSettings:
+        return PlanSettings()
+
     def why_not_kernels(self) -> str | None:
         return NO_KERNELS
 
