@@ -85,6 +85,34 @@ def test_head_merge_is_one_kernel_writing_in_place(rng):
     assert on.kernels[0].backend == "native"
 
 
+ROWS = {  # a reduction's result reshaped to or from rows [batch * seq, hidden] (ONNX exports)
+    "layernorm_merge": (lambda t, g, b: P.Reshape()(LAYER_NORM(t, g, b)[0], (6, 8)), (2, 3, 8)),
+    "layernorm_split": (lambda t, g, b: P.Reshape()(LAYER_NORM(t, g, b)[0], (2, 3, 8)), (6, 8)),
+    "softmax_merge": (lambda t, g, b: P.Reshape()(P.Softmax()(t * g + b), (6, 8)), (2, 3, 8)),
+}
+LAYER_NORM = P.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1)
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_a_reshape_leaving_a_reduction_kernel_is_written_by_it(name, rng):
+    """The reshape only relabels the dense result the reduction kernel writes: no step of its
+    own (it was, for the kernel's iteration space is the reduction's input shape)."""
+    fn, shape = ROWS[name]
+    x = rng.standard_normal(shape).astype(np.float32)
+    gamma, beta = rng.standard_normal((2, 8)).astype(np.float32)
+    on = graphkernel.compile(Fn(fn), x, gamma, beta, options=ON)
+    off = graphkernel.compile(Fn(fn), x, gamma, beta, options=OFF)
+    (got,), (want,) = on.run_arrays(x, gamma, beta), off.run_arrays(x, gamma, beta)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert [k.backend for k in on.kernels] == ["native"], on.summary()
+    assert on.kernels[0].op_names[-1] == "Reshape"
+    numpy = graphkernel.compile(Fn(fn), x, gamma, beta,
+                                options=CompileOptions(enable_graph_kernel=True, backend="numpy"))
+    np.testing.assert_allclose(numpy.run_arrays(x, gamma, beta)[0], want, rtol=1e-5, atol=1e-6)
+    assert [k.backend for k in numpy.kernels] == ["interpreted"], numpy.summary()
+
+
 def test_a_view_that_is_not_affine_falls_back_with_a_reason(rng):
     x = rng.standard_normal((4, 6)).astype(np.float32)
     # Reshape of a transposed input cannot be one strided read: the transpose is a kernel of

@@ -157,9 +157,13 @@ def _analyze(nodes: list[Node], outputs: list[Value]) -> Schedule:
                                                   node.name)
             sched.concats[node.uid] = _pieces(node, rank)
             continue
-        if node.uid in trailing and not axes:  # written in its input's order: same memory
+        if node.uid in trailing and (not axes or (
+                sched.aligned[node.inputs[0].uid] == space and
+                node.inputs[0].uid not in sched.outer_phase)):
+            # written in its input's order, the same memory: in a reduction kernel, of a value
+            # computed per element of the whole space (a LayerNorm's result merged to rows)
             sched.aligned[node.uid] = sched.aligned[node.inputs[0].uid]
-            depends_phase[node.uid] = 0
+            depends_phase[node.uid] = depends_phase.get(node.inputs[0].uid, 0)
             continue
         for value in node.inputs:
             if value.uid not in in_group and value.uid not in sched.aligned:
@@ -234,7 +238,8 @@ def _pieces(node: Node, rank: int) -> tuple[int, tuple[tuple[Value, int], ...]]:
 def _trailing_views(nodes: list[Node], outputs: list[Value]) -> dict[int, Node]:
     """Reshapes (ExpandDims, Squeeze) of a value computed in the group that only leave it as
     an output: the kernel iterates over the value's shape and writes the dense buffer the
-    reshaped output is (a merge of attention heads after their Transpose)."""
+    reshaped output is (a merge of attention heads after their Transpose; in a reduction
+    kernel, of a value computed per element, a LayerNorm's result merged to rows)."""
     out_uids = {v.uid for v in outputs}
     in_group = {n.uid for n in nodes}
     read = {v.uid for n in nodes for v in n.inputs}
