@@ -120,6 +120,26 @@ def test_gather_index_out_of_range_is_a_clear_error(rng):
                                                                    np.array([1, 5], np.int32))
 
 
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_a_gather_declared_with_negative_indices_counts_them_from_the_end(index_dtype, rng):
+    """ONNX's (and numpy's) Gather: -size..-1 are rows from the end; MindSpore's refuses them."""
+    params = sample(rng, (5, 3, 4), "float32")
+    idx = np.array([[-3, 2, -1], [0, -2, 1]], index_dtype)
+    out, _ = both(lambda p, i: P.Gather(negative_indices=True)(p, i, 1) * 2.0, params, idx)
+    np.testing.assert_array_equal(out[0], np.take(params, idx, axis=1) * 2)
+    for options in (ON, OFF):
+        wrapping = graphkernel.compile(Fn(lambda p, i: P.Gather(negative_indices=True)(p, i, 1)),
+                                       params, idx, options=options)
+        for bad in (-4, 3):
+            with pytest.raises(ShapeError, match=f"index {bad} is out of range for axis 1 of "
+                               "size 3"):
+                wrapping.run_arrays(params, np.array([[0, bad, 1], [0, 0, 0]], index_dtype))
+        plain = graphkernel.compile(Fn(lambda p, i: P.Gather()(p, i, 1)), params, idx,
+                                    options=options)
+        with pytest.raises(ShapeError, match="index -3 is out of range for axis 1 of size 3"):
+            plain.run_arrays(params, idx)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 def test_arg_reductions(dtype, rng):
     x = sample(rng, (3, 6, 5), dtype)

@@ -87,6 +87,15 @@ def test_gather_gradient_counts_repeated_rows(fusion: bool) -> None:
     np.testing.assert_array_equal(grad, [[0, 0], [3, 3], [0, 0], [1, 1], [0, 0]])
 
 
+def test_gather_gradient_of_negative_indices_reaches_their_rows(fusion: bool) -> None:
+    """A Gather declared with negative indices (ONNX's): -1 is the last row, in the gradient too."""
+    idx = Tensor(np.array([1, -4, 3, -1], np.int32))
+    table = Tensor(np.zeros((5, 2), np.float32))
+    gather = P.Gather(negative_indices=True)
+    grad = gk.grad(lambda t: P.ReduceSum()(gather(t, idx, 0)))(table).asnumpy()
+    np.testing.assert_array_equal(grad, [[0, 0], [2, 2], [0, 0], [1, 1], [1, 1]])
+
+
 def test_dropout_gradient_uses_the_forward_mask(fusion: bool) -> None:
     x = np.random.default_rng(8).uniform(0.5, 1.5, (40, 30))
     weights = np.random.default_rng(9).uniform(0.5, 1.5, (40, 30))

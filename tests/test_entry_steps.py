@@ -199,6 +199,27 @@ def test_an_index_out_of_range_is_the_same_error_through_the_entry(rng):
             exe(Tensor(table), Tensor(np.array([1, bad], np.int32)))
 
 
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_negative_indices_of_a_gather_declared_so_run_in_the_entry(index_dtype, rng):
+    """ONNX's Gather: -6..-1 are rows from the end, checked and wrapped by the entry itself."""
+    from graphkernel.errors import ShapeError
+
+    table = rng.standard_normal((6, 4)).astype(np.float32)
+    ids = np.array([[-1, 2], [-6, 5]], index_dtype)
+    exe = graphkernel.compile(Fn(lambda t, i: relu(P.Gather(negative_indices=True)(t, i, 0))),
+                              table, ids, options=ON)
+    runner = exe.executable.runner
+    assert runner.entry is not None
+    for got in run_both(exe, table, ids):
+        np.testing.assert_array_equal(got[0], np.maximum(table[ids], 0))
+    # the entry itself took them (it declines what it cannot check: NotImplemented)
+    by_entry = runner.entry(table, ids, *exe._weights(), *runner.entry_constants)
+    np.testing.assert_array_equal(by_entry, np.maximum(table[ids], 0))
+    for bad in (6, -7):
+        with pytest.raises(ShapeError, match=f"index {bad} is out of range"):
+            exe(Tensor(table), Tensor(np.array([[1, bad], [0, 0]], index_dtype)))
+
+
 def test_indices_computed_in_the_graph_keep_the_python_runner(rng):
     table = rng.standard_normal((6, 4)).astype(np.float32)
     ids = np.array([[0, 2], [5, 1]], np.int32)

@@ -149,6 +149,18 @@ def test_gather_of_a_constant_run_is_a_slice_of_the_table(rng):
     assert ["Gather"] in [k.op_names for k in on.kernels], on.summary()
 
 
+def test_a_constant_run_of_negative_indices_is_a_slice_where_they_count_from_the_end(rng):
+    """Rows -3, -2, -1 of a Gather declared with negative indices (ONNX's) are the table's
+    last three: a slice read in place, as rows 6, 7, 8 are."""
+    table = rng.standard_normal((9, 5)).astype(np.float32)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    last = graphkernel.Tensor(np.array([-3, -2, -1], np.int64))
+    on, off = check(lambda t, y, c=last: P.Gather(negative_indices=True)(t, c, 0) * 2.0 + y,
+                    lambda t, y: t[-3:] * 2 + y, table, x)
+    assert on.kernel_count == 1 and on.kernels[0].backend == "native", on.summary()
+    assert "Gather" in off.kernels[0].op_names
+
+
 def test_a_slice_of_a_cast_is_a_cast_of_the_slice(rng):
     mask = (rng.random((3, 7)) > 0.3).astype(np.int32)
     on, off = check(lambda m: (1.0 - P.Cast()(m, graphkernel.float32)[:, None, None, :]) * 5.0,

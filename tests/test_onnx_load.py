@@ -24,7 +24,7 @@ from onnx_models import (  # noqa: E402
 
 import graphkernel  # noqa: E402
 from graphkernel import Tensor, nn  # noqa: E402
-from graphkernel.errors import UnsupportedError  # noqa: E402
+from graphkernel.errors import ShapeError, UnsupportedError  # noqa: E402
 from graphkernel.frontend import context  # noqa: E402
 from graphkernel.ir.types import SymSize  # noqa: E402
 
@@ -225,6 +225,37 @@ def test_a_range_up_to_a_dynamic_batch_is_traced_or_refused(rng):
     with pytest.raises(UnsupportedError, match=r"'range' \(Range, opset 17\): a Range from "
                                                r"\[2\] to \[N\].*must start at 0"):
         graphkernel.load(model(nodes(2), *io))
+
+
+def test_a_gather_of_negative_indices_is_one_gather_and_matches_onnxruntime(rng):
+    """ONNX's indices may count from the end: the import is one Gather declared so, no wrapping
+    step of its own (which, indices computed, also kept the plan off the compiled entry); a
+    known index from the end of a dynamic axis runs too, and an index out of range is a clear
+    error when the call's indices are known."""
+    context.set_context(enable_graph_kernel=True)
+    table = rng.standard_normal((7, 4)).astype(np.float32)
+    made = model([helper_node("Gather", ["table", "ids"], ["rows"]),
+                  helper_node("Constant", [], ["two"], value=init("c", np.float32(2.0))),
+                  helper_node("Mul", ["rows", "two"], ["y"])],
+                 [value("ids", [2, 3], TensorProto.INT64)], [value("y", [2, 3, 4])],
+                 [init("table", table)])
+    cell = nn.GraphCell(graphkernel.load(made))
+    ids = np.array([[-1, 3, -7], [0, 6, -2]], np.int64)
+    expected, = onnxruntime_outputs(made, {"ids": ids})
+    np.testing.assert_array_equal(cell(Tensor(ids)).asnumpy(), expected)
+    compiled = cell.compiled
+    assert [k.op_names for k in compiled.kernels] == [["Gather"], ["Mul"]], compiled.kernels
+    assert compiled.executable.runner.entry is not None
+    with pytest.raises(ShapeError, match="index -8 is out of range for axis 0 of size 7"):
+        cell(Tensor(np.array([[0, 0, 0], [0, -8, 0]], np.int64)))
+
+    last = model([helper_node("Constant", [], ["end"], value_ints=[-1]),
+                  helper_node("Gather", ["x", "end"], ["y"], axis=0)],
+                 [value("x", ["batch", 5])], [value("y", [1, 5])])
+    cell = nn.GraphCell(graphkernel.load(last))
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 5)).astype(np.float32)
+        np.testing.assert_array_equal(cell(Tensor(x)).asnumpy(), x[-1:])
 
 
 @pytest.mark.parametrize("attrs, shape", [

@@ -114,11 +114,17 @@ def _constant_run(node: Node) -> tuple[int, int, int, int] | None:
     if not isinstance(indices, Constant) or indices.value.ndim != 1 or \
             indices.value.size == 0 or indices.dtype.kind not in "iu":
         return None
-    axis = {**get_op("Gather").attr_defaults, **node.attrs}["axis"] % len(table.shape)
+    attrs = {**get_op("Gather").attr_defaults, **node.attrs}
+    axis = attrs["axis"] % len(table.shape)
+    size = table.shape[axis]
+    if not isinstance(size, int):  # a dynamic axis: the Gather checks the indices when it runs
+        return None
     values = indices.value.astype(np.int64)
+    if attrs["negative_indices"]:  # -1 is the last row (out-of-range ones stay a Gather)
+        values = np.where(values < 0, values + size, values)
     start = int(values[0])
     step = int(values[1] - values[0]) if values.size > 1 else 1
-    if step < 1 or start < 0 or int(values[-1]) >= table.shape[axis] or \
+    if step < 1 or start < 0 or int(values[-1]) >= size or \
             not np.array_equal(values, start + step * np.arange(values.size)):
         return None
     return axis, start, int(values.size), step

@@ -437,7 +437,7 @@ def _split_item(w: _Writer, split: Node, index: int) -> str:
 
 @_writer("Gather")
 def _gather(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
-    # graphkernel's indices are in range and not negative, where ONNX's Gather agrees
+    # ONNX's Gather takes indices in range, negative ones from the end: both Gathers agree
     return w.emit("Gather", ins, axis=int(attrs["axis"]) % len(n.inputs[0].shape))
 
 

@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -331,15 +331,18 @@ class Runner:
 
     def _gather_fn(self, step: Step) -> StepFn:
         """Gather into a pooled buffer: its indices checked as the reference does, then rows
-        taken straight into the buffer (mode "clip": nothing left to check, no staging)."""
+        taken straight into the buffer (mode "clip", or "wrap" where negative indices count
+        from the end: checked, so nothing is clipped or wrapped twice, and no staging)."""
         (params, indices), (target,), take = step.reads, step.writes, self._take(step)
         axis = step.attrs["axis"] % self.plan.slots[params].type.rank
+        negative = bool(step.attrs.get("negative_indices", False))
+        mode: Literal["wrap", "clip"] = "wrap" if negative else "clip"
 
         def gather(slots: list[Any]) -> None:
             table, ids = slots[params], slots[indices]
-            check_indices(ids, table.shape[axis], "Gather", axis)
+            check_indices(ids, table.shape[axis], "Gather", axis, negative)
             (out,) = take()
-            np.take(table, ids, axis=axis, out=out, mode="clip")
+            np.take(table, ids, axis=axis, out=out, mode=mode)
             slots[target] = out
         return gather
 

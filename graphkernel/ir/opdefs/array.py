@@ -90,6 +90,9 @@ def _gather_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
     axis 0 the gathered axes move to the front and the table's axis back after."""
     params, indices = n.inputs
     axis, k = attrs["axis"] % len(params.shape), len(indices.shape)
+    if attrs.get("negative_indices", False):  # the segment sum drops negative ids: wrap them
+        indices = b("Select", b("Less", indices, 0), b("Add", indices, params.shape[axis]),
+                    indices)
     if axis:
         perm = tuple(range(axis, axis + k)) + tuple(range(axis)) + \
             tuple(range(axis + k, len(dy.shape)))
@@ -318,22 +321,29 @@ def _gather_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Value
                       params.dtype)
 
 
-def check_indices(indices: np.ndarray, size: int, op: str, axis: int) -> None:
-    """Out-of-range indices are an error (numpy would wrap negative ones silently)."""
-    if indices.size and (indices.min() < 0 or indices.max() >= size):
-        bad = indices[(indices < 0) | (indices >= size)].ravel()[0]
+def check_indices(indices: np.ndarray, size: int, op: str, axis: int,
+                  negative: bool = False) -> None:
+    """Out-of-range indices are an error (numpy would wrap negative ones silently). With
+    `negative`, -size..-1 are in range too: they count from the end, as in numpy and ONNX."""
+    low = -size if negative else 0
+    if indices.size and (indices.min() < low or indices.max() >= size):
+        bad = indices[(indices < low) | (indices >= size)].ravel()[0]
         raise ShapeError(f"{op}: index {int(bad)} is out of range for axis {axis} of size {size}")
 
 
 def _gather_ref(params: np.ndarray, indices: np.ndarray, axis: int = 0,
-                batch_dims: int = 0) -> np.ndarray:
+                batch_dims: int = 0, negative_indices: bool = False) -> np.ndarray:
     axis = axis % params.ndim
-    check_indices(indices, params.shape[axis], "Gather", axis)
+    check_indices(indices, params.shape[axis], "Gather", axis, negative_indices)
     return np.take(params, indices, axis=axis)
 
 
+# MindSpore's Gather takes indices in [0, size) only (a negative one is an error here, as on
+# its CPU backend); `negative_indices=True` declares a Gather that also takes -size..-1 from
+# the end (ONNX's and numpy's), so an importer needs no wrapping step of its own.
 declare(OpDef(name="Gather", kind=PatternKind.INJECTIVE, inputs=("params", "indices"),
-              infer=_gather_infer, reference=_gather_ref, init_attrs=(("batch_dims", 0),),
+              infer=_gather_infer, reference=_gather_ref,
+              init_attrs=(("batch_dims", 0), ("negative_indices", False)),
               call_attrs=(("axis", 0),), functional=("gather",), aliases=("GatherV2",),
               grad=_gather_grad))
 

@@ -15,7 +15,6 @@ from graphkernel.onnx.ops.base import (
     Value,
     checked_axes,
     concrete,
-    const,
     converts,
     dtype_of,
     listed_axes,
@@ -302,19 +301,15 @@ FOLDERS["Slice"] = _slice
 def _gather(cx: NodeContext, x: Value, indices: Value) -> Value:
     axis = norm_axis(cx, cx.attr("axis", 0), rank(x))
     length = shape_of(x)[axis]
-    if isinstance(indices, np.ndarray):
+    if isinstance(indices, np.ndarray) and isinstance(length, int):
         indices = concrete(indices, "the indices")
-        if not isinstance(length, int):
-            raise cx.refuse("gathering along a dynamic axis")
         if indices.size and (indices.min() < -length or indices.max() >= length):
             raise cx.refuse(f"an index out of range for axis {axis} of size {length}")
-        indices = np.where(indices < 0, indices + length, indices).astype(indices.dtype)
         if isinstance(x, np.ndarray):
             return np.take(x, indices, axis=axis)
-    elif isinstance(length, int):
-        indices = op("Select", op("Less", indices, const(0, indices)),
-                     op("Add", indices, const(length, indices)), indices)
-    return op("Gather", x, indices, axis=axis)
+    # ONNX's indices may count from the end: the Gather declared so takes them as they are
+    # (checked when it runs where they are not known here).
+    return op("Gather", x, indices, axis=axis, negative_indices=True)
 
 
 FOLDERS["Gather"] = _gather
