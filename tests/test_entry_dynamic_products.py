@@ -2,7 +2,7 @@
 a shape-generic plan (`Cell.set_inputs` with None, an ONNX export's dim_param) of kernels and
 products is one C call, as the static plan is. The dynamic size sits on the leading axis (the
 rows of one GEMM, or the first batch axis of a stack); strides stay numbers. The entry's result
-for batch 1 and 3 is numpy's, and the Python runner's; a product with a dynamic size elsewhere
+for batch 3, 1 and 0 is numpy's, and the Python runner's; a product with a dynamic size elsewhere
 keeps the Python runner."""
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_a_product_over_a_dynamic_batch_runs_from_the_entry(case, rng):
     net = Product(fn)
     net.set_inputs(Tensor(shape=list(a_shape), dtype=graphkernel.float32),
                    Tensor(shape=list(b_shape), dtype=graphkernel.float32))
-    for batch in (3, 1):
+    for batch in (3, 1, 0):  # 0: an empty batch, no BLAS call
         a = rng.standard_normal([batch if d is None else d for d in a_shape]).astype(np.float32)
         b = rng.standard_normal([batch if d is None else d for d in b_shape]).astype(np.float32)
         expected = np.maximum(reference(a, b), 0)
