@@ -114,7 +114,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
             lines.append(
                 f"| {s['label']} | {status} | {_s(s.get('first_result_s'))} | "
                 f"{_s(s.get('prepare_s'))} | {_ms(s.get('steady_median_s'))} | "
-                f"{_ms(s.get('steady_min_s'))} | {s.get('kernel_count', '')} | "
+                f"{_ms(s.get('steady_min_s'))} | {s.get('kernel_count', '')}"
+                f"{' (one C call)' if s.get('c_entry') else ''} | "
                 f"{'' if err is None else f'{err:.1e}'} |")
         lines.append("")
     return "\n".join(lines) + "\n"

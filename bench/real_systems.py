@@ -74,8 +74,13 @@ def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
     def call(i: int) -> np.ndarray:
         out = compiled(*tensors[i])
         return (out[0] if isinstance(out, tuple) else out).asnumpy()
+    # Whether one C call runs the graph (backends/c/c_entry.py), and the steps that are not a
+    # generated kernel: what keeps a row on the Python runner's steps (issue 27's rows).
+    others = sorted({f"{s.kind.value} {s.op}" for s in compiled.plan.steps
+                     if s.kind.value != "kernel"})
     return call, {"load_s": load_s, "compile_s": compile_s,
                   "kernel_count": len(compiled.kernels),
+                  "c_entry": compiled.entry is not None, "other_steps": others,
                   "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
 
 

@@ -51,6 +51,9 @@ def test_imported_and_hand_written_agree_on_a_tiny_workload(tmp_path) -> None:
     assert s["gk_handwritten"]["status"] == "ok" and s["gk_imported"]["status"] == "ok"
     assert s["gk_imported"]["max_err_over_max_ref"] < 1e-5
     assert res["kernel_counts"]["gk_imported"] >= 1 and res["imported_over_handwritten"] > 0
+    # the row says whether one C call ran the graph, and what else the plan holds
+    assert s["gk_imported"]["c_entry"] is True, s["gk_imported"]["other_steps"]
+    assert s["gk_imported"]["other_steps"] == ["library MatMul"]
 
 
 @pytest.mark.parametrize("model", ["resnet18", "resnet50", "mobilenetv2"])

@@ -113,3 +113,34 @@ def test_a_range_up_to_the_dynamic_batch_runs_at_every_batch(name, fusion, rng, 
         error = np.max(np.abs(got - expected)) / np.max(np.abs(expected))
         assert error <= 1e-4, (name, batch, error)
     assert len(compiles) == 1  # one compile serves both batch sizes
+
+
+# The bench's fused BERT and GPT-2 rows load their export with the batch fixed: then every step
+# is a generated kernel, a BLAS product or an embedding lookup, and the whole graph is one call
+# of the compiled entry (backends/c/c_entry.py), products on one BLAS thread as a hand-written
+# BERT runs them. A Gather whose indices were computed in the graph (ONNX's negative-index
+# wrap) kept these exports on the Python runner's steps.
+@pytest.mark.parametrize("name", ["bert_encoder_small", "gpt2_block_small", *MASKED])
+def test_a_transformer_export_with_its_batch_fixed_runs_as_one_entry_call(name, rng):
+    import onnx
+    import onnxruntime
+
+    context.set_context(enable_graph_kernel=True)
+    model = onnx.load(os.path.join(DATA, f"{name}.onnx"))
+    for v in list(model.graph.input) + list(model.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_value = 2  # the batch: dim_param -> 2
+    compiled = nn.GraphCell(graphkernel.load(model)).compiled
+    assert not [s.name for s in compiled.plan.steps if s.backend == "interpreted"]
+    assert compiled.entry is not None, compiled.plan.describe()
+    feeds = {"input_ids": _input(rng, "tokens", (2, 16))}
+    if name in MASKED:
+        feeds["attention_mask"] = np.ones((2, 16), np.int64)
+        feeds["attention_mask"][1, 11:] = 0
+    runner = compiled.executable.runner
+    got = runner.entry(*feeds.values(), *compiled._weights(), *runner.entry_constants)
+    assert got is not NotImplemented  # the entry took the call, it did not hand it back
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    session = onnxruntime.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    expected, = session.run(None, feeds)
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) <= 1e-4

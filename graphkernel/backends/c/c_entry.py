@@ -192,7 +192,11 @@ def _emit(plan: ExecutionPlan, module: str,
             program.op(_OP_VIEW, vid[call.target], vid[call.source],
                        len(plan.slots[call.target].type.shape), dims_at[call.target])
         elif isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
-            program.call(emit_gemm(call, _operand_data(operands)), [ref(s) for s in operands])
+            # dynamic sizes (c_gemm.py): their values follow the data pointers, as a kernel's
+            sizes = [f"  const int64_t {name} = *(const int64_t *)d[{len(operands) + j}];"
+                     for j, name in enumerate(call.symbols)]
+            program.call(sizes + emit_gemm(call, _operand_data(operands)),
+                         [ref(s) for s in operands], [symbol[n] for n in call.symbols])
         elif isinstance(call, GatherCall):
             program.call(emit_gather(call, _operand_data(operands)), [ref(s) for s in operands])
         else:
@@ -310,7 +314,7 @@ def _emit(plan: ExecutionPlan, module: str,
 _OP_TAKE = 0  # value, buffer, rank, dims (offset in gk_dims, or -1 - offset in gk_dyn), dtype
 _OP_VIEW = 1  # target, source, rank, dims: a reshaped view of the source
 _OP_KERNEL = 2  # function (in gk_kernels), n, n values, m, m sizes (in gk_size)
-_OP_CALL = 3  # function (in gk_steps: a product or a gather), n, n values
+_OP_CALL = 3  # function (in gk_steps: a product or a gather), n, n values, m, m sizes
 _OP_MEMMOVE = 4  # target, source, bytes
 _OP_CLEAR = 5  # value: dropped, its buffer taken again later
 
@@ -334,11 +338,11 @@ class _Program:
         self.code += [_OP_KERNEL, fn, len(values), *values, len(sizes), *sizes]
         self.most_operands = max(self.most_operands, len(values) + len(sizes))
 
-    def call(self, body: list[str], values: list[int]) -> None:
+    def call(self, body: list[str], values: list[int], sizes: Sequence[int] = ()) -> None:
         text = "\n".join(body)
         fn = self.steps.setdefault(text, len(self.steps))
-        self.code += [_OP_CALL, fn, len(values), *values]
-        self.most_operands = max(self.most_operands, len(values))
+        self.code += [_OP_CALL, fn, len(values), *values, len(sizes), *sizes]
+        self.most_operands = max(self.most_operands, len(values) + len(sizes))
 
     def definitions(self) -> list[str]:
         """The program's tables and the step functions, before `gk_run`."""
@@ -385,10 +389,11 @@ _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
       break;
     }}
     case {_OP_CALL}: {{
-      const int64_t n = op[2];
+      const int64_t n = op[2], m = op[3 + n];
       for (int64_t i = 0; i < n; ++i) gk_argv[i] = PyArray_DATA(v[op[3 + i]]);
+      for (int64_t j = 0; j < m; ++j) gk_argv[n + j] = &gk_size[op[4 + n + j]];
       if (gk_steps[op[1]](gk_argv) < 0) goto fail;
-      pc += 3 + n;
+      pc += 4 + n + m;
       break;
     }}
     case {_OP_MEMMOVE}:

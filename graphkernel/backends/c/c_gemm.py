@@ -8,8 +8,14 @@ of their slots' dense buffers (the read and write views of folded layout ops,
 graph_kernel/library_views.py, as the Python runner makes them), batch axes broadcast by zero
 strides, and an N-d operand times a matrix merged into one GEMM over all its rows where the
 rows merge in place (as ir/opdefs/matmul.py `matmul_into` does). A product BLAS cannot take as
-strided matrices (no unit stride on either axis, a result not row-major), an empty one, another
-dtype or a dynamic size is None, and the plan keeps the Python runner.
+strided matrices (no unit stride on either axis, a result not row-major), an empty one or another
+dtype is None, and the plan keeps the Python runner.
+
+A dynamic size (an ONNX export's batch, `Cell.set_inputs`) is taken on the leading axis of the
+operands and the result: the batch axis of a stack of products, or the rows of one GEMM (a batch
+of sequences times a weight matrix, merged). Every stride and leading dimension stays a number;
+the sizes are C expressions of the symbols the entry hands the product (`symbols`), and such a
+product keeps numpy's OpenBLAS (the library choice times static shapes).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import numpy as np
 
 from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
-from graphkernel.ir.types import is_static
+from graphkernel.ir.types import Dim, SymSize
 from graphkernel.runtime.plan import ExecutionPlan, Step
 
 # Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
@@ -42,10 +48,10 @@ class Matrix:
 
 @dataclass(frozen=True)
 class GemmCall:
-    m: int
+    m: Dim  # a dynamic size (SymSize) only here and in `batch`, never in a stride
     n: int
     k: int
-    batch: tuple[int, ...]  # the result's batch axes (a GEMM per index)
+    batch: tuple[Dim, ...]  # the result's batch axes (a GEMM per index)
     a: Matrix
     b: Matrix
     c: Matrix
@@ -53,15 +59,34 @@ class GemmCall:
     one_thread: bool  # Step.blas_threads == 1
     library: str = "openblas"  # whose cblas_?gemm runs it (blas_choice.py): "openblas", "mkl"
 
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The dynamic sizes' names its sizes read, sorted (none for a static product)."""
+        return tuple(sorted({n for d in (self.m, *self.batch) if isinstance(d, SymSize)
+                             for n in d.names}))
 
-def _layout(strides: tuple[int, ...], rows: int, cols: int) -> tuple[bool, int] | None:
+
+def _c(size: Dim) -> str:
+    """A size as a C operand: a dynamic one parenthesised (`gk_r % (4*N)`)."""
+    return f"({size})" if isinstance(size, SymSize) else str(size)
+
+
+def _least(size: Dim) -> int:
+    """A size's least non-empty value: a dynamic one's factor (each symbol 1)."""
+    return size.coef if isinstance(size, SymSize) else size
+
+
+def _layout(strides: tuple[int, ...], rows: Dim, cols: int) -> tuple[bool, int] | None:
     """(transposed, leading dimension) of a rows x cols matrix with these element strides, as
-    BLAS takes it, or None."""
+    BLAS takes it, or None. Dynamic rows are read row-major only: a transposed matrix's leading
+    dimension would have to cover them."""
     rs, cs = strides[-2], strides[-1]
     if cs == 1 or cols == 1:
-        ld = rs if rows > 1 else cols
+        ld = rs if rows != 1 else cols  # a dynamic row count may be 1: rs still bounds cols
         if ld >= max(1, cols):
             return False, ld
+    if isinstance(rows, SymSize):
+        return None
     if rs == 1 or rows == 1:
         ld = cs if cols > 1 else rows
         if ld >= max(1, rows):
@@ -69,24 +94,36 @@ def _layout(strides: tuple[int, ...], rows: int, cols: int) -> tuple[bool, int] 
     return None
 
 
-def _batch_strides(shape: tuple[int, ...], strides: tuple[int, ...], batch: tuple[int, ...]
-                   ) -> tuple[int, ...]:
+def _batch_strides(shape: tuple[Dim, ...], strides: tuple[int, ...], batch: tuple[Dim, ...]
+                   ) -> tuple[int, ...] | None:
     """The strides of a matrix stack's batch axes, right-aligned to the result's batch axes;
-    a missing or size-1 axis is broadcast (stride 0)."""
+    a missing or size-1 axis is broadcast (stride 0). None where a dynamic axis is not the
+    result's own (it could be a broadcast 1 at run time)."""
     own = len(shape) - 2
     out = []
     for i in range(len(batch)):
         j = i - (len(batch) - own)
+        if j >= 0 and isinstance(shape[j], SymSize) and shape[j] != batch[i]:
+            return None
         out.append(strides[j] if j >= 0 and shape[j] != 1 else 0)
     return tuple(out)
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
+def _contiguous(shape: tuple[Dim, ...]) -> tuple[int, ...] | None:
+    """Row-major element strides; None where one is dynamic (a dynamic axis not the first)."""
+    strides: list[Dim] = []
+    acc: Dim = 1
     for dim in reversed(shape):
         strides.append(acc)
-        acc *= dim
-    return tuple(reversed(strides))
+        acc = acc * dim
+    if any(isinstance(s, SymSize) for s in strides):
+        return None
+    return tuple(reversed(strides))  # type: ignore[arg-type]  # ints only (checked above)
+
+
+def _numbers(*values: object) -> bool:
+    """Whether offsets and strides are all numbers (a view over a dynamic size may not be)."""
+    return all(isinstance(v, int) or isinstance(v, tuple) and _numbers(*v) for v in values)
 
 
 def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
@@ -97,43 +134,60 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
     if dtype not in (np.float32, np.float64):
         return None
     types = [plan.slots[s].type for s in (*step.reads, *step.writes)]
-    if not all(is_static(t.shape) for t in types) or any(t.dtype != dtype for t in types):
+    if any(t.dtype != dtype for t in types):
         return None
     views = dict(step.attrs.get("read_views", {}))
 
-    def operand(k: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    def operand(k: int) -> tuple[int, tuple[Dim, ...], tuple[int, ...]] | None:
         slot = step.reads[k]
         if k in views:
             offset, shape, strides = views[k]
         else:
             offset, shape = 0, tuple(plan.slots[slot].type.shape)
             strides = _contiguous(shape)
+        if strides is None or not _numbers(offset, tuple(strides)):
+            return None
         shape, strides = tuple(shape), tuple(strides)
         if step.attrs.get(("transpose_a", "transpose_b")[k]):
             shape = shape[:-2] + (shape[-1], shape[-2])
             strides = strides[:-2] + (strides[-1], strides[-2])
         return offset, shape, strides
 
-    (a_off, a_shape, a_strides), (b_off, b_shape, b_strides) = operand(0), operand(1)
+    a_operand, b_operand = operand(0), operand(1)
+    if a_operand is None or b_operand is None:
+        return None
+    (a_off, a_shape, a_strides), (b_off, b_shape, b_strides) = a_operand, b_operand
     (target,) = step.writes
     write_view = step.attrs.get("write_view")
     if write_view is None:
         c_shape = tuple(plan.slots[target].type.shape)
-        c_strides = _contiguous(c_shape)
+        contiguous = _contiguous(c_shape)
+        if contiguous is None:
+            return None
+        c_strides = contiguous
     else:
         c_shape, c_strides = tuple(write_view[0]), tuple(write_view[1])
+        if not _numbers(c_strides):
+            return None
     batch, (m, n), k = c_shape[:-2], c_shape[-2:], a_shape[-1]
-    if 0 in (m, n, k) or 0 in batch:
+    # A dynamic size only on the leading axis: the first batch axis, or the rows of one GEMM.
+    if not isinstance(n, int) or not isinstance(k, int) or \
+            any(isinstance(d, SymSize) for d in batch[1:]) or batch and isinstance(m, SymSize):
+        return None
+    if 0 in (m, n, k) or 0 in batch:  # a dynamic size is never 0 here (!= any number)
         return None
     a_batch = _batch_strides(a_shape, a_strides, batch)
     b_batch = _batch_strides(b_shape, b_strides, batch)
+    if a_batch is None or b_batch is None or isinstance(b_shape[-2], SymSize) or \
+            isinstance(a_shape[-2], SymSize) and a_shape[-2] != m:
+        return None
     c_batch = c_strides[:-2]
     a_rows, c_rows = a_strides[-2], c_strides[-2]
     if batch and not any(b_batch):  # a stack times one matrix: one GEMM over all rows?
         a_merged = merged_row_stride(batch + (m,), a_batch + (a_rows,), a_rows)
         c_merged = merged_row_stride(batch + (m,), c_batch + (c_rows,), c_rows)
         if a_merged is not None and c_merged is not None:
-            m, a_rows, c_rows = m * math.prod(batch), a_merged, c_merged
+            m, a_rows, c_rows = m * math.prod(batch), a_merged, c_merged  # type: ignore[operator]  # int or SymSize
             batch, a_batch, b_batch, c_batch = (), (), (), ()
     a_layout = _layout((a_rows, a_strides[-1]), m, k)
     b_layout = _layout(b_strides, k, n)
@@ -207,7 +261,7 @@ def _batch_indices(call: GemmCall, indent: str) -> list[str]:
     """C lines turning the flat batch index gk_b into one index per batch axis."""
     lines = [f"{indent}int64_t gk_r = gk_b;"]
     for axis in reversed(range(len(call.batch))):
-        size = call.batch[axis]
+        size = _c(call.batch[axis])
         rest = f"gk_r % {size}; gk_r /= {size};" if axis else "gk_r;"
         lines.append(f"{indent}const int64_t gk_i{axis} = {rest}")
     return lines
@@ -215,14 +269,15 @@ def _batch_indices(call: GemmCall, indent: str) -> list[str]:
 
 def parallel_batch(call: GemmCall) -> bool:
     """Many small products (attention's heads) worth running on several threads at once."""
-    return bool(call.batch) and call.one_thread and \
-        math.prod(call.batch) * call.m * call.n * call.k >= PARALLEL_BATCH_MIN_MNK
+    return bool(call.batch) and call.one_thread and math.prod(map(_least, call.batch)) * \
+        _least(call.m) * call.n * call.k >= PARALLEL_BATCH_MIN_MNK
 
 
 def _split_rows(call: GemmCall) -> bool:
     """Whether a product split over threads splits its rows (m) rather than its columns (n):
-    the longer side, so each thread's part stays a well-shaped GEMM."""
-    return call.m >= call.n
+    the longer side, so each thread's part stays a well-shaped GEMM (dynamic rows: a batch of
+    rows, the rows)."""
+    return isinstance(call.m, SymSize) or call.m >= call.n
 
 
 def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
@@ -251,7 +306,7 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
                 offsets[name].append(f" + gk_i{axis} * {mat.batch_strides[axis]}")
     a, b, c = ("gk_" + name + "".join(offsets[name]) for name in "ABC")
     trans = {False: _NO_TRANS, True: _TRANS}
-    total = math.prod(call.batch)
+    total = _c(math.prod(call.batch))
     split = not call.one_thread
     # OpenBLAS on one thread for the product, put back after it (MKL is sequential). Without
     # OpenMP a product not held to one thread keeps OpenBLAS's own threads: nothing else would
@@ -264,7 +319,7 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
                   "    if (gk_threads != 1) gk_blas_set_threads(1);"]
     if hold and split:
         lines.append("#endif")
-    m, n = call.m, call.n
+    m, n = _c(call.m), str(call.n)
     if split:
         # Each thread's block: rows of A and C (columns of B and C), starting at gk_lo.
         if _split_rows(call):
@@ -285,7 +340,7 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     else:
         indent = "    "
         if split:
-            side = call.m if _split_rows(call) else call.n
+            side = _c(call.m) if _split_rows(call) else str(call.n)
             # Blocks of whole 16-row (column) panels: BLAS's kernels work in such panels.
             lines += ["    #pragma omp parallel",
                       "    {",
@@ -303,7 +358,7 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
                       f"{side};"]
             indent = "      "
         for axis, size in enumerate(call.batch):
-            lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {size}; "
+            lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {_c(size)}; "
                          f"++gk_i{axis}) {{")
             indent += "  "
         lines.append(indent + (f"if (gk_hi > gk_lo) {gemm}" if split else gemm))
@@ -325,11 +380,13 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
 def thread_shape(call: GemmCall, threads: int) -> tuple[int, int, int]:
     """(m, n, k) of the product one thread runs: its block of a split product (as `emit_gemm`
     cuts it for `threads` OpenMP threads), the whole of a product held to one thread."""
+    assert not call.symbols, "a product of static sizes"
+    m = int(call.m)  # type: ignore[arg-type]  # static (asserted)
     if call.one_thread or threads <= 1:
-        return call.m, call.n, call.k
-    side = call.m if _split_rows(call) else call.n
+        return m, call.n, call.k
+    side = m if _split_rows(call) else call.n
     each = min(side, (-(-side // threads) + 15) // 16 * 16)
-    return (each, call.n, call.k) if _split_rows(call) else (call.m, each, call.k)
+    return (each, call.n, call.k) if _split_rows(call) else (m, each, call.k)
 
 
 def with_library(call: GemmCall, step: Step) -> GemmCall:
@@ -339,6 +396,8 @@ def with_library(call: GemmCall, step: Step) -> GemmCall:
     import dataclasses
 
     from graphkernel.backends.c import blas_choice
+    if call.symbols:  # its shape is known per call only: numpy's OpenBLAS, as without MKL
+        return call
     m, n, k = thread_shape(call, blas_choice.openmp_threads())
     shape = blas_choice.GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
     libs = blas_choice.libraries()
