@@ -9,6 +9,7 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, context, nn
+from graphkernel.backends.c.c_window import PhasePlanes
 from graphkernel.ir.opset import get_op
 from graphkernel.ops import operations as P
 
@@ -136,6 +137,54 @@ def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng
     np.testing.assert_allclose(outs[0], want, rtol=tol,
                                atol=tol * np.sqrt(taps) * max(1.0, np.abs(want).max()))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", [
+    ((2, 24, 14, 14), 24, 3, dict(pad_mode="pad", pad=(1, 1, 1, 1), stride=2, group=24)),
+    ((3, 12, 7, 7), 12, 3, dict(pad_mode="same", group=12)),  # 7 rows as one run
+    ((2, 6, 15, 11), 6, 3, dict(pad_mode="pad", pad=(0, 2, 1, 0), stride=(3, 2), group=6)),
+    ((1, 4, 29, 13), 8, 3, dict(pad_mode="pad", pad=(2, 1, 0, 1), stride=(1, 3),
+                                dilation=(2, 1), group=4)),  # 2 outputs per group
+    ((2, 9, 13, 17), 3, 2, dict(pad_mode="same", stride=2, dilation=2, group=3)),  # 3 inputs
+    ((1, 3, 9, 150), 3, 5, dict(pad_mode="pad", pad=(2, 2, 2, 2), stride=2, group=3)),  # wide
+    ((2, 5, 30, 30), 5, 3, dict(pad_mode="valid", stride=2, group=5)),  # blocks and a tail
+])
+def test_strided_depthwise_convolutions_read_stride_phases(dtype, geometry, rng):
+    """Few output channels a group (depthwise): vectors along pixels over the scratch split
+    into stride phases, narrow rows several at a time, wide rows in chunks, uneven strides,
+    dilation, padding on one side, groups of several inputs or outputs; against a float64
+    reference, fused and not."""
+    xs, o, k, attrs = geometry
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((o, xs[1] // attrs["group"], k, k)).astype(dtype)
+    attrs = dict(out_channel=o, kernel_size=k, **attrs)
+    conv = P.Conv2D(**attrs)
+    want = reference("Conv2D", x.astype(np.float64), w.astype(np.float64), **attrs)
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    outs = []
+    for options in (ON, OFF):
+        exe = compiled(lambda a, b: conv(a, b), x, w, options=options)
+        assert native_ops(exe) == [("Conv2D",)]
+        outs.append(exe.run_arrays(x, w)[0])
+    np.testing.assert_allclose(outs[0], want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()),
+                               err_msg=str((xs, attrs)))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("hp, wp, sh, sw", [(9, 9, 1, 1), (16, 16, 2, 2), (15, 11, 3, 2),
+                                            (7, 30, 1, 3)])
+def test_stride_phases_put_a_strided_window_row_in_a_run(hp, wp, sh, sw):
+    """Every padded element has its own place in the phase planes, and output pixel (i, j)
+    of a tap reads i * wq + j past the tap's offset: so a block of pixels reads one run."""
+    planes = PhasePlanes(hp, wp, sh, sw)
+    places = {planes.offset(ci, r, q) for ci in range(2) for r in range(hp) for q in range(wp)}
+    assert len(places) == 2 * hp * wp and max(places) < 2 * planes.per_channel
+    for a, b in [(0, 0), (1, 2), (2, 1), (4, 3)]:
+        for i in range((hp - 1 - a) // sh + 1):
+            for j in range((wp - 1 - b) // sw + 1):
+                assert planes.offset(1, i * sh + a, j * sw + b) == \
+                    planes.offset(1, a, b) + i * planes.wq + j
 
 
 @pytest.mark.parametrize("kind", ["MaxPool", "AvgPool"])
