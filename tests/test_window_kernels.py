@@ -418,14 +418,74 @@ def test_a_per_channel_epilogue_hoists_its_scale_out_of_the_vector_loop(rng):
                                atol=1e-6)
 
 
-def test_weights_too_large_for_the_stack_keep_the_kernels_apart(rng):
-    x = rng.standard_normal((2, 64, 5, 5)).astype(np.float32)
-    wt = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)  # 147 KiB repacked
-    conv = P.Conv2D(64, 3, pad_mode="same")
-    exe = compiled(lambda a, k: P.ReLU()(conv(a, k)), x, wt)
-    assert len(exe.kernels) == 2 and exe.kernels[0].op_names[0] == "Conv2D", exe.kernels
+class ConvBNReLU6(nn.Cell):
+    """conv (bias-free, depthwise when group == cin) -> BatchNorm -> ReLU6 (+ the input)."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int, group: int,
+                 residual: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, stride=stride, pad_mode="pad", padding=k // 2,
+                              group=group)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.ReLU6()
+        self.residual = residual
+
+    def construct(self, x):
+        y = self.act(self.bn(self.conv(x)))
+        return y + x if self.residual else y
+
+
+def conv_bn_relu6_reference(net, x, stride, group, residual):
+    p = {k: v.asnumpy().astype(np.float64) for k, v in net.parameters_dict().items()}
+    w = p["conv.weight"]
+    y = reference("Conv2D", x.astype(np.float64), w, out_channel=w.shape[0],
+                  kernel_size=w.shape[2], pad_mode="pad", pad=(w.shape[2] // 2,) * 4,
+                  stride=stride, group=group)
+    c = (-1, 1, 1)
+    y = (y - p["bn.moving_mean"].reshape(c)) / np.sqrt(p["bn.moving_variance"].reshape(c)
+                                                         + 1e-5)
+    y = np.clip(y * p["bn.gamma"].reshape(c) + p["bn.beta"].reshape(c), 0, 6)
+    return y + x if residual else y
+
+
+@pytest.mark.parametrize("geometry", [
+    (2, 24, 24, 1, 30, 1, 1, True),  # 1x1, a residual
+    (1, 40, 40, 3, 23, 2, 40, False),  # depthwise, stride 2, odd size
+    (2, 16, 16, 3, 33, 1, 16, True),  # depthwise, a residual
+    (1, 20, 36, 3, 29, 1, 1, False),  # 3x3, a batch of one (its units on threads)
+])
+def test_real_size_conv_bn_relu6_is_one_kernel(geometry, rng):
+    """A convolution whose scratch plane exceeds the stack (ResNet's and MobileNetV2's sizes)
+    still takes its BatchNorm shift, ReLU6 and residual into its kernel, image by image (they
+    were a kernel of their own that read the whole batch back); against float64 numpy."""
+    n, cin, cout, k, hw, stride, group, residual = geometry
+    net = ConvBNReLU6(cin, cout, k, stride, group, residual)
+    net.bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, cout).astype(np.float32)))
+    net.bn.moving_mean.set_data(Tensor(rng.standard_normal(cout).astype(np.float32)))
+    net.bn.beta.set_data(Tensor(rng.uniform(0, 3, cout).astype(np.float32)))
+    net.set_train(False)
+    x = rng.standard_normal((n, cin, hw, hw)).astype(np.float32)
+    exe = graphkernel.compile(net, x, options=ON)
+    assert len(exe.kernels) == 1 and exe.kernels[0].backend == "native", exe.kernels
+    conv = next(v for v in exe.graph.nodes if v.op == "Conv2DFoldedBN")
+    assert conv.notes["conv_block"].startswith("one kernel with"), conv.notes
+    assert "static __thread" in exe.kernels[0].source  # the scratch is not on the stack
+    want = conv_bn_relu6_reference(net, x, stride, group, residual)
+    for _ in range(2):  # the kept scratch plane's border is still zero on the second call
+        np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-4, atol=1e-4)
+    off = graphkernel.compile(net, x, options=OFF)
+    np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pool_after_a_result_too_large_for_the_stack_is_a_kernel_of_its_own(rng):
+    x = rng.standard_normal((2, 16, 30, 30)).astype(np.float32)
+    wt = (rng.standard_normal((32, 16, 3, 3)) / 12).astype(np.float32)  # 112 KiB an image out
+    conv = P.Conv2D(32, 3, pad_mode="same")
+    pool = P.MaxPool(2, 2)
+    exe = compiled(lambda a, k: pool(P.ReLU()(conv(a, k))), x, wt)
+    assert [k.op_names[0] for k in exe.kernels] == ["Conv2D", "MaxPool"], exe.kernels
     node = next(n for n in exe.graph.nodes if n.op == "Conv2D")
-    assert "KiB of stack" in node.notes["conv_block"]
-    y = reference("Conv2D", x, wt, out_channel=64, kernel_size=3, pad_mode="same")
-    np.testing.assert_allclose(exe.run_arrays(x, wt)[0], np.maximum(y, 0), rtol=1e-4,
-                               atol=1e-4)
+    assert "MaxPool" in node.notes["conv_block"] and "KiB of stack" in node.notes["conv_block"]
+    y = reference("Conv2D", x, wt, out_channel=32, kernel_size=3, pad_mode="same")
+    want = reference("MaxPool", np.maximum(y, 0), kernel_size=2, strides=2)
+    np.testing.assert_allclose(exe.run_arrays(x, wt)[0], want, rtol=1e-4, atol=1e-4)
