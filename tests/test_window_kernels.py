@@ -115,6 +115,10 @@ def test_narrow_outputs_go_in_blocks_of_whole_rows(dtype, geometry, rng):
     ((1, 64, 20, 150), 64, 3, dict(pad_mode="same", group=64)),  # depthwise: 64-pixel chunks
     ((2, 5, 17, 131), 10, 3, dict(pad_mode="pad", pad=(1, 0, 1, 2), stride=2, group=5)),
     ((1, 3, 33, 35), 64, 7, dict(pad_mode="pad", pad=(3, 3, 3, 3), stride=2)),  # a 7x7 stem
+    # 1x1 of few taps, row segments and a short one, stored by pixel (48 channels) or with a
+    # partial channel block channel by channel (40)
+    ((2, 24, 31, 45), 48, 1, dict(pad_mode="valid")),
+    ((2, 24, 31, 45), 40, 1, dict(pad_mode="valid")),
 ])
 def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng):
     """Images large enough that one image's work goes to threads (a batch of one or two),

@@ -54,6 +54,12 @@ SCRATCH_SLACK = 16
 CLANG_CONTRACT = ("#if defined(__clang__)", "#pragma clang fp contract(fast)", "#endif")
 # Below this many output channels per group a convolution vectorises along pixels (_conv_units).
 PIXEL_PATH_CHANNELS = 4
+# Row segments of a convolution with at most this many taps store pixel by pixel (a transpose in
+# registers), more taps channel by channel. MobileNetV2's 1x1 convolutions at batch 8, one
+# thread, conv + BN + ReLU6, 3 alternating rounds, by pixel / by channel: 32->16 at 112x112
+# (16 taps) 0.70, 16->96 at 112 0.85, 32->144 at 56 0.67, 144->32 at 56 0.86, 96->576 at 14
+# (96 taps, 7-pixel segments) 1.10; 3x3 64ch at 56x56 (576 taps) was 1.03-1.06 (s5-digits).
+SEGMENT_BY_PIXEL_TAPS = 64
 
 # Shared by every window kernel of a translation unit: the vector width and pixel block (16
 # accumulators of 16 floats fill half of AVX-512's registers; AVX2 has 16 registers of 8).
@@ -576,17 +582,20 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c
                      *pixel_block(step, nb, f"xg + k * {sh * wp}LL", offsets, f"k * {ow}",
                                   True)]
         else:  # equal segments of a row, then the remainder
+            # Few taps a pixel (1x1 convolutions of few input channels) leave the stores a
+            # large share: there the transpose in registers wins.
+            by_pixel = taps <= SEGMENT_BY_PIXEL_TAPS
             segments = -(-ow // most)
             nb = -(-ow // segments)
             full, tail = divmod(ow, nb)
             body += [f"    for (int64_t k = 0; k < {oh}; ++k) {{",
                      f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
                      *pixel_block(step, nb, f"xg + k * {sh * wp}LL + j0 * {sw}",
-                                  [b * sw for b in range(nb)], f"k * {ow} + j0", False)]
+                                  [b * sw for b in range(nb)], f"k * {ow} + j0", by_pixel)]
             if tail:
                 body += pixel_block(step, tail, f"xg + k * {sh * wp}LL + {full * nb * sw}",
                                     [b * sw for b in range(tail)], f"k * {ow} + {full * nb}",
-                                    False)
+                                    by_pixel)
             body.append("    }")
         return body
 
