@@ -9,6 +9,7 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, context, nn
+from graphkernel.backends.c.c_window import PhasePlanes
 from graphkernel.ir.opset import get_op
 from graphkernel.ops import operations as P
 
@@ -114,6 +115,10 @@ def test_narrow_outputs_go_in_blocks_of_whole_rows(dtype, geometry, rng):
     ((1, 64, 20, 150), 64, 3, dict(pad_mode="same", group=64)),  # depthwise: 64-pixel chunks
     ((2, 5, 17, 131), 10, 3, dict(pad_mode="pad", pad=(1, 0, 1, 2), stride=2, group=5)),
     ((1, 3, 33, 35), 64, 7, dict(pad_mode="pad", pad=(3, 3, 3, 3), stride=2)),  # a 7x7 stem
+    # 1x1 of few taps, row segments and a short one, stored by pixel (48 channels) or with a
+    # partial channel block channel by channel (40)
+    ((2, 24, 31, 45), 48, 1, dict(pad_mode="valid")),
+    ((2, 24, 31, 45), 40, 1, dict(pad_mode="valid")),
 ])
 def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng):
     """Images large enough that one image's work goes to threads (a batch of one or two),
@@ -136,6 +141,54 @@ def test_real_size_convolutions_share_an_image_over_threads(dtype, geometry, rng
     np.testing.assert_allclose(outs[0], want, rtol=tol,
                                atol=tol * np.sqrt(taps) * max(1.0, np.abs(want).max()))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", [
+    ((2, 24, 14, 14), 24, 3, dict(pad_mode="pad", pad=(1, 1, 1, 1), stride=2, group=24)),
+    ((3, 12, 7, 7), 12, 3, dict(pad_mode="same", group=12)),  # 7 rows as one run
+    ((2, 6, 15, 11), 6, 3, dict(pad_mode="pad", pad=(0, 2, 1, 0), stride=(3, 2), group=6)),
+    ((1, 4, 29, 13), 8, 3, dict(pad_mode="pad", pad=(2, 1, 0, 1), stride=(1, 3),
+                                dilation=(2, 1), group=4)),  # 2 outputs per group
+    ((2, 9, 13, 17), 3, 2, dict(pad_mode="same", stride=2, dilation=2, group=3)),  # 3 inputs
+    ((1, 3, 9, 150), 3, 5, dict(pad_mode="pad", pad=(2, 2, 2, 2), stride=2, group=3)),  # wide
+    ((2, 5, 30, 30), 5, 3, dict(pad_mode="valid", stride=2, group=5)),  # blocks and a tail
+])
+def test_strided_depthwise_convolutions_read_stride_phases(dtype, geometry, rng):
+    """Few output channels a group (depthwise): vectors along pixels over the scratch split
+    into stride phases, narrow rows several at a time, wide rows in chunks, uneven strides,
+    dilation, padding on one side, groups of several inputs or outputs; against a float64
+    reference, fused and not."""
+    xs, o, k, attrs = geometry
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal((o, xs[1] // attrs["group"], k, k)).astype(dtype)
+    attrs = dict(out_channel=o, kernel_size=k, **attrs)
+    conv = P.Conv2D(**attrs)
+    want = reference("Conv2D", x.astype(np.float64), w.astype(np.float64), **attrs)
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    outs = []
+    for options in (ON, OFF):
+        exe = compiled(lambda a, b: conv(a, b), x, w, options=options)
+        assert native_ops(exe) == [("Conv2D",)]
+        outs.append(exe.run_arrays(x, w)[0])
+    np.testing.assert_allclose(outs[0], want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()),
+                               err_msg=str((xs, attrs)))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("hp, wp, sh, sw", [(9, 9, 1, 1), (16, 16, 2, 2), (15, 11, 3, 2),
+                                            (7, 30, 1, 3)])
+def test_stride_phases_put_a_strided_window_row_in_a_run(hp, wp, sh, sw):
+    """Every padded element has its own place in the phase planes, and output pixel (i, j)
+    of a tap reads i * wq + j past the tap's offset: so a block of pixels reads one run."""
+    planes = PhasePlanes(hp, wp, sh, sw)
+    places = {planes.offset(ci, r, q) for ci in range(2) for r in range(hp) for q in range(wp)}
+    assert len(places) == 2 * hp * wp and max(places) < 2 * planes.per_channel
+    for a, b in [(0, 0), (1, 2), (2, 1), (4, 3)]:
+        for i in range((hp - 1 - a) // sh + 1):
+            for j in range((wp - 1 - b) // sw + 1):
+                assert planes.offset(1, i * sh + a, j * sw + b) == \
+                    planes.offset(1, a, b) + i * planes.wq + j
 
 
 @pytest.mark.parametrize("kind", ["MaxPool", "AvgPool"])
@@ -369,14 +422,74 @@ def test_a_per_channel_epilogue_hoists_its_scale_out_of_the_vector_loop(rng):
                                atol=1e-6)
 
 
-def test_weights_too_large_for_the_stack_keep_the_kernels_apart(rng):
-    x = rng.standard_normal((2, 64, 5, 5)).astype(np.float32)
-    wt = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)  # 147 KiB repacked
-    conv = P.Conv2D(64, 3, pad_mode="same")
-    exe = compiled(lambda a, k: P.ReLU()(conv(a, k)), x, wt)
-    assert len(exe.kernels) == 2 and exe.kernels[0].op_names[0] == "Conv2D", exe.kernels
+class ConvBNReLU6(nn.Cell):
+    """conv (bias-free, depthwise when group == cin) -> BatchNorm -> ReLU6 (+ the input)."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int, group: int,
+                 residual: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, stride=stride, pad_mode="pad", padding=k // 2,
+                              group=group)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.ReLU6()
+        self.residual = residual
+
+    def construct(self, x):
+        y = self.act(self.bn(self.conv(x)))
+        return y + x if self.residual else y
+
+
+def conv_bn_relu6_reference(net, x, stride, group, residual):
+    p = {k: v.asnumpy().astype(np.float64) for k, v in net.parameters_dict().items()}
+    w = p["conv.weight"]
+    y = reference("Conv2D", x.astype(np.float64), w, out_channel=w.shape[0],
+                  kernel_size=w.shape[2], pad_mode="pad", pad=(w.shape[2] // 2,) * 4,
+                  stride=stride, group=group)
+    c = (-1, 1, 1)
+    y = (y - p["bn.moving_mean"].reshape(c)) / np.sqrt(p["bn.moving_variance"].reshape(c)
+                                                         + 1e-5)
+    y = np.clip(y * p["bn.gamma"].reshape(c) + p["bn.beta"].reshape(c), 0, 6)
+    return y + x if residual else y
+
+
+@pytest.mark.parametrize("geometry", [
+    (2, 24, 24, 1, 30, 1, 1, True),  # 1x1, a residual
+    (1, 40, 40, 3, 23, 2, 40, False),  # depthwise, stride 2, odd size
+    (2, 16, 16, 3, 33, 1, 16, True),  # depthwise, a residual
+    (1, 20, 36, 3, 29, 1, 1, False),  # 3x3, a batch of one (its units on threads)
+])
+def test_real_size_conv_bn_relu6_is_one_kernel(geometry, rng):
+    """A convolution whose scratch plane exceeds the stack (ResNet's and MobileNetV2's sizes)
+    still takes its BatchNorm shift, ReLU6 and residual into its kernel, image by image (they
+    were a kernel of their own that read the whole batch back); against float64 numpy."""
+    n, cin, cout, k, hw, stride, group, residual = geometry
+    net = ConvBNReLU6(cin, cout, k, stride, group, residual)
+    net.bn.moving_variance.set_data(Tensor(rng.uniform(0.5, 1.5, cout).astype(np.float32)))
+    net.bn.moving_mean.set_data(Tensor(rng.standard_normal(cout).astype(np.float32)))
+    net.bn.beta.set_data(Tensor(rng.uniform(0, 3, cout).astype(np.float32)))
+    net.set_train(False)
+    x = rng.standard_normal((n, cin, hw, hw)).astype(np.float32)
+    exe = graphkernel.compile(net, x, options=ON)
+    assert len(exe.kernels) == 1 and exe.kernels[0].backend == "native", exe.kernels
+    conv = next(v for v in exe.graph.nodes if v.op == "Conv2DFoldedBN")
+    assert conv.notes["conv_block"].startswith("one kernel with"), conv.notes
+    assert "static __thread" in exe.kernels[0].source  # the scratch is not on the stack
+    want = conv_bn_relu6_reference(net, x, stride, group, residual)
+    for _ in range(2):  # the kept scratch plane's border is still zero on the second call
+        np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-4, atol=1e-4)
+    off = graphkernel.compile(net, x, options=OFF)
+    np.testing.assert_allclose(off.run_arrays(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pool_after_a_result_too_large_for_the_stack_is_a_kernel_of_its_own(rng):
+    x = rng.standard_normal((2, 16, 30, 30)).astype(np.float32)
+    wt = (rng.standard_normal((32, 16, 3, 3)) / 12).astype(np.float32)  # 112 KiB an image out
+    conv = P.Conv2D(32, 3, pad_mode="same")
+    pool = P.MaxPool(2, 2)
+    exe = compiled(lambda a, k: pool(P.ReLU()(conv(a, k))), x, wt)
+    assert [k.op_names[0] for k in exe.kernels] == ["Conv2D", "MaxPool"], exe.kernels
     node = next(n for n in exe.graph.nodes if n.op == "Conv2D")
-    assert "KiB of stack" in node.notes["conv_block"]
-    y = reference("Conv2D", x, wt, out_channel=64, kernel_size=3, pad_mode="same")
-    np.testing.assert_allclose(exe.run_arrays(x, wt)[0], np.maximum(y, 0), rtol=1e-4,
-                               atol=1e-4)
+    assert "MaxPool" in node.notes["conv_block"] and "KiB of stack" in node.notes["conv_block"]
+    y = reference("Conv2D", x, wt, out_channel=32, kernel_size=3, pad_mode="same")
+    want = reference("MaxPool", np.maximum(y, 0), kernel_size=2, strides=2)
+    np.testing.assert_allclose(exe.run_arrays(x, wt)[0], want, rtol=1e-4, atol=1e-4)

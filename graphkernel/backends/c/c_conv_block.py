@@ -7,14 +7,18 @@ again in the pool: at batch 256 of a small CNN those are megabytes that leave th
 between the steps (each step ran at half its cache-hot speed in sequence). Here each image's
 convolution goes to a tile on the thread's stack, the epilogue runs over the tile, the pool
 reads the tile, and only the block's result reaches memory. The epilogue's per-channel values
-(the folded BatchNorm's shift) are computed once per call.
+(the folded BatchNorm's shift) are computed once per call. Without a pool the tile is the
+output's image itself, so real sizes (ResNet's, MobileNetV2's) make blocks too: their scratch
+plane is then the thread's kept heap copy, as a convolution's own kernel keeps it, and the
+epilogue reads an image just written (in cache up to a few hundred KiB) where a kernel of its
+own read the whole batch back from memory.
 
 `conv_blocks` answers lowering (graph_kernel/lower.py, the one place that decides), from the
 final graph: a Conv2D/Conv2DFoldedBN with a window kernel whose only reader is a fused
 pointwise group of its shape, float32 or float64, whose ops are elementwise over the
 convolution's result, tensors of its shape (a residual), per-channel values and scalars; then a
-MaxPool/AvgPool that alone reads the group joins too. Each convolution's decision is a note
-on its node (`conv_block`, in the dumps)."""
+MaxPool/AvgPool that alone reads the group joins too, when an image's result fits the stack.
+Each convolution's decision is a note on its node (`conv_block`, in the dumps)."""
 from __future__ import annotations
 
 import math
@@ -56,7 +60,8 @@ def conv_blocks(graph: Graph) -> dict[int, ConvBlock]:
             continue
         found[conv.uid] = block
         pool = f" and {block.pool.name}" if block.pool is not None else ""
-        conv.notes[NOTE] = f"one kernel with {block.epilogue.name}{pool}, image by image"
+        apart = f" ({why})" if why else ""
+        conv.notes[NOTE] = f"one kernel with {block.epilogue.name}{pool}, image by image{apart}"
     return found
 
 
@@ -83,19 +88,15 @@ def _block(conv: Node, users: dict[int, list[Node]], results: set[int]
     problem = _epilogue_plan(conv, epilogue)[1]
     if problem is not None:
         return None, problem
-    parts = conv_parts(conv, "probe", {**get_op(conv.op).attr_defaults, **conv.attrs})
-    itemsize = conv.dtype.itemsize
-    # The repacked weights: a vector (at most 64 bytes) per channel block of a group, per tap.
-    o, (_, cg, kh, kw) = conv.shape[1], conv.inputs[1].shape
-    groups = conv.inputs[0].shape[1] // cg
-    lanes = 64 // itemsize
-    weights = groups * cg * kh * kw * -(-(o // groups) // lanes) * 64
-    if max(parts.scratch, parts.out_size) * itemsize > STACK_BYTES or weights > STACK_BYTES:
-        return None, f"an image's scratch or the weights exceed {STACK_BYTES >> 10} KiB of stack"
     pool = _only_reader(epilogue, users, results)
     if pool is None or pool.subgraph is not None or get_op(pool.op).window is not Window.POOL or \
             why_not_window_kernel(pool) is not None:
-        pool = None
+        return ConvBlock(conv, epilogue, None), ""
+    # A pool reads the epilogue's image from a tile on the thread's stack.
+    parts = conv_parts(conv, "probe", {**get_op(conv.op).attr_defaults, **conv.attrs})
+    if parts.out_size * conv.dtype.itemsize > STACK_BYTES:
+        return ConvBlock(conv, epilogue, None), \
+            f"{pool.name} apart: an image's result exceeds {STACK_BYTES >> 10} KiB of stack"
     return ConvBlock(conv, epilogue, pool), ""
 
 
@@ -213,15 +214,19 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource
     # The epilogue over one image's tile, in place; per-channel values from `pre`.
     lines += [f"/* {c_comment(name)}: {c_comment(block.epilogue.name)} over each image */",
               f"static void {name}_epilogue({ct} *restrict tile, int64_t n, "
-              f"void *const *args, const {ct} *restrict pre) {{",
+              f"void *const *args, const {ct} *restrict pre, int par) {{",
               f"  enum {{ O = {o}, P = {parts.out_size // o} }};", *inputs,
-              "  (void)n; (void)args; (void)pre;",
-              "  for (int64_t o = 0; o < O; ++o) {"]
-    lines += [f"    const {ct} {local} = pre[o * {npre} + {j}];"
-              for j, (local, _) in enumerate(plan.pre)]
-    lines += ["    #pragma omp simd", "    for (int64_t p = 0; p < P; ++p) {"]
-    lines += [f"      const {ct} {local} = {text};" for local, text in plan.full]
-    lines += [f"      tile[o * P + p] = {plan.result};", "    }", "  }", "}", ""]
+              "  (void)n; (void)args; (void)pre;"]
+    channel = [f"    const {ct} {local} = pre[o * {npre} + {j}];"
+               for j, (local, _) in enumerate(plan.pre)]
+    channel += ["    #pragma omp simd", "    for (int64_t p = 0; p < P; ++p) {"]
+    channel += [f"      const {ct} {local} = {text};" for local, text in plan.full]
+    channel += [f"      tile[o * P + p] = {plan.result};", "    }"]
+    # On the threads when the image's units were (`par`: a batch too small to share out).
+    lines += ["  if (par) {", "    #pragma omp parallel for schedule(static)",
+              "    for (int64_t o = 0; o < O; ++o) {", *["  " + c for c in channel], "    }",
+              "  } else {", "    for (int64_t o = 0; o < O; ++o) {",
+              *["  " + c for c in channel], "    }", "  }", "}", ""]
     # The kernel: weights repacked when they changed, per-channel values computed once, then
     # image by image.
     lines += [f"void {name}(void *const *args) {{", *parts.reads,
@@ -235,14 +240,23 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource
         lines += [f"    const {ct} {local} = {text};", f"    pre[o * {npre} + {j}] = {local};"]
     lines.append("  }")
     xn, dst = f"x + n * {parts.in_size}LL", f"out + n * {out_size}LL"
-    if pool is not None:
-        call = f"{{ {parts.image.format(xn=xn, on='tile')} " \
-            f"{name}_epilogue(tile, n, args, pre); {pool_call.format(xn='tile', on=dst)} }}"
-        scratch = [f"  {ct} xp[{parts.scratch}] = {{0}};", f"  {ct} tile[{parts.out_size}];"]
-    else:
-        call = f"{{ {ct} *tile = {dst}; {parts.image.format(xn=xn, on='tile')} " \
-            f"{name}_epilogue(tile, n, args, pre); }}"
+    if parts.scratch * conv.dtype.itemsize <= STACK_BYTES:
         scratch = [f"  {ct} xp[{parts.scratch}] = {{0}};"]
+        conv_call = parts.image
+    else:  # as a convolution's own kernel keeps it (c_window._conv): zeroed once, per thread
+        scratch = [f"  static __thread {ct} *xp_kept = NULL;",
+                   f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, "
+                   f"sizeof({ct}));",
+                   f"  {ct} *xp = xp_kept;"]
+        conv_call = f"if (xp != NULL) {parts.image} else {parts.direct}"
+    if pool is not None:
+        call = f"{{ {conv_call.format(xn=xn, on='tile')} " \
+            f"{name}_epilogue(tile, n, args, pre, gk_par); " \
+            f"{pool_call.format(xn='tile', on=dst)} }}"
+        scratch.append(f"  {ct} tile[{parts.out_size}];")
+    else:
+        call = f"{{ {ct} *tile = {dst}; {conv_call.format(xn=xn, on='tile')} " \
+            f"{name}_epilogue(tile, n, args, pre, gk_par); }}"
     lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
     lines.append("}")
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(reads)]

@@ -8,10 +8,11 @@ vector accumulator of output channels per pixel (one lane per channel, gcc's vec
 and a broadcast multiply-add per pixel per tap, in registers; the pixels' offsets are constants
 of the source (whole rows of a narrow output, equal segments of a wide row). With AVX-512 two
 channel blocks go together. A group of few output channels (a depthwise convolution) turns the
-vectors along a row's pixels instead. The weights are repacked, each unit of work's in one run
-(with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied), into the plan's workspace
-(runtime/plan.py Workspace), and again only when a weight's version or array changed since.
-Images share out over OpenMP threads when the call is large enough; a batch too
+vectors along pixels instead, over a scratch split into the stride's phases (PhasePlanes) so
+that every tap reads runs of consecutive elements. The weights are repacked, each unit of
+work's in one run (with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied), into the
+plan's workspace (runtime/plan.py Workspace), and again only when a weight's version or array
+changed since. Images share out over OpenMP threads when the call is large enough; a batch too
 small for that shares one image's units of work instead. float16 computes in float32 and rounds
 once, as the numpy reference does. Sums run in tap order, not BLAS's: results differ from the
 reference by rounding only.
@@ -53,6 +54,12 @@ SCRATCH_SLACK = 16
 CLANG_CONTRACT = ("#if defined(__clang__)", "#pragma clang fp contract(fast)", "#endif")
 # Below this many output channels per group a convolution vectorises along pixels (_conv_units).
 PIXEL_PATH_CHANNELS = 4
+# Row segments of a convolution with at most this many taps store pixel by pixel (a transpose in
+# registers), more taps channel by channel. MobileNetV2's 1x1 convolutions at batch 8, one
+# thread, conv + BN + ReLU6, 3 alternating rounds, by pixel / by channel: 32->16 at 112x112
+# (16 taps) 0.70, 16->96 at 112 0.85, 32->144 at 56 0.67, 144->32 at 56 0.86, 96->576 at 14
+# (96 taps, 7-pixel segments) 1.10; 3x3 64ch at 56x56 (576 taps) was 1.03-1.06 (s5-digits).
+SEGMENT_BY_PIXEL_TAPS = 64
 
 # Shared by every window kernel of a translation unit: the vector width and pixel block (16
 # accumulators of 16 floats fill half of AVX-512's registers; AVX2 has 16 registers of 8).
@@ -187,6 +194,41 @@ class ConvParts:
     out_size: int  # elements per output image
 
 
+@dataclass(frozen=True)
+class PhasePlanes:
+    """A depthwise-style convolution's zero-bordered scratch, each input channel split into its
+    stride's phases: plane (pa, pb) holds the padded input's rows pa, pa + sh, ... and columns
+    pb, pb + sw, ... So the taps of a strided convolution read consecutive elements, as a
+    stride of 1 does, where they read every sh-th before (a gather of one lane at a time: a
+    576-channel 3x3 stride-2 depthwise convolution at 14x14 ran at a tenth of ONNX Runtime's
+    speed), and a row block of a narrow output is one run across rows (`rows` in
+    _conv_units). With a stride of 1 there is one plane, the padded image itself."""
+
+    hp: int  # the padded input's height and width
+    wp: int
+    sh: int
+    sw: int
+
+    @property
+    def hq(self) -> int:  # a phase plane's rows and columns
+        return -(-self.hp // self.sh)
+
+    @property
+    def wq(self) -> int:
+        return -(-self.wp // self.sw)
+
+    @property
+    def per_channel(self) -> int:
+        return self.sh * self.sw * self.hq * self.wq
+
+    def offset(self, ci: int, r: int, q: int) -> int:
+        """Where padded row r, column q of input channel ci sits; output (i, j)'s tap at
+        (r, q) of its window then sits at offset(ci, r, q) + i * wq + j."""
+        phase = (r % self.sh) * self.sw + q % self.sw
+        return (ci * self.sh * self.sw + phase) * self.hq * self.wq + \
+            (r // self.sh) * self.wq + q // self.sw
+
+
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
     """The kernel: weights repacked into the workspace (args after the inputs) when they
     changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
@@ -241,8 +283,6 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         scale = f"(scale[ch] / {sqrt}(var[ch] + {eps}))"
     else:
         scale = "1"
-    tap_offsets = ", ".join(str((ci * hp + i * dh) * wp + j * dw)
-                            for ci in range(cg) for i in range(kh) for j in range(kw))
     ops = f"{node.op} {list(x.shape)} * {list(w.shape)} -> {list(node.shape)}, stride " \
           f"{(sh, sw)}, dilation {(dh, dw)}, pads {geo['pads']}, group {g}"
     image, direct = f"{name}_image", f"{name}_direct"
@@ -252,6 +292,13 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     # pixels instead, one output channel at a time.
     pixels_per_lane = og < PIXEL_PATH_CHANNELS
     units_groups = 1 if pixels_per_lane else g
+    if pixels_per_lane:  # scratch in stride phases (PhasePlanes): every tap reads a run
+        planes = PhasePlanes(hp, wp, sh, sw)
+        tap_offsets = ", ".join(str(planes.offset(ci, i * dh, j * dw))
+                                for ci in range(cg) for i in range(kh) for j in range(kw))
+    else:
+        tap_offsets = ", ".join(str((ci * hp + i * dh) * wp + j * dw)
+                                for ci in range(cg) for i in range(kh) for j in range(kw))
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
         f"enum {{ {name}_VL = GK_VBYTES / (int)sizeof({ct}), "
@@ -294,9 +341,10 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "#pragma GCC push_options",
         '#pragma GCC optimize("fp-contract=fast")',
         "#endif",
-        *_conv_units(name, fill, unit, vt, ct, st, pixels_per_lane, c=c, h=h, wd=wd, hp=hp,
-                     wp=wp, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow, sh=sh,
-                     sw=sw),
+        *(_pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
+                       og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
+          _conv_units(name, fill, unit, vt, ct, st, c=c, h=h, wd=wd, hp=hp, wp=wp, pt=pt,
+                      pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow, sh=sh, sw=sw)),
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
         f"{st} *restrict on, {ct} *restrict xp, int par) {{",
         "#if defined(__clang__)",
@@ -338,7 +386,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         return ConvParts(lines, reads, repack, wt_count, vt, ct, st,
                          f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
                          f"{direct}({{xn}}, {params}, {{on}});", params,
-                         c * hp * wp + SCRATCH_SLACK, o * p * taps, c * h * wd, o * p)
+                         c * planes.per_channel + SCRATCH_SLACK, o * p * taps, c * h * wd,
+                         o * p)
     # Repacked weights: [group][unit][tap][channel block of the unit] (`{name}_wi`), lanes
     # past the group's channels zero: a unit reads its weights in one contiguous run (a stride
     # of all the channel blocks between taps mapped every tap to a few cache sets).
@@ -367,24 +416,95 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
                      c * hp * wp, o * p * taps, c * h * wd, o * p)
 
 
-def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
-                pixels_per_lane: bool, *, c: int, h: int, wd: int, hp: int, wp: int, pt: int,
-                pl: int, cg: int, og: int, o: int, taps: int, oh: int, ow: int, sh: int,
-                sw: int) -> list[str]:
+def _pixel_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
+                 planes: PhasePlanes, *, h: int, wd: int, pt: int, pl: int, cg: int, og: int,
+                 o: int, taps: int, oh: int, ow: int) -> list[str]:
+    """`fill` and `unit` (as _conv_units's) for a group of few output channels (depthwise):
+    vector lanes along pixels, a unit is one output channel. The scratch is in stride phases
+    (PhasePlanes), so output pixel (i, j) of a tap reads element i * wq + j past the tap's
+    offset: a block of pixels reads one run per tap, whatever the stride. Rows of at most
+    PIXEL_CHUNK phase-plane columns go several at a time as one run across rows (lanes past a
+    row's ow read the next row's border and are dropped at the store): a 7-wide output fills
+    55 of 64 lanes where a row at a time filled 7 of 16. Wider rows go in chunks of a row.
+    The accumulators go through a buffer on the stack to the output's rows."""
+    sh, sw, hq, wq = planes.sh, planes.sw, planes.hq, planes.wq
+    plane = hq * wq
+    lines = [
+        # Input row i is padded row i + pt, in phase row (i + pt) % sh; its column j goes to
+        # the phase of column (j + pl) % sw. One loop per column phase with constant bounds
+        # and offset, which gcc vectorises as strided loads (vpermt2ps at a stride of 2).
+        f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
+        f"  for (int64_t i = 0; i < {h}; ++i) {{",
+        f"    const int64_t r = i + {pt};",
+        f"    {ct} *row = xp + ((ci * {sh * sw} + (r % {sh}) * {sw}) * {hq} + r / {sh}) * "
+        f"{wq}LL;",
+        f"    const {st} *src = xn + (ci * {h} + i) * {wd};"]
+    for pb in range(sw):
+        # phase-plane columns q whose input column q * sw + pb - pl lies in [0, wd)
+        lo, hi = max(0, -(-(pl - pb) // sw)), (wd - 1 + pl - pb) // sw
+        if hi >= lo:
+            lines.append(f"    for (int64_t q = {lo}; q <= {hi}; ++q) row[{pb * plane} + q] = "
+                         f"({ct})src[q * {sw} + {pb - pl}];")
+    lines += ["  }", "}"]
+    if wq <= PIXEL_CHUNK:  # blocks of whole rows, one run each
+        most = min(oh, PIXEL_CHUNK // wq)
+        count = -(-oh // most)
+        rows = -(-oh // count)  # equal blocks, the last one maybe shorter
+        full, tail = divmod(oh, rows)
+        # (rows a block, first column, pixels a row, first row, rows in all)
+        spans = [(rows, 0, ow, 0, full * rows)] + \
+            ([(tail, 0, ow, full * rows, tail)] if tail else [])
+    else:  # each row alone, in chunks of at most PIXEL_CHUNK pixels
+        spans = [(1, j0, min(PIXEL_CHUNK, ow - j0), 0, oh) for j0 in range(0, ow, PIXEL_CHUNK)]
+    body = [f"enum {{ {name}_NU = {o} }};",
+            f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
+            f"{st} *restrict on, int64_t gi, int64_t ch) {{",
+            *CLANG_CONTRACT,
+            f"  enum {{ VL = {name}_VL }};",
+            "  (void)gi;",
+            f"  const {ct} *restrict ws = (const {ct} *)wt + ch * {taps}LL;",
+            f"  const {ct} *restrict xg = xp + (ch / {og}) * {cg * planes.per_channel}LL;",
+            f"  {st} *restrict oc = on + ch * {oh * ow}LL;"]
+    for nrows, j0, width, i0, total in spans:
+        lanes = (nrows - 1) * wq + width
+        body += [f"  /* rows {i0}..{i0 + total - 1}, {nrows} a block, pixels {j0}.."
+                 f"{j0 + width - 1} */",
+                 f"  for (int64_t i = {i0}; i < {i0 + total}; i += {nrows}) {{",
+                 f"    enum {{ NV = ({lanes} + VL - 1) / VL }};",
+                 f"    {vt} a[NV];",
+                 "    for (int64_t v = 0; v < NV; ++v) a[v] = (" + vt + "){0};",
+                 f"    const {ct} *restrict xb = xg + i * {wq}LL + {j0};",
+                 f"    for (int64_t t = 0; t < {taps}; ++t) {{",
+                 f"      const {vt} wv = ({vt}){{0}} + ws[t];",
+                 # unaligned vector loads; the scratch has a vector of slack past its end
+                 f"      const {ct} *restrict xt = xb + {name}_taps[t];",
+                 f"      for (int64_t v = 0; v < NV; ++v) a[v] += *(const {vt} *)(xt + v * VL)"
+                 " * wv;",
+                 "    }",
+                 f"    {ct} buf[NV * VL] __attribute__((aligned(64)));",
+                 f"    for (int64_t v = 0; v < NV; ++v) *({vt} *)(buf + v * VL) = a[v];",
+                 f"    for (int64_t r = 0; r < {nrows}; ++r)",
+                 f"      for (int64_t j = 0; j < {width}; ++j)",
+                 f"        oc[(i + r) * {ow}LL + {j0} + j] = ({st})buf[r * {wq} + j];",
+                 "  }"]
+    return lines + body + ["}"]
+
+
+def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c: int,
+                h: int, wd: int, hp: int, wp: int, pt: int, pl: int, cg: int, og: int, o: int,
+                taps: int, oh: int, ow: int, sh: int, sw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
     ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
     per group), so that threads can share an image's units when a batch is too small to share
     out by images.
 
-    With one vector lane per output channel (`pixels_per_lane` false), a unit is one channel
-    block of VL channels, or two with AVX-512's 32 registers (each broadcast pixel then feeds
-    two multiply-adds). Its pixels go in blocks whose offsets in the scratch plane are
-    constants of the source (each multiply-add reads its broadcast pixel at a fixed
-    displacement: one load, where a computed offset table costs a second): whole rows when a
-    row fits the accumulators (r rows, the most that divide oh), else equal segments of a row.
-    With lanes along a row's pixels (a group of few output channels: depthwise), a unit is one
-    output channel. Every output sums its taps in tap order on each path, so results do not
-    depend on the path."""
+    A unit is one channel block of VL channels (one vector lane per output channel), or two
+    with AVX-512's 32 registers (each broadcast pixel then feeds two multiply-adds). Its pixels
+    go in blocks whose offsets in the scratch plane are constants of the source (each
+    multiply-add reads its broadcast pixel at a fixed displacement: one load, where a computed
+    offset table costs a second): whole rows when a row fits the accumulators (r rows, the
+    most that divide oh), else equal segments of a row. Every output sums its taps in tap
+    order on each path (here and in _pixel_units), so results do not depend on the path."""
     lines = [
         f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
         f"  for (int64_t i = 0; i < {h}; ++i) {{",
@@ -393,44 +513,6 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
         f"    for (int64_t j = 0; j < {wd}; ++j) row[j] = ({ct})src[j];",
         "  }",
         "}"]
-    if pixels_per_lane:
-        chunks = [(j0, min(PIXEL_CHUNK, ow - j0)) for j0 in range(0, ow, PIXEL_CHUNK)]
-        body = [f"enum {{ {name}_NU = {o} }};",
-                f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
-                f"{st} *restrict on, int64_t gi, int64_t ch) {{",
-                *CLANG_CONTRACT,
-                f"  enum {{ VL = {name}_VL }};",
-                "  (void)gi;",
-                f"  const {ct} *restrict ws = (const {ct} *)wt + ch * {taps}LL;",
-                f"  const {ct} *restrict xg = xp + (ch / {og}) * {cg * hp * wp}LL;",
-                f"  for (int64_t i = 0; i < {oh}; ++i) {{",
-                f"    const {ct} *restrict xr = xg + i * {sh * wp}LL;",
-                f"    {st} *restrict orow = on + (ch * {oh} + i) * {ow}LL;"]
-        for j0, width in chunks:
-            if sw == 1:  # unaligned vector loads; the scratch plane has a vector of slack
-                load = f"xv = *(const {vt} *)(xt + v * VL);"
-            else:
-                load = (f"for (int64_t l = 0; l < VL; ++l) xv[l] = v * VL + l < {width} ? "
-                        f"xt[(v * VL + l) * {sw}] : 0;")
-            body += [f"    {{  /* pixels {j0}..{j0 + width - 1} */",
-                     f"      enum {{ NV = ({width} + VL - 1) / VL }};",
-                     f"      {vt} a[NV];",
-                     f"      for (int64_t v = 0; v < NV; ++v) a[v] = ({vt}){{0}};",
-                     f"      for (int64_t t = 0; t < {taps}; ++t) {{",
-                     f"        const {vt} wv = ({vt}){{0}} + ws[t];",
-                     f"        const {ct} *restrict xt = xr + {name}_taps[t] + {j0 * sw};",
-                     "        for (int64_t v = 0; v < NV; ++v) {",
-                     f"          {vt} xv;",
-                     f"          {load}",
-                     "          a[v] += xv * wv;",
-                     "        }",
-                     "      }",
-                     "      for (int64_t v = 0; v < NV; ++v)",
-                     "        for (int64_t l = 0; l < VL; ++l)",
-                     f"          if (v * VL + l < {width}) orow[{j0} + v * VL + l] = "
-                     f"({st})a[v][l];",
-                     "    }"]
-        return lines + body + ["  }", "}"]
 
     def pixel_block(step: int, nb: int, base: str, offsets: list[int], out: str,
                     by_pixel: bool) -> list[str]:
@@ -500,17 +582,20 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
                      *pixel_block(step, nb, f"xg + k * {sh * wp}LL", offsets, f"k * {ow}",
                                   True)]
         else:  # equal segments of a row, then the remainder
+            # Few taps a pixel (1x1 convolutions of few input channels) leave the stores a
+            # large share: there the transpose in registers wins.
+            by_pixel = taps <= SEGMENT_BY_PIXEL_TAPS
             segments = -(-ow // most)
             nb = -(-ow // segments)
             full, tail = divmod(ow, nb)
             body += [f"    for (int64_t k = 0; k < {oh}; ++k) {{",
                      f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
                      *pixel_block(step, nb, f"xg + k * {sh * wp}LL + j0 * {sw}",
-                                  [b * sw for b in range(nb)], f"k * {ow} + j0", False)]
+                                  [b * sw for b in range(nb)], f"k * {ow} + j0", by_pixel)]
             if tail:
                 body += pixel_block(step, tail, f"xg + k * {sh * wp}LL + {full * nb * sw}",
                                     [b * sw for b in range(tail)], f"k * {ow} + {full * nb}",
-                                    False)
+                                    by_pixel)
             body.append("    }")
         return body
 
