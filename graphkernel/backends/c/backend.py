@@ -13,6 +13,7 @@ from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import (
+    conv_library,
     emit_window_kernel,
     why_not_window_kernel,
     workspace_bytes,
@@ -26,6 +27,7 @@ from graphkernel.backends.c.tuning import choose_schedules
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
+from graphkernel.ir.opset import Window, get_op
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import KernelSpec
@@ -105,6 +107,12 @@ class CBackend:
             plan.schedule_notes.update({n: c.how for n, c in choices.items()
                                         if c.how != "defaults"})
             notes += [c.refused for c in choices.values() if c.refused is not None]
+        for spec in specs:  # which library runs each convolution kernel, and why
+            if spec.kind is KernelKind.WINDOW and why_not_window_kernel(spec.node) is None \
+                    and get_op(spec.node.op).window is Window.CONVOLUTION:
+                tuned = plan.schedule_notes.get(spec.name)
+                plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
+                    f"convolution on {conv_library(spec.node).why}"
         kernels = [self.emit(spec, config) if spec.name not in choices else
                    choices[spec.name].source or
                    self.emit(spec, choices[spec.name].knobs.apply(config)) for spec in specs]
@@ -124,5 +132,8 @@ BACKEND = CBackend()
 
 
 def _workspace_bytes(spec: KernelSpec) -> int:
-    """A convolution kernel's workspace: its repacked weights, kept between calls."""
-    return workspace_bytes(spec.block.conv if spec.block is not None else spec.node)
+    """A convolution kernel's workspace: its repacked weights, kept between calls (a block's
+    convolution is always ours: c_window.conv_library chooses for window kernels)."""
+    if spec.block is not None:
+        return workspace_bytes(spec.block.conv, library_choice=False)
+    return workspace_bytes(spec.node)

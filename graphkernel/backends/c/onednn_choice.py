@@ -1,0 +1,359 @@
+"""Which library runs each convolution kernel, chosen by measurement at compile time: graphkernel's
+own generated convolution (c_window.py, the default and the only one where oneDNN is not
+installed) or oneDNN's (onednn.py), per shape. As backends/c/blas_choice.py does for products:
+each shape is timed on both, alternating, in process CPU time (oneDNN's threads are TBB's, ours
+OpenMP's: both are counted), and oneDNN takes the shapes it runs clearly faster. The timings are
+stored per (CPU, geometry, library) in the kernel cache folder (`conv-choice.json`):
+
+    {"format": "graphkernel-conv-choice", "version": 1,
+     "records": [{"cpu": "<model name>|<flags hash>", "dtype": "float32", "op": "Conv2D",
+                  "geometry": [n, c, h, w, o, kh, kw, groups, sh, sw, dh, dw, pt, pb, pl, pr,
+                               oh, ow],
+                  "library": "onednn 3.13.2", "seconds": 0.0041}, ...]}
+
+The file is data: a record not of this form is ignored (and timed again), a file not of the
+format is set aside with a warning naming it. Our own kernel's label carries graphkernel's
+version: a new release's kernel is timed again."""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from graphkernel._version import __version__
+from graphkernel.backends.c import cache, onednn
+from graphkernel.backends.c.blas_choice import cpu_model, openmp_threads
+from graphkernel.backends.c.c_loops import KernelSource
+from graphkernel.backends.c.c_text import literal
+from graphkernel.backends.c.cache import warn_once
+from graphkernel.backends.c.library import build_library
+from graphkernel.errors import CacheError
+from graphkernel.ir import types as T
+from graphkernel.ir.graph import Node
+from graphkernel.ir.opdefs.nn import conv_geometry
+from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import TensorType
+
+FORMAT, VERSION = "graphkernel-conv-choice", 1
+CHOICE_FILE = "conv-choice.json"
+OWN = f"graphkernel {__version__}"
+# oneDNN takes a shape only below this fraction of our kernel's time (a tie stays ours).
+WIN_MARGIN = 0.95
+# GRAPHKERNEL_ONEDNN=0 turns the choice off (every convolution on our own kernel).
+SWITCH = "GRAPHKERNEL_ONEDNN"
+
+
+@dataclass(frozen=True)
+class ConvChoice:
+    """A convolution's library: `onednn` set when oneDNN runs it; `why` in words for describe."""
+
+    onednn: onednn.ConvPrimitive | None
+    why: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def library(self) -> str:
+        return "onednn" if self.onednn is not None else "graphkernel"
+
+
+Timer = Callable[[Node, list[str]], dict[str, float]]
+
+
+def geometry(node: Node) -> tuple[int, ...]:
+    """The convolution's numbers in onednn.GEOMETRY's order (static shapes only)."""
+    x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
+    attrs = {**get_op(node.op).attr_defaults, **node.attrs}
+    geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
+    n, c, h, wd = (int(d) for d in x.shape)
+    (kh, kw), (sh, sw), (dh, dw) = geo["kernel"], geo["stride"], geo["dilation"]
+    (pt, pb), (pl, pr) = geo["pads"]
+    oh, ow = geo["out"]
+    return (n, c, h, wd, int(node.shape[1]), kh, kw, geo["group"], sh, sw, dh, dw, pt, pb, pl,
+            pr, oh, ow)
+
+
+def why_not_onednn(node: Node, library: onednn.OneDNN | None = None) -> str | None:
+    """Why oneDNN (`library`, default the installed one) cannot run this convolution kernel
+    here (None: it can be timed)."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return f"{SWITCH}=0"
+    if node.dtype != T.float32:
+        return f"{node.dtype.name} (the oneDNN path is float32)"
+    if not all(isinstance(d, int) for d in node.inputs[0].shape):
+        return "a dynamic batch"
+    if library is None and onednn.load() is None:
+        return onednn.why_not()
+    ours, theirs = openmp_threads(), onednn.threads()
+    if ours != theirs:
+        # One pool at a time: oneDNN's TBB threads follow the CPU affinity, not OMP_NUM_THREADS.
+        return f"oneDNN would run on {theirs} TBB threads, the kernels on {ours} OpenMP threads"
+    return None
+
+
+# -- the stored records ----------------------------------------------------------------------
+
+def _record_key(cpu: str, op: str, geo: tuple[int, ...], label: str) -> tuple[Any, ...]:
+    return (cpu, op, geo, label)
+
+
+def _valid(record: Any) -> bool:
+    if not isinstance(record, dict) or set(record) != {"cpu", "dtype", "op", "geometry",
+                                                       "library", "seconds"}:
+        return False
+    if not all(isinstance(record[k], str) for k in ("cpu", "op", "library")) or \
+            record["dtype"] != "float32" or record["op"] not in ("Conv2D", "Conv2DFoldedBN"):
+        return False
+    geo, seconds = record["geometry"], record["seconds"]
+    if not isinstance(geo, list) or len(geo) != len(onednn.GEOMETRY) or \
+            not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in geo):
+        return False
+    return not isinstance(seconds, bool) and isinstance(seconds, (int, float)) and \
+        math.isfinite(seconds) and seconds > 0
+
+
+def load_records(path: str) -> dict[tuple[Any, ...], float]:
+    """The stored timings by (cpu, op, geometry, library); {} for a missing file. A file not of
+    the format is reported (once) and ignored; a malformed record is skipped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warn_once(f"graphkernel: the convolution choice file {path} is unreadable ({exc}); its "
+                  "shapes are timed again and the file rewritten")
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or \
+            data.get("version") != VERSION or not isinstance(data.get("records"), list):
+        warn_once(f"graphkernel: the convolution choice file {path} is not a {FORMAT} file of "
+                  f"version {VERSION}; its shapes are timed again and the file rewritten")
+        return {}
+    return {_record_key(r["cpu"], r["op"], tuple(r["geometry"]), r["library"]):
+            float(r["seconds"]) for r in data["records"] if _valid(r)}
+
+
+def save_records(path: str, records: dict[tuple[Any, ...], float]) -> None:
+    """Write the records atomically (a reader sees the old file or the new one)."""
+    rows = [{"cpu": cpu, "dtype": "float32", "op": op, "geometry": list(geo), "library": label,
+             "seconds": seconds} for (cpu, op, geo, label), seconds in records.items()]
+    fd, tmp = tempfile.mkstemp(prefix=".conv-choice-", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"format": FORMAT, "version": VERSION, "records": rows},
+                                indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _choice_path() -> str | None:
+    try:
+        return os.path.join(cache.open_folder(), CHOICE_FILE)
+    except CacheError:
+        return None
+
+
+_lock = threading.Lock()
+_chosen: dict[tuple[Any, ...], ConvChoice] = {}
+
+
+def choose(node: Node, timer: Timer, path: str | None = None,
+           library: onednn.OneDNN | None = None) -> ConvChoice:
+    """The library for this convolution kernel: ours unless oneDNN ran its shape in under
+    WIN_MARGIN of our time on this CPU. Timings come from the choice file (`path`, default the
+    kernel cache's) or from `timer` (given the labels to time), which adds them there. Decided
+    once per process and shape. `library`: oneDNN (default: `onednn.load()`)."""
+    why = why_not_onednn(node, library)
+    if why is not None:
+        return ConvChoice(None, f"graphkernel's kernel ({why})")
+    found = library or onednn.load()
+    assert found is not None
+    geo = geometry(node)
+    cpu = cpu_model()
+    memo = (cpu, node.op, geo, found.label, path)
+    with _lock:
+        if memo in _chosen:
+            return _chosen[memo]
+    prim, problem = found.primitive(geo)
+    if prim is None:
+        return ConvChoice(None, f"graphkernel's kernel (oneDNN: {problem})")
+    labels = [OWN, found.label]
+    path = path if path is not None else _choice_path()
+    with _lock:
+        records = load_records(path) if path else {}
+        seconds = {label: records[_record_key(cpu, node.op, geo, label)] for label in labels
+                   if _record_key(cpu, node.op, geo, label) in records}
+    if len(seconds) < len(labels):
+        # Both timed together: a stored time from a quieter moment is not compared with a new
+        # one from a busier one.
+        seconds = dict(timer(node, labels))
+        with _lock:
+            records = load_records(path) if path else {}
+            for label in labels:
+                records[_record_key(cpu, node.op, geo, label)] = seconds[label]
+            if path:
+                try:
+                    save_records(path, records)
+                except OSError as exc:
+                    warn_once(f"graphkernel: cannot write the convolution choice file {path} "
+                              f"({exc}): shapes are timed again in the next process")
+    ratio = seconds[found.label] / seconds[OWN]
+    if ratio < WIN_MARGIN:
+        choice = ConvChoice(prim, f"{found.label} ({prim.implementation}; timed {ratio:.2f}x "
+                                  "graphkernel's kernel)", seconds)
+    else:
+        choice = ConvChoice(None, f"graphkernel's kernel (timed {1 / ratio:.2f}x "
+                                  f"{found.label}'s)", seconds)
+    with _lock:
+        _chosen[memo] = choice
+    return choice
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+# Timing budget per shape: at least REPEATS calls of each after a warm-up, then more while under
+# MAX_SECONDS; the fastest call counts.
+REPEATS, MAX_SECONDS = 3, 0.3
+# Our kernel alone as C and its workspace's bytes (c_window.py gives it).
+OwnKernel = Callable[[Node, str], tuple[KernelSource, int]]
+
+
+def time_conv(node: Node, labels: list[str], own: OwnKernel) -> dict[str, float]:
+    """Our kernel's and oneDNN's fastest call of the convolution on random data, in process
+    CPU time, calls alternating."""
+    found = onednn.load()
+    assert found is not None
+    prim, problem = found.primitive(geometry(node))
+    assert prim is not None, problem
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(tuple(v.shape)).astype(np.float32) for v in node.inputs]
+    if node.op == "Conv2DFoldedBN":
+        inputs[3] = (np.abs(inputs[3]) + 0.5).astype(np.float32)  # a variance
+    out = np.empty(tuple(node.shape), np.float32)
+    source, nbytes = own(node, "gk_conv_probe")
+    kernel = build_library([source]).functions["gk_conv_probe"]
+    workspace = np.zeros(nbytes, np.uint8)
+    version = np.zeros(1, np.int64)  # the header's version words: fresh after the first call
+    sources = 3 if node.op == "Conv2DFoldedBN" else 1
+    workspace[:8 * sources].view(np.int64)[:] = version.ctypes.data
+    pointers = [a.ctypes.data for a in inputs] + [workspace.ctypes.data, out.ctypes.data]
+    argv = (ctypes.c_void_p * len(pointers))(*pointers)
+    weights = inputs[1]
+    if node.op == "Conv2DFoldedBN":
+        eps = np.float32(node.attrs.get("epsilon", 1e-5))
+        weights = weights * (inputs[2] / np.sqrt(inputs[3] + eps))[:, None, None, None]
+    weights = np.ascontiguousarray(weights, np.float32)
+    packed = np.empty(prim.weights_bytes, np.uint8)
+    if found.shim.gk_dnnl_conv_pack(prim.handle, weights.ctypes.data, packed.ctypes.data):
+        raise RuntimeError("oneDNN's weight reorder failed")
+    x = inputs[0]
+
+    def ours() -> None:
+        kernel(argv)
+
+    def theirs() -> None:
+        found.shim.gk_dnnl_conv_run(prim.handle, x.ctypes.data, packed.ctypes.data,
+                                    out.ctypes.data)
+
+    calls = {labels[0]: ours, labels[1]: theirs}
+    best = {label: math.inf for label in calls}
+    for fn in calls.values():  # warm-up: the repack, scratch buffers, page faults
+        fn()
+    start, rounds = time.perf_counter(), 0
+    while rounds < REPEATS or (time.perf_counter() - start < MAX_SECONDS and rounds < 50):
+        for label, fn in calls.items():
+            t0 = time.process_time()
+            fn()
+            best[label] = min(best[label], max(time.process_time() - t0, 1e-9))
+        rounds += 1
+    return best
+
+
+# -- the kernel's C --------------------------------------------------------------------------
+
+# Declarations every kernel calling oneDNN shares: the shim's functions as weak symbols, null
+# where the shim is not loaded (onednn.py loads it, RTLD_GLOBAL, before such a library).
+ONEDNN_DECLS = """\
+#ifndef GK_ONEDNN_DECLS
+#define GK_ONEDNN_DECLS
+#include <stdio.h>
+typedef struct gk_dnnl_conv gk_dnnl_conv;
+extern gk_dnnl_conv *gk_dnnl_conv_get(const int64_t *, char *, int) __attribute__((weak));
+extern int gk_dnnl_conv_pack(gk_dnnl_conv *, const float *, void *) __attribute__((weak));
+extern int gk_dnnl_conv_run(gk_dnnl_conv *, const float *, const void *, float *)
+    __attribute__((weak));
+#endif
+"""
+
+
+def onednn_lines(node: Node, name: str, workspace: str) -> list[str]:
+    """The start of kernel `name`'s body (after x, w, out are bound) that runs the convolution
+    on oneDNN and returns: its primitive fetched once (a static of the kernel), its weights
+    reordered into the workspace `workspace` when they or their versions changed (the header
+    and test of c_window.prepack). Where the shim is missing or fails, the kernel's own code
+    after these lines runs instead, and a failure says so on stderr once."""
+    geo = ", ".join(str(v) for v in geometry(node))
+    folded = node.op == "Conv2DFoldedBN"
+    sources = "w, scale, var" if folded else "w"
+    count = 3 if folded else 1
+    o, taps = node.shape[1], math.prod(node.inputs[1].shape[1:])
+    if folded:
+        eps = literal(np.asarray({**get_op(node.op).attr_defaults, **node.attrs}["epsilon"],
+                                 np.float32))
+        pack = [f"      float *scaled = (float *)malloc({o * taps}LL * sizeof(float));",
+                "      if (scaled != NULL) {",
+                f"        for (int64_t ch = 0; ch < {o}; ++ch) {{",
+                # As the reference folds (and c_window's repack): w * (gamma / sqrt(var+eps)).
+                f"          const float s = (scale[ch] / sqrtf(var[ch] + {eps}));",
+                f"          for (int64_t t = 0; t < {taps}; ++t) scaled[ch * {taps}LL + t] = "
+                f"w[ch * {taps}LL + t] * s;",
+                "        }",
+                "        status = gk_dnnl_conv_pack(cv, scaled, packed);",
+                "        free(scaled);",
+                "      } else status = -1;"]
+    else:
+        pack = ["      status = gk_dnnl_conv_pack(cv, w, packed);"]
+    failed = "((gk_dnnl_conv *)1)"
+    return [
+        "  {  /* oneDNN (backends/c/onednn_choice.py chose it for this shape) */",
+        f"    static const int64_t geometry[{len(onednn.GEOMETRY)}] = {{{geo}}};",
+        "    static gk_dnnl_conv *kept = NULL;",
+        "    gk_dnnl_conv *cv = __atomic_load_n(&kept, __ATOMIC_ACQUIRE);",
+        "    if (cv == NULL && gk_dnnl_conv_get != NULL) {",
+        "      char why[256] = \"\";",
+        "      cv = gk_dnnl_conv_get(geometry, why, (int)sizeof why);",
+        f"      if (cv == NULL) {{ cv = {failed}; fprintf(stderr, \"graphkernel: oneDNN made no "
+        f"convolution for {name} (%s): graphkernel's kernel runs it\\n\", why); }}",
+        "      __atomic_store_n(&kept, cv, __ATOMIC_RELEASE);",
+        "    }",
+        f"    gk_pack_header *header = (gk_pack_header *){workspace};",
+        f"    if (cv != NULL && cv != {failed}) {{",
+        f"      void *packed = (char *){workspace} + GK_PACK_HEADER;",
+        f"      const void *sources[] = {{{sources}}};",
+        f"      int64_t seen[{count}];",
+        "      int status = 0;",
+        f"      if (!gk_pack_fresh(header, sources, {count}, seen)) {{",
+        *["  " + line for line in pack],
+        f"        if (status == 0) gk_pack_done(header, sources, {count}, seen);",
+        "      }",
+        "      if (status == 0) status = gk_dnnl_conv_run(cv, x, packed, out);",
+        "      if (status == 0) return;",
+        # The own code repacks into the same workspace: its header must not say current.
+        "      header->valid = 0;",
+        f"      __atomic_store_n(&kept, {failed}, __ATOMIC_RELEASE);",
+        # -2: a forked child, which the shim reported itself.
+        f"      if (status != -2) fprintf(stderr, \"graphkernel: oneDNN failed (%d) on "
+        f"{name}: graphkernel's kernel runs it from now on\\n\", status);",
+        "    }",
+        "  }"]
