@@ -49,7 +49,7 @@ class One(nn.Cell):
         return self.conv(x)
 
 
-def conv_node(c=8, o=16, k=3, size=12, dtype=np.float32, **kw):
+def conv_node(c=16, o=32, k=3, size=32, dtype=np.float32, **kw):
     if dtype == np.float32:
         net = One(c, o, k, **kw)
         exe = graphkernel.compile(net, Tensor(np.zeros((2, c, size, size), dtype)), options=OFF)
@@ -84,14 +84,14 @@ def test_ours_stays_unless_onednn_is_clearly_faster(tmp_path, fresh):
 def test_timings_are_stored_per_cpu_geometry_and_library_and_reused(tmp_path, fresh,
                                                                     monkeypatch):
     path = str(tmp_path / "choice.json")
-    node = conv_node(stride=2, pad_mode="pad", padding=1, group=2)
+    node = conv_node(size=48, stride=2, pad_mode="pad", padding=1, group=2)
     first = Timer(1.0, 0.5)
     assert choose(node, first, path, FAKE).library == "onednn"
     assert len(first.asked) == 1
     data = json.loads((tmp_path / "choice.json").read_text())
     assert data["format"] == onednn_choice.FORMAT and data["version"] == onednn_choice.VERSION
     geo = list(onednn_choice.geometry(node))
-    assert geo == [2, 8, 12, 12, 16, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 6, 6]
+    assert geo == [2, 16, 48, 48, 32, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 24, 24]
     assert {(r["library"], r["op"], tuple(r["geometry"]), r["seconds"])
             for r in data["records"]} == {(OWN, "Conv2D", tuple(geo), 1.0),
                                           ("onednn 9.9.9", "Conv2D", tuple(geo), 0.5)}
@@ -146,6 +146,8 @@ def test_the_reasons_ours_runs_without_timing(tmp_path, fresh, monkeypatch):
     assert "GRAPHKERNEL_ONEDNN=0" in choose(conv_node(), timer, path, FAKE).why
     monkeypatch.delenv(onednn_choice.SWITCH)
     assert "float64" in choose(conv_node(dtype=np.float64), timer, path, FAKE).why
+    small = conv_node(c=8, o=8, size=8)  # 2 * 8 * 64 * 8 * 9 multiply-adds
+    assert "73728 multiply-adds, too few" in choose(small, timer, path, FAKE).why
     monkeypatch.setattr(onednn, "threads", lambda: 7)
     why = choose(conv_node(), timer, path, FAKE).why
     assert "oneDNN would run on 7 TBB threads" in why
@@ -162,8 +164,9 @@ needs_onednn = pytest.mark.skipif(onednn.load() is None,
 
 
 def forced(monkeypatch, tmp_path, fast):
-    """Every convolution timed (fakes) so that `fast` ("onednn" or "own") wins."""
+    """Every convolution timed (fakes) so that `fast` ("onednn" or "own") wins, small ones too."""
     monkeypatch.setattr(onednn_choice, "_chosen", {})
+    monkeypatch.setattr(onednn_choice, "MIN_MACS", 0)
     monkeypatch.setattr(onednn_choice, "_choice_path", lambda: str(tmp_path / f"{fast}.json"))
     monkeypatch.setattr(onednn_choice, "time_conv", lambda node, labels, own: {
         labels[0]: 1.0 if fast == "onednn" else 0.1, labels[1]: 0.1 if fast == "onednn" else 1.0})
@@ -256,7 +259,7 @@ def test_a_weight_change_reorders_onednns_weights_again(monkeypatch, tmp_path, r
 def test_the_real_timer_times_both_and_stores_them(monkeypatch, tmp_path):
     monkeypatch.setattr(onednn_choice, "_chosen", {})
     monkeypatch.setattr(onednn, "threads", onednn_choice.openmp_threads)
-    node = conv_node(c=16, o=16, size=20)
+    node = conv_node(c=16, o=16, size=40)
     path = str(tmp_path / "choice.json")
     timer = onednn_choice.time_conv
     choice = choose(node, lambda n, labels: timer(n, labels, own=c_window._own_kernel), path)

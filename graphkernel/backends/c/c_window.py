@@ -149,6 +149,12 @@ def conv_library(conv: Node) -> ConvChoice:
                                                         own=_own_kernel))
 
 
+def prepare_conv_libraries(convs: list[Node]) -> None:
+    """Ready the timings `conv_library` will make for these convolution kernels: our kernels
+    compiled together (onednn_choice.prepare)."""
+    onednn_choice.prepare(convs, _own_kernel)
+
+
 def _own_kernel(conv: Node, name: str) -> tuple[KernelSource, int]:
     """Our convolution alone, for timing against oneDNN's."""
     return (emit_window_kernel(conv, name, CConfig().window_parallel_min_macs, True, False),

@@ -48,6 +48,10 @@ CHOICE_FILE = "conv-choice.json"
 OWN = f"graphkernel {__version__}"
 # oneDNN takes a shape only below this fraction of our kernel's time (a tie stays ours).
 WIN_MARGIN = 0.95
+# Convolutions of fewer multiply-adds per call are not timed: a oneDNN call costs about 24 us
+# before any work (a SYCL submission and wait, measured on the AMD EPYC host), a third of such a
+# call's time or more, and each timing costs a compile of our kernel.
+MIN_MACS = 1 << 21
 # GRAPHKERNEL_ONEDNN=0 turns the choice off (every convolution on our own kernel).
 SWITCH = "GRAPHKERNEL_ONEDNN"
 
@@ -90,6 +94,11 @@ def why_not_onednn(node: Node, library: onednn.OneDNN | None = None) -> str | No
         return f"{node.dtype.name} (the oneDNN path is float32)"
     if not all(isinstance(d, int) for d in node.inputs[0].shape):
         return "a dynamic batch"
+    geo = dict(zip(onednn.GEOMETRY, geometry(node)))
+    macs = geo["n"] * geo["o"] * geo["oh"] * geo["ow"] * geo["c"] // geo["groups"] * \
+        geo["kh"] * geo["kw"]
+    if macs < MIN_MACS:
+        return f"{macs} multiply-adds, too few for oneDNN's cost per call"
     if library is None and onednn.load() is None:
         return onednn.why_not()
     ours, theirs = openmp_threads(), onednn.threads()
@@ -190,10 +199,7 @@ def choose(node: Node, timer: Timer, path: str | None = None,
         return ConvChoice(None, f"graphkernel's kernel (oneDNN: {problem})")
     labels = [OWN, found.label]
     path = path if path is not None else _choice_path()
-    with _lock:
-        records = load_records(path) if path else {}
-        seconds = {label: records[_record_key(cpu, node.op, geo, label)] for label in labels
-                   if _record_key(cpu, node.op, geo, label) in records}
+    seconds = _stored(node, labels, path)
     if len(seconds) < len(labels):
         # Both timed together: a stored time from a quieter moment is not compared with a new
         # one from a busier one.
@@ -220,6 +226,15 @@ def choose(node: Node, timer: Timer, path: str | None = None,
     return choice
 
 
+def _stored(node: Node, labels: list[str], path: str | None) -> dict[str, float]:
+    """The stored timings of this convolution on this CPU, by label (those there are)."""
+    geo, cpu = geometry(node), cpu_model()
+    with _lock:
+        records = load_records(path) if path else {}
+    return {label: records[_record_key(cpu, node.op, geo, label)] for label in labels
+            if _record_key(cpu, node.op, geo, label) in records}
+
+
 # -- timing ------------------------------------------------------------------------------------
 
 # Timing budget per shape: at least REPEATS calls of each after a warm-up, then more while under
@@ -229,9 +244,35 @@ REPEATS, MAX_SECONDS = 3, 0.3
 OwnKernel = Callable[[Node, str], tuple[KernelSource, int]]
 
 
+# Our kernels compiled ahead of their timing (`prepare`), by convolution (op, geometry).
+_probes: dict[tuple[Any, ...], tuple[Callable[..., None], int]] = {}
+
+
+def prepare(nodes: list[Node], own: OwnKernel) -> None:
+    """Compile our kernels of the convolutions among `nodes` that `choose` will time (oneDNN
+    may run them, no timing is stored), all in one library: its translation units compile at
+    once, where one library per convolution compiled them one after another."""
+    found = onednn.load()
+    if found is None:
+        return
+    path = _choice_path()
+    need: dict[tuple[Any, ...], Node] = {}
+    for node in nodes:
+        key = (node.op, geometry(node)) if why_not_onednn(node) is None else None
+        if key is not None and key not in _probes and key not in need and \
+                len(_stored(node, [OWN, found.label], path)) < 2:
+            need[key] = node
+    if not need:
+        return
+    sources = {key: own(node, f"gk_conv_probe{i}") for i, (key, node) in enumerate(need.items())}
+    built = build_library([source for source, _ in sources.values()])
+    for key, (source, nbytes) in sources.items():
+        _probes[key] = (built.functions[source.name], nbytes)
+
+
 def time_conv(node: Node, labels: list[str], own: OwnKernel) -> dict[str, float]:
     """Our kernel's and oneDNN's fastest call of the convolution on random data, in process
-    CPU time, calls alternating."""
+    CPU time, calls alternating. Our kernel is `prepare`'s, or compiled here alone."""
     found = onednn.load()
     assert found is not None
     prim, problem = found.primitive(geometry(node))
@@ -241,8 +282,11 @@ def time_conv(node: Node, labels: list[str], own: OwnKernel) -> dict[str, float]
     if node.op == "Conv2DFoldedBN":
         inputs[3] = (np.abs(inputs[3]) + 0.5).astype(np.float32)  # a variance
     out = np.empty(tuple(node.shape), np.float32)
-    source, nbytes = own(node, "gk_conv_probe")
-    kernel = build_library([source]).functions["gk_conv_probe"]
+    key = (node.op, geometry(node))
+    if key not in _probes:
+        source, size = own(node, "gk_conv_probe")
+        _probes[key] = (build_library([source]).functions["gk_conv_probe"], size)
+    kernel, nbytes = _probes[key]
     workspace = np.zeros(nbytes, np.uint8)
     version = np.zeros(1, np.int64)  # the header's version words: fresh after the first call
     sources = 3 if node.op == "Conv2DFoldedBN" else 1
