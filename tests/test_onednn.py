@@ -22,7 +22,7 @@ class FakeOneDNN:
 
     label = "onednn 9.9.9"
 
-    def primitive(self, geometry):
+    def primitive(self, geometry, blocked=False):
         return onednn.ConvPrimitive(1, 4096, "fake:impl"), ""
 
 
@@ -30,14 +30,17 @@ FAKE = FakeOneDNN()
 
 
 class Timer:
-    """Fake timings: seconds for ours ("own") and oneDNN's; counts the shapes asked."""
+    """Fake timings: seconds for ours ("own"), oneDNN's on NCHW and on its blocked layout
+    (`blocked`, default the same); counts the shapes asked."""
 
-    def __init__(self, own: float, theirs: float) -> None:
+    def __init__(self, own: float, theirs: float, blocked: float | None = None) -> None:
         self.own, self.theirs, self.asked = own, theirs, []
+        self.blocked = theirs if blocked is None else blocked
 
     def __call__(self, node, labels):
         self.asked.append(onednn_choice.geometry(node))
-        return {labels[0]: self.own, labels[1]: self.theirs}
+        assert labels == [OWN, "onednn 9.9.9", "onednn 9.9.9 blocked"]
+        return {labels[0]: self.own, labels[1]: self.theirs, labels[2]: self.blocked}
 
 
 class One(nn.Cell):
@@ -76,6 +79,9 @@ def test_ours_stays_unless_onednn_is_clearly_faster(tmp_path, fresh):
     assert "onednn 9.9.9 (fake:impl; timed 0.50x graphkernel's kernel)" == won.why
     # Within the margin (a tie, or a loaded machine's noise): ours stays.
     assert choose(other, Timer(1.0, 0.97), path, FAKE).library == "graphkernel"
+    blocked = choose(conv_node(c=24), Timer(1.0, 0.9, 0.5), path, FAKE)
+    assert blocked.library == "onednn" and blocked.blocked
+    assert blocked.why.startswith("onednn 9.9.9 blocked (fake:impl; timed 0.50x")
     lost = choose(third, Timer(1.0, 2.0), path, FAKE)
     assert lost.onednn is None and lost.why == "graphkernel's kernel (timed 0.50x onednn " \
                                                "9.9.9's)"
@@ -94,7 +100,8 @@ def test_timings_are_stored_per_cpu_geometry_and_library_and_reused(tmp_path, fr
     assert geo == [2, 16, 48, 48, 32, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 24, 24]
     assert {(r["library"], r["op"], tuple(r["geometry"]), r["seconds"])
             for r in data["records"]} == {(OWN, "Conv2D", tuple(geo), 1.0),
-                                          ("onednn 9.9.9", "Conv2D", tuple(geo), 0.5)}
+                                          ("onednn 9.9.9", "Conv2D", tuple(geo), 0.5),
+                                          ("onednn 9.9.9 blocked", "Conv2D", tuple(geo), 0.5)}
     assert all(r["cpu"] == onednn_choice.cpu_model() for r in data["records"])
     # Another process (no decision in memory): the stored timings decide, nothing is timed.
     monkeypatch.setattr(onednn_choice, "_chosen", {})
@@ -127,8 +134,10 @@ def test_malformed_records_are_skipped_and_a_foreign_file_set_aside(tmp_path, fr
            dict(good, op="MatMul"), dict(good, dtype="float64"), dict(good, extra=1), "x"]
     path.write_text(json.dumps({"format": onednn_choice.FORMAT, "version": 1,
                                 "records": bad + [good, dict(good, library="onednn 9.9.9",
-                                                             seconds=0.5)]}))
-    assert sorted(onednn_choice.load_records(str(path)).values()) == [0.5, 1.0]
+                                                             seconds=0.5),
+                                                  dict(good, library="onednn 9.9.9 blocked",
+                                                       seconds=0.7)]}))
+    assert sorted(onednn_choice.load_records(str(path)).values()) == [0.5, 0.7, 1.0]
     timer = Timer(9.0, 9.0)
     assert choose(node, timer, str(path), FAKE).library == "onednn" and timer.asked == []
     path.write_text("{not json")
@@ -164,12 +173,14 @@ needs_onednn = pytest.mark.skipif(onednn.load() is None,
 
 
 def forced(monkeypatch, tmp_path, fast):
-    """Every convolution timed (fakes) so that `fast` ("onednn" or "own") wins, small ones too."""
+    """Every convolution timed (fakes) so that `fast` wins ("onednn", "blocked": oneDNN on its
+    blocked layout, or "own"), small ones too."""
     monkeypatch.setattr(onednn_choice, "_chosen", {})
     monkeypatch.setattr(onednn_choice, "MIN_MACS", 0)
     monkeypatch.setattr(onednn_choice, "_choice_path", lambda: str(tmp_path / f"{fast}.json"))
-    monkeypatch.setattr(onednn_choice, "time_conv", lambda node, labels, own: {
-        labels[0]: 1.0 if fast == "onednn" else 0.1, labels[1]: 0.1 if fast == "onednn" else 1.0})
+    seconds = {"own": (0.1, 1.0, 1.0), "onednn": (1.0, 0.1, 0.5), "blocked": (1.0, 0.5, 0.1)}
+    monkeypatch.setattr(onednn_choice, "time_conv", lambda node, labels, own: dict(
+        zip(labels, seconds[fast])))
 
 
 class Block(nn.Cell):
@@ -210,17 +221,19 @@ def test_convolutions_on_onednn_equal_our_kernels(geometry, monkeypatch, tmp_pat
     net.set_train(False)
     x = rng.standard_normal((2, c, size, size)).astype(np.float32)
     results = {}
-    for fast in ("onednn", "own"):
+    for fast in ("onednn", "blocked", "own"):
         forced(monkeypatch, tmp_path, fast)
         exe = graphkernel.compile(net, Tensor(x), options=ON)
         source = exe.executable.library.source
-        assert ("gk_dnnl_conv_run(" in source) == (fast == "onednn")
+        assert ("gk_dnnl_conv_run(" in source) == (fast != "own")
         notes = [n for n in exe.plan.schedule_notes.values() if "convolution on" in n]
         assert len(notes) == 1
-        assert ("convolution on onednn " in notes[0]) == (fast == "onednn")
+        assert ("convolution on onednn " in notes[0]) == (fast != "own")
+        assert (" blocked (" in notes[0]) == (fast == "blocked")
         results[fast] = exe(Tensor(x)).asnumpy()
         assert exe(Tensor(x)).asnumpy().tobytes() == results[fast].tobytes()  # kept weights
     np.testing.assert_allclose(results["onednn"], results["own"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(results["blocked"], results["own"], rtol=1e-4, atol=1e-4)
     bn = net.bn
     scale = bn.gamma.asnumpy() / np.sqrt(bn.moving_variance.asnumpy() + bn.eps)
     conv = net.conv
@@ -234,10 +247,11 @@ def test_convolutions_on_onednn_equal_our_kernels(geometry, monkeypatch, tmp_pat
 
 
 @needs_onednn
-def test_a_weight_change_reorders_onednns_weights_again(monkeypatch, tmp_path, rng):
+@pytest.mark.parametrize("layout", ["onednn", "blocked"])
+def test_a_weight_change_reorders_onednns_weights_again(layout, monkeypatch, tmp_path, rng):
     """oneDNN's reordered weights are kept in the plan's workspace and reordered again when a
     weight's version moves (the conv prepack's invalidation)."""
-    forced(monkeypatch, tmp_path, "onednn")
+    forced(monkeypatch, tmp_path, layout)
     net = One(16, 16, 3, pad_mode="pad", padding=1)
     net.conv.weight.set_data(rng.standard_normal(net.conv.weight.shape))
     x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
@@ -263,6 +277,7 @@ def test_the_real_timer_times_both_and_stores_them(monkeypatch, tmp_path):
     path = str(tmp_path / "choice.json")
     timer = onednn_choice.time_conv
     choice = choose(node, lambda n, labels: timer(n, labels, own=c_window._own_kernel), path)
-    assert set(choice.seconds) == {OWN, onednn.load().label}
+    label = onednn.load().label
+    assert set(choice.seconds) == {OWN, label, label + " blocked"}
     assert all(s > 0 for s in choice.seconds.values())
-    assert len(onednn_choice.load_records(path)) == 2
+    assert len(onednn_choice.load_records(path)) == 3

@@ -132,9 +132,9 @@ def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = 
     head = WINDOW_TYPES
     if get_op(node.op).window is Window.CONVOLUTION:
         assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
-        on_onednn = library_choice and conv_library(node).onednn is not None
-        lines = _conv(node, name, attrs, threshold, on_onednn)
-        head += ONEDNN_DECLS if on_onednn else ""
+        choice = conv_library(node) if library_choice else None
+        lines = _conv(node, name, attrs, threshold, choice)
+        head += ONEDNN_DECLS if choice is not None and choice.onednn is not None else ""
     else:
         lines = pool_kernel(node, name, attrs, threshold)
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(node.inputs)]
@@ -223,7 +223,7 @@ class ConvParts:
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
-          on_onednn: bool = False) -> list[str]:
+          library: ConvChoice | None = None) -> list[str]:
     """The kernel: weights repacked into the workspace (args after the inputs) when they
     changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
     of the calling (or OpenMP) thread that outlasts the call, allocated on its first call: at
@@ -239,7 +239,8 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
     lines = parts.statics + ["", f"void {name}(void *const *args) {{", *parts.reads,
                              f"  {parts.st} *restrict out = ({parts.st} *)args[{nin + 1}];",
                              *sizes,
-                             *(onednn_lines(node, name, f"args[{nin}]") if on_onednn else []),
+                             *(onednn_lines(node, name, f"args[{nin}]", library.blocked)
+                               if library is not None and library.onednn is not None else []),
                              *prepack(parts, f"args[{nin}]", parts.params.split(", "),
                                       weights)]
     scratch = [f"  static __thread {ct} *xp_kept = NULL;",

@@ -29,7 +29,7 @@ from graphkernel.errors import CacheError
 SHIM_SOURCE = os.path.join(os.path.dirname(__file__), "onednn_shim.c")
 # The geometry the shim takes (onednn_shim.c's G_* order).
 GEOMETRY = ("n", "c", "h", "w", "o", "kh", "kw", "groups", "sh", "sw", "dh", "dw", "pt", "pb",
-            "pl", "pr", "oh", "ow")
+            "pl", "pr", "oh", "ow", "blocked")
 
 
 class _Version(ctypes.Structure):
@@ -50,9 +50,11 @@ class OneDNN:
     def label(self) -> str:
         return f"onednn {self.version}"
 
-    def primitive(self, geometry: tuple[int, ...]) -> tuple[ConvPrimitive | None, str]:
-        """The convolution for `geometry` (GEOMETRY's numbers), or None and oneDNN's reason."""
-        numbers = (ctypes.c_int64 * len(GEOMETRY))(*geometry)
+    def primitive(self, geometry: tuple[int, ...], blocked: bool = False
+                  ) -> tuple[ConvPrimitive | None, str]:
+        """The convolution for `geometry` (GEOMETRY's numbers but the last) on NCHW, or on
+        oneDNN's blocked layout (`blocked`), or None and oneDNN's reason."""
+        numbers = (ctypes.c_int64 * len(GEOMETRY))(*geometry, int(blocked))
         error = ctypes.create_string_buffer(256)
         handle = self.shim.gk_dnnl_conv_get(numbers, error, len(error))
         if not handle:

@@ -17,6 +17,7 @@ version: a new release's kernel is timed again."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import math
 import os
@@ -52,6 +53,8 @@ WIN_MARGIN = 0.95
 # before any work (a SYCL submission and wait, measured on the AMD EPYC host), a third of such a
 # call's time or more, and each timing costs a compile of our kernel.
 MIN_MACS = 1 << 21
+# The label suffix of oneDNN on its blocked activation layout.
+BLOCKED = " blocked"
 # GRAPHKERNEL_ONEDNN=0 turns the choice off (every convolution on our own kernel).
 SWITCH = "GRAPHKERNEL_ONEDNN"
 
@@ -63,6 +66,7 @@ class ConvChoice:
     onednn: onednn.ConvPrimitive | None
     why: str
     seconds: dict[str, float] = field(default_factory=dict)
+    blocked: bool = False  # oneDNN on its blocked activation layout (reorders in and out)
 
     @property
     def library(self) -> str:
@@ -73,7 +77,8 @@ Timer = Callable[[Node, list[str]], dict[str, float]]
 
 
 def geometry(node: Node) -> tuple[int, ...]:
-    """The convolution's numbers in onednn.GEOMETRY's order (static shapes only)."""
+    """The convolution's numbers in onednn.GEOMETRY's order, but the layout flag (static
+    shapes only)."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
@@ -122,7 +127,7 @@ def _valid(record: Any) -> bool:
             record["dtype"] != "float32" or record["op"] not in ("Conv2D", "Conv2DFoldedBN"):
         return False
     geo, seconds = record["geometry"], record["seconds"]
-    if not isinstance(geo, list) or len(geo) != len(onednn.GEOMETRY) or \
+    if not isinstance(geo, list) or len(geo) != len(onednn.GEOMETRY) - 1 or \
             not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in geo):
         return False
     return not isinstance(seconds, bool) and isinstance(seconds, (int, float)) and \
@@ -194,14 +199,19 @@ def choose(node: Node, timer: Timer, path: str | None = None,
     with _lock:
         if memo in _chosen:
             return _chosen[memo]
-    prim, problem = found.primitive(geo)
-    if prim is None:
+    # oneDNN on NCHW as ours, and on its blocked layout with reorders in and out of it
+    variants = {}
+    for blocked in (False, True):
+        prim, problem = found.primitive(geo, blocked)
+        if prim is not None:
+            variants[found.label + (BLOCKED if blocked else "")] = prim
+    if not variants:
         return ConvChoice(None, f"graphkernel's kernel (oneDNN: {problem})")
-    labels = [OWN, found.label]
+    labels = [OWN, *variants]
     path = path if path is not None else _choice_path()
     seconds = _stored(node, labels, path)
     if len(seconds) < len(labels):
-        # Both timed together: a stored time from a quieter moment is not compared with a new
+        # All timed together: a stored time from a quieter moment is not compared with a new
         # one from a busier one.
         seconds = dict(timer(node, labels))
         with _lock:
@@ -214,13 +224,15 @@ def choose(node: Node, timer: Timer, path: str | None = None,
                 except OSError as exc:
                     warn_once(f"graphkernel: cannot write the convolution choice file {path} "
                               f"({exc}): shapes are timed again in the next process")
-    ratio = seconds[found.label] / seconds[OWN]
+    best = min(variants, key=lambda label: seconds[label])
+    ratio = seconds[best] / seconds[OWN]
     if ratio < WIN_MARGIN:
-        choice = ConvChoice(prim, f"{found.label} ({prim.implementation}; timed {ratio:.2f}x "
-                                  "graphkernel's kernel)", seconds)
+        prim = variants[best]
+        choice = ConvChoice(prim, f"{best} ({prim.implementation}; timed {ratio:.2f}x "
+                                  "graphkernel's kernel)", seconds, best.endswith(BLOCKED))
     else:
         choice = ConvChoice(None, f"graphkernel's kernel (timed {1 / ratio:.2f}x "
-                                  f"{found.label}'s)", seconds)
+                                  f"{best}'s)", seconds)
     with _lock:
         _chosen[memo] = choice
     return choice
@@ -259,8 +271,9 @@ def prepare(nodes: list[Node], own: OwnKernel) -> None:
     need: dict[tuple[Any, ...], Node] = {}
     for node in nodes:
         key = (node.op, geometry(node)) if why_not_onednn(node) is None else None
+        labels = [OWN, found.label, found.label + BLOCKED]
         if key is not None and key not in _probes and key not in need and \
-                len(_stored(node, [OWN, found.label], path)) < 2:
+                len(_stored(node, labels, path)) < len(labels):
             need[key] = node
     if not need:
         return
@@ -275,8 +288,11 @@ def time_conv(node: Node, labels: list[str], own: OwnKernel) -> dict[str, float]
     CPU time, calls alternating. Our kernel is `prepare`'s, or compiled here alone."""
     found = onednn.load()
     assert found is not None
-    prim, problem = found.primitive(geometry(node))
-    assert prim is not None, problem
+    prims = {}
+    for label in labels[1:]:
+        prim, problem = found.primitive(geometry(node), label.endswith(BLOCKED))
+        assert prim is not None, problem
+        prims[label] = prim
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal(tuple(v.shape)).astype(np.float32) for v in node.inputs]
     if node.op == "Conv2DFoldedBN":
@@ -298,19 +314,15 @@ def time_conv(node: Node, labels: list[str], own: OwnKernel) -> dict[str, float]
         eps = np.float32(node.attrs.get("epsilon", 1e-5))
         weights = weights * (inputs[2] / np.sqrt(inputs[3] + eps))[:, None, None, None]
     weights = np.ascontiguousarray(weights, np.float32)
-    packed = np.empty(prim.weights_bytes, np.uint8)
-    if found.shim.gk_dnnl_conv_pack(prim.handle, weights.ctypes.data, packed.ctypes.data):
-        raise RuntimeError("oneDNN's weight reorder failed")
     x = inputs[0]
-
-    def ours() -> None:
-        kernel(argv)
-
-    def theirs() -> None:
-        found.shim.gk_dnnl_conv_run(prim.handle, x.ctypes.data, packed.ctypes.data,
-                                    out.ctypes.data)
-
-    calls = {labels[0]: ours, labels[1]: theirs}
+    calls: dict[str, Callable[[], Any]] = {labels[0]: functools.partial(kernel, argv)}
+    packs = []  # each variant's reordered weights, alive while they are timed
+    for label, prim in prims.items():
+        packs.append(np.empty(prim.weights_bytes, np.uint8))
+        if found.shim.gk_dnnl_conv_pack(prim.handle, weights.ctypes.data, packs[-1].ctypes.data):
+            raise RuntimeError("oneDNN's weight reorder failed")
+        calls[label] = functools.partial(found.shim.gk_dnnl_conv_run, prim.handle,
+                                         x.ctypes.data, packs[-1].ctypes.data, out.ctypes.data)
     best = {label: math.inf for label in calls}
     for fn in calls.values():  # warm-up: the repack, scratch buffers, page faults
         fn()
@@ -341,13 +353,13 @@ extern int gk_dnnl_conv_run(gk_dnnl_conv *, const float *, const void *, float *
 """
 
 
-def onednn_lines(node: Node, name: str, workspace: str) -> list[str]:
+def onednn_lines(node: Node, name: str, workspace: str, blocked: bool) -> list[str]:
     """The start of kernel `name`'s body (after x, w, out are bound) that runs the convolution
     on oneDNN and returns: its primitive fetched once (a static of the kernel), its weights
     reordered into the workspace `workspace` when they or their versions changed (the header
     and test of c_window.prepack). Where the shim is missing or fails, the kernel's own code
     after these lines runs instead, and a failure says so on stderr once."""
-    geo = ", ".join(str(v) for v in geometry(node))
+    geo = ", ".join(str(v) for v in (*geometry(node), int(blocked)))
     folded = node.op == "Conv2DFoldedBN"
     sources = "w, scale, var" if folded else "w"
     count = 3 if folded else 1
