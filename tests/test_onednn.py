@@ -110,6 +110,23 @@ def test_timings_are_stored_per_cpu_geometry_and_library_and_reused(tmp_path, fr
     assert again.asked == []
 
 
+def test_a_stored_choice_of_ours_does_not_start_onednn(tmp_path, fresh, monkeypatch):
+    """A warm compile whose stored timings keep our kernel never loads oneDNN (its start-up,
+    the SYCL device, costs 0.4 s or more); one that chooses oneDNN does."""
+    path = str(tmp_path / "choice.json")
+    ours, theirs = conv_node(), conv_node(o=24)
+    choose(ours, Timer(1.0, 2.0), path, FAKE)
+    choose(theirs, Timer(1.0, 0.5), path, FAKE)
+    monkeypatch.setattr(onednn_choice, "_chosen", {})
+    monkeypatch.setattr(onednn, "installed_label", lambda: FAKE.label)
+    loads = []
+    monkeypatch.setattr(onednn, "load", lambda: loads.append(1) or FAKE)
+    timer = Timer(9.0, 9.0)
+    assert choose(ours, timer, path).library == "graphkernel" and loads == []
+    assert choose(theirs, timer, path).library == "onednn" and loads == [1]
+    assert timer.asked == []
+
+
 def test_another_cpus_record_is_refused_and_the_shape_timed_here(tmp_path, fresh,
                                                                  monkeypatch):
     path = str(tmp_path / "choice.json")
@@ -160,7 +177,8 @@ def test_the_reasons_ours_runs_without_timing(tmp_path, fresh, monkeypatch):
     monkeypatch.setattr(onednn, "threads", lambda: 7)
     why = choose(conv_node(), timer, path, FAKE).why
     assert "oneDNN would run on 7 TBB threads" in why
-    monkeypatch.setattr(onednn, "_state", {"found": None, "why": "oneDNN is not installed"})
+    monkeypatch.setattr(onednn, "_state", {"found": None, "why": "oneDNN is not installed",
+                                           "label": None})
     assert choose(conv_node(), timer, path).why == "graphkernel's kernel (oneDNN is not " \
                                                    "installed)"
     assert timer.asked == []

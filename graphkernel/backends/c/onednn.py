@@ -175,6 +175,22 @@ def _load() -> tuple[OneDNN | None, str]:
     return None, "; ".join(problems)
 
 
+def installed_label() -> str | None:
+    """The label of the oneDNN `load()` would load ("onednn 3.13.2"), from its headers'
+    version without loading it (a stored timing decides without oneDNN's start-up, which
+    makes its SYCL device: 0.4 s); None where none is installed with its headers."""
+    with _lock:
+        if "label" not in _state:
+            _state["label"] = None
+            for path in _libdnnl_paths():
+                include = _include_dir(path)
+                version = _header_version(include) if include is not None else ""
+                if version:
+                    _state["label"] = f"onednn {version}"
+                    break
+        return _state["label"]
+
+
 def load() -> OneDNN | None:
     """oneDNN with its shim loaded (once per process), or None where it is not usable here
     (`why_not()` says why)."""

@@ -104,7 +104,7 @@ def why_not_onednn(node: Node, library: onednn.OneDNN | None = None) -> str | No
         geo["kh"] * geo["kw"]
     if macs < MIN_MACS:
         return f"{macs} multiply-adds, too few for oneDNN's cost per call"
-    if library is None and onednn.load() is None:
+    if library is None and onednn.installed_label() is None:
         return onednn.why_not()
     ours, theirs = openmp_threads(), onednn.threads()
     if ours != theirs:
@@ -191,48 +191,53 @@ def choose(node: Node, timer: Timer, path: str | None = None,
     why = why_not_onednn(node, library)
     if why is not None:
         return ConvChoice(None, f"graphkernel's kernel ({why})")
-    found = library or onednn.load()
-    assert found is not None
+    label = library.label if library is not None else onednn.installed_label()
+    assert label is not None
     geo = geometry(node)
     cpu = cpu_model()
-    memo = (cpu, node.op, geo, found.label, path)
+    memo = (cpu, node.op, geo, label, path)
     with _lock:
         if memo in _chosen:
             return _chosen[memo]
-    # oneDNN on NCHW as ours, and on its blocked layout with reorders in and out of it
-    variants = {}
-    for blocked in (False, True):
-        prim, problem = found.primitive(geo, blocked)
-        if prim is not None:
-            variants[found.label + (BLOCKED if blocked else "")] = prim
-    if not variants:
-        return ConvChoice(None, f"graphkernel's kernel (oneDNN: {problem})")
-    labels = [OWN, *variants]
+    labels = [OWN, label, label + BLOCKED]  # oneDNN on NCHW as ours, and on its blocked layout
     path = path if path is not None else _choice_path()
     seconds = _stored(node, labels, path)
+    found = library
     if len(seconds) < len(labels):
+        found = found or onednn.load()
+        if found is None:
+            return ConvChoice(None, f"graphkernel's kernel ({onednn.why_not()})")
+        timed = [OWN] + [v for v in labels[1:] if found.primitive(geo, v.endswith(BLOCKED))[0]]
+        if len(timed) == 1:
+            return ConvChoice(None, "graphkernel's kernel (oneDNN: "
+                                    f"{found.primitive(geo)[1]})")
         # All timed together: a stored time from a quieter moment is not compared with a new
         # one from a busier one.
-        seconds = dict(timer(node, labels))
+        seconds = dict(timer(node, timed))
         with _lock:
             records = load_records(path) if path else {}
-            for label in labels:
-                records[_record_key(cpu, node.op, geo, label)] = seconds[label]
+            for name in timed:
+                records[_record_key(cpu, node.op, geo, name)] = seconds[name]
             if path:
                 try:
                     save_records(path, records)
                 except OSError as exc:
                     warn_once(f"graphkernel: cannot write the convolution choice file {path} "
                               f"({exc}): shapes are timed again in the next process")
-    best = min(variants, key=lambda label: seconds[label])
+    best = min((v for v in labels[1:] if v in seconds), key=lambda v: seconds[v])
     ratio = seconds[best] / seconds[OWN]
-    if ratio < WIN_MARGIN:
-        prim = variants[best]
-        choice = ConvChoice(prim, f"{best} ({prim.implementation}; timed {ratio:.2f}x "
-                                  "graphkernel's kernel)", seconds, best.endswith(BLOCKED))
-    else:
+    if ratio >= WIN_MARGIN:
         choice = ConvChoice(None, f"graphkernel's kernel (timed {1 / ratio:.2f}x "
                                   f"{best}'s)", seconds)
+    else:
+        # oneDNN runs it: loaded (a stored timing alone did not need it) and its primitive made
+        found = found or onednn.load()
+        prim, problem = found.primitive(geo, best.endswith(BLOCKED)) if found is not None \
+            else (None, onednn.why_not())
+        if prim is None:
+            return ConvChoice(None, f"graphkernel's kernel (oneDNN: {problem})")
+        choice = ConvChoice(prim, f"{best} ({prim.implementation}; timed {ratio:.2f}x "
+                                  "graphkernel's kernel)", seconds, best.endswith(BLOCKED))
     with _lock:
         _chosen[memo] = choice
     return choice
@@ -264,14 +269,14 @@ def prepare(nodes: list[Node], own: OwnKernel) -> None:
     """Compile our kernels of the convolutions among `nodes` that `choose` will time (oneDNN
     may run them, no timing is stored), all in one library: its translation units compile at
     once, where one library per convolution compiled them one after another."""
-    found = onednn.load()
-    if found is None:
+    label = onednn.installed_label()
+    if label is None:
         return
     path = _choice_path()
     need: dict[tuple[Any, ...], Node] = {}
     for node in nodes:
         key = (node.op, geometry(node)) if why_not_onednn(node) is None else None
-        labels = [OWN, found.label, found.label + BLOCKED]
+        labels = [OWN, label, label + BLOCKED]
         if key is not None and key not in _probes and key not in need and \
                 len(_stored(node, labels, path)) < len(labels):
             need[key] = node
