@@ -299,3 +299,33 @@ def test_the_real_timer_times_both_and_stores_them(monkeypatch, tmp_path):
     assert set(choice.seconds) == {OWN, label, label + " blocked"}
     assert all(s > 0 for s in choice.seconds.values())
     assert len(onednn_choice.load_records(path)) == 3
+
+
+@needs_onednn
+def test_a_batchnorm_change_refolds_onednns_weights(monkeypatch, tmp_path, rng):
+    """A folded BatchNorm's scale and variance are sources of the reordered weights too: a
+    change to either reorders them again on the next call."""
+    forced(monkeypatch, tmp_path, "onednn")
+    net = Block(16, 16, 3, residual=True, pad_mode="pad", padding=1)
+    for p in net.get_parameters():
+        p.set_data(rng.standard_normal(p.shape) * 0.3)
+    net.bn.moving_variance.set_data(rng.random(16) + 0.5)
+    net.set_train(False)
+    x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
+    compiled = graphkernel.compile(net, Tensor(x), options=ON)
+    assert [n.op for n in compiled.graph.nodes][0] == "Conv2DFoldedBN"
+    assert "gk_dnnl_conv_run(" in compiled.executable.library.source
+
+    def want():
+        bn = net.bn
+        scale = bn.gamma.asnumpy() / np.sqrt(bn.moving_variance.asnumpy() + bn.eps)
+        y = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(net.conv.weight.asnumpy()),
+                                       padding=1).numpy()
+        shift = bn.beta.asnumpy() - bn.moving_mean.asnumpy() * scale
+        return np.maximum(y * scale[:, None, None] + shift[:, None, None] + x, 0)
+
+    np.testing.assert_allclose(compiled(Tensor(x)).asnumpy(), want(), rtol=1e-4, atol=1e-4)
+    net.bn.gamma.set_data(rng.standard_normal(16))
+    np.testing.assert_allclose(compiled(Tensor(x)).asnumpy(), want(), rtol=1e-4, atol=1e-4)
+    net.bn.moving_variance.set_data(rng.random(16) + 2.0)
+    np.testing.assert_allclose(compiled(Tensor(x)).asnumpy(), want(), rtol=1e-4, atol=1e-4)
