@@ -12,8 +12,10 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, nn
-from graphkernel.backends.c import c_window, onednn, onednn_choice
+from graphkernel.backends.c import c_window, onednn, onednn_choice, tuning
 from graphkernel.backends.c.onednn_choice import OWN, choose
+from graphkernel.graph_kernel.flags import parse_flags
+from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
 
@@ -184,6 +186,48 @@ def test_the_reasons_ours_runs_without_timing(tmp_path, fresh, monkeypatch):
     assert timer.asked == []
 
 
+def test_a_default_compile_times_nothing_and_a_tuned_one_stores_what_the_next_uses(
+        tmp_path, fresh, monkeypatch):
+    """The library is the tuner's choice: a normal compile (--online_tuning=0) decides from
+    stored timings only, and without them runs our kernel, timing nothing and not loading
+    oneDNN, the reason in describe's schedule line; --online_tuning=1 times the convolution and
+    stores its timings, which the next normal compile decides from (not loading oneDNN when
+    they keep our kernel)."""
+    monkeypatch.setattr(onednn_choice, "_choice_path", lambda: str(tmp_path / "choice.json"))
+    monkeypatch.setattr(tuning, "record_folder", lambda: str(tmp_path / "tuning"))
+    monkeypatch.setattr(tuning, "PASSES", 1)
+    monkeypatch.setattr(onednn, "installed_label", lambda: FAKE.label)
+    loads, timed = [], []
+    monkeypatch.setattr(onednn, "load", lambda: loads.append(1) or FAKE)
+
+    def time_conv(node, labels, own):
+        timed.append(onednn_choice.geometry(node))
+        return dict(zip(labels, (0.1, 1.0, 2.0)))  # ours wins: no oneDNN call is emitted
+
+    monkeypatch.setattr(onednn_choice, "time_conv", time_conv)
+    net = One(16, 32, 3, pad_mode="pad", padding=1)  # 18.9M multiply-adds: worth timing
+    x = Tensor(np.zeros((1, 16, 64, 64), np.float32))
+
+    def note(level):
+        options = CompileOptions(enable_graph_kernel=True,
+                                 flags=parse_flags(f"--online_tuning={level}"))
+        notes = [n for n in graphkernel.compile(net, x, options=options).plan
+                 .schedule_notes.values() if "convolution on" in n]
+        assert len(notes) == 1
+        return notes[0]
+
+    assert "graphkernel's kernel (not measured on this machine; run graphkernel tune or " \
+           "--online_tuning>=1)" in note(0)
+    assert timed == [] and loads == []
+    assert "graphkernel's kernel (timed 0.10x onednn 9.9.9's)" in note(1)
+    assert len(timed) == 1
+    assert len(onednn_choice.load_records(str(tmp_path / "choice.json"))) == 3
+    monkeypatch.setattr(onednn_choice, "_chosen", {})  # another process
+    loads.clear()
+    assert "graphkernel's kernel (timed 0.10x onednn 9.9.9's)" in note(0)
+    assert len(timed) == 1 and loads == []
+
+
 # -- on oneDNN itself -------------------------------------------------------------------------
 
 needs_onednn = pytest.mark.skipif(onednn.load() is None,
@@ -191,13 +235,13 @@ needs_onednn = pytest.mark.skipif(onednn.load() is None,
 
 
 def forced(monkeypatch, tmp_path, fast):
-    """Every convolution timed (fakes) so that `fast` wins ("onednn", "blocked": oneDNN on its
-    blocked layout, or "own"), small ones too."""
+    """Every convolution's stored timings (fakes) say `fast` wins ("onednn", "blocked": oneDNN
+    on its blocked layout, or "own"), small ones too."""
     monkeypatch.setattr(onednn_choice, "_chosen", {})
     monkeypatch.setattr(onednn_choice, "MIN_MACS", 0)
     monkeypatch.setattr(onednn_choice, "_choice_path", lambda: str(tmp_path / f"{fast}.json"))
     seconds = {"own": (0.1, 1.0, 1.0), "onednn": (1.0, 0.1, 0.5), "blocked": (1.0, 0.5, 0.1)}
-    monkeypatch.setattr(onednn_choice, "time_conv", lambda node, labels, own: dict(
+    monkeypatch.setattr(onednn_choice, "_stored", lambda node, labels, path: dict(
         zip(labels, seconds[fast])))
 
 

@@ -15,7 +15,7 @@ from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import (
     conv_library,
     emit_window_kernel,
-    prepare_conv_libraries,
+    tune_conv_libraries,
     why_not_window_kernel,
     workspace_bytes,
 )
@@ -97,10 +97,10 @@ class CBackend:
             _warned_no_compiler = True
         if graph.lowered_for != self.name:
             lower(graph, self)
-        # Convolution kernels oneDNN may run: ours compiled at once for the timing.
-        prepare_conv_libraries([n for n in graph.nodes if n.lowering is not None and
-                                n.lowering.kind is KernelKind.WINDOW and
-                                get_op(n.op).window is Window.CONVOLUTION])
+        if tuning_level > 0:  # the library of each convolution kernel, timed (else stored)
+            tune_conv_libraries([n for n in graph.nodes if n.lowering is not None and
+                                 n.lowering.kind is KernelKind.WINDOW and
+                                 get_op(n.op).window is Window.CONVOLUTION], tuning_level)
         plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes)
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)

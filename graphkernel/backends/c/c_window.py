@@ -22,7 +22,6 @@ Only the batch axis may be dynamic (its size is an argument, backends/c/shape_ar
 else stays the op's numpy reference (`why_not_window_kernel` says why)."""
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -144,15 +143,15 @@ def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = 
 
 def conv_library(conv: Node) -> ConvChoice:
     """Which library runs this convolution kernel: oneDNN where it is installed and was timed
-    faster for the shape on this CPU, else our code (backends/c/onednn_choice.py)."""
-    return onednn_choice.choose(conv, functools.partial(onednn_choice.time_conv,
-                                                        own=_own_kernel))
+    faster for the shape on this CPU (by `tune_conv_libraries`), else our code
+    (backends/c/onednn_choice.py). Nothing is timed here."""
+    return onednn_choice.choose(conv)
 
 
-def prepare_conv_libraries(convs: list[Node]) -> None:
-    """Ready the timings `conv_library` will make for these convolution kernels: our kernels
-    compiled together (onednn_choice.prepare)."""
-    onednn_choice.prepare(convs, _own_kernel)
+def tune_conv_libraries(convs: list[Node], level: int) -> None:
+    """Time these convolution kernels on our code and on oneDNN where no timing is stored
+    (`--online_tuning=level`), for `conv_library` (onednn_choice.tune)."""
+    onednn_choice.tune(convs, _own_kernel, level)
 
 
 def _own_kernel(conv: Node, name: str) -> tuple[KernelSource, int]:

@@ -1,9 +1,12 @@
-"""Which library runs each convolution kernel, chosen by measurement at compile time: graphkernel's
-own generated convolution (c_window.py, the default and the only one where oneDNN is not
-installed) or oneDNN's (onednn.py), per shape. As backends/c/blas_choice.py does for products:
-each shape is timed on both, alternating, in process CPU time (oneDNN's threads are TBB's, ours
-OpenMP's: both are counted), and oneDNN takes the shapes it runs clearly faster. The timings are
-stored per (CPU, geometry, library) in the kernel cache folder (`conv-choice.json`):
+"""Which library runs each convolution kernel, chosen by the tuner per shape: graphkernel's own
+generated convolution (c_window.py, the default and the only one where oneDNN is not installed)
+or oneDNN's (onednn.py). Tuning (`--online_tuning>=1`, `graphkernel tune`: `tune`) times each
+shape on both, alternating, in process CPU time (oneDNN's threads are TBB's, ours OpenMP's: both
+are counted), within the tuning budget; oneDNN takes the shapes it runs clearly faster. A normal
+compile (`--online_tuning=0`) times nothing: it decides from the stored timings, and a shape
+not measured on this machine runs on our kernel without oneDNN being loaded (its start-up and a
+timing per shape doubled a ResNet's first compile). The timings are stored per (CPU, geometry,
+library) in the kernel cache folder (`conv-choice.json`):
 
     {"format": "graphkernel-conv-choice", "version": 1,
      "records": [{"cpu": "<model name>|<flags hash>", "dtype": "float32", "op": "Conv2D",
@@ -37,6 +40,7 @@ from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_text import literal
 from graphkernel.backends.c.cache import warn_once
 from graphkernel.backends.c.library import build_library
+from graphkernel.backends.c.tuning import TIME_BUDGET_S, progress_bar
 from graphkernel.errors import CacheError
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
@@ -180,14 +184,17 @@ def _choice_path() -> str | None:
 
 _lock = threading.Lock()
 _chosen: dict[tuple[Any, ...], ConvChoice] = {}
+# Why a shape without stored timings runs on our kernel in a normal compile.
+NOT_MEASURED = ("not measured on this machine; run graphkernel tune or --online_tuning>=1")
 
 
-def choose(node: Node, timer: Timer, path: str | None = None,
+def choose(node: Node, timer: Timer | None = None, path: str | None = None,
            library: onednn.OneDNN | None = None) -> ConvChoice:
     """The library for this convolution kernel: ours unless oneDNN ran its shape in under
     WIN_MARGIN of our time on this CPU. Timings come from the choice file (`path`, default the
-    kernel cache's) or from `timer` (given the labels to time), which adds them there. Decided
-    once per process and shape. `library`: oneDNN (default: `onednn.load()`)."""
+    kernel cache's), else from `timer` (given the labels to time; tuning passes one), which
+    adds them there; with no timer and no stored timing ours runs, oneDNN not loaded. A
+    measured decision is kept for the process. `library`: oneDNN (default: `onednn.load()`)."""
     why = why_not_onednn(node, library)
     if why is not None:
         return ConvChoice(None, f"graphkernel's kernel ({why})")
@@ -203,7 +210,9 @@ def choose(node: Node, timer: Timer, path: str | None = None,
     path = path if path is not None else _choice_path()
     seconds = _stored(node, labels, path)
     found = library
-    if len(seconds) < len(labels):
+    if not _decided(seconds, labels):
+        if timer is None:
+            return ConvChoice(None, f"graphkernel's kernel ({NOT_MEASURED})")
         found = found or onednn.load()
         if found is None:
             return ConvChoice(None, f"graphkernel's kernel ({onednn.why_not()})")
@@ -223,7 +232,7 @@ def choose(node: Node, timer: Timer, path: str | None = None,
                     save_records(path, records)
                 except OSError as exc:
                     warn_once(f"graphkernel: cannot write the convolution choice file {path} "
-                              f"({exc}): shapes are timed again in the next process")
+                              f"({exc}): shapes are timed again in the next tuning")
     best = min((v for v in labels[1:] if v in seconds), key=lambda v: seconds[v])
     ratio = seconds[best] / seconds[OWN]
     if ratio >= WIN_MARGIN:
@@ -241,6 +250,12 @@ def choose(node: Node, timer: Timer, path: str | None = None,
     with _lock:
         _chosen[memo] = choice
     return choice
+
+
+def _decided(seconds: dict[str, float], labels: list[str]) -> bool:
+    """The stored timings decide: ours and at least one of oneDNN's layouts (one it cannot run
+    the shape on is never timed)."""
+    return labels[0] in seconds and any(v in seconds for v in labels[1:])
 
 
 def _stored(node: Node, labels: list[str], path: str | None) -> dict[str, float]:
@@ -261,36 +276,51 @@ REPEATS, MAX_SECONDS = 3, 0.3
 OwnKernel = Callable[[Node, str], tuple[KernelSource, int]]
 
 
-# Our kernels compiled ahead of their timing (`prepare`), by convolution (op, geometry).
+# Our kernels compiled ahead of their timing (`tune`), by convolution (op, geometry).
 _probes: dict[tuple[Any, ...], tuple[Callable[..., None], int]] = {}
 
 
-def prepare(nodes: list[Node], own: OwnKernel) -> None:
-    """Compile our kernels of the convolutions among `nodes` that `choose` will time (oneDNN
-    may run them, no timing is stored), all in one library: its translation units compile at
-    once, where one library per convolution compiled them one after another."""
+def tune(nodes: list[Node], own: OwnKernel, level: int, progress: bool = True) -> None:
+    """Time, on our kernel and oneDNN's, the convolutions among `nodes` that oneDNN may run and
+    that have no stored timings here (`--online_tuning=level`, `graphkernel tune`), storing
+    the timings `choose` then decides from. Our kernels are compiled together first (one
+    library: its translation units compile at once); shapes are timed one after another until
+    the tuning budget (tuning.TIME_BUDGET_S per level) is spent: those left keep our kernel,
+    not measured, until the next tuning."""
     label = onednn.installed_label()
-    if label is None:
+    if label is None or level <= 0:
         return
     path = _choice_path()
+    labels = [OWN, label, label + BLOCKED]
     need: dict[tuple[Any, ...], Node] = {}
     for node in nodes:
-        key = (node.op, geometry(node)) if why_not_onednn(node) is None else None
-        labels = [OWN, label, label + BLOCKED]
-        if key is not None and key not in _probes and key not in need and \
-                len(_stored(node, labels, path)) < len(labels):
+        if why_not_onednn(node) is not None:
+            continue
+        key = (node.op, geometry(node))
+        if key not in need and not _decided(_stored(node, labels, path), labels):
             need[key] = node
-    if not need:
+    if not need or onednn.load() is None:
         return
-    sources = {key: own(node, f"gk_conv_probe{i}") for i, (key, node) in enumerate(need.items())}
-    built = build_library([source for source, _ in sources.values()])
-    for key, (source, nbytes) in sources.items():
-        _probes[key] = (built.functions[source.name], nbytes)
+    start = time.perf_counter()
+    fresh = [key for key in need if key not in _probes]
+    if fresh:
+        sources = {key: own(need[key], f"gk_conv_probe{i}") for i, key in enumerate(fresh)}
+        built = build_library([source for source, _ in sources.values()])
+        for key, (source, nbytes) in sources.items():
+            _probes[key] = (built.functions[source.name], nbytes)
+    timer = functools.partial(time_conv, own=own)
+    with progress_bar(len(need), f"timing {len(need)} convolution(s) on oneDNN", progress) \
+            as advance:
+        for node in need.values():
+            if time.perf_counter() - start > TIME_BUDGET_S * level:
+                break
+            choose(node, timer)
+            advance()
 
 
 def time_conv(node: Node, labels: list[str], own: OwnKernel) -> dict[str, float]:
     """Our kernel's and oneDNN's fastest call of the convolution on random data, in process
-    CPU time, calls alternating. Our kernel is `prepare`'s, or compiled here alone."""
+    CPU time, calls alternating. Our kernel is `tune`'s, or compiled here alone."""
     found = onednn.load()
     assert found is not None
     prims = {}
