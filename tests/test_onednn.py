@@ -2,7 +2,7 @@
 by default, oneDNN's where it is installed and measured faster for the shape on this CPU. The
 chooser's logic and its record file run everywhere (a fake oneDNN and fake timings); the
 convolutions on oneDNN run where `onednn` and `onednn-devel` are installed
-(`pip install graphkernel[onednn]`; CI installs them)."""
+(`pip install graphkernel[onednn]`; CI leaves them out: 601 MB of wheels, 2.0 GB installed)."""
 import json
 
 import numpy as np
