@@ -269,9 +269,12 @@ def _conv_node(o, c, k):
 def test_repack_enters_openmp_only_for_large_weights_and_fits_its_workspace():
     small, large = _conv_node(16, 16, 3), _conv_node(128, 128, 3)  # 2,304 and 147,456 weights
     for node, threaded in ((small, False), (large, True)):
-        source = emit_window_kernel(node, "k", 1 << 40, workspace=True).source
+        # our kernel (oneDNN's, where chosen, keeps oneDNN's layout: tests/test_onednn.py)
+        source = emit_window_kernel(node, "k", 1 << 40, workspace=True,
+                                    library_choice=False).source
         repack = source[source.index("gk_pack_fresh(pack"):].split("gk_pack_done")[0]
         assert ("#pragma omp parallel for schedule(static)\n" in repack) is threaded
         assert "#pragma omp parallel for schedule(static) if" not in source
         # float32 weights, 16 output channels a vector: the header and the weights, no more
-        assert workspace_bytes(node) == WORKSPACE_HEADER_BYTES + 4 * np.prod(node.inputs[1].shape)
+        assert workspace_bytes(node, library_choice=False) == \
+            WORKSPACE_HEADER_BYTES + 4 * np.prod(node.inputs[1].shape)

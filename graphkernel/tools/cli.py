@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     rep.set_defaults(fn=_cmd_report)
     tune_help = ("measure each generated kernel's schedule (threads, streaming stores, prefetch) "
+                 "and, where oneDNN is installed, which library runs each convolution "
                  "on this machine and store the choice in the kernel cache, keyed by the CPU "
                  "model: later compiles of the same kernels use it (set_context("
                  "graph_kernel_flags='--online_tuning=N') does the same while compiling)")

@@ -9,11 +9,14 @@ import warnings
 
 from graphkernel.backends.c import cache, calibration, toolchain
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
+from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import (
+    conv_library,
     emit_window_kernel,
+    tune_conv_libraries,
     why_not_window_kernel,
     workspace_bytes,
 )
@@ -26,6 +29,7 @@ from graphkernel.backends.c.tuning import choose_schedules
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
+from graphkernel.ir.opset import Window, get_op
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import KernelSpec
@@ -53,7 +57,16 @@ class CBackend:
         return why_not_argmax_kernel(node)
 
     def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
-        return conv_blocks(graph)
+        blocks = conv_blocks(graph)
+        # A convolution stored timings put on oneDNN runs as a window kernel (the hook is
+        # there); its epilogue stays a kernel of its own rather than our block's.
+        for uid, block in list(blocks.items()):
+            choice = conv_library(block.conv)
+            if choice.onednn is not None:
+                del blocks[uid]
+                block.conv.notes[CONV_BLOCK_NOTE] = (
+                    f"a kernel of its own: oneDNN runs the convolution ({choice.why})")
+        return blocks
 
     def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         source = self._emit(spec, config)
@@ -99,6 +112,10 @@ class CBackend:
             _warned_no_compiler = True
         if graph.lowered_for != self.name:
             lower(graph, self)
+        if tuning_level > 0:  # the library of each convolution kernel, timed (else stored)
+            tune_conv_libraries([n for n in graph.nodes if n.lowering is not None and
+                                 n.lowering.kind is KernelKind.WINDOW and
+                                 get_op(n.op).window is Window.CONVOLUTION], tuning_level)
         plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes)
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)
@@ -110,6 +127,15 @@ class CBackend:
             plan.schedule_notes.update({n: c.how for n, c in choices.items()
                                         if c.how != "defaults"})
             notes += [c.refused for c in choices.values() if c.refused is not None]
+        for spec in specs:  # which library runs each convolution kernel, and why
+            conv = spec.block.conv if spec.kind is KernelKind.CONV_BLOCK and \
+                spec.block is not None else spec.node
+            if spec.kind in (KernelKind.WINDOW, KernelKind.CONV_BLOCK) and \
+                    why_not_window_kernel(conv) is None and \
+                    get_op(conv.op).window is Window.CONVOLUTION:
+                tuned = plan.schedule_notes.get(spec.name)
+                plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
+                    f"convolution on {conv_library(conv).why}"
         kernels = [self.emit(spec, config) if spec.name not in choices else
                    choices[spec.name].source or
                    self.emit(spec, choices[spec.name].knobs.apply(config)) for spec in specs]
@@ -129,5 +155,8 @@ BACKEND = CBackend()
 
 
 def _workspace_bytes(spec: KernelSpec) -> int:
-    """A convolution kernel's workspace: its repacked weights, kept between calls."""
-    return workspace_bytes(spec.block.conv if spec.block is not None else spec.node)
+    """A convolution kernel's workspace: its repacked weights, kept between calls (a block's
+    convolution is always ours: c_window.conv_library chooses for window kernels)."""
+    if spec.block is not None:
+        return workspace_bytes(spec.block.conv, library_choice=False)
+    return workspace_bytes(spec.node)

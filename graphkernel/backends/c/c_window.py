@@ -29,10 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.backends.c import onednn_choice
 from graphkernel.backends.c.c_images import batch_after, image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
 from graphkernel.backends.c.c_pool import pool_kernel
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
+from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.onednn_choice import ONEDNN_DECLS, ConvChoice, onednn_lines
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
 from graphkernel.ir.opdefs.nn import conv_geometry
@@ -124,26 +127,57 @@ def why_not_window_kernel(node: Node) -> str | None:
     return None
 
 
-def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False
-                       ) -> KernelSource:
+def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False,
+                       library_choice: bool = True) -> KernelSource:
     """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, a convolution's workspace (`workspace`, which a convolution
     needs: `workspace_bytes`), its output, then the batch size when it is dynamic. Images run
-    on OpenMP threads when their multiply-adds reach `threshold`."""
+    on OpenMP threads when their multiply-adds reach `threshold`. A convolution runs on
+    oneDNN where `conv_library` chose it (`library_choice`; else our code alone)."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
+    head = WINDOW_TYPES
     if get_op(node.op).window is Window.CONVOLUTION:
         assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
-        lines = _conv(node, name, attrs, threshold)
+        choice = conv_library(node) if library_choice else None
+        lines = _conv(node, name, attrs, threshold, choice)
+        head += ONEDNN_DECLS if choice is not None and choice.onednn is not None else ""
     else:
         lines = pool_kernel(node, name, attrs, threshold)
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(node.inputs)]
     buffers.append(Buffer(node, tuple(node.shape), True, 0))
-    return KernelSource(name, WINDOW_TYPES + "\n".join(lines) + "\n", buffers)
+    return KernelSource(name, head + "\n".join(lines) + "\n", buffers)
 
 
-def workspace_bytes(conv: Node) -> int:
-    """Bytes of a convolution kernel's workspace: the header, then its repacked weights at
-    the widest vector (64 bytes; a narrower one never needs more)."""
+def conv_library(conv: Node) -> ConvChoice:
+    """Which library runs this convolution kernel: oneDNN where it is installed and was timed
+    faster for the shape on this CPU (by `tune_conv_libraries`), else our code
+    (backends/c/onednn_choice.py). Nothing is timed here."""
+    return onednn_choice.choose(conv)
+
+
+def tune_conv_libraries(convs: list[Node], level: int) -> None:
+    """Time these convolution kernels on our code and on oneDNN where no timing is stored
+    (`--online_tuning=level`), for `conv_library` (onednn_choice.tune)."""
+    onednn_choice.tune(convs, _own_kernel, level)
+
+
+def _own_kernel(conv: Node, name: str) -> tuple[KernelSource, int]:
+    """Our convolution alone, for timing against oneDNN's."""
+    return (emit_window_kernel(conv, name, CConfig().window_parallel_min_macs, True, False),
+            _own_workspace_bytes(conv))
+
+
+def workspace_bytes(conv: Node, library_choice: bool = True) -> int:
+    """Bytes of a convolution kernel's workspace: the header, then its repacked weights (ours
+    or, with `library_choice`, oneDNN's where it runs the kernel)."""
+    own = _own_workspace_bytes(conv)
+    chosen = conv_library(conv).onednn if library_choice else None
+    return own if chosen is None else max(own, WORKSPACE_HEADER_BYTES + chosen.weights_bytes)
+
+
+def _own_workspace_bytes(conv: Node) -> int:
+    """Our kernel's workspace: the header, then its repacked weights at the widest vector
+    (64 bytes; a narrower one never needs more)."""
     (o, cg, kh, kw), x = conv.inputs[1].shape, conv.inputs[0].shape
     g = x[1] // cg
     size = 8 if C_COMPUTE[conv.dtype] == "double" else 4  # float16 computes in float
@@ -229,7 +263,8 @@ class PhasePlanes:
             (r // self.sh) * self.wq + q // self.sw
 
 
-def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
+          library: ConvChoice | None = None) -> list[str]:
     """The kernel: weights repacked into the workspace (args after the inputs) when they
     changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
     of the calling (or OpenMP) thread that outlasts the call, allocated on its first call: at
@@ -245,6 +280,8 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[
     lines = parts.statics + ["", f"void {name}(void *const *args) {{", *parts.reads,
                              f"  {parts.st} *restrict out = ({parts.st} *)args[{nin + 1}];",
                              *sizes,
+                             *(onednn_lines(node, name, f"args[{nin}]", library.blocked)
+                               if library is not None and library.onednn is not None else []),
                              *prepack(parts, f"args[{nin}]", parts.params.split(", "),
                                       weights)]
     scratch = [f"  static __thread {ct} *xp_kept = NULL;",

@@ -25,6 +25,9 @@ what this machine's rates suggest enters as a candidate: the threads threshold a
 thread's bandwidth-bound work is PAYOFF times the measured OpenMP fork/join cost, from the
 measured copy bandwidth (`MachineRates`).
 
+The library of each convolution kernel (ours or oneDNN's) is tuned beside the schedules, in
+backends/c/onednn_choice.py (`tune`), under the same level and budget.
+
 Levels (`--online_tuning=N`, MindSpore's graph-kernel flag; MindSpore declares it an integer,
 0 off): 0 measures nothing (records already stored are still read); 1 tries each knob alone;
 2 and above try every combination of knob values. Measuring stops after the time budget
@@ -386,7 +389,7 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
                  for step in plan.kernel_steps()]
     rounds = max(len(t.variants) for t in tunable)
     budget = TIME_BUDGET_S * level
-    with _bar(PASSES * rounds, f"tuning {plan.name}: {len(tunable)} kernel(s)",
+    with progress_bar(PASSES * rounds, f"tuning {plan.name}: {len(tunable)} kernel(s)",
               progress) as advance:
         for p, i in itertools.product(range(PASSES), range(rounds)):
             if time.perf_counter() - start > budget:
@@ -415,7 +418,7 @@ def _random(tensor_type: Any, rng: np.random.Generator) -> np.ndarray:
     return np.zeros(shape, dtype)
 
 
-class _bar:
+class progress_bar:
     """A rich progress bar on a terminal (stderr), nothing elsewhere or without rich."""
 
     def __init__(self, total: int, what: str, show: bool) -> None:
