@@ -34,7 +34,6 @@ import numpy as np
 from graphkernel.backends.c import blas_choice, cache, toolchain
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import (
     emit_window_kernel,
@@ -43,7 +42,6 @@ from graphkernel.backends.c.c_window import (
 )
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
-from graphkernel.backends.c.generic_kernel import emit_any_kernel
 from graphkernel.backends.c.library import (
     BuiltLibrary,
     build_library,
@@ -52,7 +50,6 @@ from graphkernel.backends.c.library import (
     toolchain_text,
     uses_openmp,
 )
-from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
 from graphkernel.backends.c.tuning import Choice, Knobs, choose_schedules, stored_choice
 from graphkernel.errors import FormatError
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
@@ -61,7 +58,7 @@ from graphkernel.ir.graph import Graph, Node
 from graphkernel.ir.serialize import graph_to_data
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
-from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
+from graphkernel.runtime.plan import ExecutionPlan, KernelSpec, StepKind
 from graphkernel.runtime.runner import Runner
 
 _warned_no_compiler = False
@@ -105,6 +102,9 @@ class CBackend:
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None
+        # Imported when first needed: a warm build writes no C (~5 ms of a warm start).
+        from graphkernel.backends.c.generic_kernel import emit_any_kernel
+        from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
         if isinstance(spec.schedule, ParallelSchedule):  # independent groups, a nest each
             return emit_parallel_kernel(spec.group, spec.name, spec.schedule,
                                         config.parallel_threshold, config.stream_min_bytes,
@@ -155,7 +155,7 @@ class CBackend:
                        for spec in specs]
             marked = None if key is None else \
                 functools.partial(_mark, key, specs, choices, plan)
-            library = build_library(kernels, entry_source(plan), prebuilt, marked)
+            library = build_library(kernels, _entry_source(plan), prebuilt, marked)
             sources = {k.name: k.source for k in kernels}
             if key is not None and library.mark is not None:
                 problem = cache.write_plan_record(cache.open_folder(), record_key(key), {
@@ -213,7 +213,7 @@ class CBackend:
             return written
 
         def write_source() -> str:
-            return library_source(write_kernels(), entry_source(plan), lambda: mark).text
+            return library_source(write_kernels(), _entry_source(plan), lambda: mark).text
 
         library, problem = load_marked(record["library_key"], [s.name for s in specs],
                                        record["module"], mark, record["openmp"], write_source)
@@ -226,6 +226,13 @@ class CBackend:
 
 
 BACKEND = CBackend()
+
+
+def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
+    """backends/c/c_entry.py's writer of the plan's CPython entry, imported when first needed
+    (with the product and gather emitters it uses: a warm build writes no C)."""
+    from graphkernel.backends.c.c_entry import entry_source
+    return entry_source(plan)
 
 
 def _workspace_bytes(spec: KernelSpec) -> int:
@@ -330,7 +337,7 @@ def plan_key(graph: Graph, plan: ExecutionPlan, config: CConfig) -> str | None:
     h = hashlib.sha256()
     for part in ("graphkernel plan key", str(PLAN_KEY_VERSION), toolchain_text(),
                  json.dumps(dataclasses.asdict(config), sort_keys=True, default=repr),
-                 graph_text, plan.describe(), json.dumps(specs)):
+                 graph_text, plan.describe(), json.dumps(specs), _entry_blas(plan)):
         h.update(part.encode())
         h.update(b"\0")
     for name in sorted(arrays):
@@ -338,6 +345,17 @@ def plan_key(graph: Graph, plan: ExecutionPlan, config: CConfig) -> str | None:
         h.update(f"{name} {array.dtype.str} {array.shape}\0".encode())
         h.update(array.tobytes())
     return h.hexdigest()[:32]
+
+
+def _entry_blas(plan: ExecutionPlan) -> str:
+    """For a plan with products: numpy's BLAS as the entry's writer finds it (none: no entry;
+    its integer width shapes the calls), as text; "" without products."""
+    if not any(s.kind is StepKind.LIBRARY and s.op in ("MatMul", "BatchMatMul")
+               for s in plan.steps):
+        return ""
+    from graphkernel.backends.c import c_entry
+    blas = c_entry.cblas()
+    return "numpy's BLAS: none" if blas is None else f"numpy's BLAS: int64={blas.int64}"
 
 
 def _drop_locations(graph: dict[str, Any]) -> None:
