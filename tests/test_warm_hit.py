@@ -157,3 +157,33 @@ def test_a_record_naming_another_graphs_library_is_refused_saying_why(
     np.testing.assert_allclose(again(x).asnumpy(), expected(x, 3.0), rtol=1e-5, atol=1e-6)
     with open(os.path.join(plans, second_record), encoding="utf-8") as fh:
         assert json.load(fh) == mine  # written again by the fresh build
+
+
+@needs_cc
+def test_a_library_swapped_for_another_graphs_is_refused_and_rebuilt(
+        emitted: list[str], cache_folder: str, rng: Any, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Another graph's library copied over this graph's, its checksum rewritten to match: the
+    record and the checksum agree, the mark does not."""
+    import hashlib
+
+    from graphkernel.backends.c import library
+
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    first = _compile(Scaled(2.0), x)
+    second = _compile(Scaled(3.0), x)
+    with open(first.library_path, "rb") as fh:
+        data = fh.read()
+    with open(second.library_path, "wb") as fh:
+        fh.write(data)
+    with open(second.library_path + ".sha256", "w", encoding="ascii") as fh:
+        fh.write(hashlib.sha256(data).hexdigest() + "\n")
+    monkeypatch.setattr(library, "_loaded", {})  # as a new process finds it: nothing loaded
+    written = len(emitted)
+    with pytest.warns(RuntimeWarning, match="not built for this graph"):
+        again = _compile(Scaled(3.0), x)
+    assert len(emitted) > written and not again.from_cache
+    assert again.library_path == second.library_path
+    np.testing.assert_allclose(again(x).asnumpy(), expected(x, 3.0), rtol=1e-5, atol=1e-6)
+    with open(second.library_path, "rb") as fh:
+        assert fh.read() != data  # rebuilt from this graph's C
