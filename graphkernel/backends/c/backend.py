@@ -3,20 +3,23 @@ its generated C covers), emits each kernel spec as C, compiles a plan's kernels 
 entry into one library (cached) and loads it into the runner.
 
 A warm build writes no C. The library's cache key is its C source's hash, so finding it used to
-mean emitting every kernel. Instead a build computes a plan key P from everything that decides
-the C: the graph it is given (as data, with its constants' bytes), the plan made of it, the
-backend's settings, the code (a hash of graphkernel's sources) and the toolchain. After a
-build, a plan record `plans/P.json` in the kernel cache names the library (its cache key), its
-entry module and the tuning record each kernel's schedule came from. A later build of the same
-plan reads the record, takes each kernel's choice from its tuning record as a cold build would,
-and loads the library the cache checks as usual (checksum, ELF structure, symbols). The C is
-written only on a miss, and for reports when first asked for.
+mean emitting every kernel. Instead a build computes a plan key P from what decides the C: the
+graph it is given (as data, with its constants' bytes; source lines taken out), the plan made of
+it, the backend's settings, numpy's BLAS as the entry finds it, the toolchain and graphkernel's
+version (`plan_key`). After a build, a plan record `plans/R.json` in the kernel cache (R: P with
+the stamp of graphkernel's modules and what chooses each product's BLAS library, `record_key`)
+names the library (its cache key), its entry module, the tuning record each kernel's schedule
+came from and each product's BLAS library. A later build reads it, takes each kernel's choice
+from its tuning record as a cold build would, and loads the library the cache checks as usual
+(checksum, ELF structure, symbols). The C is written only on a miss, and for reports and
+exports when first asked for.
 
-Records are data from anyone (like a compile-cache entry): P is computed here, never read,
-and each library is built with a mark, a symbol naming the hash of P and its kernels' chosen
-knobs, that the warm load requires. A record that names another graph's library (forged,
-swapped) finds no such mark: it is refused with a warning saying why, and the C is written and
-built as on a cold start, which rewrites the record."""
+Records are data from anyone (like a compile-cache entry): P is computed here, never read, each
+field is checked, and each library is built with a mark, an exported symbol naming the hash of
+P, its kernels' knobs and its products' BLAS libraries (`_mark`), that the warm load requires.
+A record that names another graph's library (forged, swapped) finds no such mark: it is refused
+with a warning saying why, and the C is written and built as on a cold start, which rewrites
+the record."""
 from __future__ import annotations
 
 import dataclasses
