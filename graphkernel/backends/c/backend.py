@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.backends.c import blas_choice, cache, toolchain
+from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_loops import KernelSource
@@ -356,8 +357,7 @@ def _entry_blas(plan: ExecutionPlan) -> str:
     if not any(s.kind is StepKind.LIBRARY and s.op in ("MatMul", "BatchMatMul")
                for s in plan.steps):
         return ""
-    from graphkernel.backends.c import c_entry
-    blas = c_entry.cblas()
+    blas = numpys_blas.cblas()  # the entry's writer asks the same (c_entry.py)
     return "numpy's BLAS: none" if blas is None else f"numpy's BLAS: int64={blas.int64}"
 
 
