@@ -199,10 +199,10 @@ def test_each_change_that_changes_the_result_misses(cache_folder: str, change: s
         options = CompileOptions(enable_graph_kernel=True,
                                  backend_config=CConfig(plan=PlanSettings(prefault_buffers=False)))
     elif change == "graphkernel version":
-        monkeypatch.setattr(compile_cache, "__version__", "0.0.0-other")
-        monkeypatch.setattr(compile_cache, "_stamp", [])
+        monkeypatch.setattr(cache, "__version__", "0.0.0-other")
+        monkeypatch.setattr(cache, "_stamp", [])
     elif change == "graphkernel sources":  # an edited module: another modification time
-        monkeypatch.setattr(compile_cache, "_stamp", ["another tree"])
+        monkeypatch.setattr(cache, "_stamp", ["another tree"])
     elif change == "numpy version":
         monkeypatch.setattr(compile_cache.np, "__version__", "0.0.0-other")
     elif change == "cpu":

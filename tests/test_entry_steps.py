@@ -9,7 +9,7 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor
-from graphkernel.backends.c import c_entry
+from graphkernel.backends.c import cblas
 from graphkernel.backends.c.c_gemm import gemm_call
 from graphkernel.ops import operations as P
 
@@ -122,7 +122,7 @@ def test_layouts_blas_cannot_take_keep_the_python_runner(rng):
 
 
 def test_without_numpys_openblas_the_python_runner_calls_numpy(monkeypatch, rng):
-    monkeypatch.setattr(c_entry, "cblas", lambda: None)
+    monkeypatch.setattr(cblas, "cblas", lambda: None)
     a, b = (rng.standard_normal(s).astype(np.float32) for s in [(7, 5), (5, 3)])
     exe = graphkernel.compile(Fn(CASES["2d"][0]), a, b, options=ON)
     assert exe.executable.runner.entry is None

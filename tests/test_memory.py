@@ -20,8 +20,8 @@ ON = CompileOptions(enable_graph_kernel=True)
 def python_runner(monkeypatch):
     """MatMulChain's plan through the Python runner and its pool (the compiled entry, which
     would take it, keeps a pool of its own: tests/test_entry_steps.py)."""
-    from graphkernel.backends.c import c_entry
-    monkeypatch.setattr(c_entry, "cblas", lambda: None)
+    from graphkernel.backends.c import cblas
+    monkeypatch.setattr(cblas, "cblas", lambda: None)
 
 
 def _pooled(exe, shape):

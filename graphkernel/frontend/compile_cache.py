@@ -78,28 +78,6 @@ def enabled() -> bool:
 
 
 # -- the key --------------------------------------------------------------------------------
-_stamp: list[str] = []
-
-
-def _package_stamp() -> str:
-    """graphkernel's version and each module's path, size and modification time (once per
-    process; Python's own bytecode check trusts the same facts)."""
-    if not _stamp:
-        h = hashlib.sha256(__version__.encode())
-        folders = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
-        while folders:  # os.scandir: the stat comes with the listing
-            with os.scandir(folders.pop()) as it:
-                for item in sorted(it, key=lambda e: e.name):
-                    if item.is_dir(follow_symlinks=False) and item.name != "__pycache__":
-                        folders.append(item.path)
-                    elif item.name.endswith(".py"):
-                        with contextlib.suppress(OSError):
-                            info = item.stat()
-                            h.update(f"{item.path} {info.st_size} {info.st_mtime_ns}\0".encode())
-        _stamp.append(h.hexdigest())
-    return _stamp[0]
-
-
 def _canonical(value: Any) -> Any:
     """Option values as JSON with a fixed order (frozensets sorted)."""
     if isinstance(value, (frozenset, set)):
@@ -143,7 +121,7 @@ def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
     toolchain_text = "none" if tc is None else \
         f"{tc.compiler} {tc.version} {' '.join(tc.flags)} {' '.join(tc.libs)}"
     # numpy computes folded constants (fold_constants runs the ops' numpy references).
-    for part in (KIND, str(VERSION), _package_stamp(), np.__version__, options_text(options),
+    for part in (KIND, str(VERSION), cache.code_stamp(), np.__version__, options_text(options),
                  toolchain_text,
                  toolchain.cpu_signature(), text):
         h.update(part.encode())

@@ -3,7 +3,7 @@ the library its kernels live in. Tensors, Parameters and the compile report are 
 (frontend/compiled.py); this layer sees numpy arrays only."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,8 +38,10 @@ class BuiltKernels(LoadedKernels, Protocol):
     """A backend's built kernels: where they live and their whole source."""
 
     path: str
-    source: str
     from_cache: bool
+
+    @property
+    def source(self) -> str: ...
 
 
 @dataclass
@@ -51,8 +53,8 @@ class Executable:
     library: BuiltKernels | None = None
     warnings: list[str] = field(default_factory=list)
     # kernel name -> its source in the backend's language, for reports (none: the backend's
-    # kernels have no source text)
-    kernel_sources: dict[str, str] = field(default_factory=dict)
+    # kernels have no source text); a backend may write it when first read
+    kernel_sources: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

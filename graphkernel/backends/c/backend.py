@@ -1,17 +1,44 @@
 """The C backend: answers lowering's questions (which window, argmax and conv-block kernels
 its generated C covers), emits each kernel spec as C, compiles a plan's kernels and its CPython
-entry into one library (cached) and loads it into the runner."""
+entry into one library (cached) and loads it into the runner.
+
+A warm build writes no C. The library's cache key is its C source's hash, so finding it used to
+mean emitting every kernel. Instead a build computes a plan key P from what decides the C: the
+graph it is given (as data, with its constants' bytes; source lines taken out), the plan made of
+it, the backend's settings, numpy's BLAS as the entry finds it, the toolchain and graphkernel's
+version (`plan_key`). After a build, a plan record `plans/R.json` in the kernel cache (R: P with
+the stamp of graphkernel's modules and what chooses each product's BLAS library, `record_key`)
+names the library (its cache key), its entry module, the tuning record each kernel's schedule
+came from and each product's BLAS library. A later build reads it, takes each kernel's choice
+from its tuning record as a cold build would, and loads the library the cache checks as usual
+(checksum, ELF structure, symbols). The C is written only on a miss, and for reports and
+exports when first asked for.
+
+Records are data from anyone (like a compile-cache entry): P is computed here, never read, each
+field is checked, and each library is built with a mark, an exported symbol naming the hash of
+P, its kernels' knobs and its products' BLAS libraries (`_mark`), that the warm load requires.
+A record that names another graph's library (forged, swapped) finds no such mark: it is refused
+with a warning saying why, and the C is written and built as on a cold start, which rewrites
+the record."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import os
+import re
 import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
-from graphkernel.backends.c import cache, calibration, toolchain
+import numpy as np
+
+from graphkernel.backends.c import blas_choice, cache, calibration, toolchain
+from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.backends.c.c_entry import entry_source
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import (
     conv_library,
@@ -22,17 +49,24 @@ from graphkernel.backends.c.c_window import (
 )
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
-from graphkernel.backends.c.generic_kernel import emit_any_kernel
-from graphkernel.backends.c.library import build_library
-from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
-from graphkernel.backends.c.tuning import choose_schedules
+from graphkernel.backends.c.library import (
+    BuiltLibrary,
+    build_library,
+    library_source,
+    load_marked,
+    toolchain_text,
+    uses_openmp,
+)
+from graphkernel.backends.c.tuning import Choice, Knobs, choose_schedules, stored_choice
+from graphkernel.errors import FormatError
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
 from graphkernel.ir.opset import Window, get_op
+from graphkernel.ir.serialize import graph_to_data
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
-from graphkernel.runtime.plan import KernelSpec
+from graphkernel.runtime.plan import ExecutionPlan, KernelSpec, StepKind
 from graphkernel.runtime.runner import Runner
 
 _warned_no_compiler = False
@@ -90,6 +124,9 @@ class CBackend:
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None
+        # Imported when first needed: a warm build writes no C (~5 ms of a warm start).
+        from graphkernel.backends.c.generic_kernel import emit_any_kernel
+        from graphkernel.backends.c.parallel_kernel import emit_parallel_kernel
         if isinstance(spec.schedule, ParallelSchedule):  # independent groups, a nest each
             return emit_parallel_kernel(spec.group, spec.name, spec.schedule,
                                         config.parallel_threshold, config.stream_min_bytes,
@@ -120,38 +157,124 @@ class CBackend:
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)
         specs = [s.kernel for s in plan.steps if s.kernel is not None]
-        choices = {}
+        choices: dict[str, Choice] = {}
+        library: BuiltLibrary | None = None
+        sources: Mapping[str, str] = {}
+        key = None
         if specs and toolchain.detect() is not None:
-            # Each kernel's schedule: a record of this machine's, measured now, or the defaults
-            choices = choose_schedules(plan, config, tuning_level, self.emit)
-            plan.schedule_notes.update({n: c.how for n, c in choices.items()
-                                        if c.how != "defaults"})
-            notes += [c.refused for c in choices.values() if c.refused is not None]
+            key = plan_key(graph, plan, config)
+        # A tuning run measures, and a prebuilt library is checked against its source: both
+        # write the C.
+        if key is not None and tuning_level <= 0 and prebuilt is None:
+            library, choices, sources, refused = self._warm(key, plan, specs, config)
+            if refused is not None:
+                cache.warn_once(f"graphkernel: {refused}")
+                notes.append(refused)
+        if library is None and specs:
+            if toolchain.detect() is not None:
+                # Each kernel's schedule: a record of this machine's, measured now, or the
+                # defaults
+                choices = choose_schedules(plan, config, tuning_level, self.emit)
+            kernels = [self.emit(spec, config) if spec.name not in choices else
+                       choices[spec.name].source or
+                       self.emit(spec, choices[spec.name].knobs.apply(config))
+                       for spec in specs]
+            marked = None if key is None else \
+                functools.partial(_mark, key, specs, choices, plan)
+            library = build_library(kernels, _entry_source(plan), prebuilt, marked)
+            sources = {k.name: k.source for k in kernels}
+            if key is not None and library.mark is not None:
+                problem = cache.write_plan_record(cache.open_folder(), record_key(key), {
+                    "library_key": library.key, "module": _module_of(library),
+                    "kernels": [s.name for s in specs], "openmp": uses_openmp(library.source),
+                    "mark": library.mark, "gemm": _gemm_labels(plan),
+                    "tuning": {s.name: choices[s.name].record_key for s in specs}})
+                if problem is not None:
+                    notes.append(problem)
+        plan.schedule_notes.update({n: c.how for n, c in choices.items()
+                                    if c.how != "defaults"})
+        notes += [c.refused for c in choices.values() if c.refused is not None]
         for spec in specs:  # which library runs each convolution kernel, and why
-            conv = spec.block.conv if spec.kind is KernelKind.CONV_BLOCK and \
-                spec.block is not None else spec.node
-            if spec.kind in (KernelKind.WINDOW, KernelKind.CONV_BLOCK) and \
-                    why_not_window_kernel(conv) is None and \
-                    get_op(conv.op).window is Window.CONVOLUTION:
+            conv = _convolution_of(spec)
+            if conv is not None:
                 tuned = plan.schedule_notes.get(spec.name)
                 plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
                     f"convolution on {conv_library(conv).why}"
-        kernels = [self.emit(spec, config) if spec.name not in choices else
-                   choices[spec.name].source or
-                   self.emit(spec, choices[spec.name].knobs.apply(config)) for spec in specs]
-        library = None
-        if kernels:
-            library = build_library(kernels, entry_source(plan), prebuilt)
-            hand_blas_to(library.entry_module)
+        if library is not None:
+            hand_blas_to(library.entry_module, any(
+                label.startswith(MKL_LABEL) for label in _gemm_labels(plan).values()))
             runner.load(library)
         if prebuilt is not None and (library is None or os.path.basename(library.path) !=
                                      prebuilt[0] + cache.LIBRARY_SUFFIX):
             notes.append("the prebuilt library is not the one these kernels build (its source "
                          "differs): not used, compiled here")
-        return Executable(plan, runner, library, notes, {k.name: k.source for k in kernels})
+        return Executable(plan, runner, library, notes, sources)
+
+    def _warm(self, key: str, plan: ExecutionPlan, specs: list[KernelSpec], config: CConfig
+              ) -> tuple[BuiltLibrary | None, dict[str, Choice], Mapping[str, str], str | None]:
+        """The library plan `key` was built into, found by its plan record without writing C:
+        (library, each kernel's schedule choice, the kernels' C written when first asked for,
+        None); (None, {}, {}, None) on a miss (no record, its library gone, a tuning record
+        changed since); (None, {}, {}, why) when the record or its library is refused (not
+        what it claims: forged, swapped, corrupt)."""
+        folder = cache.open_folder()
+        record, problem = cache.read_plan_record(folder, record_key(key))
+        where = cache.plan_record_path(folder, record_key(key))
+        if record is None:
+            return None, {}, {}, None if problem is None else \
+                f"plan record not used ({problem}); kernels' C written and built afresh"
+        problem = _record_problem(record, plan, specs)
+        if problem is not None:
+            return None, {}, {}, (f"plan record {where} not used ({problem}); kernels' C "
+                                  "written and built afresh")
+        default = Knobs.of(config)
+        choices = {s.name: stored_choice(s.name, record["tuning"][s.name], default)
+                   for s in specs}
+        # Each product's BLAS library as the cold build chose it (its entry's C calls that
+        # one): the plan says so, and the mark covers it.
+        _note_gemm_labels(plan, record["gemm"], True)
+        mark = _mark(key, specs, choices, plan)
+        if record["mark"] != mark:  # a kernel's tuning record changed since: another library
+            _note_gemm_labels(plan, record["gemm"], False)
+            return None, {}, {}, None
+        written: list[KernelSource] = []
+
+        def write_kernels() -> list[KernelSource]:
+            if not written:
+                written.extend(self.emit(s, choices[s.name].knobs.apply(config)) for s in specs)
+            return written
+
+        def write_source() -> str:
+            return library_source(write_kernels(), _entry_source(plan), lambda: mark).text
+
+        library, problem = load_marked(record["library_key"], [s.name for s in specs],
+                                       record["module"], mark, record["openmp"], write_source)
+        if library is None:
+            _note_gemm_labels(plan, record["gemm"], False)
+            return None, {}, {}, None if problem is None else \
+                (f"plan record {where} not used: {problem}; kernels' C written and built "
+                 "afresh")
+        return library, choices, _KernelSources(write_kernels), None
 
 
 BACKEND = CBackend()
+
+
+def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
+    """backends/c/c_entry.py's writer of the plan's CPython entry, imported when first needed
+    (with the product and gather emitters it uses: a warm build writes no C)."""
+    from graphkernel.backends.c.c_entry import entry_source
+    return entry_source(plan)
+
+
+def _convolution_of(spec: KernelSpec) -> Node | None:
+    """The convolution a window kernel or conv block runs (None for other kernels)."""
+    conv = spec.block.conv if spec.kind is KernelKind.CONV_BLOCK and \
+        spec.block is not None else spec.node
+    if spec.kind in (KernelKind.WINDOW, KernelKind.CONV_BLOCK) and \
+            why_not_window_kernel(conv) is None and get_op(conv.op).window is Window.CONVOLUTION:
+        return conv
+    return None
 
 
 def _workspace_bytes(spec: KernelSpec) -> int:
@@ -160,3 +283,171 @@ def _workspace_bytes(spec: KernelSpec) -> int:
     if spec.block is not None:
         return workspace_bytes(spec.block.conv, library_choice=False)
     return workspace_bytes(spec.node)
+
+
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_MODULE = re.compile(r"gk_[0-9a-f]{24}")
+# blas_choice.GemmLibrary.label: a name and a version
+_GEMM_LABEL = re.compile(r"(openblas|mkl) [0-9A-Za-z.+_-]{1,40}")
+MKL_LABEL = "mkl "
+
+
+def _record_problem(record: dict[str, object], plan: ExecutionPlan, specs: list[KernelSpec]
+                    ) -> str | None:
+    """What is wrong with a plan record's fields for `plan` (None: nothing). Only values
+    checked here are used: cache keys and a module name as hex digits, product steps by
+    number, BLAS libraries by graphkernel's own labels."""
+    names = [s.name for s in specs]
+
+    def key_like(value: object) -> bool:
+        return isinstance(value, str) and _HEX32.fullmatch(value) is not None
+
+    if not key_like(record.get("library_key")) or not key_like(record.get("mark")):
+        return "its library key or mark is not a cache key"
+    module = record.get("module")
+    if module is not None and not (isinstance(module, str) and _MODULE.fullmatch(module)):
+        return "its entry module's name is not one graphkernel gives"
+    if record.get("kernels") != names:
+        return "its kernels are not this plan's"
+    if not isinstance(record.get("openmp"), bool):
+        return "its OpenMP flag is not true or false"
+    tuning = record.get("tuning")
+    if not (isinstance(tuning, dict) and sorted(tuning) == sorted(names) and
+            all(v is None or key_like(v) for v in tuning.values())):
+        return "its tuning records are not one per kernel, each a record key or null"
+    gemm = record.get("gemm")
+    if not (isinstance(gemm, dict) and all(
+            isinstance(i, str) and i.isdigit() and int(i) < len(plan.steps) and
+            plan.steps[int(i)].op in ("MatMul", "BatchMatMul") and
+            "gemm_library" not in plan.steps[int(i)].attrs and
+            isinstance(label, str) and _GEMM_LABEL.fullmatch(label)
+            for i, label in gemm.items())):
+        return "its BLAS libraries are not one label per product step"
+    return None
+
+
+def _gemm_labels(plan: ExecutionPlan) -> dict[str, str]:
+    """The BLAS library writing the entry chose for each product step, by step number."""
+    return {str(i): str(step.attrs["gemm_library"]) for i, step in enumerate(plan.steps)
+            if "gemm_library" in step.attrs}
+
+
+def _note_gemm_labels(plan: ExecutionPlan, labels: Mapping[str, str], on: bool) -> None:
+    """Note (`on`) or take back each product step's BLAS library, as writing the entry notes
+    it (backends/c/c_gemm.py `with_library`)."""
+    for index, label in labels.items():
+        attrs = plan.steps[int(index)].attrs
+        assert isinstance(attrs, dict)  # the builder's own, as writing the entry finds it
+        if on:
+            attrs["gemm_library"] = label
+        else:
+            attrs.pop("gemm_library", None)
+
+
+def _module_of(library: BuiltLibrary) -> str | None:
+    module = library.entry_module
+    return None if module is None else module.__name__
+
+
+def _mark(key: str, specs: list[KernelSpec], choices: Mapping[str, Choice],
+          plan: ExecutionPlan) -> str:
+    """What a library built for plan `key` is marked with: the plan key, each kernel's knobs
+    (a tuned kernel's C differs) and each product's BLAS library (the entry's C calls it),
+    known once the entry is written."""
+    knobs = [[s.name, dataclasses.asdict(choices[s.name].knobs) if s.name in choices else None]
+             for s in specs]
+    text = "\0".join((key, json.dumps(knobs, sort_keys=True),
+                      json.dumps(_gemm_labels(plan), sort_keys=True)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# Bumped when what a plan key covers changes shape.
+PLAN_KEY_VERSION = 1
+
+
+def plan_key(graph: Graph, plan: ExecutionPlan, config: CConfig) -> str | None:
+    """What decides the C of `plan`, made of `graph` under `config`, as a hash: the graph as
+    data with its constants' bytes, the plan, the settings, the toolchain and graphkernel's
+    version (the same on any machine with them: a prebuilt library from an export is built
+    with the same mark). None when the graph is not data: it is then always built from its C.
+    Computed before the entry is written (which notes each product's BLAS library)."""
+    try:
+        data, arrays = graph_to_data(graph)
+        _drop_locations(data["graph"])
+        graph_text = json.dumps(data, sort_keys=True)
+    except (FormatError, TypeError, ValueError):
+        return None
+    specs = [[s.name, s.kind.value, s.workspace, s.beside_blas, _conv_library_label(s)]
+             for s in (step.kernel for step in plan.steps) if s is not None]
+    h = hashlib.sha256()
+    for part in ("graphkernel plan key", str(PLAN_KEY_VERSION), toolchain_text(),
+                 json.dumps(dataclasses.asdict(config), sort_keys=True, default=repr),
+                 graph_text, plan.describe(), json.dumps(specs), _entry_blas(plan)):
+        h.update(part.encode())
+        h.update(b"\0")
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        h.update(f"{name} {array.dtype.str} {array.shape}\0".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:32]
+
+
+def _conv_library_label(spec: KernelSpec) -> str:
+    """Which library runs a window kernel's convolution, and on which layout: stored timings
+    decide it and can change between two builds of one plan, and it changes the C."""
+    conv = _convolution_of(spec)
+    if conv is None or spec.kind is not KernelKind.WINDOW:
+        return ""
+    choice = conv_library(conv)
+    return f"{choice.library} blocked={choice.blocked}"
+
+
+def _entry_blas(plan: ExecutionPlan) -> str:
+    """For a plan with products: numpy's BLAS as the entry's writer finds it (none: no entry;
+    its integer width shapes the calls), as text; "" without products."""
+    if not any(s.kind is StepKind.LIBRARY and s.op in ("MatMul", "BatchMatMul")
+               for s in plan.steps):
+        return ""
+    blas = numpys_blas.cblas()  # the entry's writer asks the same (c_entry.py)
+    return "numpy's BLAS: none" if blas is None else f"numpy's BLAS: int64={blas.int64}"
+
+
+def _drop_locations(graph: dict[str, Any]) -> None:
+    """Take the user's source lines out of a graph's data: they name where an op came from in
+    messages, never reach the C, and an edit above the model must not cost a compile."""
+    for node in graph["nodes"]:
+        node["loc"] = None
+        if node["subgraph"] is not None:
+            _drop_locations(node["subgraph"])
+
+
+def record_key(key: str) -> str:
+    """Where plan `key`'s record is, for this code: the plan key with graphkernel's sources
+    (an edited emitter is another library), the MKL wheel in this environment and the OpenMP
+    threads (writing the entry chooses each product's BLAS library from them)."""
+    text = "\0".join((key, cache.code_stamp(), " ".join(blas_choice.mkl_wheel_files()),
+                      str(blas_choice.openmp_threads())))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class _KernelSources(Mapping[str, str]):
+    """Each kernel's C for reports, written the first time one is asked for (a warm build
+    writes none)."""
+
+    def __init__(self, write: Callable[[], list[KernelSource]]) -> None:
+        self._write = write
+        self._sources: dict[str, str] | None = None
+
+    def _all(self) -> dict[str, str]:
+        if self._sources is None:
+            self._sources = {k.name: k.source for k in self._write()}
+        return self._sources
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())

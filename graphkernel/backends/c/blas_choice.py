@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,12 +100,21 @@ def openblas_library() -> GemmLibrary | None:
                        found.address("cblas_dgemm"), found.int64)
 
 
-def _mkl_paths() -> list[str]:
-    """Where pip's `mkl` wheel puts libmkl_rt (the environment's lib/), then the loader's."""
-    paths = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+def mkl_wheel_files() -> list[str]:
+    """libmkl_rt where pip's `mkl` wheel puts it (the environment's lib/): a quick look, no
+    loader search."""
+    return sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+
+
+def _mkl_paths() -> Iterator[str]:
+    """Where pip's `mkl` wheel puts libmkl_rt (the environment's lib/), then the loader's,
+    looked for only when the wheel's does not load (the loader's search runs ldconfig and the
+    C compiler: ~40 ms of a warm start)."""
+    yield from mkl_wheel_files()
     import ctypes.util
     found = ctypes.util.find_library("mkl_rt")
-    return paths + ([found] if found else [])
+    if found:
+        yield found
 
 
 _SEQUENTIAL, _LP64 = 1, 0  # MKL_THREADING_SEQUENTIAL, MKL_INTERFACE_LP64

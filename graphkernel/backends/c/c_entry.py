@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude, with_library
-from graphkernel.backends.c.cblas import CBlas, cblas
+from graphkernel.backends.c.cblas import CBlas
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
 from graphkernel.runtime.plan import ExecutionPlan, Step, StepKind, entry_arguments
@@ -45,7 +46,8 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     if any(call is None for call in calls.values()):
         return None
     gemms = any(isinstance(call, GemmCall) for call in calls.values())
-    blas = cblas() if gemms else None
+    # looked up on the module: the one answer the plan key (backends/c/backend.py) reads too
+    blas = numpys_blas.cblas() if gemms else None
     if gemms and blas is None:
         return None
     for i, call in calls.items():  # each product's library, by measurement where MKL is here

@@ -37,10 +37,13 @@ def cblas() -> CBlas | None:
                  found.set_threads, int64=found.int64)
 
 
-def hand_blas_to(entry_module: Any) -> None:
-    """Give an entry module whose MatMul steps call BLAS (it has `set_blas`) the addresses."""
+def hand_blas_to(entry_module: Any, calls_mkl: bool = True) -> None:
+    """Give an entry module whose MatMul steps call BLAS (it has `set_blas`) the addresses.
+    `calls_mkl` False: no product was chosen for MKL, so it is not looked for (the loader's
+    search for it took ~40 ms of a warm start)."""
     if hasattr(entry_module, "set_blas"):
         blas = cblas()
         assert blas is not None  # the entry calls BLAS only where it was found
-        found = mkl()  # 0s without: products chosen for MKL then leave it to the Python runner
+        # 0s without: products chosen for MKL then leave it to the Python runner
+        found = mkl() if calls_mkl else None
         entry_module.set_blas(*blas.addresses, *((found.sgemm, found.dgemm) if found else (0, 0)))

@@ -32,7 +32,6 @@ KernelFn = Callable[..., Any]
 @dataclass
 class BuiltLibrary:
     path: str
-    source: str
     from_cache: bool
     functions: dict[str, KernelFn]
     entry: Any = None  # the graph's CPython `run`, when it has one
@@ -40,6 +39,18 @@ class BuiltLibrary:
     # Where building it went, in order (seconds): the C of shared kernels and the entry, the
     # compiler (or the cache's checked copy), the loader (dlopen, the entry module).
     seconds: list[tuple[str, float]] = field(default_factory=list)
+    # Its whole C source, or what writes it the first time it is asked for: a warm build
+    # finds the library by its plan and writes no C (backends/c/backend.py).
+    _source: str | Callable[[], str] = ""
+    # Its cache key (the C source's, with the toolchain's: `_key`).
+    key: str = ""
+    mark: str | None = None  # what it was built for (`library_source`)
+
+    @property
+    def source(self) -> str:
+        if callable(self._source):
+            self._source = self._source()
+        return self._source
 
 
 def _prelude(with_libmvec: bool) -> str:
@@ -106,20 +117,34 @@ def _glue_optimised(entry: str) -> str:
 _loaded: dict[str, tuple[ctypes.CDLL, str]] = {}
 
 
-def build_library(kernels: list[KernelSource],
-                  entry: Callable[[str], str] | None = None,
-                  prebuilt: tuple[str, bytes] | None = None) -> BuiltLibrary:
-    """Compile `kernels` into one shared library (or load it from the cache). `entry`, given
-    the module name, returns the C of a CPython module to build into the same library (the
-    plan's C runner, backends/c/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
-    built elsewhere (a trusted export's), placed in the cache only when the source generated
-    here has that very key: a library never lands under another graph's key."""
+def mark_symbol(mark: str) -> str:
+    """The symbol a library built with `mark` exports (a cache key: hex digits)."""
+    return f"gk_plan_{mark}"
+
+
+@dataclass
+class LibrarySource:
+    """A library's whole C source and how it is cut and named."""
+
+    text: str
+    kernels: list[KernelSource]  # after sharing identical ones
+    names: list[str]  # every kernel function callers look up
+    module: str | None  # the CPython entry module's name, when there is one
+    entry_text: str | None
+    flags: tuple[str, ...]
+    mark: str | None
+    mark_text: str
+
+
+def library_source(kernels: list[KernelSource], entry: Callable[[str], str] | None = None,
+                   mark: Callable[[], str] | None = None) -> LibrarySource:
+    """The C of one library of `kernels`, with the CPython entry `entry` writes given its
+    module name, and, with `mark`, a symbol that names what it was built for (a warm build
+    that finds the library by its plan checks it: backends/c/backend.py). `mark` is asked
+    once the entry is written: writing it decides things the mark covers (each product's
+    BLAS library)."""
     tc = toolchain.detect()
-    assert tc is not None, "build_library needs a C compiler"
-    clock = _Clock()
-    # The OpenMP runtime reads its settings when it starts: spin-waiting threads stall on a shared
-    # 2-core machine, so wait passively unless the user chose otherwise.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    assert tc is not None, "library_source needs a C compiler"
     names = [k.name for k in kernels]
     kernels, _ = share_identical(kernels)  # identical groups: one function, compiled once
     source = translation_unit(kernels, tc.libmvec)
@@ -132,6 +157,31 @@ def build_library(kernels: list[KernelSource],
         entry_text = _glue_optimised(entry(module))
         source += "\n" + entry_text
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
+    marked = None if mark is None else mark()
+    mark_text = "" if marked is None else \
+        f'\nconst char {mark_symbol(marked)}[] = "{marked}";\n'
+    return LibrarySource(source + mark_text, kernels, names, module, entry_text, flags, marked,
+                         mark_text)
+
+
+def build_library(kernels: list[KernelSource],
+                  entry: Callable[[str], str] | None = None,
+                  prebuilt: tuple[str, bytes] | None = None,
+                  mark: Callable[[], str] | None = None) -> BuiltLibrary:
+    """Compile `kernels` into one shared library (or load it from the cache). `entry`, given
+    the module name, returns the C of a CPython module to build into the same library (the
+    plan's C runner, backends/c/c_entry.py). `prebuilt`: (its cache key, its bytes), a library
+    built elsewhere (a trusted export's), placed in the cache only when the source generated
+    here has that very key: a library never lands under another graph's key. `mark`: see
+    `library_source`."""
+    tc = toolchain.detect()
+    assert tc is not None, "build_library needs a C compiler"
+    clock = _Clock()
+    # The OpenMP runtime reads its settings when it starts: spin-waiting threads stall on a shared
+    # 2-core machine, so wait passively unless the user chose otherwise.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    built = library_source(kernels, entry, mark)
+    source, flags, module, names = built.text, built.flags, built.module, built.names
     clock.lap("C source: shared kernels, entry, hash")
     folder = cache.open_folder()
     key = _key(tc, source, flags, module is not None)
@@ -141,11 +191,14 @@ def build_library(kernels: list[KernelSource],
     from_cache = path is not None
     units: list[str] = []
     if path is None:
-        units = translation_units(kernels, tc.libmvec, entry_text, compile_workers(), names)
+        units = translation_units(built.kernels, tc.libmvec, built.entry_text,
+                                  compile_workers(), names)
+        if units:  # the mark goes in one unit
+            units[0] += built.mark_text
         path = cache.build(folder, key, source, tc.compiler, flags, tc.libs, units)
     clock.lap("library from the kernel cache (checked)" if from_cache else
               f"C compiler ({max(len(units), 1)} unit{'s' if len(units) > 1 else ''})")
-    exported = names + ([f"PyInit_{module}"] if module else [])
+    exported = _exports(names, module, built.mark)
     lib, load_name, problem = _open(path, exported)
     if problem is not None:
         # Its checksum matched, yet it does not load or lacks the kernels' symbols (planted,
@@ -160,7 +213,52 @@ def build_library(kernels: list[KernelSource],
             raise CompileError(f"the library graphkernel just built, {path}, {problem} (a "
                                "graphkernel bug)")
     assert lib is not None
-    if not _openmp_started and "#pragma omp parallel" in source:
+    return _ready(lib, load_name, path, names, module, uses_openmp(source), from_cache, clock,
+                  source, key, built.mark)
+
+
+def uses_openmp(source: str) -> bool:
+    """Whether a library's C has parallel regions (its OpenMP runtime is started early)."""
+    return "#pragma omp parallel" in source
+
+
+def _exports(names: list[str], module: str | None, mark: str | None) -> list[str]:
+    return names + ([f"PyInit_{module}"] if module else []) + \
+        ([mark_symbol(mark)] if mark is not None else [])
+
+
+def load_marked(key: str, names: list[str], module: str | None, mark: str, openmp: bool,
+                write_source: Callable[[], str]) -> tuple[BuiltLibrary | None, str | None]:
+    """The cached library under `key`, without writing its C, when it is the one built with
+    `mark` for kernels `names` (and entry `module`): checked as a build checks a cached one
+    (checksum, ELF structure, its symbols) and by its mark. (None, why) when it is gone or
+    fails a check, (None, None) when it is not in the cache (trimmed); a library that fails is
+    left alone (it may be another graph's, whole).
+    `openmp`: its C has parallel regions; `write_source` writes its C when asked for."""
+    tc = toolchain.detect()
+    assert tc is not None, "load_marked needs a C compiler"
+    clock = _Clock()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as build_library
+    path = cache.lookup(cache.open_folder(), key)
+    if path is None:
+        return None, None
+    clock.lap("library from the kernel cache (checked)")
+    lib, load_name, problem = _open(path, _exports(names, module, mark))
+    if problem is not None:
+        if not (lib is not None and hasattr(lib, mark_symbol(mark))):
+            problem = (f"{problem}: it was not built for this graph and schedule (its "
+                       f"mark is not {mark_symbol(mark)})")
+        return None, f"its library {path} {problem}"
+    assert lib is not None
+    return _ready(lib, load_name, path, names, module, openmp, True, clock, write_source,
+                  key, mark), None
+
+
+def _ready(lib: ctypes.CDLL, load_name: str, path: str, names: list[str], module: str | None,
+           openmp: bool, from_cache: bool, clock: _Clock, source: str | Callable[[], str],
+           key: str, mark: str | None) -> BuiltLibrary:
+    """The loaded library's kernels and entry, ready to run."""
+    if not _openmp_started and openmp:
         start_openmp(lib)
     functions = {}
     for name in names:
@@ -174,7 +272,8 @@ def build_library(kernels: list[KernelSource],
     finally:
         _remove_copy(load_name, path)
     clock.lap("load: dlopen, entry module")
-    return BuiltLibrary(path, source, from_cache, functions, entry, entry_module, clock.laps)
+    return BuiltLibrary(path, from_cache, functions, entry, entry_module, clock.laps, source,
+                        key, mark)
 
 
 class _Clock:
@@ -214,6 +313,16 @@ def start_openmp(lib: ctypes.CDLL) -> bool:
     max_threads.argtypes = []
     max_threads()
     return True
+
+
+def toolchain_text() -> str:
+    """Everything of this machine's toolchain that shapes a library built from the same C (as
+    `_key` covers it), as text; "none" without a compiler."""
+    tc = toolchain.detect()
+    if tc is None:
+        return "none"
+    return "\0".join((repr(tc), " ".join(tc.flags + tc.libs), f"{sys.version_info[:2]}",
+                      np.__version__, __version__, toolchain.cpu_signature()))
 
 
 def _key(tc: toolchain.Toolchain, source: str, flags: tuple[str, ...], with_entry: bool) -> str:

@@ -176,6 +176,8 @@ class Choice:
     refused: str | None = None  # why a stored record was not used
     # The kernel's C when `knobs` are the defaults (emitted to find its key): not emitted again
     source: KernelSource | None = None
+    recorded: bool = False  # `knobs` are a stored record's
+    record_key: str | None = None  # where its tuning record is (`kernel_key`; None: nowhere)
 
 
 def vector_choices() -> tuple[int, ...]:
@@ -300,6 +302,23 @@ class _Loaded:
         self.entry_module = None
 
 
+def stored_choice(kernel: str, key: str | None, default: Knobs) -> Choice:
+    """Kernel `kernel`'s choice from what is stored for its record `key` (`kernel_key`; None:
+    not separable): the record's knobs, else the defaults and why (a record refused)."""
+    if key is None:
+        return Choice(default, "defaults (its name is not separable)")
+    path = record_path(key)
+    knobs, refused = read_record(path, key)
+    if knobs is not None:
+        return Choice(knobs, f"tuned: {knobs.differences(default)} (record {key})",
+                      recorded=True, record_key=key)
+    refused_text = None if refused is None else \
+        f"kernel {kernel}: tuning record {path} not used: {refused}; defaults used"
+    return Choice(default, "defaults" + ("" if refused is None else
+                                         f" (record refused: {refused})"), refused_text,
+                  record_key=key)
+
+
 def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
                      emit: Callable[[KernelSpec, CConfig], KernelSource],
                      progress: bool = True) -> dict[str, Choice]:
@@ -313,21 +332,8 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
     for spec in specs:
         base = bases[spec.name] = emit(spec, config)
         key = kernel_key(base)
-        if key is None:
-            choices[spec.name] = Choice(default, "defaults (its name is not separable)")
-            continue
-        path = record_path(key)
-        knobs, refused = read_record(path, key)
-        if knobs is not None:
-            choices[spec.name] = Choice(knobs, f"tuned: {knobs.differences(default)} "
-                                        f"(record {key})")
-            continue
-        refused_text = None if refused is None else \
-            f"kernel {spec.name}: tuning record {path} not used: {refused}; defaults used"
-        choices[spec.name] = Choice(default, "defaults" + ("" if refused is None else
-                                                           f" (record refused: {refused})"),
-                                    refused_text)
-        if level <= 0 or plan.symbols:
+        choices[spec.name] = stored_choice(spec.name, key, default)
+        if key is None or choices[spec.name].recorded or level <= 0 or plan.symbols:
             continue
         variants = [(default, base)]
         seen = {structural_key(base)}
@@ -358,7 +364,7 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
             choices[t.spec.name] = Choice(
                 knobs, f"tuned here: {knobs.differences(default)} ({ratio:.2f}x the defaults' "
                 f"speed, {len(measured)} of {len(t.variants)} variants measured{note})",
-                choices[t.spec.name].refused)
+                choices[t.spec.name].refused, record_key=t.key)
     for spec in specs:
         if choices[spec.name].knobs == default:
             choices[spec.name] = dataclasses.replace(choices[spec.name], source=bases[spec.name])
