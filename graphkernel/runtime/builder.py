@@ -340,6 +340,8 @@ def _write_weights_in_place(steps: list[Step], groups: _Groups,
     for source, _ in assigned:
         counts[source] = counts.get(source, 0) + 1
     writer = {s: i for i, step in enumerate(steps) for s in step.writes}
+    # each group's users (by id of its graph), listed once: one kernel writes many values
+    users_of: dict[int, dict[int, list[Node]]] = {}
     done: set[int] = set()
     for source, target in assigned:
         i = writer.get(source)
@@ -355,7 +357,7 @@ def _write_weights_in_place(steps: list[Step], groups: _Groups,
             continue
         k = steps[i].writes.index(source)
         weight_at = [p for p, v in enumerate(node.inputs) if steps[i].reads[p] == target]
-        if not _reads_before_writes(sub, sched, k, weight_at):
+        if not _reads_before_writes(sub, sched, k, weight_at, users_of):
             continue
         step = steps[i]
         steps[i] = replace(step, in_place=step.in_place + ((source, target),),
@@ -374,7 +376,8 @@ def _views_of(steps: list[Step], slot: int) -> set[int]:
 
 
 def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
-                         positions: list[int]) -> bool:
+                         positions: list[int], users_of: dict[int, dict[int, list[Node]]]
+                         ) -> bool:
     """Whether every read of the group's inputs at `positions` comes before the k-th result's
     store of the same element, the only one it reads: in one pointwise loop nest, the result
     and those inputs at the same element of the iteration space (no broadcast, no index map);
@@ -384,7 +387,7 @@ def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
     the first pass reads, where it stores that result (a weight's Adam beside other groups'
     bias gradients: nothing computed from the weight reads or feeds a reduction). A parallel
     kernel of several loop nests is neither: another nest may read the input after the
-    store."""
+    store. `users_of` keeps `sub.users()` by `id(sub)` for the group's other results."""
     if isinstance(sched, ParallelSchedule):
         return False
     space = tuple(sched.space)
@@ -401,7 +404,9 @@ def _reads_before_writes(sub: Graph, sched: Schedule | ParallelSchedule, k: int,
             tuple(sched.aligned.get(out.uid, ())) != space:
         return False
     mapped = set(sched.maps) | set(sched.concats) | set(sched.tiles)
-    users = sub.users()
+    users = users_of.get(id(sub))
+    if users is None:
+        users = users_of[id(sub)] = sub.users()
     for p in positions:
         param = sub.inputs[p]
         if tuple(sched.aligned.get(param.uid, ())) != space or param.uid in mapped:
