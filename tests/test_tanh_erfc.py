@@ -1,8 +1,9 @@
-"""The float tanh and erfc the generated kernels call (glibc's libmvec: tanhf, erfcf), against
-numpy's/math's float64, and the two GeLU forms (docs/perf-notes.md "Numerics"):
+"""The float tanh and erfc the generated kernels call (graphkernel's gkm_tanhf, backends/c/
+c_text.py; glibc's libmvec erfcf), against numpy's/math's float64, and the two GeLU forms
+(docs/perf-notes.md "Numerics"):
 
-- tanh: at most 1.38 ulp (measured on all 2^32 floats), never above 1 in magnitude, special
-  values exactly;
+- tanh: at most 2.55 ulp (2.52 measured; libmvec's tanhf, used before, 1.38 on all 2^32
+  floats), never above 1 in magnitude, special values exactly;
 - erfc (GeLU's erf form): at most 1.62 ulp measured on all 2^32 floats, special values exactly;
 - GeLU, both forms, relative error against the float64 formula over a dense sweep, tails
   included, NaN, +-inf and -0.0.
@@ -19,7 +20,7 @@ import graphkernel
 from graphkernel import ops
 from graphkernel.ops import operations as P
 
-TANH_MAX_ULP = 1.38
+TANH_MAX_ULP = 2.55
 ERFC_MAX_ULP = 1.62
 # The smallest float32 whose tanh rounds to 1.
 TANH_ONE = np.float32(float.fromhex("0x1.205968p+3"))  # 9.010914
@@ -69,8 +70,8 @@ def test_tanh_within_the_stated_ulp_over_a_dense_sweep():
     err = ulp_error(y[~nan], np.tanh(x[~nan].astype(np.float64)))
     worst = int(np.argmax(err))
     assert err[worst] <= TANH_MAX_ULP, (x[~nan][worst], y[~nan][worst], err[worst])
-    # Mostly correctly rounded: 1.4% off by more than half an ulp over all floats.
-    assert np.mean(err > 0.5) < 0.03, np.mean(err > 0.5)
+    # Mostly correctly rounded: 7.7% off by more than half an ulp (libmvec's tanhf: 1.4%).
+    assert np.mean(err > 0.5) < 0.1, np.mean(err > 0.5)
 
 
 def test_tanh_special_values_exactly():

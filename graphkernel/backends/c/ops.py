@@ -67,12 +67,12 @@ CODE_FOR_OP: dict[str, CExpression] = {
     "Sqrt": _E("sqrt{f}({0})"),
     "Rsqrt": _E("(1 / sqrt{f}({0}))"),
     "Reciprocal": _E("(1 / {0})"),
-    # gkm_expf: graphkernel's own inlined float exp (c_text.py, at most 1.04 ulp); gkm_exp is
-    # libm's (libmvec's) double exp.
+    # gkm_expf, gkm_tanhf, gkm_erff: graphkernel's own inlined float exp, tanh and erf (c_text.py,
+    # at most 1.04-1.05 ulp); gkm_exp, gkm_tanh, gkm_erf are libm's (libmvec's) double ones.
     "Exp": _E("gkm_exp{f}({0})"),
     "Log": _E("log{f}({0})"),
-    "Tanh": _E("tanh{f}({0})"),
-    "Erf": _E("erf{f}({0})"),
+    "Tanh": _E("gkm_tanh{f}({0})"),
+    "Erf": _E("gkm_erf{f}({0})"),
     # fabs for floats keeps abs(-0.0) == +0.0. Integers negate through unsigned arithmetic: gcc
     # folds the plain `x < 0 ? -x : x` into an abs it assumes non-negative even under -fwrapv
     # (sign(abs(INT32_MIN)) came out 1; numpy wraps to INT32_MIN, sign -1).
