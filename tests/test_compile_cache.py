@@ -541,3 +541,50 @@ def test_a_forged_item_number_is_a_miss(cache_folder: str,
     _assert_replaced(exe, said, path, "index must be an integer from 0, got -1")
     for got, want in zip(exe.run_arrays(*arrays), cold.run_arrays(*arrays)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_warm_hit_reads_and_builds_with_the_collector_paused_then_restores_it(
+        cache_folder: str, rng: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's cyclic collector scanned the whole heap over and over while a hit's final graph
+    was read (15-20% of a warm first call): it is held off for the read and the build, and
+    left as it was after a hit, a miss, a failed build and when the caller turned it off."""
+    import gc
+
+    from graphkernel.backends.c import backend
+
+    seen: list[tuple[str, bool]] = []
+    load, build = compile_cache.load, backend.CBackend.build_executable
+
+    def watched_load(*args: Any, **kwargs: Any) -> Any:
+        seen.append(("read", gc.isenabled()))
+        return load(*args, **kwargs)
+
+    def watched_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(("build", gc.isenabled()))
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(compile_cache, "load", watched_load)
+    monkeypatch.setattr(backend.CBackend, "build_executable", watched_build)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    assert gc.isenabled()
+    graphkernel.compile(Block(), x, options=FUSED)  # a miss: the passes run collected
+    assert seen == [("read", False), ("build", True)] and gc.isenabled()
+    seen.clear()
+    warm = graphkernel.compile(Block(), x, options=FUSED)
+    assert warm.report.compile_cache.startswith("hit: ")
+    assert seen == [("read", False), ("build", False)] and gc.isenabled()
+
+    def failing_build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("build failed")
+
+    monkeypatch.setattr(backend.CBackend, "build_executable", failing_build)
+    with pytest.raises(RuntimeError, match="build failed"):
+        graphkernel.compile(Block(), x, options=FUSED)
+    assert gc.isenabled()
+    monkeypatch.setattr(backend.CBackend, "build_executable", watched_build)
+    gc.disable()
+    try:
+        graphkernel.compile(Block(), x, options=FUSED)
+        assert not gc.isenabled(), "the caller's choice was undone"
+    finally:
+        gc.enable()

@@ -187,3 +187,31 @@ def test_a_library_swapped_for_another_graphs_is_refused_and_rebuilt(
     np.testing.assert_allclose(again(x).asnumpy(), expected(x, 3.0), rtol=1e-5, atol=1e-6)
     with open(second.library_path, "rb") as fh:
         assert fh.read() != data  # rebuilt from this graph's C
+
+
+@needs_cc
+def test_a_warm_onnx_import_writes_no_c_until_its_source_is_asked_for(
+        emitted: list[str], cache_folder: str, rng: Any) -> None:
+    """An imported model's LoadedGraph keeps its kernels' C only as what writes it: a warm
+    import (the plan record found) writes none, and the source read later is the cold one's."""
+    pytest.importorskip("onnx")
+    from onnx import numpy_helper
+    from onnx_models import mlp
+
+    from graphkernel.frontend import context
+
+    made = mlp(np.random.default_rng(3))
+    context.set_context(enable_graph_kernel=True)
+    cold = graphkernel.load(made)
+    assert emitted, "the cold import wrote no C"
+    cold_source = cold.kernel_source
+    written = len(emitted)
+    warm = graphkernel.load(made)
+    assert len(emitted) == written, f"a warm ONNX import wrote C for {emitted[written:]}"
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    w1, b1, w2 = (numpy_helper.to_array(i) for i in made.graph.initializer)
+    want = np.maximum(x @ w1 + b1, 0) @ w2
+    np.testing.assert_allclose(nn.GraphCell(warm)(graphkernel.Tensor(x)).asnumpy(), want,
+                               rtol=1e-4, atol=1e-5)
+    assert len(emitted) == written, "running the warm import wrote C"
+    assert cold_source and warm.kernel_source == cold_source

@@ -24,6 +24,7 @@ import re
 import time
 import typing
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -88,7 +89,9 @@ class LoadedGraph:
     weights: dict[str, np.ndarray]  # by weight input name, in the graph's order
     options: CompileOptions
     signature: list[tuple[str, TensorType]]
-    kernel_source: str | None
+    # The kernels' C source, or what writes it when first asked for: an import whose build
+    # found its library warm writes no C unless someone reads it (`kernel_source`)
+    _kernel_source: str | Callable[[], str] | None
     checksum: str  # sha256 of the manifest: names this file's content
     producer: str
     # (cache key, library) when trusted: used only if the kernels generated here have that key
@@ -101,6 +104,12 @@ class LoadedGraph:
     # loaded, as a written network does (dumps, compile cache, reasons): what that built. It
     # has no weights (initializers are constants), so a GraphCell runs it as it is.
     compiled: CompiledCell | None = None
+
+    @property
+    def kernel_source(self) -> str | None:
+        if callable(self._kernel_source):
+            self._kernel_source = self._kernel_source()
+        return self._kernel_source
 
     def __repr__(self) -> str:
         args = ", ".join(f"{n}: {t}" for n, t in self.signature)

@@ -27,6 +27,10 @@ from graphkernel.ir.types import (
 from graphkernel.ir.verifier import verify
 
 _DTYPES = {dt.name: dt for dt in SUPPORTED_DTYPES}
+# numpy works `dtype.name` out afresh on every read (~10 us): a graph of a thousand nodes
+# writes a few thousand types, and the warm path writes the graph twice (compile-cache key,
+# plan key)
+_DTYPE_NAMES = {dt: name for name, dt in _DTYPES.items()}
 _MAX_DEPTH = 16  # composites nest a few levels at most (a user GraphKernel, then fusion)
 _MAX_DIM = 1 << 40
 # String attributes are choices (GeLU's approximate="tanh"): never free text.
@@ -41,18 +45,15 @@ def encode_dim(dim: int | SymSize) -> Any:
     return dim
 
 
-# dtype -> its name: numpy computes `dtype.name` in Python each time (29 us), and a BERT-base
-# training graph encodes 26,000 types per compile (0.7 s of its cold compile, profiled).
-_DTYPE_NAMES: dict[np.dtype, str] = {}
+def dtype_name(dtype: np.dtype) -> str:
+    """`dtype.name`, looked up for the supported dtypes."""
+    return _DTYPE_NAMES.get(dtype) or dtype.name
 
 
 def encode_type(type_: ValueType) -> dict[str, Any]:
     if isinstance(type_, TupleType):
         return {"tuple": [encode_type(t) for t in type_.items]}
-    name = _DTYPE_NAMES.get(type_.dtype)
-    if name is None:
-        name = _DTYPE_NAMES[type_.dtype] = type_.dtype.name
-    return {"shape": [encode_dim(d) for d in type_.shape], "dtype": name}
+    return {"shape": [encode_dim(d) for d in type_.shape], "dtype": dtype_name(type_.dtype)}
 
 
 def encode_attr(value: Any, where: str) -> Any:
@@ -64,11 +65,11 @@ def encode_attr(value: Any, where: str) -> Any:
     if isinstance(value, float):
         return {"float": value.hex()}
     if isinstance(value, np.dtype):
-        return {"dtype": value.name}
+        return {"dtype": dtype_name(value)}
     if isinstance(value, SymSize):  # a dynamic size in a shape attribute (a broadcast's)
         return {"size": encode_dim(value)}
     if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return {"scalar": value.dtype.name, "value": encode_attr(value.item(), where)}
+        return {"scalar": dtype_name(value.dtype), "value": encode_attr(value.item(), where)}
     if isinstance(value, (tuple, list)):
         return {type(value).__name__: [encode_attr(v, where) for v in value]}
     raise FormatError(f"{where} is a {type(value).__name__} ({value!r:.60}); an export holds "
@@ -150,7 +151,8 @@ def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str) -> 
 
 
 def decode_dtype(name: Any, where: str) -> np.dtype:
-    _expect(isinstance(name, str) and name in _DTYPES, where, f"unknown dtype {name!r}")
+    if not (isinstance(name, str) and name in _DTYPES):
+        raise FormatError(f"{where}: unknown dtype {name!r}")
     return _DTYPES[name]
 
 
@@ -162,7 +164,8 @@ def decode_type(data: Any, where: str, depth: int = 0) -> ValueType:
         types = tuple(decode_type(t, where, 1) for t in items)
         return TupleType(types)  # type: ignore[arg-type]  # depth 1: tensor types only
     shape = _field(data, "shape", list, where)
-    _expect(len(shape) <= 32, where, f"bad shape {shape!r:.80}")
+    if len(shape) > 32:
+        raise FormatError(f"{where}: bad shape {shape!r:.80}")
     return TensorType(tuple(decode_dim(d, where) for d in shape),
                       decode_dtype(data.get("dtype"), where))
 
@@ -171,7 +174,8 @@ def decode_dim(data: Any, where: str) -> int | SymSize:
     """A size `encode_dim` wrote. A dynamic size names only symbols the compiler names (they
     become C locals of generated kernels): anything else is refused, never spliced into code."""
     if type(data) is int:
-        _expect(0 <= data < _MAX_DIM, where, f"bad size {data!r}")
+        if not 0 <= data < _MAX_DIM:
+            raise FormatError(f"{where}: bad size {data!r}")
         return data
     _expect(isinstance(data, dict) and set(data) == {"coef", "symbols"}, where,
             f"bad size {data!r:.80}")
@@ -192,10 +196,11 @@ def decode_attr(data: Any, where: str, depth: int = 0, free_text: bool = False) 
     if data is None or isinstance(data, (bool, int)):
         return data
     if isinstance(data, str):
-        _expect(_ATTR_TEXT.fullmatch(data) is not None or (free_text and len(data) < 100_000),
-                where, f"bad text value {data!r:.40}")
+        if _ATTR_TEXT.fullmatch(data) is None and not (free_text and len(data) < 100_000):
+            raise FormatError(f"{where}: bad text value {data!r:.40}")
         return data
-    _expect(isinstance(data, dict) and len(data) in (1, 2), where, f"bad value {data!r:.60}")
+    if not (isinstance(data, dict) and len(data) in (1, 2)):
+        raise FormatError(f"{where}: bad value {data!r:.60}")
     if "float" in data:
         try:
             return float.fromhex(data["float"])
@@ -217,7 +222,8 @@ def decode_attr(data: Any, where: str, depth: int = 0, free_text: bool = False) 
             raise FormatError(f"{where}: {inner!r} is no {dtype.name}") from None
     for kind in ("tuple", "list"):
         if kind in data:
-            _expect(isinstance(data[kind], list), where, f"bad {kind}")
+            if not isinstance(data[kind], list):
+                raise FormatError(f"{where}: bad {kind}")
             items = [decode_attr(v, where, depth + 1, free_text) for v in data[kind]]
             return tuple(items) if kind == "tuple" else items
     raise FormatError(f"{where}: unknown value tag in {data!r:.60}")
@@ -237,11 +243,12 @@ class _Reader:
         self.constants = constants
 
     def ref(self, data: Any, values: list[Value], where: str) -> Value:
-        _expect(isinstance(data, list) and len(data) == 2 and type(data[1]) is int, where,
-                f"bad value reference {data!r:.40}")
+        # Messages are formatted only on failure: a reference is read per operand.
+        if not (isinstance(data, list) and len(data) == 2 and type(data[1]) is int):
+            raise FormatError(f"{where}: bad value reference {data!r:.40}")
         table: list[Any] = self.constants if data[0] == "c" else values
-        _expect(data[0] in ("c", "v") and 0 <= data[1] < len(table), where,
-                f"reference {data!r} points at no value")
+        if not (data[0] in ("c", "v") and 0 <= data[1] < len(table)):
+            raise FormatError(f"{where}: reference {data!r} points at no value")
         return table[data[1]]
 
     def graph(self, data: Any, where: str, depth: int = 0) -> Graph:
@@ -252,7 +259,8 @@ class _Reader:
         for i, rec in enumerate(_field(data, "inputs", list, where)):
             here = f"{where} input {i}"
             kind = _field(rec, "kind", str, here)
-            _expect(kind in ("input", "weight"), here, f"unknown input kind {kind!r}")
+            if kind not in ("input", "weight"):
+                raise FormatError(f"{here}: unknown input kind {kind!r}")
             type_ = decode_type(_field(rec, "type", dict, here), here)
             _expect(isinstance(type_, TensorType), here, "an input is a tensor")
             inp = Input(type_, _field(rec, "name", str, here), kind)  # type: ignore[arg-type]  # _expect checked it
@@ -286,9 +294,10 @@ class _Reader:
         where = f"{where} ({name})"
         sub_data = rec.get("subgraph") if isinstance(rec, dict) else None
         if sub_data is not None:
-            _expect(op == "Composite", where, f"a {op} node has no subgraph")
-        else:
-            _expect(op in OPS, where, f"unknown op {op!r}")
+            if op != "Composite":
+                raise FormatError(f"{where}: a {op} node has no subgraph")
+        elif op not in OPS:
+            raise FormatError(f"{where}: unknown op {op!r}")
         inputs = [self.ref(r, values, where) for r in _field(rec, "inputs", list, where)]
         text_attrs = OPS[op].text_attrs if op in OPS else ()
         attrs = {k: decode_attr(v, f"{where} attribute {k}", free_text=k in text_attrs)
@@ -337,8 +346,9 @@ def _check_attrs(graph: Graph, where: str) -> None:
     for node in graph.nodes:
         here = f"{where}/{node.name}"
         if node.subgraph is not None:
-            _expect(not node.attrs, here, f"a composite has no attributes, got "
-                                          f"{sorted(node.attrs)!r:.60}")
+            if node.attrs:
+                raise FormatError(f"{here}: a composite has no attributes, got "
+                                  f"{sorted(node.attrs)!r:.60}")
             _check_attrs(node.subgraph, here)
             continue
         try:

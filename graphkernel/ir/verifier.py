@@ -94,9 +94,9 @@ def _verify(graph: Graph, where: str) -> None:
 
 
 def _check_operand(value: Value, defined: set[int], node: Node | None, where: str) -> None:
-    user = f"node {node.name}" if node is not None else "return"
-    if isinstance(value, Constant):
+    # The message is formatted only on failure: an operand is checked at every use.
+    if isinstance(value, Constant) or value.uid in defined:
         return
-    if value.uid not in defined:
-        raise VerifyError(f"{where}: {user} uses {value.name} before it is defined "
-                          "(or from another graph)")
+    user = f"node {node.name}" if node is not None else "return"
+    raise VerifyError(f"{where}: {user} uses {value.name} before it is defined "
+                      "(or from another graph)")

@@ -313,7 +313,9 @@ class _Importer:
         library = compiled.executable.library
         return LoadedGraph(self.name, final, {}, options,
                            [(i.name, types[i.name]) for i in traced.inputs if i.kind == "input"],
-                           library.source if library is not None else None, self.checksum,
+                           # written only if read: a warm build wrote no C
+                           (lambda: library.source) if library is not None else None,
+                           self.checksum,
                            f"{producer or 'unknown'} (ONNX opset {self.opset})",
                            notes=[f"imported from ONNX: {self.label}"], compiled=compiled)
 
