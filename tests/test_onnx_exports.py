@@ -184,3 +184,28 @@ def test_an_out_of_range_embedding_index_at_a_dynamic_batch_is_a_clear_error(rng
     ids[2, 5] = 10 ** 6  # past the vocabulary
     with pytest.raises(GraphKernelError, match="Gather"):
         cell(Tensor(ids))
+
+
+# ONNX's MaxPool pads (ResNet's stem: 3x3, stride 2, pads 1) are the pool's own (pad_mode "pad"):
+# the import padded with -inf borders, two Concat steps that kept the plan off the entry.
+@pytest.mark.parametrize("fusion", [True, False])
+def test_the_resnet_export_pools_with_its_pads_and_runs_as_one_entry_call(fusion, rng):
+    import onnxruntime
+
+    context.set_context(enable_graph_kernel=fusion)
+    path = os.path.join(DATA, "resnet18_small.onnx")
+    loaded = graphkernel.load(path)
+    pools = [n for n in loaded.graph.nodes if n.op == "MaxPool"]
+    assert pools and all(n.attrs["pad_mode"] == "pad" for n in pools)
+    assert not [n for n in loaded.graph.nodes if n.op == "Concat"]
+    compiled = nn.GraphCell(loaded).compiled
+    assert compiled.entry is not None, compiled.plan.describe()
+    runner = compiled.executable.runner
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = _input(rng, "image", (batch, 3, 32, 32))
+        got = runner.entry(x, *compiled._weights(), *runner.entry_constants)
+        assert got is not NotImplemented
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        expected, = session.run(None, {"x": x})
+        assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) <= 1e-4, batch
