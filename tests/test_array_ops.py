@@ -334,6 +334,33 @@ def test_pools_match_direct_loops(kind, shape, kernel, stride, mode, rng):
     np.testing.assert_allclose(out[0], direct_pool(x, k, s, pads, kind), rtol=1e-6, atol=1e-6)
 
 
+# ONNX's explicit pads (ResNet's stem pool: 3x3, stride 2, pad 1; asymmetric ones from ceil_mode)
+# taken by the pool itself: a window's padding never wins a maximum and is not averaged. Both
+# plane forms: output by output (narrow rows) and row by row (16 outputs a row or more).
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("shape,kernel,stride,pad", [
+    ((2, 3, 9, 9), 3, 2, 1), ((1, 2, 7, 6), (3, 2), (2, 1), (1, 0, 0, 1)),
+    ((1, 2, 34, 40), 3, 2, (1, 2, 1, 2)), ((1, 1, 4, 4), 2, 2, (0, 1, 1, 0))])
+def test_pools_with_explicit_pads_match_direct_loops(kind, shape, kernel, stride, pad, rng):
+    x = rng.standard_normal(shape).astype(np.float32) - 3  # all negative: padding must not win
+    prim = (P.MaxPool if kind == "max" else P.AvgPool)(kernel_size=kernel, strides=stride,
+                                                       pad_mode="pad", pad=pad)
+    out, _ = both(lambda a: prim(a), x)
+    from graphkernel.ir.opdefs.nn import pair, window_padding
+    k, s = pair(kernel, "", ""), pair(stride, "", "")
+    pads = window_padding(shape[2:], k, s, (1, 1), "pad", pad, "")
+    np.testing.assert_allclose(out[0], direct_pool(x, k, s, pads, kind), rtol=1e-6, atol=1e-6)
+
+
+def test_a_pool_pad_without_pad_mode_pad_is_a_clear_error(rng):
+    x = rng.standard_normal((1, 1, 6, 6)).astype(np.float32)
+    with pytest.raises(ShapeError, match="needs pad_mode='pad'"):
+        graphkernel.compile(Fn(lambda a: P.MaxPool(kernel_size=3, pad=1)(a)), x)
+    with pytest.raises(ShapeError, match="is negative"):
+        graphkernel.compile(Fn(lambda a: P.MaxPool(kernel_size=3, pad_mode="pad", pad=-1)(a)),
+                            x)
+
+
 # -- BatchNorm and Dropout ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(4, 3, 5, 2), (6, 5), (1, 1, 1, 1)])

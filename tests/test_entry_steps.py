@@ -2,7 +2,7 @@
 it (backends/c/c_gather.py) and Argmax as a generated kernel (backends/c/c_argmax.py): a plan of
 kernels, products and lookups is one C call. Each case runs through the entry and through the
 Python runner (numpy) and both are compared with numpy on random inputs, fused and unfused;
-layouts BLAS cannot take and indices the entry cannot check keep the Python runner."""
+layouts BLAS cannot take keep the Python runner."""
 import numpy as np
 import pytest
 from cells import OFF, ON, Fn
@@ -220,14 +220,23 @@ def test_negative_indices_of_a_gather_declared_so_run_in_the_entry(index_dtype, 
             exe(Tensor(table), Tensor(np.array([[1, bad], [0, 0]], index_dtype)))
 
 
-def test_indices_computed_in_the_graph_keep_the_python_runner(rng):
+def test_indices_computed_in_the_graph_are_checked_by_the_entrys_step(rng):
+    """The step checks them before it copies; a bad one hands the call back (NotImplemented)
+    after the steps before it ran, and the Python runner raises its error."""
+    from graphkernel.errors import ShapeError
+
     table = rng.standard_normal((6, 4)).astype(np.float32)
     ids = np.array([[0, 2], [5, 1]], np.int32)
     exe = graphkernel.compile(Fn(lambda t, i: relu(P.Gather()(t, P.Add()(i, 0), 0))), table,
                               ids, options=ON)
-    assert exe.executable.runner.entry is None
-    np.testing.assert_array_equal(exe(Tensor(table), Tensor(ids)).asnumpy(),
-                                  np.maximum(table[ids], 0))
+    runner = exe.executable.runner
+    assert runner.entry is not None
+    for got in run_both(exe, table, ids):
+        np.testing.assert_array_equal(got[0], np.maximum(table[ids], 0))
+    bad = np.array([[0, 2], [6, 1]], np.int32)
+    assert runner.entry(table, bad, *exe._weights(), *runner.entry_constants) is NotImplemented
+    with pytest.raises(ShapeError, match="index 6 is out of range"):
+        exe(Tensor(table), Tensor(bad))
 
 
 def test_the_entry_calls_numpys_own_openblas_when_scipys_is_listed_first(monkeypatch):

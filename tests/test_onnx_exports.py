@@ -144,3 +144,68 @@ def test_a_transformer_export_with_its_batch_fixed_runs_as_one_entry_call(name, 
                                            providers=["CPUExecutionProvider"])
     expected, = session.run(None, feeds)
     assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) <= 1e-4
+
+
+# The same exports with their batch dynamic: the embedding lookup of N rows, the positions of a
+# Range up to the batch (RangeLike), the mask's Gather at indices computed from them, the zeros
+# the import shapes from an input and GPT-2's Split of [N, 16, 96] are entry steps or kernels
+# too, so one compile serves every batch as one call of the compiled entry.
+@pytest.mark.parametrize("name", ["bert_encoder_small", "gpt2_block_small", *MASKED])
+def test_a_shape_generic_transformer_export_runs_as_one_entry_call(name, rng):
+    import onnxruntime
+
+    context.set_context(enable_graph_kernel=True)
+    path = os.path.join(DATA, f"{name}.onnx")
+    compiled = nn.GraphCell(graphkernel.load(path)).compiled
+    assert compiled.plan.symbols, "the batch stays dynamic"
+    assert compiled.entry is not None, compiled.plan.describe()
+    runner = compiled.executable.runner
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        feeds = {"input_ids": _input(rng, "tokens", (batch, 16))}
+        if name in MASKED:
+            feeds["attention_mask"] = np.ones((batch, 16), np.int64)
+            feeds["attention_mask"][-1, 11:] = 0
+        got = runner.entry(*feeds.values(), *compiled._weights(), *runner.entry_constants)
+        assert got is not NotImplemented  # the entry took the call, it did not hand it back
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        expected, = session.run(None, feeds)
+        assert got.shape == expected.shape and got.shape[0] == batch
+        assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) <= 1e-4, batch
+
+
+def test_an_out_of_range_embedding_index_at_a_dynamic_batch_is_a_clear_error(rng):
+    from graphkernel.errors import GraphKernelError
+
+    context.set_context(enable_graph_kernel=True)
+    cell = nn.GraphCell(graphkernel.load(os.path.join(DATA, "gpt2_block_small.onnx")))
+    assert cell.compiled.entry is not None
+    ids = _input(rng, "tokens", (3, 16))
+    ids[2, 5] = 10 ** 6  # past the vocabulary
+    with pytest.raises(GraphKernelError, match="Gather"):
+        cell(Tensor(ids))
+
+
+# ONNX's MaxPool pads (ResNet's stem: 3x3, stride 2, pads 1) are the pool's own (pad_mode "pad"):
+# the import padded with -inf borders, two Concat steps that kept the plan off the entry.
+@pytest.mark.parametrize("fusion", [True, False])
+def test_the_resnet_export_pools_with_its_pads_and_runs_as_one_entry_call(fusion, rng):
+    import onnxruntime
+
+    context.set_context(enable_graph_kernel=fusion)
+    path = os.path.join(DATA, "resnet18_small.onnx")
+    loaded = graphkernel.load(path)
+    pools = [n for n in loaded.graph.nodes if n.op == "MaxPool"]
+    assert pools and all(n.attrs["pad_mode"] == "pad" for n in pools)
+    assert not [n for n in loaded.graph.nodes if n.op == "Concat"]
+    compiled = nn.GraphCell(loaded).compiled
+    assert compiled.entry is not None, compiled.plan.describe()
+    runner = compiled.executable.runner
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        x = _input(rng, "image", (batch, 3, 32, 32))
+        got = runner.entry(x, *compiled._weights(), *runner.entry_constants)
+        assert got is not NotImplemented
+        got = got[0] if isinstance(got, (tuple, list)) else got
+        expected, = session.run(None, {"x": x})
+        assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) <= 1e-4, batch

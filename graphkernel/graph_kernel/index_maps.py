@@ -94,7 +94,9 @@ def _index(m: IndexMap, shape: tuple[int, ...], index: tuple[Any, ...]) -> Index
         dim, stride = shape[axis], m.strides[axis]
         axis += 1
         if isinstance(item, slice):
-            start, _, step = item.indices(dim)
+            # the whole axis needs no length: a dynamic one (Slice) is only ever taken whole
+            whole = item.start in (None, 0) and item.stop is None and item.step in (None, 1)
+            start, _, step = (0, None, 1) if whole else item.indices(dim)
             offset += start * stride
             strides.append(step * stride)
         else:
@@ -115,8 +117,8 @@ def apply(node: Node, m: IndexMap) -> IndexMap | None:
         return IndexMap(m.source, m.offset, tuple(m.strides[p] for p in node.attrs["perm"]))
     if node.op == "Slice":
         begin, size = node.attrs["begin"], node.attrs["size"]
-        return _index(m, x, tuple(slice(b, d if s == -1 else b + s)
-                                  for b, s, d in zip(begin, size, x)))
+        return _index(m, x, tuple(slice(b, None if s == -1 else b + s)
+                                  for b, s in zip(begin, size)))
     if node.op == "StridedSlice":
         attrs = {**get_op("StridedSlice").attr_defaults, **node.attrs}
         masks = {k: attrs[k] for k in ("begin_mask", "end_mask", "ellipsis_mask",

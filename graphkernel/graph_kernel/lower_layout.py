@@ -37,12 +37,14 @@ def lower_to_views(graph: Graph) -> Graph:
         if node.uid in drop:
             continue
         readers = users.get(node.uid, [])
-        # The views (Slice, StridedSlice, BroadcastTo) take static sizes: an op over a dynamic
-        # dimension (Cell.set_inputs, an ONNX dim_param) stays as it is.
+        # The views (StridedSlice, BroadcastTo) take static sizes, and Slice takes a dynamic
+        # dimension (Cell.set_inputs, an ONNX dim_param) only whole: an op that would cut one
+        # stays as it is.
         static = all(isinstance(v.type, TensorType) and v.tensor_type.is_static
                      for v in node.inputs)
-        if node.op in ("Split", "Unstack") and node.subgraph is None and static and \
-                node.uid not in results and all(u.op == "GetItem" for u in readers):
+        if node.op in ("Split", "Unstack") and node.subgraph is None and \
+                _split_axis_static(node) and node.uid not in results and \
+                all(u.op == "GetItem" for u in readers):
             nodes += _split_items(node, readers, replace)
             drop |= {u.uid for u in readers}
             continue
@@ -77,6 +79,16 @@ def lower_to_views(graph: Graph) -> Graph:
     return graph
 
 
+def _split_axis_static(node: Node) -> bool:
+    """Whether the axis a Split or Unstack cuts has a static length: its items are then Slices
+    (their other axes, dynamic ones too, taken whole)."""
+    x = node.inputs[0]
+    if not isinstance(x.type, TensorType):
+        return False
+    attrs = {**get_op(node.op).attr_defaults, **node.attrs}
+    return isinstance(x.shape[attrs["axis"] % len(x.shape)], (int, np.integer))
+
+
 def _split_items(node: Node, items: list[Node], replace: dict[int, Node]) -> list[Node]:
     x = node.inputs[0]
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
@@ -86,8 +98,8 @@ def _split_items(node: Node, items: list[Node], replace: dict[int, Node]) -> lis
     out: list[Node] = []
     for item in items:
         k = item.attrs["index"]
-        begin = [0] * rank
-        size = list(x.shape)
+        # the other axes whole (-1): a dynamic batch is sliced whole (Slice's infer)
+        begin, size = [0] * rank, [-1] * rank
         begin[axis], size[axis] = k * part, part
         piece = _node("Slice", node, x, f"{node.name}_{k}", begin=tuple(begin), size=tuple(size))
         out.append(piece)

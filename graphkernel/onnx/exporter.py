@@ -352,7 +352,7 @@ def _conv(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
 def _pool(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
     kernel = pair(attrs["kernel_size"], "kernel_size", n.op)
     stride = pair(attrs["strides"], "strides", n.op)
-    window = _window_attrs(n, kernel, stride, (1, 1), attrs["pad_mode"], 0)
+    window = _window_attrs(n, kernel, stride, (1, 1), attrs["pad_mode"], attrs.get("pad", 0))
     if n.op == "AvgPool" and any(window["pads"]):
         raise UnsupportedError(f"export to ONNX: AvgPool {n.name} with pad_mode "
                                f"{attrs['pad_mode']!r} pads its input")

@@ -131,11 +131,13 @@ def _library_step(node: Node, reads: tuple[int, ...], writes: tuple[int, ...],
     moved = bytes_of(tuple(v.tensor_type for v in node.inputs)) + bytes_of(types)
     shape_op = opdef.kind in (PatternKind.INJECTIVE, PatternKind.BROADCAST)
     # numpy writes into a pooled buffer: BLAS, ufuncs whose inputs share the result's dtype,
-    # and a Gather (np.take into the buffer; the compiled entry copies the rows itself).
+    # a Gather (np.take into the buffer; the compiled entry copies the rows itself), and a
+    # RangeLike (positions written into the buffer, by the entry too).
     same_dtype = len(types) == 1 and all(v.dtype == types[0].dtype for v in node.inputs)
     pooled = same_dtype and (opdef.gemm or
                              isinstance(getattr(opdef.reference, "ufunc", None), np.ufunc)) or \
-        (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype)
+        (node.op == "Gather" and views is None and types[0].dtype == node.inputs[0].dtype) or \
+        (node.op == "RangeLike" and views is None)
     return Step(StepKind.VIEW if shape_op else StepKind.LIBRARY, node.name, op_names, reads,
                 writes, types, op=node.op, attrs=attrs, pooled=pooled, aliases=not pooled,
                 bytes_moved=moved, blas_threads=_blas_threads(node, settings), flops=flops,

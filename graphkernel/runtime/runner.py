@@ -346,6 +346,19 @@ class Runner:
             slots[target] = out
         return gather
 
+    def _range_like_fn(self, step: Step) -> StepFn:
+        """RangeLike into a pooled buffer: each element its position along the axis."""
+        (target,), take = step.writes, self._take(step)
+        rank = self.plan.slots[target].type.rank
+        axis = step.attrs["axis"] % rank
+
+        def range_like(slots: list[Any]) -> None:
+            (out,) = take()
+            line = np.arange(out.shape[axis], dtype=out.dtype)
+            out[...] = line.reshape((-1,) + (1,) * (rank - axis - 1))
+            slots[target] = out
+        return range_like
+
     def _library_fn(self, step: Step) -> StepFn:
         opdef = get_op(step.op)
         reads, writes, attrs = step.reads, step.writes, dict(step.attrs)
@@ -355,6 +368,8 @@ class Runner:
                 return self._matmul_fn(step)
             if step.op == "Gather":
                 return self._gather_fn(step)
+            if step.op == "RangeLike":
+                return self._range_like_fn(step)
             ufunc = opdef.reference.ufunc  # type: ignore[attr-defined]  # an elementwise op's reference is a ufunc wrapper
 
             def elementwise(slots: list[Any]) -> None:

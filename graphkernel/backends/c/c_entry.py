@@ -23,6 +23,7 @@ import numpy as np
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude, with_library
+from graphkernel.backends.c.c_range import RangeCall, emit_range, range_call
 from graphkernel.backends.c.cblas import CBlas
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, TensorType
@@ -40,7 +41,8 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
         return None
     if not kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY, StepKind.VIEW}:
         return None
-    calls = {i: gemm_call(plan, step) or gather_call(plan, step) or reshape_view(plan, step)
+    calls = {i: gemm_call(plan, step) or gather_call(plan, step) or range_call(plan, step) or
+             reshape_view(plan, step)
              for i, step in enumerate(plan.steps)
              if step.kind in (StepKind.LIBRARY, StepKind.VIEW)}
     if any(call is None for call in calls.values()):
@@ -80,7 +82,7 @@ def reshape_view(plan: ExecutionPlan, step: Step) -> ReshapeView | None:
 
 
 def _emit(plan: ExecutionPlan, module: str,
-          calls: dict[int, GemmCall | GatherCall | ReshapeView],
+          calls: dict[int, GemmCall | GatherCall | RangeCall | ReshapeView],
           blas: CBlas | None) -> str:
     args = entry_arguments(plan)
     nargs = len(args)
@@ -194,13 +196,17 @@ def _emit(plan: ExecutionPlan, module: str,
             program.op(_OP_VIEW, vid[call.target], vid[call.source],
                        len(plan.slots[call.target].type.shape), dims_at[call.target])
         elif isinstance(call, GemmCall):  # a matrix product: numpy's BLAS, called from here
-            # dynamic sizes (c_gemm.py): their values follow the data pointers, as a kernel's
-            sizes = [f"  const int64_t {name} = *(const int64_t *)d[{len(operands) + j}];"
-                     for j, name in enumerate(call.symbols)]
-            program.call(sizes + emit_gemm(call, _operand_data(operands)),
+            program.call(_size_locals(call.symbols, len(operands)) +
+                         emit_gemm(call, _operand_data(operands)),
                          [ref(s) for s in operands], [symbol[n] for n in call.symbols])
         elif isinstance(call, GatherCall):
-            program.call(emit_gather(call, _operand_data(operands)), [ref(s) for s in operands])
+            program.call(_size_locals(call.symbols, len(operands)) +
+                         emit_gather(call, _operand_data(operands)),
+                         [ref(s) for s in operands], [symbol[n] for n in call.symbols])
+        elif isinstance(call, RangeCall):
+            program.call(_size_locals(call.symbols, len(operands)) +
+                         emit_range(call, _operand_data(operands)),
+                         [ref(s) for s in operands], [symbol[n] for n in call.symbols])
         else:
             assert step.kernel is not None
             program.kernel(step.kernel.name, [ref(s) for s in operands],
@@ -249,10 +255,11 @@ def _emit(plan: ExecutionPlan, module: str,
     lines += [f"  for (int i = 0; i < {len(overlaps)}; i += 2)",
               "    if (gk_overlap(args[gk_overlaps[i]], args[gk_overlaps[i + 1]])) "
               "Py_RETURN_NOTIMPLEMENTED;"] if overlaps else []
-    for gather in calls.values():  # every index in range before anything runs
-        if isinstance(gather, GatherCall):
+    for gather in calls.values():  # every argument's index in range before anything runs
+        if isinstance(gather, GatherCall) and not gather.computed:
             lines += emit_check(gather,
-                                f"PyArray_DATA((PyArrayObject *)args[{vid[gather.indices]}])")
+                                f"PyArray_DATA((PyArrayObject *)args[{vid[gather.indices]}])",
+                                lambda d: _c_size(d, symbol))
     lines.append(f"  npy_intp gk_dyn[{max(len(dyn_dims), 1)}];")
     lines += [f"  gk_dyn[{k}] = {dim};" for k, dim in enumerate(dyn_dims)]
     total = nargs + len(produced)
@@ -274,6 +281,9 @@ def _emit(plan: ExecutionPlan, module: str,
     lines += [
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return result;",
+        "refuse: __attribute__((unused));  /* the Python runner runs the call again */",
+        f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
+        "  Py_RETURN_NOTIMPLEMENTED;",
         "fail:",
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return NULL;",
@@ -394,7 +404,9 @@ _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
       const int64_t n = op[2], m = op[3 + n];
       for (int64_t i = 0; i < n; ++i) gk_argv[i] = PyArray_DATA(v[op[3 + i]]);
       for (int64_t j = 0; j < m; ++j) gk_argv[n + j] = &gk_size[op[4 + n + j]];
-      if (gk_steps[op[1]](gk_argv) < 0) goto fail;
+      const int gk_status = gk_steps[op[1]](gk_argv);
+      if (gk_status < 0) goto fail;
+      if (gk_status > 0) goto refuse;  /* computed indices out of range (c_gather.py) */
       pc += 4 + n + m;
       break;
     }}
@@ -416,6 +428,13 @@ _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
 def _c_list(numbers: Iterable[int]) -> str:
     """A C initializer's items; 0 for none (C has no empty initializer)."""
     return ", ".join(map(str, numbers)) or "0"
+
+
+def _size_locals(symbols: Sequence[str], operands: int) -> list[str]:
+    """A step function's dynamic sizes as locals of their names (SymSize's text is its C):
+    their values follow the data pointers, as a kernel's do."""
+    return [f"  const int64_t {name} = *(const int64_t *)d[{operands + j}];"
+            for j, name in enumerate(symbols)]
 
 
 def _operand_data(operands: Sequence[int]) -> dict[int, str]:

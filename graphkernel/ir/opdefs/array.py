@@ -212,6 +212,13 @@ def _slice_index(shape: tuple[int, ...], begin: Any, size: Any) -> tuple[slice, 
                          f"{shape}")
     index = []
     for axis, (b, s, d) in enumerate(zip(begin, size, shape)):
+        if isinstance(d, T.SymSize):  # known per call: only the whole axis is a shape now
+            if (b, s) != (0, -1):
+                raise ShapeError(f"Slice: axis {axis} has the dynamic size {d} (shape {shape}): "
+                                 f"begin {b} size {s} takes part of it; only the whole axis "
+                                 "(begin 0, size -1) can be sliced before run time")
+            index.append(slice(0, None))
+            continue
         end = d if s == -1 else b + s
         if not 0 <= b <= d or s < -1 or end > d:
             raise ShapeError(f"Slice: begin {b} size {s} is out of bounds for axis {axis} of "
@@ -228,7 +235,11 @@ def _static_view_shape(shape: tuple[int, ...], index: tuple[Any, ...]) -> tuple[
 def _slice_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
     (x,) = types
     index = _slice_index(x.shape, attrs["begin"], attrs["size"])
-    return TensorType(_static_view_shape(x.shape, index), x.dtype)
+    # a dynamic axis is taken whole (_slice_index): it keeps its size
+    stand_in = tuple(1 if isinstance(d, T.SymSize) else d for d in x.shape)
+    shape = _static_view_shape(stand_in, index)
+    return TensorType(tuple(d if isinstance(d, T.SymSize) else n
+                            for d, n in zip(x.shape, shape)), x.dtype)
 
 
 def _slice_ref(x: np.ndarray, begin: Any, size: Any) -> np.ndarray:

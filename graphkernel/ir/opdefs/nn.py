@@ -219,9 +219,12 @@ declare(OpDef(name="Conv2DFoldedBN", kind=PatternKind.OPAQUE,
 
 # -- MaxPool and AvgPool ----------------------------------------------------------------------
 
+# pad_mode "pad" takes `pad` as Conv2D does (an int or (top, bottom, left, right)): ONNX's
+# explicit pads. A MaxPool's padding never wins a maximum; an AvgPool's is not counted.
 _POOL_ATTRS = (("kernel_size", 1), ("strides", 1), ("pad_mode", "valid"),
-               ("data_format", "NCHW"))
-_POOL_KINDS = (("kernel_size", AttrKind.INT_OR_INTS), ("strides", AttrKind.INT_OR_INTS))
+               ("data_format", "NCHW"), ("pad", 0))
+_POOL_KINDS = (("kernel_size", AttrKind.INT_OR_INTS), ("strides", AttrKind.INT_OR_INTS),
+               ("pad", AttrKind.INT_OR_INTS))
 # Sizes given as one int or per axis (MindSpore's 4-tuple pads).
 _CONV_KINDS = (("out_channel", AttrKind.COUNT), ("kernel_size", AttrKind.INT_OR_INTS),
                ("pad", AttrKind.INT_OR_INTS), ("stride", AttrKind.INT_OR_INTS),
@@ -233,9 +236,10 @@ def pool_geometry(x: TensorType, attrs: dict[str, Any], op: str) -> dict[str, An
     kernel = pair(attrs["kernel_size"], "kernel_size", op)
     stride = pair(attrs["strides"], "strides", op)
     mode = str(attrs["pad_mode"]).lower()
-    if mode not in ("valid", "same"):
-        raise ShapeError(f"{op}: pad_mode must be 'valid' or 'same', got {attrs['pad_mode']!r}")
-    pads = window_padding(x.shape[2:], kernel, stride, (1, 1), mode, 0, op)  # type: ignore[arg-type]  # static: dims are ints
+    if mode not in ("valid", "same", "pad"):
+        raise ShapeError(f"{op}: pad_mode must be 'valid', 'same' or 'pad', got "
+                         f"{attrs['pad_mode']!r}")
+    pads = window_padding(x.shape[2:], kernel, stride, (1, 1), mode, attrs.get("pad", 0), op)  # type: ignore[arg-type]  # static: dims are ints
     out = window_output(x.shape[2:], kernel, stride, (1, 1), pads, op, x.shape)  # type: ignore[arg-type]  # static: dims are ints
     return {"kernel": kernel, "stride": stride, "pads": pads, "out": out}
 

@@ -273,10 +273,24 @@ def take_along(cx: NodeContext, x: Value, indices: Value, axis: int) -> Value:
     return op("Gather", reshape(cx, x, (math.prod(shape),)), flat, axis=0)
 
 
+def _one_line(source: Value, axis: int) -> Value:
+    """The elements of `source` along `axis` at the first position of its other axes: a Slice
+    (a view a kernel reads in place) where those axes are static and not empty, else their sum
+    (a reduction, a library step where its dtype is an integer one)."""
+    shape = shape_of(source)
+    others = [a for a in range(len(shape)) if a != axis]
+    if not others:
+        return source
+    if all(isinstance(shape[a], (int, np.integer)) and shape[a] > 0 for a in others):
+        return op("Slice", source, begin=(0,) * len(shape),
+                  size=tuple(-1 if a == axis else 1 for a in range(len(shape))))
+    return op("ReduceSum", source, axis=tuple(others), keep_dims=True)
+
+
 def zeros_of_shape(cx: NodeContext, shape: Sequence[Any], dtype: np.dtype) -> Value:
     """Zeros of `shape`, which may hold dynamic sizes: a dynamic size has no number to build
-    a constant from, so each is taken from the model input it comes from (summed over its other
-    axes, zeroed) and broadcast against the static part."""
+    a constant from, so each is taken from the model input it comes from (one line of it along
+    that axis, zeroed) and broadcast against the static part."""
     dtype = np.dtype(dtype)
     work = np.int32 if dtype == np.bool_ else dtype
     n = len(shape)
@@ -289,8 +303,7 @@ def zeros_of_shape(cx: NodeContext, shape: Sequence[Any], dtype: np.dtype) -> Va
             raise cx.refuse(f"a tensor of the dynamic shape {tuple(shape)}: its size {size} is "
                             "not one of the model's input dimensions")
         source, source_axis = cx.size_sources[size.names[0]]
-        others = tuple(a for a in range(rank(source)) if a != source_axis)
-        line = op("ReduceSum", source, axis=others, keep_dims=True) if others else source
+        line = _one_line(source, source_axis)
         line = op("ZerosLike", line)
         if dtype_of(line) != work:
             line = op("Cast", line, dtype=T.to_dtype(work))

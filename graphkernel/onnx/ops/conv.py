@@ -188,6 +188,11 @@ def _dilated_reduce(x: Value, prim: str, w: _Window) -> Value:
 def _max_pool(cx: NodeContext, x: Value) -> Any:
     w = _pool_geometry(cx, x)
     pads = w.all_pads()
+    if w.n == 2 and not cx.wants(1) and all(d == 1 for d in w.dilations):
+        # graphkernel's MaxPool pads itself: one kernel, no -inf borders concatenated first
+        top, left, bottom, right = pads[2], pads[3], pads[6], pads[7]
+        return op("MaxPool", x, kernel_size=tuple(w.kernel), strides=tuple(w.strides),
+                  pad_mode="pad", pad=(top, bottom, left, right))
     source = x
     if any(pads):
         x = pad_constant(x, pads, -np.inf if T.is_float(dtype_of(x)) else
