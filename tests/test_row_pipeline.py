@@ -5,7 +5,9 @@ counts and lengths the chunking does not divide, and on rows holding -inf, +inf,
 large values."""
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 
 import numpy as np
 import pytest
@@ -20,29 +22,37 @@ SHAPES = [(1, 7), (5, 33), (31, 1024), (33, 1000), (65, 1), (200, 1025), (300, 7
           (3, 4, 5000)]
 
 
-def _compile(fn, *arrays, pipelined: bool, monkeypatch: pytest.MonkeyPatch):
+def _compile(fn, *arrays, pipelined: bool, monkeypatch: pytest.MonkeyPatch, folder: str):
+    """The kernel with row pipelining on or off. Patching the emitter's constant changes the C
+    behind the cache's back (a warm build finds its library by the plan, without writing C):
+    each variant gets a kernel cache of its own, and its source is read while patched."""
     monkeypatch.setattr(c_reduce, "PIPELINE_ROWS", c_reduce.PIPELINE_ROWS if pipelined else 0)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", folder)
     exe = graphkernel.compile(Fn(fn), *arrays, options=ON)
+    source = exe.kernels[0].source
     monkeypatch.undo()
     assert exe.kernel_count == 1, exe.summary()
-    return exe
+    return exe, source
 
 
 def _both(fn, *arrays, monkeypatch: pytest.MonkeyPatch):
     """Outputs of the pipelined and the unpipelined kernel and the pipelined kernel's C source.
     They agree to the last bits: the row's values are the same, but gcc may vectorise the
     merged pass's sums in another order (a masked remainder, another unroll)."""
-    on = _compile(fn, *arrays, pipelined=True, monkeypatch=monkeypatch)
-    off = _compile(fn, *arrays, pipelined=False, monkeypatch=monkeypatch)
-    got, want = on.run_arrays(*arrays), off.run_arrays(*arrays)
-    for a, b in zip(got, want):
-        eps = float(np.finfo(a.dtype).eps)
-        np.testing.assert_allclose(a, b, rtol=8 * eps, atol=8 * eps * float(np.nanmax(
-            np.abs(b[np.isfinite(b)]), initial=1.0)))
-        if a.dtype == np.float32 and not np.array_equal(a, b, equal_nan=True):
-            print("not bit-equal", a.shape)
-    assert "nacc" not in off.kernels[0].source
-    return got[0], on.kernels[0].source
+    with tempfile.TemporaryDirectory(prefix="gk-row-pipeline-") as folder:
+        on, on_source = _compile(fn, *arrays, pipelined=True, monkeypatch=monkeypatch,
+                                 folder=os.path.join(folder, "pipelined"))
+        off, off_source = _compile(fn, *arrays, pipelined=False, monkeypatch=monkeypatch,
+                                   folder=os.path.join(folder, "unpipelined"))
+        got, want = on.run_arrays(*arrays), off.run_arrays(*arrays)
+        for a, b in zip(got, want):
+            eps = float(np.finfo(a.dtype).eps)
+            np.testing.assert_allclose(a, b, rtol=8 * eps, atol=8 * eps * float(np.nanmax(
+                np.abs(b[np.isfinite(b)]), initial=1.0)))
+            if a.dtype == np.float32 and not np.array_equal(a, b, equal_nan=True):
+                print("not bit-equal", a.shape)
+        assert "nacc" not in off_source
+    return got[0], on_source
 
 
 def _with_specials(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
