@@ -38,6 +38,8 @@ HOW: dict[str, tuple[str, str]] = {
     ".venv/bin/python -m bench --quick": ("ci", ".ci/run's bench smoke step"),
     ".venv/bin/python -m bench": ("not_run", "the full benchmark takes hours"),
     ".venv/bin/pip install -r bench/requirements.txt": ("not_run", "downloads several GB"),
+    ".venv/bin/pip install -e '.[onednn]' && .venv/bin/python -m pytest tests/test_onednn.py": (
+        "not_run", "downloads 601 MB of oneDNN wheels; the choice tests run on a fake here"),
     ".venv/bin/pip install -e '.[examples]'": ("not_run", "its packages are in the test extra, "
                                                "which made this environment"),
     ".venv/bin/python -m bench.targets bench/results/results.json": ("run", ""),
