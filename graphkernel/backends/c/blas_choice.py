@@ -35,6 +35,7 @@ import numpy as np
 
 from graphkernel.backends.c import cache, toolchain
 from graphkernel.backends.c.cache import warn_once
+from graphkernel.backends.c.records import read_timing_rows
 from graphkernel.errors import CacheError
 from graphkernel.runtime.blas import blas_threads, openblas
 
@@ -249,22 +250,11 @@ def _valid(record: Any) -> bool:
 def load_records(path: str) -> dict[tuple[Any, ...], float]:
     """The stored timings by (cpu, shape, library); {} for a missing file. A file not of the
     format is reported (once) and ignored; a malformed record is skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        warn_once(f"graphkernel: the BLAS choice file {path} is unreadable ({exc}); its shapes "
-                  "are timed again and the file rewritten")
-        return {}
-    if not isinstance(data, dict) or data.get("format") != FORMAT or \
-            data.get("version") != VERSION or not isinstance(data.get("records"), list):
-        warn_once(f"graphkernel: the BLAS choice file {path} is not a {FORMAT} file of version "
-                  f"{VERSION}; its shapes are timed again and the file rewritten")
-        return {}
+    rows, problem = read_timing_rows(path, FORMAT, VERSION, "BLAS choice file")
+    if problem is not None:
+        warn_once(f"graphkernel: {problem}; its shapes are timed again and the file rewritten")
     out = {}
-    for r in data["records"]:
+    for r in rows:
         if _valid(r):
             shape = GemmShape(r["dtype"] == "float64", r["m"], r["n"], r["k"], r["trans_a"],
                               r["trans_b"])

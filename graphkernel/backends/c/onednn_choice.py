@@ -40,6 +40,7 @@ from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_text import literal
 from graphkernel.backends.c.cache import warn_once
 from graphkernel.backends.c.library import build_library
+from graphkernel.backends.c.records import read_timing_rows
 from graphkernel.backends.c.tuning import TIME_BUDGET_S, progress_bar
 from graphkernel.errors import CacheError
 from graphkernel.ir import types as T
@@ -141,22 +142,11 @@ def _valid(record: Any) -> bool:
 def load_records(path: str) -> dict[tuple[Any, ...], float]:
     """The stored timings by (cpu, op, geometry, library); {} for a missing file. A file not of
     the format is reported (once) and ignored; a malformed record is skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        warn_once(f"graphkernel: the convolution choice file {path} is unreadable ({exc}); its "
-                  "shapes are timed again and the file rewritten")
-        return {}
-    if not isinstance(data, dict) or data.get("format") != FORMAT or \
-            data.get("version") != VERSION or not isinstance(data.get("records"), list):
-        warn_once(f"graphkernel: the convolution choice file {path} is not a {FORMAT} file of "
-                  f"version {VERSION}; its shapes are timed again and the file rewritten")
-        return {}
+    rows, problem = read_timing_rows(path, FORMAT, VERSION, "convolution choice file")
+    if problem is not None:
+        warn_once(f"graphkernel: {problem}; its shapes are timed again and the file rewritten")
     return {_record_key(r["cpu"], r["op"], tuple(r["geometry"]), r["library"]):
-            float(r["seconds"]) for r in data["records"] if _valid(r)}
+            float(r["seconds"]) for r in rows if _valid(r)}
 
 
 def save_records(path: str, records: dict[tuple[Any, ...], float]) -> None:

@@ -1,5 +1,6 @@
 """Small versioned JSON records this machine's measurements leave in the kernel cache (tuning
-choices per kernel, backends/c/tuning.py; the machine's calibration, backends/c/calibration.py).
+choices per kernel, backends/c/tuning.py; the machine's calibration, backends/c/calibration.py;
+the files of library timings, blas_choice.py and onednn_choice.py).
 
 A record is data from a file anyone with the cache folder may have written: `read_record`
 checks its size, that it is JSON, its format name, version, key and CPU model, and says why
@@ -60,3 +61,21 @@ def write_record(folder: str, key: str, record: dict[str, Any]) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+def read_timing_rows(path: str, record_format: str, version: int,
+                     what: str) -> tuple[list[Any], str | None]:
+    """The rows of a file of library timings (blas_choice.py, onednn_choice.py): ([], None) for
+    no file; ([], why) for one that is unreadable or not a `record_format` file of `version`
+    (`what` names it in the reason); each row is still the caller's to check."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return [], None
+    except (OSError, ValueError) as exc:
+        return [], f"the {what} {path} is unreadable ({exc})"
+    if not isinstance(data, dict) or data.get("format") != record_format or \
+            data.get("version") != version or not isinstance(data.get("records"), list):
+        return [], f"the {what} {path} is not a {record_format} file of version {version}"
+    return data["records"], None
