@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -117,20 +116,12 @@ def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
         text = json.dumps(data, sort_keys=True)
     except (FormatError, TypeError, ValueError) as exc:
         return None, f"not used: the traced graph is not data ({exc})"
-    h = hashlib.sha256()
     toolchain_text = "none" if tc is None else \
         f"{tc.compiler} {tc.version} {' '.join(tc.flags)} {' '.join(tc.libs)}"
     # numpy computes folded constants (fold_constants runs the ops' numpy references).
-    for part in (KIND, str(VERSION), cache.code_stamp(), np.__version__, options_text(options),
-                 toolchain_text,
-                 toolchain.cpu_signature(), text):
-        h.update(part.encode())
-        h.update(b"\0")
-    for name in sorted(arrays):
-        array = np.ascontiguousarray(arrays[name])
-        h.update(f"{name} {array.dtype.str} {array.shape}\0".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()[:32], ""
+    return cache.digest((KIND, str(VERSION), cache.code_stamp(), np.__version__,
+                         options_text(options), toolchain_text, toolchain.cpu_signature(), text),
+                        arrays), ""
 
 
 # -- reading --------------------------------------------------------------------------------

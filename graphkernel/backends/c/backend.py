@@ -32,8 +32,6 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
-
 from graphkernel.backends.c import blas_choice, cache, calibration, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
@@ -379,17 +377,10 @@ def plan_key(graph: Graph, plan: ExecutionPlan, config: CConfig) -> str | None:
         return None
     specs = [[s.name, s.kind.value, s.workspace, s.beside_blas, _conv_library_label(s)]
              for s in (step.kernel for step in plan.steps) if s is not None]
-    h = hashlib.sha256()
-    for part in ("graphkernel plan key", str(PLAN_KEY_VERSION), toolchain_text(),
-                 json.dumps(dataclasses.asdict(config), sort_keys=True, default=repr),
-                 graph_text, plan.describe(), json.dumps(specs), _entry_blas(plan)):
-        h.update(part.encode())
-        h.update(b"\0")
-    for name in sorted(arrays):
-        array = np.ascontiguousarray(arrays[name])
-        h.update(f"{name} {array.dtype.str} {array.shape}\0".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()[:32]
+    return cache.digest(("graphkernel plan key", str(PLAN_KEY_VERSION), toolchain_text(),
+                         json.dumps(dataclasses.asdict(config), sort_keys=True, default=repr),
+                         graph_text, plan.describe(), json.dumps(specs), _entry_blas(plan)),
+                        arrays)
 
 
 def _conv_library_label(spec: KernelSpec) -> str:

@@ -21,8 +21,10 @@ import subprocess
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from graphkernel._version import __version__
 from graphkernel.backends.c import elf
@@ -699,3 +701,18 @@ def _run_compilers(compiler: str, cmds: list[list[str]]) -> None:
                                  f"({broken}); set CC to a working gcc or clang")
         raise CompileError("the C compiler rejected generated code (a graphkernel bug):\n"
                            f"$ {' '.join(cmd)}\n{stderr[-4000:]}")
+
+
+def digest(parts: Iterable[str], arrays: Mapping[str, Any]) -> str:
+    """A 32-hex key of text parts and named arrays (dtype, shape and bytes): the compile
+    cache's entry key and the C backend's plan key are made this way."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        h.update(f"{name} {array.dtype.str} {array.shape}\0".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:32]
+
