@@ -13,7 +13,7 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.backends.c import backend, cache, toolchain
+from graphkernel.backends.c import backend, plan_records, toolchain
 from graphkernel.backends.c.config import CConfig
 from graphkernel.frontend import compile_cache
 from graphkernel.graph_kernel.pipeline import CompileOptions
@@ -58,7 +58,7 @@ def emitted(monkeypatch: pytest.MonkeyPatch, cache_folder: str) -> Iterator[list
 
 
 def _records(folder: str) -> list[str]:
-    plans = os.path.join(folder, cache.PLAN_FOLDER)
+    plans = os.path.join(folder, plan_records.PLAN_FOLDER)
     return sorted(os.listdir(plans)) if os.path.isdir(plans) else []
 
 
@@ -141,7 +141,7 @@ def test_a_record_naming_another_graphs_library_is_refused_saying_why(
     second = _compile(Scaled(3.0), x)
     (second_record,) = set(_records(cache_folder)) - {first_record}
     assert [k.name for k in first.kernels] == [k.name for k in second.kernels]
-    plans = os.path.join(cache_folder, cache.PLAN_FOLDER)
+    plans = os.path.join(cache_folder, plan_records.PLAN_FOLDER)
     with open(os.path.join(plans, first_record), encoding="utf-8") as fh:
         other = json.load(fh)
     with open(os.path.join(plans, second_record), encoding="utf-8") as fh:

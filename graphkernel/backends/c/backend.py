@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from graphkernel.backends.c import blas_choice, cache, calibration, toolchain
+from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
@@ -182,7 +182,7 @@ class CBackend:
             library = build_library(kernels, _entry_source(plan), prebuilt, marked)
             sources = {k.name: k.source for k in kernels}
             if key is not None and library.mark is not None:
-                problem = cache.write_plan_record(cache.open_folder(), record_key(key), {
+                problem = plan_records.write_plan_record(cache.open_folder(), record_key(key), {
                     "library_key": library.key, "module": _module_of(library),
                     "kernels": [s.name for s in specs], "openmp": uses_openmp(library.source),
                     "mark": library.mark, "gemm": _gemm_labels(plan),
@@ -216,8 +216,8 @@ class CBackend:
         changed since); (None, {}, {}, why) when the record or its library is refused (not
         what it claims: forged, swapped, corrupt)."""
         folder = cache.open_folder()
-        record, problem = cache.read_plan_record(folder, record_key(key))
-        where = cache.plan_record_path(folder, record_key(key))
+        record, problem = plan_records.read_plan_record(folder, record_key(key))
+        where = plan_records.plan_record_path(folder, record_key(key))
         if record is None:
             return None, {}, {}, None if problem is None else \
                 f"plan record not used ({problem}); kernels' C written and built afresh"
