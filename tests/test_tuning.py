@@ -4,6 +4,7 @@ reused by the next compile, and a corrupt, foreign or truncated record falls bac
 defaults with its reason in the warnings and the plan's description."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -13,8 +14,8 @@ import pytest
 
 import graphkernel
 from graphkernel import nn
-from graphkernel.backends.c import toolchain, tuning
-from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c import calibration, toolchain, tuning
+from graphkernel.backends.c.config import BLOCKING_RANGES, CConfig
 from graphkernel.backends.c.tuning import NEVER, Knobs
 from graphkernel.errors import ContextError, FlagError
 from graphkernel.graph_kernel.flags import parse_flags
@@ -78,9 +79,12 @@ def _options(level: int = 0, config: CConfig | None = None) -> CompileOptions:
 
 @pytest.fixture
 def records(tmp_path, monkeypatch):
-    """A tuning-record folder of this test's own: records never reach other tests' kernels."""
+    """A tuning-record folder of this test's own: records never reach other tests' kernels.
+    Tuning measures for at most a few seconds (the budget's rule, not the choice, is what
+    these tests need)."""
     folder = str(tmp_path / "tuning")
     monkeypatch.setattr(tuning, "record_folder", lambda: folder)
+    monkeypatch.setattr(tuning, "TIME_BUDGET_S", 2.0)
     return folder
 
 
@@ -100,8 +104,10 @@ def test_every_choice_the_tuner_makes_keeps_the_results(cell_type, records):
     arrays = _inputs(cell)
     want = graphkernel.compile(cell, *arrays, options=_options()).run_arrays(*arrays)[0]
     default = Knobs.of(CConfig())
+    thresholds = {"parallel_threshold", "stream_min_bytes", "prefetch_min_bytes",
+                  "window_parallel_min_macs", "vector_width"}
     for knobs in EXTREMES:
-        assert tuning.candidates(default, 2).count(knobs) == 1
+        assert tuning.candidates(default, 2, relevant=thresholds).count(knobs) == 1
         exe = graphkernel.compile(cell, *arrays, options=_options(config=knobs.apply(CConfig())))
         np.testing.assert_allclose(exe.run_arrays(*arrays)[0], want, rtol=RTOL, atol=ATOL,
                                    err_msg=str(knobs))
@@ -128,7 +134,7 @@ def _tuned_once(records: str) -> tuple[str, dict]:
 @needs_cc
 def test_a_stored_choice_is_reused_without_measuring(records, monkeypatch):
     path, record = _tuned_once(records)
-    assert record["cpu_model"] == tuning.cpu_model() and record["version"] == 1
+    assert record["cpu_model"] == tuning.cpu_model() and record["version"] == 2
     assert os.path.basename(path) == record["key"] + ".json"
 
     def no_measuring(*args, **kwargs):
@@ -175,7 +181,7 @@ def _edit(field: str, value: object, knob: bool = False):
     (lambda text: text[:len(text) // 2], "not JSON \\(truncated or corrupt\\)"),
     (lambda text: "", "not JSON"),
     (_edit("cpu_model", "Another CPU 9000"), "measured on another CPU \\('Another CPU 9000'"),
-    (_edit("version", 2), "version 2; this graphkernel reads version 1"),
+    (_edit("version", 1), "version 1; this graphkernel reads version 2"),
     (_edit("key", "0" * 32), "recorded for another kernel or toolchain"),
     (_edit("format", "something else"), "not a graphkernel tuning record"),
     (lambda text: "[1, 2]", "not a graphkernel tuning record"),
@@ -187,6 +193,13 @@ def _edit(field: str, value: object, knob: bool = False):
     (_edit("vector_width", 300), "knob vector_width is 300; it is None or one of"),
     (_edit("vector_width", "256\")\n#include <evil.h>"), "knob vector_width is"),
     (_edit("register_width", 512, knob=True), "its knobs are not exactly"),
+    # the block sizes: each within its range, an int (they reach the C text)
+    (_edit("row_block", 0), "knob row_block is 0; it is an int from 64 to 65536"),
+    (_edit("row_pipeline_rows", -1), "knob row_pipeline_rows is -1; it is an int from 0"),
+    (_edit("column_block", 1 << 20), "knob column_block is 1048576; it is an int from 16"),
+    (_edit("prefetch_distance_bytes", "4096); abort(); (0"), "knob prefetch_distance_bytes is"),
+    (_edit("pointwise_chunk", 2.5), "knob pointwise_chunk is 2.5"),
+    (_edit("row_block", True), "knob row_block is True"),
     (lambda text: text + " " * (1 << 16), "larger than 65536 bytes"),
 ])
 def test_a_bad_record_falls_back_to_the_defaults_with_its_reason(records, edit, reason):
@@ -221,12 +234,24 @@ def test_online_tuning_is_a_level_from_0_to_3():
 def test_candidates_start_with_the_defaults_and_do_not_repeat():
     default = Knobs.of(CConfig())
     widths = len(tuning.vector_choices())
+    blocks = sum(len(tuning.CHOICES[n]) for n in BLOCKING_RANGES)
     one = tuning.candidates(default, 1)
-    assert one[0] == default and len(one) == len(set(one)) == 1 + 2 * 4 + widths
-    every = tuning.candidates(default, 2)
+    assert one[0] == default and len(one) == len(set(one)) == 1 + 2 * 4 + widths + blocks
+    thresholds = {"parallel_threshold", "stream_min_bytes", "prefetch_min_bytes",
+                  "window_parallel_min_macs", "vector_width"}
+    every = tuning.candidates(default, 2, relevant=thresholds)
     assert every[0] == default and len(every) == len(set(every)) == 3 ** 4 * (1 + widths)
+    # level 2 combines only the knobs that change the kernel's C, fewest changes first
+    rows = tuning.candidates(default, 2, relevant={"row_pipeline_rows", "row_block"})
+    assert len(rows) == 4 * 4
+    changed = [sum(getattr(k, n) != getattr(default, n) for n in ("row_pipeline_rows",
+                                                                     "row_block")) for k in rows]
+    assert changed == sorted(changed) and changed[0] == 0 and changed[-1] == 2
     calibrated = tuning.candidates(default, 1, calibrated=12345)
     assert Knobs(**{**default.__dict__, "parallel_threshold": 12345}) in calibrated
+    for name in BLOCKING_RANGES:  # every candidate block size is one CConfig takes
+        for value in tuning.CHOICES[name]:
+            CConfig(**{name: value})
 
 
 @needs_cc
@@ -241,6 +266,14 @@ def test_a_vector_width_wraps_the_kernel_in_gcc_target_options():
     with pytest.raises(ContextError,
                        match=r"vector_width is 300; it is None or one of \(128, 256, 512\)"):
         CConfig(vector_width=300)
+
+
+def test_a_block_size_out_of_its_range_is_refused_by_the_settings():
+    with pytest.raises(ContextError, match="CConfig: row_block is 0; it is an int from 64"):
+        CConfig(row_block=0)
+    with pytest.raises(ContextError, match="CConfig: row_pipeline_rows is 1.5"):
+        CConfig(row_pipeline_rows=1.5)  # type: ignore[arg-type]
+    assert CConfig(row_pipeline_rows=0).blocking.row_pipeline_rows == 0  # 0: not pipelined
 
 
 @needs_cc
@@ -264,3 +297,111 @@ def test_graphkernel_tune_tunes_a_cell_ahead_of_time(records, tmp_path, capsys):
     assert note.startswith("tuned: ")
     assert cli.main(["tune", "net.txt", "--input", "float32[4]"]) == 2
     assert "give FILE.py:CellClass or MODEL.onnx" in capsys.readouterr().err
+
+
+# Kernels each block-size knob applies to: a pointwise kernel calling vector math (prefetching:
+# prefetch_min_bytes 0 turns it on at this size), LayerNorm and Softmax (pipelined rows; rows
+# longer than some row blocks), a row sum and a column sum (row and column blocks).
+class LayerNorm(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm((2500,))
+
+    def construct(self, x):
+        return self.norm(x)
+
+
+class Softmax(nn.Cell):
+    def construct(self, x):
+        return P.Softmax()(x * 2.0)
+
+
+class RowSum(nn.Cell):
+    def construct(self, x):
+        return P.ReduceSum(keep_dims=False)(x * x, -1)
+
+
+class ColumnSum(nn.Cell):
+    def construct(self, x):
+        return P.ReduceSum(keep_dims=False)(P.Exp()(x * 0.1), 0)
+
+
+class Pointwise(nn.Cell):
+    def construct(self, x):
+        return P.Exp()(x * 0.5) * P.Tanh()(x + 1.0)
+
+
+BLOCK_KERNELS = [(Pointwise, (67, 1001)), (LayerNorm, (67, 2500)), (Softmax, (203, 700)),
+                 (RowSum, (50, 3001)), (ColumnSum, (300, 2100))]
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(BLOCKING_RANGES))
+def test_every_block_size_the_tuner_tries_keeps_the_results(name, records):
+    """Each candidate value of a block-size knob, on the kernels it applies to: the same
+    results as the defaults' within the differential tests' tolerances, on random inputs;
+    and each value changes the C of at least one kernel (else the check would be empty)."""
+    base = CConfig(prefetch_min_bytes=0)
+    changed = {value: 0 for value in tuning.CHOICES[name]}
+    for cell_type, shape in BLOCK_KERNELS:
+        cell = cell_type()
+        x = np.random.default_rng(3).standard_normal(shape).astype(np.float32) * 2
+        default = graphkernel.compile(cell, x, options=_options(config=base))
+        (default_source,) = [k.source for k in default.kernels if k.source]
+        want = default.run_arrays(x)[0]
+        for value in tuning.CHOICES[name]:
+            exe = graphkernel.compile(cell, x, options=_options(
+                config=CConfig(prefetch_min_bytes=0, **{name: value})))
+            (source,) = [k.source for k in exe.kernels if k.source]
+            changed[value] += source != default_source
+            np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{cell_type.__name__} {name}={value}")
+    assert all(changed.values()), changed
+
+
+@needs_cc
+def test_a_stored_block_size_choice_steers_the_kernel_and_is_shown(records, monkeypatch):
+    """A record choosing rows pipelined 8 at a time and row blocks of 512 elements: the next
+    compile reads it without measuring, its LayerNorm kernel is emitted so, the plan's
+    description names both, and the results stay."""
+    cell = LayerNorm()
+    x = np.random.default_rng(4).standard_normal((67, 2500)).astype(np.float32)
+    plain = graphkernel.compile(cell, x, options=_options())
+    tuned = graphkernel.compile(cell, x, options=_options(level=1))
+    (name,) = os.listdir(records)
+    key = name.removesuffix(".json")
+    chosen = Knobs(**{**Knobs.of(CConfig()).__dict__, "row_pipeline_rows": 8, "row_block": 512})
+    tuning.write_record(key, chosen, {}, Knobs.of(CConfig()))
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again although a record was stored")
+    monkeypatch.setattr(tuning, "_measure", no_measuring)
+    for level in (0, 1):
+        exe = graphkernel.compile(cell, x, options=_options(level=level))
+        (source,) = [k.source for k in exe.kernels if k.source]
+        assert "rlo = rc * 8," in source and "kb += 512)" in source, source
+        (note,) = exe.executable.plan.schedule_notes.values()
+        assert "row_pipeline_rows=8, row_block=512" in note and f"(record {key})" in note
+        assert "row_pipeline_rows=8" in exe.executable.plan.describe()
+        np.testing.assert_allclose(exe.run_arrays(x)[0], plain.run_arrays(x)[0], rtol=RTOL,
+                                   atol=ATOL)
+    np.testing.assert_allclose(tuned.run_arrays(x)[0], plain.run_arrays(x)[0], rtol=RTOL,
+                               atol=ATOL)
+
+
+def test_untuned_block_defaults_come_from_the_calibration_where_a_rate_predicts_them():
+    """The column block from L1d (its accumulators a sixteenth of it); the others keep their
+    constants, each with its reason."""
+    rates = calibration.Calibration(copy_bytes_per_s=20e9, fma_flops_256=115e9,
+                                    fma_flops_512=115e9, fork_join_s=80e-6,
+                                    l1d_bytes=48 << 10, l2_bytes=1 << 20, llc_bytes=32 << 20)
+    config, why = calibration.derive(rates)
+    assert config.column_block == 1024 and why["column_block"] == "calibrated: L1d 48 KiB"
+    small, _ = calibration.derive(dataclasses.replace(rates, l1d_bytes=32 << 10))
+    assert small.column_block == CConfig().column_block == 512
+    unknown, why = calibration.derive(dataclasses.replace(rates, l1d_bytes=None))
+    assert unknown.column_block == 512 and why["column_block"].startswith("default")
+    for name in ("prefetch_distance_bytes", "pointwise_chunk", "row_pipeline_rows",
+                 "row_block"):
+        assert getattr(config, name) == getattr(CConfig(), name)
+        assert why[name].startswith("default, "), why[name]

@@ -128,10 +128,11 @@ class CBackend:
         if isinstance(spec.schedule, ParallelSchedule):  # independent groups, a nest each
             return emit_parallel_kernel(spec.group, spec.name, spec.schedule,
                                         config.parallel_threshold, config.stream_min_bytes,
-                                        config.prefetch_min_bytes, spec.beside_blas)
+                                        config.prefetch_min_bytes, spec.beside_blas,
+                                        config.blocking)
         return emit_any_kernel(spec.group, spec.name, spec.schedule, config.parallel_threshold,
                                config.stream_min_bytes, config.prefetch_min_bytes,
-                               spec.beside_blas)
+                               spec.beside_blas, config.blocking)
 
     def build_executable(self, graph: Graph, name: str, config: CConfig,
                          prebuilt: tuple[str, bytes] | None = None,

@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
-from graphkernel.backends.c.c_loops import Buffer, KernelSource, LoopDim, contiguous_strides
+from graphkernel.backends.c.c_loops import (
+    DEFAULT_BLOCKING,
+    Buffer,
+    KernelSource,
+    LoopBlocking,
+    LoopDim,
+    contiguous_strides,
+)
 from graphkernel.backends.c.c_reduce import ReductionEmitter
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.c_views import concat_buffers, tile_buffers, view_buffers
@@ -31,35 +38,31 @@ STREAM_BLOCK = 1024
 # A cache line: what one non-temporal store of a pointwise kernel writes (gk_stream_line).
 LINE_BYTES = 64
 STREAM_ROW_BYTES = 64 << 10
-# A pointwise loop that calls vector math walks its innermost loop in chunks of
-# PREFETCH_CHUNK elements, each first prefetching the lines PREFETCH_BYTES ahead of it in every
-# large input it reads contiguously. The hardware prefetcher alone did not keep such a loop fed:
-# in a C harness on two threads, bias + GeLU over 4096x4096 floats ran 7.4 ms, 4.4 ms
-# prefetching 4 KiB ahead (the loop's speed on data in cache), 4.4-4.8 ms at 8 and 16 KiB; on
-# 4 MiB already in cache it was unchanged (docs/perf-notes.md, "Software prefetch").
-PREFETCH_CHUNK = 64
-PREFETCH_BYTES = 4096
 
 
 def emit_kernel(graph: Graph, name: str, sched: Schedule, parallel_threshold: int,
                 stream_min_bytes: int | None = None,
                 prefetch_min_bytes: int | None = None,
-                beside_blas: bool = False) -> KernelSource:
+                beside_blas: bool = False,
+                blocking: LoopBlocking = DEFAULT_BLOCKING) -> KernelSource:
     """C source for one fused group. Loops over more than `parallel_threshold` elements run
     on OpenMP threads; outputs of at least `stream_min_bytes` in all are written with
     non-temporal stores (None: never); a pointwise group calling vector math prefetches its
     inputs of at least `prefetch_min_bytes` ahead of its loads (None: never). `beside_blas`:
     the kernel runs after a multi-threaded BLAS product of its call, and its parallel regions
-    keep their threads only on more than two cores (`gk_parallel_beside_blas`, c_text.py)."""
+    keep their threads only on more than two cores (`gk_parallel_beside_blas`, c_text.py).
+    `blocking`: the block sizes its loops walk in (c_loops.py)."""
     return _Emitter(graph, name, sched, parallel_threshold, stream_min_bytes,
-                    prefetch_min_bytes, beside_blas).emit()
+                    prefetch_min_bytes, beside_blas, blocking).emit()
 
 
 class _Emitter(ReductionEmitter):
     def __init__(self, graph: Graph, name: str, sched: Schedule, threshold: int,
                  stream_min_bytes: int | None = None,
-                 prefetch_min_bytes: int | None = None, beside_blas: bool = False) -> None:
+                 prefetch_min_bytes: int | None = None, beside_blas: bool = False,
+                 blocking: LoopBlocking = DEFAULT_BLOCKING) -> None:
         self.graph = graph
+        self.blocking = blocking
         self.name = name
         self.sched = sched
         self.threshold = threshold
@@ -302,26 +305,28 @@ class _Emitter(ReductionEmitter):
 
     def _open_prefetching_loop(self, dims: list[LoopDim], last: int, ahead: list[Buffer],
                                indent: str, parallel: bool) -> str:
-        """Open the innermost loop `last` as chunks of PREFETCH_CHUNK elements, each chunk
-        prefetching the lines PREFETCH_BYTES past its start in every buffer of `ahead`, then
-        an `omp simd` loop over the chunk; two braces to close. The address is formed as an
-        integer from an element inside the buffer (a prefetch past the end does not fault)."""
+        """Open the innermost loop `last` as chunks of `pointwise_chunk` elements, each chunk
+        prefetching the lines `prefetch_distance_bytes` past its start in every buffer of
+        `ahead`, then an `omp simd` loop over the chunk; two braces to close. The address is
+        formed as an integer from an element inside the buffer (a prefetch past the end does
+        not fault)."""
         size = dims[last].size
+        chunk, distance = self.blocking.pointwise_chunk, self.blocking.prefetch_distance_bytes
         work = math.prod(self.sched.space) if self.sched.space else 1
         if parallel and dyn.runs_threaded(work, self.threshold):
             self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
                               f"{self.parallel_if}")
-        self.lines.append(f"{indent}for (int64_t kc = 0; kc < {size}; kc += {PREFETCH_CHUNK}) {{")
+        self.lines.append(f"{indent}for (int64_t kc = 0; kc < {size}; kc += {chunk}) {{")
         indent += "  "
         self.index_names[last] = "kc"
         for buf in ahead:
-            lines = max(1, PREFETCH_CHUNK * buf.value.dtype.itemsize // LINE_BYTES)
-            start = f"(uintptr_t)&{buf.name}[{self._offset(buf, dims, True)}] + {PREFETCH_BYTES}"
+            lines = max(1, chunk * buf.value.dtype.itemsize // LINE_BYTES)
+            start = f"(uintptr_t)&{buf.name}[{self._offset(buf, dims, True)}] + {distance}"
             self.lines.append(f"{indent}for (int q = 0; q < {lines}; ++q) __builtin_prefetch("
                               f"(const void *)({start} + q * {LINE_BYTES}));")
         del self.index_names[last]
-        self.lines.append(f"{indent}const int64_t ke = {size} - kc < {PREFETCH_CHUNK} ? {size} "
-                          f": kc + {PREFETCH_CHUNK};")
+        self.lines.append(f"{indent}const int64_t ke = {size} - kc < {chunk} ? {size} "
+                          f": kc + {chunk};")
         self.lines.append(f"{indent}#pragma omp simd")
         self.lines.append(f"{indent}for (int64_t i{last} = kc; i{last} < ke; ++i{last}) {{")
         return indent + "  "

@@ -2,13 +2,16 @@
 kept), as a mixin of the loop-nest emitter in `backends/c/c_emitter.py`.
 
 Float sums are blocked so that their error does not grow with the row (docs/perf-notes.md,
-"Numerics"): a row longer than ROW_BLOCK is summed in blocks of ROW_BLOCK elements, each block
-vectorised with one float accumulator per vector lane (at most ROW_BLOCK/lanes additions per
-lane, then a tree over the lanes), and the block sums are combined pairwise in double
-(`gk_pairwise` in backends/c/c_text.py's PRELUDE). A column reduction adds each lane's
-COLUMN_RUN-row block sums into a double total per lane. Integer sums wrap and are exact; max and
-min are exact; float products multiply in numpy's order, one accumulator and no vector lanes
-(the same infinities, zeros and NaN as numpy's sequential product; one rounding per factor).
+"Numerics"): a row longer than a row block (`row_block`, default ROW_BLOCK in c_loops.py) is
+summed in blocks of that many elements, each block vectorised with one float accumulator per
+vector lane (at most row_block/lanes additions per lane, then a tree over the lanes), and the
+block sums are combined pairwise in double (`gk_pairwise` in backends/c/c_text.py's PRELUDE).
+A column reduction adds each lane's COLUMN_RUN-row block sums into a double total per lane.
+The row block, the column-block width and the rows per pipelined chunk are the kernel's
+`LoopBlocking` (backends/c/c_loops.py: the defaults, or a tuned kernel's own). Integer sums
+wrap and are exact; max and min are exact; float products multiply in numpy's order, one
+accumulator and no vector lanes (the same infinities, zeros and NaN as numpy's sequential
+product; one rounding per factor).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
-from graphkernel.backends.c.c_loops import Buffer, LoopDim
+from graphkernel.backends.c.c_loops import Buffer, LoopBlocking, LoopDim
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE
 from graphkernel.backends.c.ops import C_REDUCTIONS, CReduction, c_identity
 from graphkernel.graph_kernel.schedule import Schedule
@@ -26,19 +29,10 @@ from graphkernel.ir import types as T
 from graphkernel.ir.graph import Graph, Node
 from graphkernel.ir.opset import PatternKind, Reduction, ReductionKind, get_op
 
-# Lanes of the innermost kept axis one column-reduction block handles: accumulators for a block
-# stay in L1 (512 floats = 2 KiB per reduction).
-COLUMN_BLOCK = 512
 # Reduced rows a column reduction's lanes sum in float before adding them to a double total.
 COLUMN_RUN = 64
-# Elements of a row one float block sum covers (64 additions per lane with 16 lanes); longer
-# rows combine their block sums pairwise in double. Rows up to this length are summed as before.
-ROW_BLOCK = 1024
 # The longest row a reduction keeps its stash in on the stack (see _choose_stash).
 STASH_ROW_BYTES = 64 << 10
-# Rows per chunk of a pipelined row reduction (see _pipelines): each chunk's first row has its
-# first pass on its own, the others have it overlapped with the row before.
-PIPELINE_ROWS = 32
 
 
 class ReductionEmitter:
@@ -52,6 +46,7 @@ class ReductionEmitter:
     threshold: int
     index_names: dict[int, str]
     parallel_if: str
+    blocking: LoopBlocking
     _pipelined_row: int
     _next_row_blocked: bool
 
@@ -222,7 +217,8 @@ class ReductionEmitter:
         for float products (their pass is not a simd loop), nor where a value per row is
         computed before the first pass."""
         phases = self.sched.phases
-        if not PIPELINE_ROWS or len(phases) < 2 or len(kept) != 1 or len(reduced) != 1:
+        if not self.blocking.row_pipeline_rows or len(phases) < 2 or len(kept) != 1 or \
+                len(reduced) != 1:
             return False
         if any(_is_float_product(r) for r in phases[0]):
             return False
@@ -233,20 +229,20 @@ class ReductionEmitter:
 
     def _open_pipelined_rows(self, dims: list[LoopDim], row: int, reduced: list[int],
                              indent: str, threads: bool, worksharing: bool) -> str:
-        """The kept loop as chunks of PIPELINE_ROWS rows (shared out among the threads); each
+        """The kept loop as chunks of `row_pipeline_rows` rows (shared out among the threads); each
         chunk runs the first pass of its first row into the carried accumulators `nacc`, then
         its rows, and the row loop is left open."""
         self._pipelined_row = row
-        size = dims[row].size
-        chunks = f"(({size}) + {PIPELINE_ROWS - 1}) / {PIPELINE_ROWS}" if dyn.is_dynamic(size) \
-            else str(-(-size // PIPELINE_ROWS))
+        size, rows = dims[row].size, self.blocking.row_pipeline_rows
+        chunks = f"(({size}) + {rows - 1}) / {rows}" if dyn.is_dynamic(size) \
+            else str(-(-size // rows))
         if threads:
             self.lines.append(f"{indent}#pragma omp {'for' if worksharing else 'parallel for'}"
                               f" schedule(static){'' if worksharing else self.parallel_if}")
         self.lines.append(f"{indent}for (int64_t rc = 0; rc < {chunks}; ++rc) {{")
         indent += "  "
-        self.lines.append(f"{indent}const int64_t rlo = rc * {PIPELINE_ROWS}, rhi = rlo + "
-                          f"{PIPELINE_ROWS} < {size} ? rlo + {PIPELINE_ROWS} : {size};")
+        self.lines.append(f"{indent}const int64_t rlo = rc * {rows}, rhi = rlo + "
+                          f"{rows} < {size} ? rlo + {rows} : {size};")
         for red in self.sched.phases[0]:
             k = self.local[red.uid]
             self.lines.append(f"{indent}{C_COMPUTE[red.dtype]} nacc{k};")
@@ -283,9 +279,9 @@ class ReductionEmitter:
         return clauses
 
     def _next_row_sums(self, dims: list[LoopDim], reduced: list[int]) -> list[_Sum]:
-        """The next row's float sums where its row sums in blocks (longer than ROW_BLOCK, or
+        """The next row's float sums where its row sums in blocks (longer than `row_block`, or
         of run-time length): their block sums go to pairwise totals `npw` as a row's own."""
-        self._next_row_blocked = _in_blocks(dims[reduced[-1]].size)
+        self._next_row_blocked = _in_blocks(dims[reduced[-1]].size, self.blocking.row_block)
         if not self._next_row_blocked:
             return []
         return [_Sum(f"nacc{self.local[r.uid]}", f"npw{self.local[r.uid]}", r.dtype)
@@ -313,9 +309,9 @@ class ReductionEmitter:
     # -- blocked float sums of a row pass ---------------------------------------------------
     def _blocked_row_sums(self, dims: list[LoopDim], reduced: list[int],
                           reductions: list[Node]) -> list[Node]:
-        """The float sums of a pass over more than ROW_BLOCK elements: they sum in blocks."""
+        """The float sums of a pass over more than `row_block` elements: they sum in blocks."""
         row = math.prod(dims[i].size for i in reduced)
-        if not dyn.is_dynamic(row) and row <= ROW_BLOCK:
+        if not dyn.is_dynamic(row) and row <= self.blocking.row_block:
             return []
         return [r for r in reductions if _is_float_sum(r)]
 
@@ -323,20 +319,20 @@ class ReductionEmitter:
                        clauses: str | None, blocked: list[_Sum], phase: int) -> str:
         """Open the loops of one pass over the reduced axes (the innermost a simd loop with
         `clauses`, a plain one when None); with blocked sums, the innermost reduced loop runs
-        in blocks of ROW_BLOCK (or whole, when shorter, a block then being several runs of
+        in blocks of `row_block` (or whole, when shorter, a block then being several runs of
         it)."""
         if not blocked:
             return self._open_loops(dims, reduced, indent, clauses, False)
-        last, size = reduced[-1], dims[reduced[-1]].size
-        if _runs_per_block(size) > 1:
+        last, size, block = reduced[-1], dims[reduced[-1]].size, self.blocking.row_block
+        if _runs_per_block(size, block) > 1:
             self.lines.append(f"{indent}int64_t run{phase} = 0;")
         indent = self._open_loops(dims, reduced[:-1], indent, None, False)
         start, end = "0", str(size)
-        if _in_blocks(size):
-            self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {ROW_BLOCK}) {{")
+        if _in_blocks(size, block):
+            self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
             indent += "  "
-            self.lines.append(f"{indent}const int64_t ke = kb + {ROW_BLOCK} < {size} ? "
-                              f"kb + {ROW_BLOCK} : {size};")
+            self.lines.append(f"{indent}const int64_t ke = kb + {block} < {size} ? "
+                              f"kb + {block} : {size};")
             start, end = "kb", "ke"
         if clauses is not None:
             self.lines.append(f"{indent}#pragma omp simd{clauses}")
@@ -351,12 +347,12 @@ class ReductionEmitter:
             self._close_loops(len(reduced), indent)
             return
         indent = self._close_loops(1, indent)
-        size = dims[reduced[-1]].size
-        runs = _runs_per_block(size)
+        size, block = dims[reduced[-1]].size, self.blocking.row_block
+        runs = _runs_per_block(size, block)
         flush = " ".join(f"gk_pairwise_push(&{b.pairwise}, {b.acc}); {b.acc} = 0;"
                          for b in blocked)
         # A row of run-time length: its last block stays in the accumulator, so a row of one
-        # block (up to ROW_BLOCK) is summed as a static short row is, with no pairwise total.
+        # block (up to `row_block`) is summed as a static short row is, with no pairwise total.
         one_block_rows = dyn.is_dynamic(size) and len(reduced) == 1
         if one_block_rows:
             self.lines.append(f"{indent}if (ke < {size}) {{ {flush} }}")
@@ -364,7 +360,7 @@ class ReductionEmitter:
             self.lines.append(f"{indent}if (++run{phase} == {runs}) {{ {flush} run{phase} = 0; }}")
         else:
             self.lines.append(f"{indent}{flush}")
-        if _in_blocks(size):
+        if _in_blocks(size, block):
             indent = self._close_loops(1, indent)
         indent = self._close_loops(len(reduced) - 1, indent)
         if runs > 1:
@@ -379,12 +375,12 @@ class ReductionEmitter:
     # -- column reductions ------------------------------------------------------------------
     def _emit_column_reduction(self, dims: list[LoopDim], outputs: list[Buffer]) -> None:
         """Reductions over axes that are not innermost (axis 0 of a matrix, the middle axis of
-        a 3-d tensor): the innermost kept axis is walked in blocks of COLUMN_BLOCK lanes, each
+        a 3-d tensor): the innermost kept axis is walked in blocks of `column_block` lanes, each
         lane with its own accumulator, so every load is contiguous and the lanes vectorise."""
         kin = len(dims) - 1
         kout = [i for i, d in enumerate(dims[:-1]) if not d.reduced]
         red = [i for i, d in enumerate(dims) if d.reduced]
-        block = dyn.block_size(COLUMN_BLOCK, dims[kin].size)
+        block = dyn.block_size(self.blocking.column_block, dims[kin].size)
         work = math.prod(self.sched.space)
         threads = dyn.runs_threaded(work, self.threshold)
         indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
@@ -558,13 +554,13 @@ def _is_float_product(red: Node) -> bool:
     return _reduction(red).kind == ReductionKind.PRODUCT and T.is_float(red.dtype)
 
 
-def _in_blocks(size: T.Dim) -> bool:
-    """Whether a row pass over `size` elements walks them in blocks of ROW_BLOCK. A row length
+def _in_blocks(size: T.Dim, block: int) -> bool:
+    """Whether a row pass over `size` elements walks them in blocks of `block`. A row length
     known only at run time always does (a shorter row is one partial block)."""
-    return dyn.is_dynamic(size) or size > ROW_BLOCK
+    return dyn.is_dynamic(size) or size > block
 
 
-def _runs_per_block(size: T.Dim) -> int:
+def _runs_per_block(size: T.Dim, block: int) -> int:
     """How many whole runs of a short static row one block sum covers (1: every run or block
     is pushed to the pairwise total)."""
-    return 1 if _in_blocks(size) else ROW_BLOCK // size
+    return 1 if _in_blocks(size, block) else block // size

@@ -1,10 +1,11 @@
 """The C backend's untuned defaults from this machine's measured rates (issue 30, item 1).
 
 `CConfig`'s thresholds decide when a kernel runs on threads, streams its stores, prefetches its
-inputs and which vector width GCC prefers. As constants they were right for the host they were
-chosen on; here they come from a small cost model (`derive`, a pure function) over what this
-machine measures once (`measure`, bounded: 0.4-1.3 s with its compile on a loaded 2-vCPU
-host):
+inputs and which vector width GCC prefers; of its block sizes, the column reduction's width
+follows L1d (the others stay constants: no rate predicts them). As constants they were right
+for the host they were chosen on; here they come from a small cost model (`derive`, a pure
+function) over what this machine measures once (`measure`, bounded: 0.4-1.3 s with its compile
+on a loaded 2-vCPU host):
 
 - copy bandwidth (numpy copying an array past the last-level cache, read + write),
 - the FMA rate of one core at 256 and at 512 bits (generated C, independent vector FMAs),
@@ -66,13 +67,28 @@ NARROW_BELOW = 0.9
 # Streaming stores above this share of the last-level cache: such an output does not stay in
 # cache for the next kernel anyway, so its read-for-ownership is wasted.
 STREAM_SHARE_OF_LLC = 0.5
+# A column-reduction block's accumulators (a float per lane, and a double total per lane for a
+# float sum) take this share of L1d per reduction: 512 lanes of 4 bytes on a 32 KiB L1d, so
+# that a kernel's few reductions keep theirs in L1 beside the rows they read.
+COLUMN_BLOCK_SHARE_OF_L1D = 1 / 16
+# The block sizes no measured rate predicts keep their constants (c_loops.py), each for a
+# reason: tuning (backends/c/tuning.py) measures them per kernel instead.
+UNCALIBRATED_BLOCKS = {
+    "prefetch_distance_bytes": "default, no rate predicts it: it is bandwidth x memory "
+                               "latency, and the latency is not measured",
+    "pointwise_chunk": "default, no rate predicts it: loop overhead against prefetch "
+                       "granularity",
+    "row_pipeline_rows": "default, no rate predicts it: rows per chunk whose loads overlap",
+    "row_block": "default, it bounds a float sum's error: the same on every machine",
+}
 
 # What each derived threshold is clamped to: a wild but in-range measurement still leaves
 # threads, streaming and prefetching within reach of real kernels.
 CLAMPS = {"parallel_threshold": (1 << 10, 1 << 24),
           "stream_min_bytes": (1 << 20, 1 << 30),
           "prefetch_min_bytes": (64 << 10, 64 << 20),
-          "window_parallel_min_macs": (1 << 14, 1 << 26)}
+          "window_parallel_min_macs": (1 << 14, 1 << 26),
+          "column_block": (64, 4096)}
 
 # The range each measured number must fall in to be used (a record's or a fresh measurement's).
 RANGES: dict[str, tuple[float, float]] = {
@@ -176,6 +192,8 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     - prefetch_min_bytes: the L2 size: a smaller input is in a core's cache already.
     - vector_width: 256 where 512-bit FMAs run below NARROW_BELOW of the 256-bit rate;
       otherwise the toolchain's (512 on AVX-512).
+    - column_block: the lanes whose float accumulators take COLUMN_BLOCK_SHARE_OF_L1D of L1d.
+    - the other block sizes keep their constants (UNCALIBRATED_BLOCKS says why).
     Thresholds are rounded to a power of two and clamped (CLAMPS)."""
     base = CConfig()
     fork = cal.fork_join_s
@@ -210,6 +228,13 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
         values["vector_width"] = 256 if narrow else None
         sources["vector_width"] = (f"calibrated: 512-bit FMA {ratio:.2f}x the 256-bit rate"
                                    + (f", under {NARROW_BELOW}x" if narrow else ""))
+    if cal.l1d_bytes is not None:
+        lanes = cal.l1d_bytes * COLUMN_BLOCK_SHARE_OF_L1D / 4
+        values["column_block"] = _power_of_two(lanes, "column_block")
+        sources["column_block"] = f"calibrated: L1d {_size(cal.l1d_bytes)}"
+    else:
+        sources["column_block"] = "default, the cache sizes are unknown"
+    sources.update(UNCALIBRATED_BLOCKS)
     config = dataclasses.replace(base, **values)
     ordered = {f.name: sources[f.name] for f in dataclasses.fields(CConfig)
                if f.name in sources}

@@ -1,5 +1,6 @@
 """The C backend's own settings: when a generated kernel runs on threads, writes with streaming
-stores, prefetches its inputs, and when a convolution's images share the threads. They steer
+stores, prefetches its inputs (and how far ahead), when a convolution's images share the
+threads, and the block sizes of the loops (row pipelining, row and column blocks). They steer
 the C text the emitters write, so the compile-cache key and a GKIR export record them
 (`CompileOptions.backend_config`); fusion's costs stay in graph_kernel/cost_model.py, and how a
 plan runs whichever backend built it (BLAS threads, prefault) in runtime/plan.py's
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphkernel.backends.c import c_loops
+from graphkernel.backends.c.c_loops import LoopBlocking
 from graphkernel.errors import ContextError
 from graphkernel.runtime.plan import PlanSettings
 
@@ -20,8 +23,10 @@ from graphkernel.runtime.plan import PlanSettings
 @dataclass(frozen=True)
 class CConfig:
     def __post_init__(self) -> None:
-        problem = check_vector_width(self.vector_width)
-        if problem is not None:  # it reaches the C text: only the widths GCC takes
+        # Both reach the C text: only the widths GCC takes, and block sizes within bounds.
+        problem = check_vector_width(self.vector_width) or \
+            check_blocking({name: getattr(self, name) for name in BLOCKING_RANGES})
+        if problem is not None:
             raise ContextError(f"CConfig: {problem}")
 
     # Elements of iteration space above which a kernel's outer loop runs on threads:
@@ -43,11 +48,23 @@ class CConfig:
     # halves, where 256-bit code can run as fast at a lower clock cost. Set per kernel by tuning
     # (backends/c/tuning.py); one of VECTOR_WIDTHS.
     vector_width: int | None = None
+    # The block sizes of the loops (backends/c/c_loops.py says what each is and why its
+    # default): how far ahead a prefetching pointwise loop prefetches, in bytes, and the chunk
+    # of elements it prefetches for at once; rows per chunk of a pipelined row reduction (0:
+    # not pipelined); elements per float block sum of a row; lanes per column-reduction block.
+    # Set per kernel by tuning; each within BLOCKING_RANGES.
+    prefetch_distance_bytes: int = c_loops.PREFETCH_DISTANCE_BYTES
+    pointwise_chunk: int = c_loops.POINTWISE_CHUNK
+    row_pipeline_rows: int = c_loops.ROW_PIPELINE_ROWS
+    row_block: int = c_loops.ROW_BLOCK
+    column_block: int = c_loops.COLUMN_BLOCK
     # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
     plan: PlanSettings = field(default_factory=PlanSettings)
 
-
-VECTOR_WIDTHS = (128, 256, 512)
+    @property
+    def blocking(self) -> LoopBlocking:
+        return LoopBlocking(self.prefetch_distance_bytes, self.pointwise_chunk,
+                            self.row_pipeline_rows, self.row_block, self.column_block)
 
 
 def check_vector_width(width: object) -> str | None:
@@ -55,6 +72,28 @@ def check_vector_width(width: object) -> str | None:
     if width is None or (type(width) is int and width in VECTOR_WIDTHS):
         return None
     return f"vector_width is {width!r:.40}; it is None or one of {VECTOR_WIDTHS}"
+
+
+VECTOR_WIDTHS = (128, 256, 512)
+# The values each block size may take (inclusive): a block of a few elements would make a
+# loop of overheads, a huge one a stack array (column blocks, rows) past any thread's stack.
+BLOCKING_RANGES: dict[str, tuple[int, int]] = {
+    "prefetch_distance_bytes": (64, 1 << 16),
+    "pointwise_chunk": (8, 1 << 12),
+    "row_pipeline_rows": (0, 1 << 12),  # 0: not pipelined
+    "row_block": (64, 1 << 16),
+    "column_block": (16, 1 << 12),
+}
+
+
+def check_blocking(values: dict[str, object]) -> str | None:
+    """Why one of `values` (block sizes by CConfig field name) is not one a kernel may take,
+    or None."""
+    for name, value in values.items():
+        low, high = BLOCKING_RANGES[name]
+        if type(value) is not int or not low <= value <= high:
+            return f"{name} is {value!r:.40}; it is an int from {low} to {high}"
+    return None
 
 
 DEFAULT_C_CONFIG = CConfig()

@@ -5,6 +5,7 @@ their arguments picked from its own."""
 from __future__ import annotations
 
 from graphkernel.backends.c.c_emitter import Buffer, KernelSource, emit_kernel
+from graphkernel.backends.c.c_loops import DEFAULT_BLOCKING, LoopBlocking
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph
 
@@ -12,7 +13,8 @@ from graphkernel.ir.graph import Graph
 def emit_parallel_kernel(graph: Graph, name: str, sched: ParallelSchedule, threshold: int,
                          stream_min_bytes: int | None = None,
                          prefetch_min_bytes: int | None = None,
-                         beside_blas: bool = False) -> KernelSource:
+                         beside_blas: bool = False,
+                         blocking: LoopBlocking = DEFAULT_BLOCKING) -> KernelSource:
     """One C function `name(args)`: args are the merged group's inputs, its non-scalar
     constants, then its outputs (as for any fused group)."""
     header = "void {}(void *const *args) {{"
@@ -20,7 +22,7 @@ def emit_parallel_kernel(graph: Graph, name: str, sched: ParallelSchedule, thres
     for k, nest in enumerate(sched.nests):
         nest_name = f"{name}_nest{k}"
         source = emit_kernel(nest.graph, nest_name, nest.schedule, threshold, stream_min_bytes,
-                             prefetch_min_bytes, beside_blas)
+                             prefetch_min_bytes, beside_blas, blocking)
         parts.append(source.source.replace(header.format(nest_name),
                                            "static " + header.format(nest_name), 1))
         argv = ", ".join(f"args[{i}]" for i in nest.args)

@@ -1,16 +1,22 @@
 """Per-kernel schedule choices measured on this machine (issue 30, "tuned where it runs").
 
-Each generated kernel takes a few settings of `CConfig` that change its C but never its
-results: whether its outer loop runs on OpenMP threads (`parallel_threshold`; for a convolution
-or pool, `window_parallel_min_macs`), whether it writes with streaming stores
-(`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`) and the vector
-width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512). `Knobs` holds
-one kernel's values of them. Tuning emits a kernel under each candidate setting, drops the
-candidates whose C is the same text as one already kept (a knob the kernel does not use),
-builds every remaining variant into one library, and times each variant inside the real plan
-on random inputs (`Runner.profile`, so each kernel sees its neighbours' cache footprint). The
-fastest of the variants that beat the defaults by more than MARGIN in every pass wins;
-otherwise the defaults stay (a loaded machine's noise is not a reason to leave them).
+Each generated kernel takes a few settings of `CConfig` that change its C but not its results
+(beyond rounding: a row block regroups a float sum, within the differential tests'
+tolerances): whether its outer loop runs on OpenMP threads (`parallel_threshold`; for a
+convolution or pool, `window_parallel_min_macs`), whether it writes with streaming stores
+(`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`), the vector
+width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512), and the block sizes of its
+loops (backends/c/c_loops.py `LoopBlocking`): how far ahead it prefetches
+(`prefetch_distance_bytes`) and in chunks of how many elements (`pointwise_chunk`), how many
+rows per chunk a row reduction pipelines (`row_pipeline_rows`, 0: not pipelined), the elements
+per float block sum of a row (`row_block`) and the lanes per column-reduction block
+(`column_block`). `Knobs` holds one kernel's values of them. Tuning emits a kernel under each
+candidate setting, drops the candidates whose C is the same text as one already kept (a knob
+the kernel does not use), builds every remaining variant into one library, and times each
+variant inside the real plan on random inputs (`Runner.profile`, so each kernel sees its
+neighbours' cache footprint). The fastest of the variants that beat the defaults by more than
+MARGIN in every pass wins; otherwise the defaults stay (a loaded machine's noise is not a
+reason to leave them).
 
 The choice is stored as a versioned JSON record per kernel in the kernel cache folder
 (`tuning/KEY.json`), KEY = sha256 of the kernel's C under the defaults with its name taken out,
@@ -20,8 +26,9 @@ range are checked; one that fails is not used (the defaults are, with the reason
 executable's warnings and the plan's description) and only the checked knob values ever reach
 an emitter.
 
-The defaults are CConfig's, the same on every machine (so that generated C is reproducible);
-what this machine's rates suggest enters as a candidate: the threads threshold at which one
+The defaults are the compile's CConfig (calibrated from this machine's rates by
+backends/c/calibration.py, or the constants); what this machine's rates suggest also enters as
+a candidate: the threads threshold at which one
 thread's bandwidth-bound work is PAYOFF times the measured OpenMP fork/join cost, from the
 measured copy bandwidth (`MachineRates`).
 
@@ -30,8 +37,10 @@ backends/c/onednn_choice.py (`tune`), under the same level and budget.
 
 Levels (`--online_tuning=N`, MindSpore's graph-kernel flag; MindSpore declares it an integer,
 0 off): 0 measures nothing (records already stored are still read); 1 tries each knob alone;
-2 and above try every combination of knob values. Measuring stops after the time budget
-(TIME_BUDGET_S per level) and keeps what it measured.
+2 and above try every combination of the values of the knobs that change this kernel's C
+(those that do not, a prefetch distance for a kernel that does not prefetch, would only repeat
+a variant), fewest knobs away from the defaults first. No new variant is built after the time
+budget (TIME_BUDGET_S per level); the variants built by then finish their passes.
 """
 from __future__ import annotations
 
@@ -51,12 +60,17 @@ import numpy as np
 
 from graphkernel.backends.c import cache, records, toolchain
 from graphkernel.backends.c.c_loops import KernelSource
-from graphkernel.backends.c.config import CConfig, check_vector_width
+from graphkernel.backends.c.config import (
+    BLOCKING_RANGES,
+    CConfig,
+    check_blocking,
+    check_vector_width,
+)
 from graphkernel.backends.c.shared_kernels import structural_key
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 
 RECORD_FORMAT = "graphkernel-tuning"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: the block sizes joined the knobs
 FOLDER = "tuning"
 # A threshold no kernel reaches: the knob is off for this kernel.
 NEVER = 1 << 62
@@ -74,6 +88,13 @@ CHOICES: dict[str, tuple[int | None, ...]] = {
     "prefetch_min_bytes": (0, None),  # prefetch always / never
     "window_parallel_min_macs": (1, NEVER),  # a convolution's images on threads always / never
     "vector_width": (),  # 256 where GCC builds 512-bit kernels (`vector_choices`)
+    # Block sizes (c_loops.py), around their defaults: prefetching 4 KiB ahead measured best
+    # on one host, within 10% from 4 to 16 KiB; rows pipelined in chunks of 32 (0: off).
+    "prefetch_distance_bytes": (1024, 2048, 8192, 16384),
+    "pointwise_chunk": (32, 128, 256),
+    "row_pipeline_rows": (0, 8, 128),
+    "row_block": (512, 2048, 4096),
+    "column_block": (128, 256, 1024, 2048),
 }
 _OPTIONAL = {"stream_min_bytes", "prefetch_min_bytes"}  # None allowed: never
 
@@ -148,12 +169,16 @@ class Knobs:
     prefetch_min_bytes: int | None
     window_parallel_min_macs: int
     vector_width: int | None = None
+    # The block sizes of the kernel's loops (CConfig's fields of the same names).
+    prefetch_distance_bytes: int = CConfig.prefetch_distance_bytes
+    pointwise_chunk: int = CConfig.pointwise_chunk
+    row_pipeline_rows: int = CConfig.row_pipeline_rows
+    row_block: int = CConfig.row_block
+    column_block: int = CConfig.column_block
 
     @classmethod
     def of(cls, config: CConfig) -> Knobs:
-        return cls(config.parallel_threshold, config.stream_min_bytes,
-                   config.prefetch_min_bytes, config.window_parallel_min_macs,
-                   config.vector_width)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
     def apply(self, config: CConfig) -> CConfig:
         return dataclasses.replace(config, **dataclasses.asdict(self))
@@ -163,10 +188,15 @@ class Knobs:
         words = []
         for name, value in dataclasses.asdict(self).items():
             if value != getattr(default, name):
-                shown = "never" if value is None or value == NEVER else \
-                    "always" if value in (0, 1) else str(value)
-                words.append(f"{name}={shown}")
+                words.append(f"{name}={_shown(name, value)}")
         return ", ".join(words) or "defaults"
+
+
+def _shown(name: str, value: int | None) -> str:
+    if name in BLOCKING_RANGES:  # a size; rows per pipelined chunk 0: not pipelined
+        return "off" if name == "row_pipeline_rows" and value == 0 else str(value)
+    return "never" if value is None or value == NEVER else \
+        "always" if value in (0, 1) else str(value)
 
 
 @dataclass(frozen=True)
@@ -231,8 +261,9 @@ def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
         return None, f"its knobs are not exactly {', '.join(names)}"
     for name in names:
         value = knobs[name]
-        if name == "vector_width":
-            problem = check_vector_width(value)
+        if name == "vector_width" or name in BLOCKING_RANGES:
+            problem = check_vector_width(value) if name == "vector_width" else \
+                check_blocking({name: value})
             if problem is not None:
                 return None, f"knob {problem}"
             continue
@@ -254,27 +285,30 @@ def write_record(key: str, knobs: Knobs, seconds: dict[str, float], default: Kno
     return records.write_record(record_folder(), key, record)
 
 
-def candidates(default: Knobs, level: int, calibrated: int | None = None) -> list[Knobs]:
+def candidates(default: Knobs, level: int, calibrated: int | None = None,
+               relevant: set[str] | None = None) -> list[Knobs]:
     """The knob settings tried at `level`: the defaults first, then each knob alone (level 1)
-    or every combination (level 2 and above). `calibrated`: a threads threshold from this
-    machine's rates (`MachineRates.parallel_threshold`), tried beside always and never."""
-    names = list(CHOICES)
+    or every combination (level 2 and above) of the knobs in `relevant` (None: all), those
+    with fewer knobs away from the defaults first (the time budget may end the list).
+    `calibrated`: a threads threshold from this machine's rates
+    (`MachineRates.parallel_threshold`), tried beside always and never."""
     choices = dict(CHOICES, vector_width=vector_choices())
     if calibrated is not None:
         choices["parallel_threshold"] = (calibrated,) + CHOICES["parallel_threshold"]
+    names = [n for n in CHOICES if relevant is None or n in relevant]
+    base = dataclasses.asdict(default)
     out = [default]
     if level == 1:
         for name in names:
             for value in choices[name]:
-                out.append(Knobs(**(dataclasses.asdict(default) | {name: value})))
+                out.append(Knobs(**(base | {name: value})))
     else:
-        values = [(getattr(default, n),) + choices[n] for n in names]
-        out += [Knobs(*combo) for combo in itertools.product(*values)]
-    unique: list[Knobs] = []
-    for knobs in out:
-        if knobs not in unique:
-            unique.append(knobs)
-    return unique
+        values = [(base[n],) + tuple(choices[n]) for n in names]
+        combos = [Knobs(**(base | dict(zip(names, combo))))
+                  for combo in itertools.product(*values)]
+        out += sorted(combos, key=lambda k: sum(
+            getattr(k, n) != base[n] for n in names))  # stable: the product's order within
+    return list(dict.fromkeys(out))  # each once, in order
 
 
 @dataclass
@@ -335,15 +369,7 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
         choices[spec.name] = stored_choice(spec.name, key, default)
         if key is None or choices[spec.name].recorded or level <= 0 or plan.symbols:
             continue
-        variants = [(default, base)]
-        seen = {structural_key(base)}
-        for knobs in candidates(default, level, machine_rates().parallel_threshold())[1:]:
-            source = emit(dataclasses.replace(spec, name=f"{spec.name}_tune{len(variants)}"),
-                          knobs.apply(config))
-            text = structural_key(source)
-            if text is not None and text not in seen:
-                seen.add(text)
-                variants.append((knobs, source))
+        variants = _variants(spec, base, config, default, level, emit)
         if len(variants) > 1:
             tunable.append(_Tunable(spec, key, variants,
                                     [[float("inf")] * len(variants) for _ in range(PASSES)]))
@@ -371,14 +397,45 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
     return choices
 
 
+def _variants(spec: KernelSpec, base: KernelSource, config: CConfig, default: Knobs,
+              level: int, emit: Callable[[KernelSpec, CConfig], KernelSource]
+              ) -> list[tuple[Knobs, KernelSource]]:
+    """The variants of kernel `spec` worth measuring at `level`, each a distinct C text, its
+    defaults' (`base`) first: each knob alone, then (level 2 and above) the combinations of
+    the knobs that changed its C alone."""
+    variants = [(default, base)]
+    seen = {structural_key(base)}
+    calibrated = machine_rates().parallel_threshold()
+
+    def add(knobs: Knobs) -> bool:
+        source = emit(dataclasses.replace(spec, name=f"{spec.name}_tune{len(variants)}"),
+                      knobs.apply(config))
+        text = structural_key(source)
+        if text is None or text in seen:
+            return False
+        seen.add(text)
+        variants.append((knobs, source))
+        return True
+    relevant: set[str] = set()  # the knobs one of whose values changes this kernel's C
+    for knobs in candidates(default, 1, calibrated)[1:]:
+        if add(knobs):
+            relevant.update(n for n in CHOICES if getattr(knobs, n) != getattr(default, n))
+    if level >= 2:
+        for knobs in candidates(default, level, calibrated, relevant)[1:]:
+            add(knobs)
+    return variants
+
+
 def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Choice],
              tunable: list[_Tunable], config: CConfig,
              emit: Callable[[KernelSpec, CConfig], KernelSource], level: int,
              progress: bool) -> None:
     """Time every variant of `tunable` inside `plan`, in rounds: round i runs each kernel's
     i-th variant (its defaults when it has fewer), so one build and one plan serve them all.
-    Each round's variants are built when the round first comes (one compiler run), and no
-    round starts after the budget: a build or a round may overrun it, nothing more."""
+    Each round's variants are built in the first pass (one compiler run a round), and no
+    round is built after the budget; the rounds built by then are timed in every pass (a
+    variant needs all its passes to win), up to twice the budget: one build and the passes of
+    the rounds built may overrun it, nothing more."""
     from graphkernel.backends.c.library import build_library
     from graphkernel.runtime.runner import Runner
     start = time.perf_counter()
@@ -398,7 +455,13 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
     with progress_bar(PASSES * rounds, f"tuning {plan.name}: {len(tunable)} kernel(s)",
               progress) as advance:
         for p, i in itertools.product(range(PASSES), range(rounds)):
-            if time.perf_counter() - start > budget:
+            if i >= rounds:  # past the rounds built in the first pass
+                continue
+            spent = time.perf_counter() - start
+            if p == 0 and spent > budget:
+                rounds = i  # the first pass builds no more rounds; later passes time these
+                continue
+            if spent > 2 * budget:
                 break
             if i not in built:
                 built[i] = build_library([t.variants[i][1] for t in tunable
