@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -405,3 +406,31 @@ def test_untuned_block_defaults_come_from_the_calibration_where_a_rate_predicts_
                  "row_block"):
         assert getattr(config, name) == getattr(CConfig(), name)
         assert why[name].startswith("default, "), why[name]
+
+
+@needs_cc
+def test_variants_built_before_the_budget_runs_out_are_timed_in_every_pass(records,
+                                                                            monkeypatch):
+    """A clock that moves only while the compiler runs: the budget ends after the second
+    round's build. Those two rounds still get their later passes (each variant needs every
+    pass to be compared), so two variants count as measured; cutting the first pass short
+    used to leave none measured and the defaults chosen by default."""
+    from types import SimpleNamespace
+
+    from graphkernel.backends.c import library
+    clock = [0.0]
+    real_build = library.build_library
+
+    def build(*args, **kwargs):
+        clock[0] += 1.0
+        return real_build(*args, **kwargs)
+    monkeypatch.setattr(library, "build_library", build)
+    monkeypatch.setattr(tuning, "time", SimpleNamespace(
+        perf_counter=lambda: clock[0], strftime=time.strftime, gmtime=time.gmtime))
+    monkeypatch.setattr(tuning, "machine_rates", lambda: tuning.MachineRates(20e9, 1e-5))
+    monkeypatch.setattr(tuning, "TIME_BUDGET_S", 1.5)
+    cell = LayerNorm()
+    x = np.random.default_rng(5).standard_normal((67, 2500)).astype(np.float32)
+    exe = graphkernel.compile(cell, x, options=_options(level=1))
+    (note,) = exe.executable.plan.schedule_notes.values()
+    assert re.search(r"2 of \d+ variants measured", note) and "nan" not in note, note

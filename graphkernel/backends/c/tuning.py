@@ -48,6 +48,7 @@ import ctypes
 import dataclasses
 import hashlib
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -386,10 +387,13 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
                 write_record(t.key, knobs, measured, default)
             except OSError as exc:
                 note = f"; not stored: {exc.strerror}"
-            ratio = t.typical(0) / t.typical(best) if t.typical(best) > 0 else 1.0
+            # Nothing timed in every pass (the budget spent on builds): no speed to quote.
+            timed = math.isfinite(t.typical(0)) and t.typical(best) > 0
+            speed = f"{t.typical(0) / t.typical(best):.2f}x the defaults' speed" if timed \
+                else "the defaults not timed in every pass"
             choices[t.spec.name] = Choice(
-                knobs, f"tuned here: {knobs.differences(default)} ({ratio:.2f}x the defaults' "
-                f"speed, {len(measured)} of {len(t.variants)} variants measured{note})",
+                knobs, f"tuned here: {knobs.differences(default)} ({speed}, "
+                f"{len(measured)} of {len(t.variants)} variants measured{note})",
                 choices[t.spec.name].refused, record_key=t.key)
     for spec in specs:
         if choices[spec.name].knobs == default:
