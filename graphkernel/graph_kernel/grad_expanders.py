@@ -327,12 +327,17 @@ def conv_backprop_filter(b: Builder, dout: Value, x: Value, filter_size: Any,
             dw = b("MatMul", rows[0], rows[1], transpose_a=False, transpose_b=True)
         dw = b("Reshape", dw, shape=shape)
     else:
+        # Only the input rows and columns some window reads: past them the swapped
+        # convolution would compute taps beyond the kernel (a 4x4 for a 3x3 of stride 2).
+        reach_h = sh * (oh - 1) + dh * (kh - 1) + 1 - pt
+        reach_w = sw * (ow - 1) + dw * (kw - 1) + 1 - pl
+        if reach_h < h or reach_w < wd:
+            x = b("StridedSlice", x, begin=(0, 0, 0, 0),
+                  end=(n, c, min(h, reach_h), min(wd, reach_w)), strides=(1, 1, 1, 1))
+        pads = (pt, max(0, reach_h - h), pl, max(0, reach_w - wd))
         swapped = b("Conv2D", b("Transpose", x, perm=(1, 0, 2, 3)),
                     b("Transpose", dout, perm=(1, 0, 2, 3)), out_channel=o,
-                    kernel_size=(oh, ow), mode=1, pad_mode="pad", pad=(pt, pb, pl, pr),
+                    kernel_size=(oh, ow), mode=1, pad_mode="pad", pad=pads,
                     stride=(dh, dw), dilation=(sh, sw), group=1, data_format="NCHW")
-        if swapped.shape[2:] != (kh, kw):  # rows past the last window's reach
-            swapped = b("StridedSlice", swapped, begin=(0, 0, 0, 0), end=(c, o, kh, kw),
-                        strides=(1, 1, 1, 1))
         dw = b("Transpose", swapped, perm=(1, 0, 2, 3))
     return b("Cast", dw, dtype=want) if dw.dtype != want else dw
