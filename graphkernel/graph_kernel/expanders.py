@@ -32,15 +32,29 @@ EXPANDERS: dict[str, Expander] = {}
 FLOAT16_IN_FLOAT32: set[str] = set()
 
 
-def expander(op_name: str, float16_in_float32: bool = False
-             ) -> Callable[[_E], _E]:
+# Ops whose expansion covers only some of their nodes (the rest run as the op itself): which.
+EXPANDS_WHEN: dict[str, Callable[[Node], bool]] = {}
+
+
+def expander(op_name: str, float16_in_float32: bool = False,
+             when: Callable[[Node], bool] | None = None) -> Callable[[_E], _E]:
     def register(fn: _E) -> _E:
         get_op(op_name)  # the op must be declared in the op table
         EXPANDERS[op_name] = fn
         if float16_in_float32:
             FLOAT16_IN_FLOAT32.add(op_name)
+        if when is not None:
+            EXPANDS_WHEN[op_name] = when
         return fn
     return register
+
+
+def has_expansion(node: Node) -> bool:
+    """Whether `node`'s op has an expander that covers this node."""
+    if node.op not in EXPANDERS:
+        return False
+    when = EXPANDS_WHEN.get(node.op)
+    return when is None or when(node)
 
 
 class Builder(GraphBuilder):

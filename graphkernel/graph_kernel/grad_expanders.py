@@ -7,11 +7,15 @@ put float16 LayerNormGrad several ulp away from its unfused result."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from graphkernel.graph_kernel.expanders import Builder, expander, sigmoid
-from graphkernel.ir.graph import Value
+from graphkernel.ir import types as T
+from graphkernel.ir.graph import Node, Value
 from graphkernel.ir.opdefs.grad import bias_add_grad_axes, layer_norm_grad_axes
+from graphkernel.ir.opdefs.nn import conv_geometry
+from graphkernel.ir.types import TensorType
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
@@ -173,3 +177,167 @@ def batch_norm_grad(b: Builder, dy: Value, x: Value, scale: Value, mean: Value, 
 @expander("SigmoidCrossEntropyWithLogitsGrad", float16_in_float32=True)
 def sigmoid_cross_entropy_grad(b: Builder, x: Value, y: Value, dout: Value) -> Value:
     return b("Mul", b("Sub", sigmoid(b, x), y), dout)
+
+
+# -- convolution gradients as convolutions and products ---------------------------------------
+# Conv2DBackpropInput and Conv2DBackpropFilter run their numpy references (im2col, BLAS, a
+# scatter of windows) on the Python runner, about half of a ResNet-50 training step. Written as
+# forward convolutions (and, for a 1x1 filter's gradient, a product), they run as the generated
+# window kernels (backends/c/c_window.py) and BLAS. Where no such form is written (a grouped
+# kernel's filter gradient, a dynamic size) the op stays, its reference (`when=`).
+
+def _static(node: Node) -> bool:
+    """Every size of the node's operands and result known (the forms below are built from
+    them)."""
+    return all(isinstance(d, int) for v in (*node.inputs, node) for d in v.shape)
+
+
+def _ungrouped_static(node: Node) -> bool:
+    return _static(node) and node.attrs.get("group", 1) == 1
+
+
+def _conv_geo(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any,
+              attrs: dict[str, Any]) -> dict[str, Any]:
+    return conv_geometry(TensorType(x_shape, dtype), TensorType(w_shape, dtype), attrs)
+
+
+@dataclass(frozen=True)
+class _PhaseAxis:
+    """One axis of one stride phase of a backprop-input: input rows h = s*m + rho (m < M)
+    are a stride-1 convolution of dout[begin:end] (padded by pads) with the kernel taps that
+    reach them (`taps`, ascending; none: the rows get no gradient), flipped, at `dilation`."""
+
+    taps: tuple[int, ...]
+    step: int  # between taps: every tap i = taps[0] (mod step) in [0, kernel) is one
+    dilation: int
+    begin: int
+    end: int
+    pads: tuple[int, int]
+
+
+def _phase_axis(size: int, out: int, kernel: int, stride: int, dilation: int, pad: int,
+                rho: int) -> _PhaseAxis:
+    """Padded row h + pad = s*q + r (q = m + c) receives dout[q - e_i] * w[i] from each tap i
+    with i*d = r (mod s), e_i = (i*d - r) / s. Flipped (tap j' of J: i_{J-1-j'}), that is
+    dout[m + c - e_last + j' * delta]: a convolution with top pad e_last - c over dout."""
+    rows = -(-size // stride)
+    r, c = (rho + pad) % stride, (rho + pad) // stride
+    taps = tuple(i for i in range(kernel) if (i * dilation - r) % stride == 0)
+    if not taps:
+        return _PhaseAxis((), 1, 1, 0, 0, (0, 0))
+    step = stride // math.gcd(stride, dilation)
+    delta = step * dilation // stride
+    top = (taps[-1] * dilation - r) // stride - c
+    begin = max(0, -top)
+    top = max(0, top)
+    bottom = rows + delta * (len(taps) - 1) - top - (out - begin)
+    end = out + min(0, bottom)
+    if end <= begin:  # the taps reach only padding: no gradient
+        return _PhaseAxis((), 1, 1, 0, 0, (0, 0))
+    return _PhaseAxis(taps, step, delta, begin, end, (top, max(0, bottom)))
+
+
+@expander("Conv2DBackpropInput", when=_static)
+def conv_backprop_input(b: Builder, dout: Value, w: Value, input_size: Any,
+                        **attrs: Any) -> Value:
+    """dx as stride-1 forward convolutions of dout with the flipped, transposed weights, one
+    per stride phase (s*s of them), the phases interleaved: no scatter, and each input element
+    is one convolution's output, rounded once (float16 too)."""
+    shape = tuple(input_size)
+    geo = _conv_geo(shape, w.shape, w.dtype, attrs)
+    n, c, h, wd = shape
+    o, g = w.shape[0], geo["group"]
+    (pt, _), (pl, _) = geo["pads"]
+    (kh, kw), (sh, sw), (dh, dw) = geo["kernel"], geo["stride"], geo["dilation"]
+    oh, ow = geo["out"]
+    mh, mw = -(-h // sh), -(-wd // sw)
+    rows = []
+    for rh in range(sh):
+        ah = _phase_axis(h, oh, kh, sh, dh, pt, rh)
+        cols = []
+        for rw in range(sw):
+            aw = _phase_axis(wd, ow, kw, sw, dw, pl, rw)
+            if not ah.taps or not aw.taps:
+                cols.append(b("BroadcastTo", b.const(0, dout), shape=(n, c, mh, mw)))
+                continue
+            cols.append(_phase_conv(b, dout, w, ah, aw, c, o, g))
+        rows.append(cols[0] if sw == 1 else b("Stack", *cols, axis=4))
+    if sh == 1 and sw == 1:
+        return rows[0]
+    full = b("Stack", *rows, axis=3) if sh > 1 else rows[0]  # (N, C, Mh, [sh,] Mw, [sw])
+    full = b("Reshape", full, shape=(n, c, mh * sh, mw * sw))
+    if (mh * sh, mw * sw) == (h, wd):
+        return full
+    return b("StridedSlice", full, begin=(0, 0, 0, 0), end=(n, c, h, wd), strides=(1, 1, 1, 1))
+
+
+def _phase_conv(b: Builder, dout: Value, w: Value, ah: _PhaseAxis, aw: _PhaseAxis, c: int,
+                o: int, g: int) -> Value:
+    """One stride phase's convolution: the taps of w that reach it, flipped (a negative stride,
+    from the last tap down), as (C, O/g) filters per group."""
+    n, _, oh, ow = dout.shape
+    jh, jw = len(ah.taps), len(aw.taps)
+    # From the last tap down to the first (the first is below `step`: the end is open).
+    flipped = b("StridedSlice", w, begin=(0, 0, ah.taps[-1], aw.taps[-1]),
+                end=(o, c // g, 0, 0), strides=(1, 1, -ah.step, -aw.step), end_mask=0b1100)
+    filters = b("Reshape", flipped, shape=(g, o // g, c // g, jh, jw))
+    filters = b("Transpose", filters, perm=(0, 2, 1, 3, 4))
+    filters = b("Reshape", filters, shape=(c, o // g, jh, jw))
+    part = dout
+    if (ah.begin, ah.end, aw.begin, aw.end) != (0, oh, 0, ow):
+        part = b("StridedSlice", dout, begin=(0, 0, ah.begin, aw.begin),
+                 end=(n, o, ah.end, aw.end), strides=(1, 1, 1, 1))
+    return b("Conv2D", part, filters, out_channel=c, kernel_size=(jh, jw), mode=1,
+             pad_mode="pad", pad=ah.pads + aw.pads, stride=1,
+             dilation=(ah.dilation, aw.dilation), group=g, data_format="NCHW")
+
+
+@expander("Conv2DBackpropFilter", when=_ungrouped_static)
+def conv_backprop_filter(b: Builder, dout: Value, x: Value, filter_size: Any,
+                         **attrs: Any) -> Value:
+    """dw of an ungrouped convolution: for a 1x1 kernel without padding a product of dout
+    with the (strided) input, per image summed over the batch or, where the (O, C) results
+    outweigh the operands, one product over batch and pixels; else a forward convolution with
+    batch and channels swapped (the input's channels as images, dout's as filters whose taps
+    are its pixels, at dilation = the stride), computed in float32 for float16 and rounded
+    once, as the reference."""
+    shape = tuple(filter_size)
+    geo = _conv_geo(x.shape, shape, x.dtype, attrs)
+    n, c, h, wd = x.shape
+    o, oh, ow = dout.shape[1], dout.shape[2], dout.shape[3]
+    (pt, pb), (pl, pr) = geo["pads"]
+    (kh, kw), (sh, sw), (dh, dw) = geo["kernel"], geo["stride"], geo["dilation"]
+    want = x.dtype
+    if want == T.float16:
+        dout, x = b("Cast", dout, dtype=T.float32), b("Cast", x, dtype=T.float32)
+    if (kh, kw) == (1, 1) and (pt, pb, pl, pr) == (0, 0, 0, 0):
+        if (sh, sw) != (1, 1):
+            x = b("StridedSlice", x, begin=(0, 0, 0, 0),
+                  end=(n, c, sh * (oh - 1) + 1, sw * (ow - 1) + 1), strides=(1, 1, sh, sw))
+        pixels = oh * ow
+        if o * c <= pixels * (o + c):  # the per-image results are the smaller sum
+            per_image = b("BatchMatMul", b("Reshape", dout, shape=(n, o, pixels)),
+                          b("Reshape", x, shape=(n, c, pixels)), transpose_a=False,
+                          transpose_b=True)
+            dw = b("ReduceSum", per_image, axis=(0,), keep_dims=False)
+        else:  # few pixels (a 7x7 map): both operands with the batch inside, one product
+            rows = [b("Reshape", b("Transpose", b("Reshape", v, shape=(n, v.shape[1], pixels)),
+                                   perm=(1, 0, 2)), shape=(v.shape[1], n * pixels))
+                    for v in (dout, x)]
+            dw = b("MatMul", rows[0], rows[1], transpose_a=False, transpose_b=True)
+        dw = b("Reshape", dw, shape=shape)
+    else:
+        # Only the input rows and columns some window reads: past them the swapped
+        # convolution would compute taps beyond the kernel (a 4x4 for a 3x3 of stride 2).
+        reach_h = sh * (oh - 1) + dh * (kh - 1) + 1 - pt
+        reach_w = sw * (ow - 1) + dw * (kw - 1) + 1 - pl
+        if reach_h < h or reach_w < wd:
+            x = b("StridedSlice", x, begin=(0, 0, 0, 0),
+                  end=(n, c, min(h, reach_h), min(wd, reach_w)), strides=(1, 1, 1, 1))
+        pads = (pt, max(0, reach_h - h), pl, max(0, reach_w - wd))
+        swapped = b("Conv2D", b("Transpose", x, perm=(1, 0, 2, 3)),
+                    b("Transpose", dout, perm=(1, 0, 2, 3)), out_channel=o,
+                    kernel_size=(oh, ow), mode=1, pad_mode="pad", pad=pads,
+                    stride=(dh, dw), dilation=(sh, sw), group=1, data_format="NCHW")
+        dw = b("Transpose", swapped, perm=(1, 0, 2, 3))
+    return b("Cast", dw, dtype=want) if dw.dtype != want else dw

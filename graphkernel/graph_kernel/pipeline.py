@@ -17,7 +17,7 @@ from graphkernel.graph_kernel.bn_fold import fold_batch_norms
 from graphkernel.graph_kernel.cluster import cluster
 from graphkernel.graph_kernel.collectives import schedule_collectives
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
-from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
+from graphkernel.graph_kernel.expanders import expand_node, has_expansion
 from graphkernel.graph_kernel.flags import GraphKernelFlags, short_stage_name
 from graphkernel.graph_kernel.index_maps import sink_views
 from graphkernel.graph_kernel.library_views import folded_names, mark_library_views
@@ -93,7 +93,7 @@ def _expand(graph: Graph, options: CompileOptions) -> Graph:
             _expand(node.subgraph, options)
             new_nodes.append(node)
             continue
-        if node.op not in EXPANDERS or \
+        if not has_expansion(node) or \
                 all(t.size == 0 for t in output_types(node)):  # empty: nothing to compute
             new_nodes.append(node)
             continue

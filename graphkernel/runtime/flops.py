@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable
 
 from graphkernel.errors import GraphKernelError
-from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
+from graphkernel.graph_kernel.expanders import expand_node, has_expansion
 from graphkernel.ir.graph import Constant, Node, Value, output_types
 from graphkernel.ir.opset import PatternKind, Window, get_op
 from graphkernel.ir.types import TensorType
@@ -95,7 +95,7 @@ def node_flops(node: Node) -> int | None:
     if opdef.kind == PatternKind.ELEMWISE:
         counts = [_elements(t) for t in outs]
         return None if None in counts else sum(c for c in counts if c is not None)
-    if node.op in EXPANDERS:
+    if has_expansion(node):
         try:
             expanded = expand_node(node)
         except GraphKernelError:  # an expansion refused (a size it needs is dynamic): no count

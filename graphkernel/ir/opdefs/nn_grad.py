@@ -4,7 +4,11 @@ forward's columns reused), the pools' backprops, and UnsortedSegmentSum (an embe
 gradient: rows scatter-added into the table's shape). The gradient rules that call them are
 declared with their forward ops (ir/opdefs/nn.py, ir/opdefs/array.py); they are data movement
 or BLAS, so they run as numpy kernels between fused kernels, and the elementwise work around
-them (bias, BatchNorm, ReLU gradients) fuses as usual."""
+them (bias, BatchNorm, ReLU gradients) fuses as usual. With fusion on, the expand stage writes
+the convolution's backprops as forward convolutions and products instead (generated window
+kernels and BLAS, graph_kernel/grad_expanders.py); the references here stay the definition they
+are checked against, and what runs where no such form is written (a grouped kernel's filter
+gradient, a dynamic size) or fusion is off."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,0 +1,175 @@
+"""Convolution gradients as forward convolutions and products (graph_kernel/grad_expanders.py):
+Conv2DBackpropInput as one stride-1 convolution per stride phase of the flipped, transposed
+weights, Conv2DBackpropFilter as a convolution with batch and channels swapped (a product for a
+1x1 kernel). Against the ops' numpy references on random and ResNet-like geometries (strides
+1-3, pads, dilation, groups, depthwise, 1x1/3x3/7x7, float32/float64/float16), the plan running
+them as generated window kernels and BLAS (no step runs the reference), and gradients of a
+small conv net against torch."""
+import numpy as np
+import pytest
+from cells import OFF, ON, Fn
+from test_window_kernels import random_conv, reference
+
+import graphkernel
+from graphkernel import Tensor, context, nn
+from graphkernel.ops import operations as P
+
+BACKPROPS = ("Conv2DBackpropInput", "Conv2DBackpropFilter")
+
+
+def backprops(attrs, x_shape, w_shape, options=ON, dtype="float32"):
+    """The two backprops of a Conv2D, each compiled alone: (input's, filter's)."""
+    d_in, d_w = P.Conv2DBackpropInput(**attrs), P.Conv2DBackpropFilter(**attrs)
+    out = reference("Conv2D", np.zeros(x_shape, dtype), np.zeros(w_shape, dtype), **attrs).shape
+    dout = np.zeros(out, dtype)
+    return (graphkernel.compile(Fn(lambda d, w: d_in(d, w, x_shape)), dout,
+                                np.zeros(w_shape, dtype), options=options),
+            graphkernel.compile(Fn(lambda d, x: d_w(d, x, w_shape)), dout,
+                                np.zeros(x_shape, dtype), options=options))
+
+
+def reference_steps(exe):
+    """The plan's steps that run a backprop's numpy reference."""
+    return [s.op for s in exe.plan.steps if s.op in BACKPROPS]
+
+
+def window_kernels(exe):
+    return [s for s in exe.plan.steps
+            if s.lowering is not None and s.lowering.kind.value == "window"]
+
+
+def check(attrs, x_shape, w_shape, rng, dtype="float32"):
+    tol = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3}[dtype]
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    out = reference("Conv2D", x, w, **attrs)
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    exe_in, exe_w = backprops(attrs, x_shape, w_shape, dtype=dtype)
+    for exe, args, op, size in ((exe_in, (dout, w), BACKPROPS[0], {"input_size": x_shape}),
+                                (exe_w, (dout, x), BACKPROPS[1], {"filter_size": w_shape})):
+        got = exe.run_arrays(*args)[0]
+        want = reference(op, *args, **size, **attrs)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        scale = max(1.0, float(np.abs(want.astype(np.float64)).max()))
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                   rtol=0, atol=tol * scale, err_msg=f"{op} {attrs}")
+    return exe_in, exe_w
+
+
+RESNET_LIKE = [  # (x shape, weight shape, attrs): ResNet's convolutions, small
+    ((2, 3, 17, 16), (8, 3, 7, 7), dict(kernel_size=7, stride=2, pad_mode="pad", pad=3)),
+    ((2, 8, 9, 9), (16, 8, 1, 1), dict(kernel_size=1)),
+    ((2, 16, 9, 8), (16, 16, 3, 3), dict(kernel_size=3, pad_mode="pad", pad=1)),
+    ((2, 16, 9, 9), (16, 16, 3, 3), dict(kernel_size=3, stride=2, pad_mode="pad", pad=1)),
+    ((2, 16, 10, 9), (32, 16, 1, 1), dict(kernel_size=1, stride=2)),
+    ((1, 24, 7, 7), (40, 24, 1, 1), dict(kernel_size=1)),  # few pixels: one product
+    ((2, 6, 11, 10), (9, 6, 3, 3), dict(kernel_size=3, dilation=2, pad_mode="same")),
+    ((2, 6, 12, 11), (6, 3, 3, 3), dict(kernel_size=3, group=2, stride=2, pad_mode="same")),
+    ((2, 8, 9, 9), (8, 1, 3, 3), dict(kernel_size=3, group=8, pad_mode="pad", pad=1)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", RESNET_LIKE)
+def test_resnet_like_gradients_match_the_reference_as_kernels(x_shape, w_shape, attrs, dtype,
+                                                              rng):
+    attrs = {"out_channel": w_shape[0], **attrs}
+    exe_in, exe_w = check(attrs, x_shape, w_shape, rng, dtype)
+    # The input's gradient is always convolutions; the filter's too unless grouped.
+    assert reference_steps(exe_in) == []
+    assert window_kernels(exe_in)
+    grouped = attrs.get("group", 1) > 1
+    assert reference_steps(exe_w) == (["Conv2DBackpropFilter"] if grouped else [])
+    if not grouped and w_shape[2:] != (1, 1):
+        assert window_kernels(exe_w)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_random_geometries_match_the_reference(dtype, rng):
+    for _ in range(10):
+        x_shape, w_shape, attrs = random_conv(rng)
+        exe_in, _ = check(attrs, x_shape, w_shape, rng, dtype)
+        assert reference_steps(exe_in) == []
+
+
+def test_float16_rounds_once(rng):
+    # float16 convolutions compute in float32 and round once, as the references do.
+    for x_shape, w_shape, attrs in RESNET_LIKE[2:5]:
+        check({"out_channel": w_shape[0], **attrs}, x_shape, w_shape, rng, "float16")
+
+
+def test_fusion_off_keeps_the_reference(rng):
+    # Unfused, each op runs as itself: the expansion is the fusion pipeline's.
+    exe_in, exe_w = backprops(dict(out_channel=4, kernel_size=3), (1, 2, 6, 6), (4, 2, 3, 3),
+                              options=OFF)
+    assert reference_steps(exe_in) == ["Conv2DBackpropInput"]
+    assert reference_steps(exe_w) == ["Conv2DBackpropFilter"]
+
+
+class SmallNet(nn.Cell):
+    """A strided 3x3, a dilated one, a grouped one and a 1x1 stride-2 shortcut."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, stride=2, pad_mode="pad", padding=1, dtype=dtype)
+        self.c2 = nn.Conv2d(8, 8, 3, pad_mode="same", dilation=2, dtype=dtype)
+        self.c3 = nn.Conv2d(8, 8, 3, pad_mode="same", group=4, dtype=dtype)
+        self.down = nn.Conv2d(3, 8, 1, stride=2, dtype=dtype)
+        self.relu = nn.ReLU()
+        self.sum = P.ReduceSum()
+
+    def construct(self, x, r):
+        y = self.c3(self.relu(self.c2(self.relu(self.c1(x))))) + self.down(x)
+        return self.sum(y * r)
+
+
+def test_small_net_gradients_match_torch(rng):
+    torch = pytest.importorskip("torch")
+    context.set_context(mode=context.GRAPH_MODE, enable_graph_kernel=True)
+    try:
+        net = SmallNet(np.float64)
+        x = rng.standard_normal((2, 3, 11, 10))
+        r = rng.standard_normal((2, 8, 6, 5))
+        grads = graphkernel.grad(net, (0,), weights=net.trainable_params())(Tensor(x),
+                                                                           Tensor(r))
+    finally:
+        context.set_context(enable_graph_kernel=False)
+    params = {p.name: torch.tensor(p.asnumpy(), requires_grad=True)
+              for p in net.trainable_params()}
+    tx = torch.tensor(x, requires_grad=True)
+    F = torch.nn.functional
+    h = F.relu(F.conv2d(tx, params["c1.weight"], stride=2, padding=1))
+    h = F.relu(F.conv2d(h, params["c2.weight"], padding=2, dilation=2))
+    y = F.conv2d(h, params["c3.weight"], padding=1, groups=4) + \
+        F.conv2d(tx, params["down.weight"], stride=2)
+    (y * torch.tensor(r)).sum().backward()
+    (dx,), dws = grads
+    np.testing.assert_allclose(dx.asnumpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    for p, g in zip(net.trainable_params(), dws):
+        np.testing.assert_allclose(g.asnumpy(), params[p.name].grad.numpy(), rtol=1e-10,
+                                   atol=1e-10, err_msg=p.name)
+
+
+def test_training_step_runs_no_reference_backprop(rng):
+    # A training step of the small net: fused, no step runs a backprop's reference except the
+    # grouped convolution's filter gradient, and the updated weights equal the unfused step's.
+    x = rng.standard_normal((2, 3, 11, 10)).astype(np.float32)
+    r = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
+    after = {}
+    for name, options in (("fused", ON), ("unfused", OFF)):
+        net = SmallNet(np.float32)
+        for p in net.trainable_params():
+            p.set_data(Tensor(np.random.default_rng(len(p.name)).standard_normal(
+                p.shape).astype(np.float32)))
+        step = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.01))
+        exe = graphkernel.compile(step, x, r, options=options)
+        exe.run_arrays(x, r)
+        after[name] = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+        if name == "fused":
+            assert reference_steps(exe) == ["Conv2DBackpropFilter"]  # c3's, grouped
+        else:
+            assert sorted(reference_steps(exe)) == ["Conv2DBackpropFilter"] * 4 + \
+                ["Conv2DBackpropInput"] * 2  # c2 and c3: x needs none
+    for key, value in after["fused"].items():
+        np.testing.assert_allclose(value, after["unfused"][key], rtol=1e-4, atol=1e-5,
+                                   err_msg=key)
