@@ -127,7 +127,8 @@ def _emit(plan: ExecutionPlan, module: str,
         "",
     ]
     if blas is not None:
-        lines += [*prelude(blas.int64), ""]
+        lines += [*prelude(blas.int64, any(isinstance(c, GemmCall) and c.library == "graphkernel"
+                                           for c in calls.values())), ""]
     if any(plan.slots[s].type.dtype == np.bool_ for s in args):
         lines += [
             "/* bool arguments hold 0 or 1 in each byte; any other byte (a uint8 view) goes to the",

@@ -32,6 +32,15 @@ from graphkernel.runtime.plan import ExecutionPlan, Step
 # Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
 # split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
 PARALLEL_BATCH_MIN_MNK = 1 << 22
+# A stack of products with every side at most this and B at most SMALL_PRODUCT_MAX_B elements
+# runs on graphkernel's small-product kernel (`SMALL_PRODUCT`), not BLAS: attention's per-head
+# scores and context (seq 128, head 64) and their gradients. BLAS packs both operands on every
+# call, which at such sizes costs about as much as the multiply-adds: 96 heads of 128x128x64 took
+# 5.4-6.1 ms on one AMD EPYC thread in OpenBLAS and MKL alike (33-37 GFLOP/s, against 87 for the
+# layer's 1024x768x3072 product), 3.1-4.4 ms on this kernel. 0 turns it off.
+SMALL_PRODUCT_MAX_SIDE = 256
+SMALL_PRODUCT_MAX_B = 1 << 14  # 64 KiB of float32: B^T is packed on the stack, stays in L2
+SMALL_PRODUCT_LABEL = "graphkernel small-product kernel"
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # the CBLAS enum values
 
 
@@ -57,7 +66,9 @@ class GemmCall:
     c: Matrix
     double: bool
     one_thread: bool  # Step.blas_threads == 1
-    library: str = "openblas"  # whose cblas_?gemm runs it (blas_choice.py): "openblas", "mkl"
+    # whose cblas_?gemm runs it (blas_choice.py): "openblas", "mkl"; or "graphkernel", the
+    # entry's own small-product kernel (`small_product`)
+    library: str = "openblas"
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -253,8 +264,87 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
 """
 
 
-def prelude(int64: bool) -> list[str]:
-    return PRELUDE.replace("BLASINT", "int64_t" if int64 else "int").split("\n")
+# graphkernel's small-product kernel: C = A B for row-major C, A and B either way round (as the
+# CBLAS flags say), float32, alpha 1, beta 0. Eight rows of A by two 16-float vectors of B's row
+# accumulate in registers over k: A is read as broadcast scalars in place, B's rows in place, or
+# packed once per call when B is transposed (its columns contiguous). Compiled at -O3 with
+# contracted multiply-adds like BLAS's kernels, inside the entry's -Og glue (library.py).
+SMALL_PRODUCT = """#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize ("O3", "fp-contract=fast")
+#endif
+typedef float gk_v16 __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) void gk_small_tile(
+    const int rows, const int vecs, const float *a, int64_t ra, int64_t da, const float *b,
+    int64_t ldb, float *c, int64_t ldc, int64_t k) {
+  gk_v16 acc[8][2];
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < vecs; ++v) acc[r][v] = (gk_v16){0};
+  for (int64_t d = 0; d < k; ++d) {
+    gk_v16 row[2];
+    for (int v = 0; v < vecs; ++v) memcpy(&row[v], b + d * ldb + 16 * v, sizeof(gk_v16));
+    for (int r = 0; r < rows; ++r) {
+      const float x = a[r * ra + d * da];
+      for (int v = 0; v < vecs; ++v) acc[r][v] += x * row[v];
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < vecs; ++v) memcpy(c + r * ldc + 16 * v, &acc[r][v], sizeof(gk_v16));
+}
+
+static void gk_small_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc) {
+  float packed[tb ? k * n : 1];  /* k * n <= SMALL_MAX_B (c_gemm.py `small_product`) */
+  if (tb) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t d = 0; d < k; ++d) packed[d * n + j] = B[j * ldb + d];
+    B = packed;
+    ldb = n;
+  }
+  const int64_t ra = ta ? 1 : lda, da = ta ? lda : 1;  /* A(i, d) = A[i * ra + d * da] */
+  const int64_t n32 = n / 32 * 32, n16 = n / 16 * 16;
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    for (int64_t j = 0; j < n32; j += 32)
+      gk_small_tile(8, 2, A + i * ra, ra, da, B + j, ldb, C + i * ldc + j, ldc, k);
+    if (n16 > n32)
+      gk_small_tile(8, 1, A + i * ra, ra, da, B + n32, ldb, C + i * ldc + n32, ldc, k);
+  }
+  for (; i < m; ++i) {
+    for (int64_t j = 0; j < n32; j += 32)
+      gk_small_tile(1, 2, A + i * ra, ra, da, B + j, ldb, C + i * ldc + j, ldc, k);
+    if (n16 > n32)
+      gk_small_tile(1, 1, A + i * ra, ra, da, B + n32, ldb, C + i * ldc + n32, ldc, k);
+  }
+  for (int64_t r = 0; r < m; ++r)  /* columns past the last whole vector */
+    for (int64_t j = n16; j < n; ++j) {
+      float sum = 0;
+      for (int64_t d = 0; d < k; ++d) sum += A[r * ra + d * da] * B[d * ldb + j];
+      C[r * ldc + j] = sum;
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+""".replace("SMALL_MAX_B", str(SMALL_PRODUCT_MAX_B))
+
+
+def prelude(int64: bool, small_products: bool = False) -> list[str]:
+    """The entry's BLAS declarations; with graphkernel's small-product kernel where some
+    product runs on it (`small_product`)."""
+    text = PRELUDE.replace("BLASINT", "int64_t" if int64 else "int")
+    return (text + ("\n#include <string.h>\n" + SMALL_PRODUCT if small_products else "")
+            ).split("\n")
+
+
+def small_product(call: GemmCall) -> bool:
+    """Whether a product runs on graphkernel's small-product kernel rather than BLAS: a float32
+    stack of products of static sizes, each side at most SMALL_PRODUCT_MAX_SIDE, B at most
+    SMALL_PRODUCT_MAX_B elements, and a row of the result at least one 16-float vector."""
+    sides = (call.m, call.n, call.k)
+    return bool(call.batch) and not call.double and not call.symbols and \
+        all(isinstance(d, int) and d <= SMALL_PRODUCT_MAX_SIDE for d in sides) and \
+        call.n >= 16 and call.k * call.n <= SMALL_PRODUCT_MAX_B
 
 
 def _batch_indices(call: GemmCall, indent: str) -> list[str]:
@@ -330,8 +420,12 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
             b += " + gk_lo" + (f" * {call.b.ld}" if call.b.trans else "")
             c += " + gk_lo"
             n = "gk_hi - gk_lo"
-    gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {m}, "
-            f"{n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
+    if call.library == "graphkernel":
+        gemm = (f"gk_small_sgemm({int(call.a.trans)}, {int(call.b.trans)}, {m}, {n}, {call.k}, "
+                f"{a}, {call.a.ld}, {b}, {call.b.ld}, {c}, {call.c.ld});")
+    else:
+        gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {m}, "
+                f"{n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
     if parallel_batch(call):
         lines += ["    #pragma omp parallel for schedule(static)",
                   f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
@@ -396,6 +490,9 @@ def with_library(call: GemmCall, step: Step) -> GemmCall:
     import dataclasses
 
     from graphkernel.backends.c import blas_choice
+    if small_product(call):  # no library's call packs such sizes fast (SMALL_PRODUCT_MAX_SIDE)
+        step.attrs["gemm_library"] = SMALL_PRODUCT_LABEL
+        return dataclasses.replace(call, library="graphkernel")
     if call.symbols:  # its shape is known per call only: numpy's OpenBLAS, as without MKL
         return call
     m, n, k = thread_shape(call, blas_choice.openmp_threads())
