@@ -139,25 +139,29 @@ class _Spelling:
         self.place: dict[int, str] = {}  # value uid -> its place in the group
 
     def graph(self, graph: Graph, tag: str) -> None:
-        add = self.parts.append
+        add, place, encode = self.parts.append, self.place, self.encode
         add(f"graph {tag}: inputs")
         for i, value in enumerate(graph.inputs):
-            self.place[value.uid] = f"{tag}i{i}"
-            add(self.encode(value.type))
+            place[value.uid] = f"{tag}i{i}"
+            add(encode(value.type))
         add("constants")
         for i, const in enumerate(graph.constants()):
-            self.place[const.uid] = f"{tag}c{i}"
-            add(self.encode(const.value))
+            place[const.uid] = f"{tag}c{i}"
+            add(encode(const.value))
         add("nodes")
         for i, node in enumerate(graph.nodes):
-            add(f"{node.op}({','.join(self.ref(v) for v in node.inputs)})"
-                f"{self.encode(node.attrs)}:{self.encode(node.type)}")
+            try:
+                reads = ",".join([place[v.uid] for v in node.inputs])
+            except KeyError:
+                raise _Unkeyable(f"{node.name} reads a value not the group's") from None
+            add(f"{node.op}({reads}){encode(node.attrs) if node.attrs else '{}'}:"
+                f"{encode(node.type)}")
             if node.subgraph is not None:
                 self.graph(node.subgraph, f"{tag}n{i}.")
                 inner = node.subgraph
                 add("binds " + ",".join(self.ref(v) for v in inner.inputs) + " returns " +
                     ",".join(self.ref(v) for v in inner.outputs))
-            self.place[node.uid] = f"{tag}n{i}"
+            place[node.uid] = f"{tag}n{i}"
         add("outputs " + ",".join(self.ref(v) for v in graph.outputs))
 
     def ref(self, value: Value) -> str:
@@ -183,9 +187,9 @@ class _Spelling:
         if isinstance(obj, Value):
             return "@" + self.ref(obj)
         if isinstance(obj, np.ndarray):
-            data = np.ascontiguousarray(obj)
-            return (f"array{data.dtype.str}{data.shape}:"
-                    f"{hashlib.sha256(data.tobytes()).hexdigest()}")
+            data = np.ascontiguousarray(obj).tobytes()
+            return (f"array{obj.dtype.str}{obj.shape}:" +
+                    (data.hex() if len(data) <= 64 else hashlib.sha256(data).hexdigest()))
         if isinstance(obj, np.generic):
             return f"{obj.dtype.str}:{obj!r}"
         if isinstance(obj, np.dtype):
