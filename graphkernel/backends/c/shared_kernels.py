@@ -267,11 +267,11 @@ def spec_key(spec: KernelSpec, config: object) -> str | None:
     return hashlib.sha256("\n".join(spelling.parts).encode()).hexdigest()
 
 
-def _renamed(kernel: KernelSource, name: str) -> KernelSource | None:
+def _renamed(kernel: KernelSource, code: str, name: str) -> KernelSource | None:
     """`kernel`'s C under `name`, the text its emitter writes for `name` (the key says the
-    rest is the same); None when its own name cannot be taken out (`structural_key`)."""
-    code = structural_key(kernel)
-    if code is None or _in_prelude(name):
+    rest is the same), from `code`, its C with its own name taken out (`structural_key`);
+    None when `name` cannot be put in safely."""
+    if _in_prelude(name):
         return None
     return dataclasses.replace(kernel, name=name, source=code.replace(_NAME_MARK, name))
 
@@ -283,20 +283,21 @@ class EmitOnce:
 
     def __init__(self, emit: Callable[[KernelSpec, Any], KernelSource]) -> None:
         self._emit = emit
-        self._first: dict[str, KernelSource] = {}
+        # key -> the first spec's C and that C with its name taken out (None: not separable)
+        self._first: dict[str, tuple[KernelSource, str | None]] = {}
         self.emitted = 0
         self.bound = 0
 
     def __call__(self, spec: KernelSpec, config: Any) -> KernelSource:
         key = spec_key(spec, config)
         first = None if key is None else self._first.get(key)
-        if first is not None:
-            renamed = _renamed(first, spec.name)
+        if first is not None and first[1] is not None:
+            renamed = _renamed(first[0], first[1], spec.name)
             if renamed is not None:
                 self.bound += 1
                 return renamed
         self.emitted += 1
         source = self._emit(spec, config)
         if key is not None and first is None:
-            self._first[key] = source
+            self._first[key] = (source, structural_key(source))
         return source
