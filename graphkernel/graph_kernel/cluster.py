@@ -11,6 +11,7 @@ Groups are materialised as composite nodes named after their members (Fused_Mul_
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,9 @@ def _attr_text(value: object) -> str | None:
     return None
 
 
-def _type_text(type_: object) -> str:
+@functools.lru_cache(maxsize=4096)
+def _type_text(type_: TensorType | TupleType) -> str:
+    """A value type as the memo's key spells it (types are immutable; a pass meets few)."""
     if isinstance(type_, TupleType):
         return "(" + ",".join(_type_text(t) for t in type_.items) + ")"
     assert isinstance(type_, TensorType)
