@@ -15,7 +15,7 @@ from bench.real_models import encoder_params, gk_encoder
 from graphkernel import nn
 from graphkernel.errors import VerifyError
 from graphkernel.frontend import compile_cache, context
-from graphkernel.graph_kernel import parallel_fusion, pipeline
+from graphkernel.graph_kernel import cluster, parallel_fusion, pipeline, schedule
 from graphkernel.graph_kernel.parallel_fusion import ParallelFuser
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ir.graph import Constant, Graph
@@ -255,3 +255,75 @@ def test_a_training_steps_written_weights_are_found_once(monkeypatch: pytest.Mon
     step = graphkernel.compile(_training_step(1), x, x, options=ON)
     assert len(step.written) == len(step.params) > 10  # Adam writes every weight and its state
     assert walks <= 2, walks
+
+
+def _compiled_text(cell: Any, *arrays: np.ndarray) -> str:
+    """Every stage's graph, the plan and the fusion reasons of a compile, as text."""
+    compiled = graphkernel.compile(cell, *arrays, options=ON)
+    return "\n".join(print_graph(g, n) for n, g in compiled.report.stages.items()) + \
+        compiled.executable.plan.describe() + \
+        repr([(r.producer, r.consumer, r.rule, r.detail) for r in compiled.reasons])
+
+
+def _analyses(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Counts the group analyses clustering and parallel fusion run (not lowering's, which
+    plans each kernel once): True for each that found a schedule, False for each refused."""
+    runs: list[bool] = []
+    fusing = [False]
+    real = schedule.analyze
+
+    def counted(nodes: Any, outputs: Any) -> Any:
+        try:
+            found = real(nodes, outputs)
+        except schedule.NotSchedulable:
+            if fusing[0]:
+                runs.append(False)
+            raise
+        if fusing[0]:
+            runs.append(True)
+        return found
+
+    def fusing_in(stage: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            fusing[0] = True
+            try:
+                return stage(*args, **kwargs)
+            finally:
+                fusing[0] = False
+        return run
+
+    monkeypatch.setattr(cluster, "analyze", counted)
+    monkeypatch.setattr(parallel_fusion, "analyze", counted)
+    monkeypatch.setattr(pipeline, "cluster", fusing_in(pipeline.cluster))
+    monkeypatch.setattr(pipeline, "parallel_fuse", fusing_in(pipeline.parallel_fuse))
+    return runs
+
+
+def test_identical_layers_groups_are_analysed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer of a stack tries the same unions; a schedule found for one group's structure
+    serves the others (cluster.AnalysisMemo). Before, the analyses that found a schedule grew
+    with depth (3 layers 357, 6 layers 714; now 99 and 99)."""
+    monkeypatch.setenv(compile_cache.ENV, "0")  # the stages run
+    runs = _analyses(monkeypatch)
+    x = _inputs()
+    found = {}
+    for depth in (3, 6):
+        runs.clear()
+        graphkernel.compile(_training_step(depth), x, x, options=ON)
+        found[depth] = runs.count(True)
+    assert found[6] == found[3], found
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_compile_with_the_analysis_memo_is_the_compile_without(
+        monkeypatch: pytest.MonkeyPatch, depth: int) -> None:
+    """The schedules the memo hands out lead to the very graphs, plan and reasons that
+    analysing each group again does (an encoder and its training step)."""
+    monkeypatch.setenv(compile_cache.ENV, "0")  # the stages run
+    x = _inputs()
+    cells = [lambda: (_encoder(depth), [x]), lambda: (_training_step(depth), [x, x])]
+    with_memo = [_compiled_text(cell, *arrays) for cell, arrays in (c() for c in cells)]
+    monkeypatch.setattr(cluster.AnalysisMemo, "analyze",
+                        lambda self, nodes, outputs: schedule.analyze(nodes, outputs))
+    without = [_compiled_text(cell, *arrays) for cell, arrays in (c() for c in cells)]
+    assert with_memo == without

@@ -11,15 +11,20 @@ Groups are materialised as composite nodes named after their members (Fused_Mul_
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.flags import GraphKernelFlags
+from graphkernel.graph_kernel.index_maps import IndexMap
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
-from graphkernel.graph_kernel.schedule import NotSchedulable, analyze, fusible_op
+from graphkernel.graph_kernel.schedule import NotSchedulable, Schedule, analyze, fusible_op
 from graphkernel.ir.graph import Constant, Graph, Input, Node, Value, note_phases, phases_of
 from graphkernel.ir.opset import PatternKind, Window, get_op
-from graphkernel.ir.types import TupleType
+from graphkernel.ir.types import TensorType, TupleType
 
 
 @dataclass
@@ -101,6 +106,127 @@ def flatten(units: list[Node]) -> tuple[list[Node], dict[int, Value]]:
     return nodes, env
 
 
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _attr_text(value: object) -> str | None:
+    """An attribute value as text that tells apart any two values, or None for a kind this does
+    not spell (the group is then analysed without the memo)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return f"{kind.__name__}:{value!r}"
+    if kind is tuple or kind is list:
+        items = [_attr_text(v) for v in value]  # type: ignore[attr-defined]
+        return None if None in items else f"{kind.__name__}[{','.join(items)}]"  # type: ignore[arg-type]
+    if isinstance(value, np.dtype):
+        return f"dtype:{value.str}"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _type_text(type_: TensorType | TupleType) -> str:
+    """A value type as the memo's key spells it (types are immutable; a pass meets few)."""
+    if isinstance(type_, TupleType):
+        return "(" + ",".join(_type_text(t) for t in type_.items) + ")"
+    assert isinstance(type_, TensorType)
+    return f"{type_.dtype.str}{type_.shape!r}"
+
+
+class AnalysisMemo:
+    """schedule.analyze by the group's structure, within one pass. Every layer of a stack tries
+    the same unions: a 12-layer encoder's training step analysed 1928 groups of 128 structures.
+    The structure is what analyze reads: each op, its attributes and type, and its inputs by
+    place (an op of the group by position; a value from outside by order of first use, its
+    class and type; a constant also by its bytes), and the outputs by place. A schedule found
+    for a structure is handed to a later group of that structure with every value put in by
+    place, in the same order; a group that is not schedulable is analysed again, so that the
+    reason names its own values."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, tuple[Any, ...] | None] = {}
+        self.hits = 0
+
+    def analyze(self, nodes: list[Node], outputs: list[Value]) -> Schedule:
+        spelt = self._spell(nodes, outputs)
+        if spelt is None:
+            return analyze(nodes, outputs)
+        key, values = spelt
+        template = self._found.get(key)
+        if template is not None:
+            self.hits += 1
+            return _put_in(template, values)
+        sched = analyze(nodes, outputs)  # NotSchedulable: nothing kept
+        if key not in self._found:
+            self._found[key] = _take_out(sched, {v.uid: i for i, v in enumerate(values)})
+        return sched
+
+    @staticmethod
+    def _spell(nodes: list[Node], outputs: list[Value]) -> tuple[str, list[Value]] | None:
+        place: dict[int, int] = {}
+        values: list[Value] = []
+        parts: list[str] = []
+        for node in nodes:
+            if node.subgraph is not None:
+                return None
+            reads = []
+            for v in node.inputs:
+                at = place.get(v.uid)
+                if at is None:
+                    at = place[v.uid] = len(values)
+                    values.append(v)
+                    if isinstance(v, Constant):
+                        data = v.value.tobytes()
+                        parts.append(f"constant {v.value.dtype.str}{v.value.shape}:" +
+                                     (data.hex() if len(data) <= 64 else f"id{id(v)}"))
+                    else:
+                        parts.append(f"{type(v).__name__} {_type_text(v.type)}")
+                reads.append(str(at))
+            attrs = []
+            for name, value in node.attrs.items():
+                text = _attr_text(value)
+                if text is None:
+                    return None
+                attrs.append(f"{name}={text}")
+            place[node.uid] = len(values)
+            values.append(node)
+            parts.append(f"{node.op}({','.join(reads)}){{{';'.join(attrs)}}}:"
+                         f"{_type_text(node.type)}")
+        outs = [place.get(o.uid) for o in outputs]
+        if None in outs:
+            return None
+        parts.append("out " + ",".join(map(str, outs)))
+        return "\n".join(parts), values
+
+
+def _take_out(sched: Schedule, place: dict[int, int]) -> tuple[Any, ...] | None:
+    """`sched` with every value (a uid key, a node, a map's source) as its place; None when it
+    holds a value that is not one of the group's."""
+    try:
+        return (sched.space, sched.reduce_axes,
+                [(place[u], a) for u, a in sched.aligned.items()],
+                [(place[u], p) for u, p in sched.outer_phase.items()],
+                [[place[n.uid] for n in phase] for phase in sched.phases],
+                [(place[u], place[m.source.uid], m.offset, m.strides)
+                 for u, m in sched.maps.items()],
+                [(place[u], axis, tuple((place[v.uid], at) for v, at in pieces))
+                 for u, (axis, pieces) in sched.concats.items()],
+                [(place[u], place[v.uid], shape) for u, (v, shape) in sched.tiles.items()])
+    except KeyError:
+        return None
+
+
+def _put_in(template: tuple[Any, ...], values: list[Value]) -> Schedule:
+    space, axes, aligned, outer, phases, maps, concats, tiles = template
+    uid = [v.uid for v in values]
+    return Schedule(
+        space, axes, {uid[i]: a for i, a in aligned}, {uid[i]: p for i, p in outer},
+        [[values[i] for i in phase] for phase in phases],
+        {uid[i]: IndexMap(values[j], offset, strides) for i, j, offset, strides in maps},
+        {uid[i]: (axis, tuple((values[j], at) for j, at in pieces))
+         for i, axis, pieces in concats},
+        {uid[i]: (values[j], shape) for i, j, shape in tiles})
+
+
 class Clusterer:
     def __init__(self, graph: Graph, flags: GraphKernelFlags, allow_composites: bool,
                  stage: str, cost: CostModel = DEFAULT_COST_MODEL) -> None:
@@ -115,6 +241,7 @@ class Clusterer:
         self.output_uids = {v.uid for v in graph.results()}
         self.group_of: dict[int, Group] = {}
         self.reasons: dict[tuple[int, int], FusionReason] = {}
+        self.analysis = AnalysisMemo()
 
     # -- which nodes may join groups ------------------------------------------------------
     def unit_refusal(self, node: Node) -> tuple[FuseRule, str] | None:
@@ -182,7 +309,7 @@ class Clusterer:
         units = sorted(a.units + b.units, key=lambda n: self.pos[n.uid])
         nodes, inputs, outputs, _ = self.describe(units)
         try:
-            sched = analyze(nodes, outputs)
+            sched = self.analysis.analyze(nodes, outputs)
         except NotSchedulable as exc:
             self._refuse(producer, consumer, FuseRule.SHAPE, str(exc))
             return

@@ -217,7 +217,7 @@ class ParallelFuser:
         if not outputs or all(v.tensor_type.size == 0 for v in outputs):
             return FuseRule.SHAPE, f"{node.name} computes nothing"
         try:
-            sched = analyze(nodes, outputs)
+            sched = self.clusterer.analysis.analyze(nodes, outputs)
         except NotSchedulable as exc:
             return FuseRule.SHAPE, f"{node.name} is not one loop nest: {exc}"
         reads = {v.uid: v.tensor_type.nbytes for v in inputs
@@ -300,7 +300,7 @@ class ParallelFuser:
             if len(nodes) > self.flags.composite_op_limit_size:
                 continue  # one nest holds at most as many ops as a fused group
             try:
-                sched = analyze(nodes, outputs)
+                sched = self.clusterer.analysis.analyze(nodes, outputs)
             except NotSchedulable:
                 continue
             reads = nest.reads

@@ -56,6 +56,7 @@ from graphkernel.backends.c.library import (
     toolchain_text,
     uses_openmp,
 )
+from graphkernel.backends.c.shared_kernels import EmitOnce
 from graphkernel.backends.c.tuning import Choice, Knobs, choose_schedules, stored_choice
 from graphkernel.errors import FormatError
 from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
@@ -171,13 +172,15 @@ class CBackend:
                 cache.warn_once(f"graphkernel: {refused}")
                 notes.append(refused)
         if library is None and specs:
+            # Identical groups (a stack of identical layers) have their C written once
+            emit = EmitOnce(self.emit)
             if toolchain.detect() is not None:
                 # Each kernel's schedule: a record of this machine's, measured now, or the
                 # defaults
-                choices = choose_schedules(plan, config, tuning_level, self.emit)
-            kernels = [self.emit(spec, config) if spec.name not in choices else
+                choices = choose_schedules(plan, config, tuning_level, emit)
+            kernels = [emit(spec, config) if spec.name not in choices else
                        choices[spec.name].source or
-                       self.emit(spec, choices[spec.name].knobs.apply(config))
+                       emit(spec, choices[spec.name].knobs.apply(config))
                        for spec in specs]
             marked = None if key is None else \
                 functools.partial(_mark, key, specs, choices, plan)
