@@ -115,11 +115,15 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
     # Row by row: the window's rows inside the image, and per window column the range of
     # outputs whose column is inside (constants), so the loop over a row's outputs has no
     # tests and vectorises. Each output still takes its window's elements in row-major order.
-    init = f"acc[j] = -{inf};" if is_max else "acc[j] = 0; cnt[j] = 0;"
-    take = "acc[j] = (v > acc[j] || v != v) ? v : acc[j];" if is_max else \
-        "acc[j] += v; cnt[j] += 1;"
-    result = "acc[j]" if is_max else "acc[j] / cnt[j]"
+    # An average divides by the elements its window covers: the rows inside (counted per
+    # output row) times the columns inside (a constant per output column), so the passes over
+    # the window add values only (a count array beside the sums doubled their loads and
+    # stores). The divisor is the same whole number the count reached: the same quotient.
+    init = f"acc[j] = -{inf};" if is_max else "acc[j] = 0;"
+    take = "acc[j] = (v > acc[j] || v != v) ? v : acc[j];" if is_max else "acc[j] += v;"
+    result = "acc[j]" if is_max else f"acc[j] / (({ct})rows * cols[j])"
     columns = []
+    inside = [0] * ow
     for bb in range(kw):
         lo = max(0, -(-(pl - bb) // sw))
         hi = min(ow, (wd - 1 - bb + pl) // sw + 1)
@@ -129,14 +133,21 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
                         f"        const {ct} v = ({ct})row[j * {sw} + {bb - pl}];",
                         f"        {take}",
                         "      }"]
+            for j in range(lo, hi):
+                inside[j] += 1
+    counts = [] if is_max else [
+        f"  static const {ct} cols[{ow}] = {{{', '.join(str(n) for n in inside)}}};"]
     return [
         f"static void {plane}(const {st} *restrict xc, {st} *restrict o) {{",
-        f"  {ct} acc[{ow}];" + ("" if is_max else f" {ct} cnt[{ow}];"),
+        f"  {ct} acc[{ow}];",
+        *counts,
         f"  for (int64_t i = 0; i < {oh}; ++i) {{",
         f"    for (int64_t j = 0; j < {ow}; ++j) {{ {init} }}",
+        *([] if is_max else ["    int64_t rows = 0;"]),
         f"    for (int64_t a = 0; a < {kh}; ++a) {{",
         f"      const int64_t r = i * {sh} + a - {pt};",
         f"      if (r < 0 || r >= {h}) continue;",
+        *([] if is_max else ["      ++rows;"]),
         f"      const {st} *restrict row = xc + r * {wd}LL;",
         *columns,
         "    }",
