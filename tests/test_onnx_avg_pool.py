@@ -19,6 +19,7 @@ from onnx_models import onnxruntime_outputs  # noqa: E402
 import graphkernel  # noqa: E402
 from graphkernel import Tensor, nn  # noqa: E402
 from graphkernel.frontend import context  # noqa: E402
+from graphkernel.graph_kernel.cluster import flat_ops  # noqa: E402
 from graphkernel.ops import operations as P  # noqa: E402
 
 
@@ -44,7 +45,7 @@ CASES = [
     ((2, 3, 9, 9), (3, 3), (1, 1), (1, 1, 1, 1), 1, 0),
     ((1, 4, 10, 7), (3, 2), (2, 2), (1, 0, 0, 1), 0, 1),  # asymmetric, ceil's end padding
     ((1, 4, 10, 7), (3, 2), (2, 2), (1, 0, 0, 1), 1, 1),
-    ((1, 2, 20, 20), (5, 5), (3, 3), (2, 2, 2, 2), 1, 1),
+    ((1, 2, 20, 20), (5, 5), (3, 3), (2, 2, 2, 2), 1, 1),  # ceil adds 2 uncounted rows, cols
 ]
 
 
@@ -63,10 +64,16 @@ def test_an_average_pool_with_pads_is_one_padded_pool_and_matches_onnxruntime(
     pools = [n for n in loaded.graph.nodes if n.op == "AvgPool"]
     assert len(pools) == 1 and pools[0].attrs["pad_mode"] == "pad", ops
     assert "Concat" not in ops, ops
+    # The pool divides as ONNX does by itself, but for count_include_pad beside ceil_mode's
+    # uncounted end padding (the 5x5 case): a rescale (Mul) after it.
+    rescaled = case == CASES[-1]
+    flat = [m.op for n in loaded.graph.nodes for m in flat_ops(n)]
+    assert ("Mul" in flat) == rescaled, flat
+    assert pools[0].attrs["count_include_pad"] == (bool(count_include_pad) and not rescaled)
     compiled = nn.GraphCell(loaded).compiled
     if fusion:
         assert compiled.entry is not None, compiled.plan.describe()
-        # the pool, then the rescale (count_include_pad) fused with the Relu
+        # the pool, then the Relu (and any rescale)
         assert compiled.kernel_count == 2, [k.name for k in compiled.kernels]
     x = (rng.standard_normal(shape) + 0.5).astype(np.float32)
     expected, = onnxruntime_outputs(model, {"x": x})
@@ -90,17 +97,19 @@ def test_a_window_of_padding_alone_keeps_the_zero_bordered_form(tmp_path, rng):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("pad_mode,padding", [("same", 0), ("pad", (1, 0, 2, 1))])
+@pytest.mark.parametrize("pad_mode,padding,counted", [
+    ("same", 0, False), ("pad", (1, 0, 2, 1), False), ("pad", (1, 1, 1, 1), True)])
 def test_a_padded_avg_pool_exports_as_average_pool_and_runs_in_onnxruntime(
-        pad_mode, padding, tmp_path, rng):
-    """graphkernel's AvgPool does not count its padding: ONNX's count_include_pad=0."""
+        pad_mode, padding, counted, tmp_path, rng):
+    """graphkernel's AvgPool counts its padding as ONNX's count_include_pad says."""
     context.set_context(enable_graph_kernel=True)
 
     class ConvPool(nn.Cell):
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(3, 4, 3, pad_mode="same")
-            self.pool = P.AvgPool(kernel_size=3, strides=2, pad_mode=pad_mode, pad=padding)
+            self.pool = P.AvgPool(kernel_size=3, strides=2, pad_mode=pad_mode, pad=padding,
+                                  count_include_pad=counted)
 
         def construct(self, x):
             return self.pool(self.conv(x))
@@ -115,6 +124,7 @@ def test_a_padded_avg_pool_exports_as_average_pool_and_runs_in_onnxruntime(
     onnx.checker.check_model(made, full_check=True)
     pool, = [n for n in made.graph.node if n.op_type == "AveragePool"]
     assert any(p > 0 for a in pool.attribute if a.name == "pads" for p in a.ints)
+    assert [a.i for a in pool.attribute if a.name == "count_include_pad"] == [int(counted)]
     (name,) = [i.name for i in made.graph.input]
     got, = onnxruntime_outputs(made, {name: x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

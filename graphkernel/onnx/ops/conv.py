@@ -265,13 +265,15 @@ def _average_pool(cx: NodeContext, x: Value) -> Value:
         wanted = counted
     inside, divisor = _window_counts(counted, w), _window_counts(wanted, w)
     if n == 2 and all(d == 1 for d in w.dilations) and inside.min() > 0:
-        # graphkernel's AvgPool pads itself and divides by the input elements each window
-        # covers: one kernel, no zero borders concatenated first (they kept a plan off the
-        # compiled entry); count_include_pad's larger divisors are a constant rescale.
+        # graphkernel's AvgPool pads itself: one kernel, no zero borders concatenated first
+        # (they kept a plan off the compiled entry). It divides by the input elements each
+        # window covers, or with count_include_pad by the window's size; other divisors
+        # (count_include_pad beside ceil_mode's uncounted end padding) are a constant rescale.
         top, left, bottom, right = pads[2], pads[3], pads[6], pads[7]
+        whole = bool(np.all(divisor == math.prod(w.kernel)))
         y = op("AvgPool", x, kernel_size=tuple(w.kernel), strides=tuple(w.strides),
-               pad_mode="pad", pad=(top, bottom, left, right))
-        if np.array_equal(inside, divisor):
+               pad_mode="pad", pad=(top, bottom, left, right), count_include_pad=whole)
+        if whole or np.array_equal(inside, divisor):
             return y
         return op("Mul", y, const((inside / divisor).reshape((1, 1) + inside.shape), y))
     y = _window_reduce(cx, "AvgPool", pad_constant(x, pads, 0.0), w)
