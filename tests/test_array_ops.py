@@ -303,7 +303,7 @@ def test_conv2d_bad_arguments_are_shape_errors(rng):
         graphkernel.compile(Fn(lambda a, b: P.Conv2D(6, 3, dilation=3, group=2)(a, b)), x, w)
 
 
-def direct_pool(x, kernel, stride, pads, kind):
+def direct_pool(x, kernel, stride, pads, kind, counted=False):
     (t, b), (left, r) = pads
     n, c, h, w = x.shape
     oh = (h + t + b - kernel[0]) // stride[0] + 1
@@ -313,8 +313,11 @@ def direct_pool(x, kernel, stride, pads, kind):
         for j in range(ow):
             r0, c0 = i * stride[0] - t, j * stride[1] - left
             window = x[:, :, max(r0, 0):min(r0 + kernel[0], h), max(c0, 0):min(c0 + kernel[1], w)]
-            out[:, :, i, j] = window.max(axis=(2, 3)) if kind == "max" else \
-                window.astype(np.float64).mean(axis=(2, 3))
+            if kind == "max":
+                out[:, :, i, j] = window.max(axis=(2, 3))
+            else:  # counted: the padding's zeros are in the mean
+                size = kernel[0] * kernel[1] if counted else window.shape[2] * window.shape[3]
+                out[:, :, i, j] = window.astype(np.float64).sum(axis=(2, 3)) / size
     return out
 
 
@@ -350,6 +353,23 @@ def test_pools_with_explicit_pads_match_direct_loops(kind, shape, kernel, stride
     k, s = pair(kernel, "", ""), pair(stride, "", "")
     pads = window_padding(shape[2:], k, s, (1, 1), "pad", pad, "")
     np.testing.assert_allclose(out[0], direct_pool(x, k, s, pads, kind), rtol=1e-6, atol=1e-6)
+
+
+# count_include_pad (ONNX's AveragePool, torch's avg_pool2d default): the padding's zeros are
+# averaged too, every window dividing by its size; both plane forms.
+@pytest.mark.parametrize("shape,kernel,stride,pad", [
+    ((2, 3, 9, 9), 3, 1, 1), ((1, 2, 7, 6), (3, 2), (2, 1), (1, 0, 0, 1)),
+    ((1, 2, 35, 35), 3, 1, 1)])
+def test_avg_pools_counting_their_pads_match_direct_loops(shape, kernel, stride, pad, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    prim = P.AvgPool(kernel_size=kernel, strides=stride, pad_mode="pad", pad=pad,
+                     count_include_pad=True)
+    out, _ = both(lambda a: prim(a), x)
+    from graphkernel.ir.opdefs.nn import pair, window_padding
+    k, s = pair(kernel, "", ""), pair(stride, "", "")
+    pads = window_padding(shape[2:], k, s, (1, 1), "pad", pad, "")
+    np.testing.assert_allclose(out[0], direct_pool(x, k, s, pads, "avg", counted=True),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_a_pool_pad_without_pad_mode_pad_is_a_clear_error(rng):

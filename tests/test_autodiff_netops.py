@@ -45,6 +45,17 @@ def test_pools_same_padding(op: str, kernel: Any, strides: Any, fusion: bool) ->
     check_gradients(lambda x: pool(x), [A(rng, (2, 2, 5, 4))])
 
 
+# Explicit pads (ONNX's), the average's padding counted or not (count_include_pad).
+@pytest.mark.parametrize("counted", [False, True])
+@pytest.mark.parametrize("kernel, strides, pad", [(3, 1, 1), ((3, 2), 2, (1, 0, 0, 1))])
+def test_avg_pool_explicit_pads(counted: bool, kernel: Any, strides: Any, pad: Any,
+                                fusion: bool) -> None:
+    rng = np.random.default_rng(5)
+    pool = P.AvgPool(kernel_size=kernel, strides=strides, pad_mode="pad", pad=pad,
+                     count_include_pad=counted)
+    check_gradients(lambda x: pool(x), [A(rng, (2, 2, 5, 4))])
+
+
 def test_max_pool_gradient_goes_to_the_first_maximum_only(fusion: bool) -> None:
     x = np.ones((1, 1, 2, 2))
     grad = gk.grad(lambda t: P.ReduceSum()(P.MaxPool(kernel_size=2)(t)))(Tensor(x)).asnumpy()

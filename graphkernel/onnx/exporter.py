@@ -353,10 +353,11 @@ def _pool(w: _Writer, n: Node, ins: list[str], attrs: dict[str, Any]) -> str:
     kernel = pair(attrs["kernel_size"], "kernel_size", n.op)
     stride = pair(attrs["strides"], "strides", n.op)
     window = _window_attrs(n, kernel, stride, (1, 1), attrs["pad_mode"], attrs.get("pad", 0))
-    if n.op == "AvgPool" and any(window["pads"]):
-        raise UnsupportedError(f"export to ONNX: AvgPool {n.name} with pad_mode "
-                               f"{attrs['pad_mode']!r} pads its input")
-    return w.emit("MaxPool" if n.op == "MaxPool" else "AveragePool", ins, **window)
+    if n.op == "AvgPool":  # its padding is counted only with count_include_pad, as ONNX's
+        return w.emit("AveragePool", ins,
+                      count_include_pad=int(bool(attrs.get("count_include_pad", False))),
+                      **window)
+    return w.emit("MaxPool", ins, **window)
 
 
 _INT64_MAX, _INT64_MIN = 2 ** 63 - 1, -2 ** 63

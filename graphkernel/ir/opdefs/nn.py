@@ -220,11 +220,15 @@ declare(OpDef(name="Conv2DFoldedBN", kind=PatternKind.OPAQUE,
 # -- MaxPool and AvgPool ----------------------------------------------------------------------
 
 # pad_mode "pad" takes `pad` as Conv2D does (an int or (top, bottom, left, right)): ONNX's
-# explicit pads. A MaxPool's padding never wins a maximum; an AvgPool's is not counted.
+# explicit pads. A MaxPool's padding never wins a maximum; an AvgPool's is not counted, unless
+# count_include_pad (ONNX's and torch's attribute): then every window, which lies inside the
+# padded image, divides by its full size.
 _POOL_ATTRS = (("kernel_size", 1), ("strides", 1), ("pad_mode", "valid"),
                ("data_format", "NCHW"), ("pad", 0))
 _POOL_KINDS = (("kernel_size", AttrKind.INT_OR_INTS), ("strides", AttrKind.INT_OR_INTS),
                ("pad", AttrKind.INT_OR_INTS))
+_AVG_POOL_ATTRS = _POOL_ATTRS + (("count_include_pad", False),)
+_AVG_POOL_KINDS = _POOL_KINDS + (("count_include_pad", AttrKind.BOOL),)
 # Sizes given as one int or per axis (MindSpore's 4-tuple pads).
 _CONV_KINDS = (("out_channel", AttrKind.COUNT), ("kernel_size", AttrKind.INT_OR_INTS),
                ("pad", AttrKind.INT_OR_INTS), ("stride", AttrKind.INT_OR_INTS),
@@ -266,17 +270,19 @@ def _avg_pool_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     (t, b), (left, r) = geo["pads"]
     pads = ((0, 0), (0, 0), (t, b), (left, r))
     win = windows(np.pad(wide(x), pads), geo["kernel"], geo["stride"], (1, 1), geo["out"])
-    # 'same' padding is not counted: each window averages the input elements it covers.
-    ones = np.pad(np.ones((1, 1) + x.shape[2:], np.float32), pads)
+    # Padding is not counted (each window averages the input elements it covers), unless
+    # count_include_pad: then every window divides by its size.
+    ones = np.pad(np.ones((1, 1) + x.shape[2:], np.float32), pads,
+                  constant_values=1.0 if attrs.get("count_include_pad") else 0.0)
     count = windows(ones, geo["kernel"], geo["stride"], (1, 1), geo["out"]).sum(axis=(4, 5))
     with np.errstate(all="ignore"):
         out = win.sum(axis=(4, 5)) / count
     return np.ascontiguousarray(out.astype(x.dtype, copy=False))
 
 
-def _pool_grad(op: str) -> Any:
+def _pool_grad(op: str, names: tuple[tuple[str, Any], ...]) -> Any:
     def grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]:
-        pool = {name: attrs[name] for name, _ in _POOL_ATTRS}
+        pool = {name: attrs[name] for name, _ in names}
         return [b(op, n.inputs[0], n, dy, **pool)]
     return grad
 
@@ -284,11 +290,12 @@ def _pool_grad(op: str) -> Any:
 declare(OpDef(name="MaxPool", kind=PatternKind.OPAQUE, inputs=("x",),
               infer=_pool_infer("MaxPool"), reference=_max_pool_ref, init_attrs=_POOL_ATTRS,
               attr_kinds=_POOL_KINDS, accepts=FLOATS, functional=("max_pool2d",),
-              grad=_pool_grad("MaxPoolGrad"), window=Window.POOL))
+              grad=_pool_grad("MaxPoolGrad", _POOL_ATTRS), window=Window.POOL))
 declare(OpDef(name="AvgPool", kind=PatternKind.OPAQUE, inputs=("x",),
-              infer=_pool_infer("AvgPool"), reference=_avg_pool_ref, init_attrs=_POOL_ATTRS,
-              attr_kinds=_POOL_KINDS, accepts=FLOATS, functional=("avg_pool2d",),
-              grad=_pool_grad("AvgPoolGrad"), window=Window.POOL))
+              infer=_pool_infer("AvgPool"), reference=_avg_pool_ref,
+              init_attrs=_AVG_POOL_ATTRS, attr_kinds=_AVG_POOL_KINDS, accepts=FLOATS,
+              functional=("avg_pool2d",), grad=_pool_grad("AvgPoolGrad", _AVG_POOL_ATTRS),
+              window=Window.POOL))
 
 
 # -- BatchNorm --------------------------------------------------------------------------------

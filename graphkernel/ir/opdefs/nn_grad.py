@@ -19,6 +19,8 @@ from graphkernel.errors import DTypeError, ShapeError
 from graphkernel.ir.opdefs.array import INDEX_DTYPES, strided_slice_index
 from graphkernel.ir.opdefs.grad import GRAD_OPS
 from graphkernel.ir.opdefs.nn import (
+    _AVG_POOL_ATTRS,
+    _AVG_POOL_KINDS,
     _CONV_ATTRS,
     _CONV_KINDS,
     _POOL_ATTRS,
@@ -178,12 +180,13 @@ def _max_pool_grad_ref(x: np.ndarray, out: np.ndarray, dout: np.ndarray,
 
 def _avg_pool_grad_ref(x: np.ndarray, out: np.ndarray, dout: np.ndarray,
                        **attrs: Any) -> np.ndarray:
-    """Each window's gradient spread evenly over the input elements it covers (padding of
-    'same' is not counted, as in the forward)."""
+    """Each window's gradient spread evenly over the input elements it covers (padding is
+    not counted unless count_include_pad, as in the forward)."""
     geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, "AvgPoolGrad")
     (t, b), (left, r) = geo["pads"]
     pads = ((0, 0), (0, 0), (t, b), (left, r))
-    ones = np.pad(np.ones((1, 1) + x.shape[2:], np.float64), pads)
+    ones = np.pad(np.ones((1, 1) + x.shape[2:], np.float64), pads,
+                  constant_values=1.0 if attrs.get("count_include_pad") else 0.0)
     count = windows(ones, geo["kernel"], geo["stride"], (1, 1), geo["out"]).sum(axis=(4, 5))
     share = wide(dout) / count.astype(wide(dout).dtype)
     dxp = np.zeros((x.shape[0], x.shape[1]) + ones.shape[2:], share.dtype)
@@ -191,10 +194,12 @@ def _avg_pool_grad_ref(x: np.ndarray, out: np.ndarray, dout: np.ndarray,
     return np.ascontiguousarray(_crop(dxp, geo["pads"], x.shape).astype(x.dtype, copy=False))
 
 
-for _name, _ref in (("MaxPoolGrad", _max_pool_grad_ref), ("AvgPoolGrad", _avg_pool_grad_ref)):
+for _name, _ref, _attrs, _kinds in (
+        ("MaxPoolGrad", _max_pool_grad_ref, _POOL_ATTRS, _POOL_KINDS),
+        ("AvgPoolGrad", _avg_pool_grad_ref, _AVG_POOL_ATTRS, _AVG_POOL_KINDS)):
     declare(OpDef(name=_name, kind=PatternKind.OPAQUE, inputs=("x", "origin_output", "dout"),
-                  infer=_pool_grad_infer(_name), reference=_ref, init_attrs=_POOL_ATTRS,
-                  attr_kinds=_POOL_KINDS, accepts=FLOATS))
+                  infer=_pool_grad_infer(_name), reference=_ref, init_attrs=_attrs,
+                  attr_kinds=_kinds, accepts=FLOATS))
     GRAD_OPS.append(_name)
 
 

@@ -251,28 +251,46 @@ def _max_pool_with_indices(cx: NodeContext, source: Value, padded: Value, w: _Wi
 def _average_pool(cx: NodeContext, x: Value) -> Value:
     w = _pool_geometry(cx, x)
     pads = w.all_pads()
-    y = _window_reduce(cx, "AvgPool", pad_constant(x, pads, 0.0) if any(pads) else x, w)
     if not any(pads):
-        return y
-    # The mean over the window's elements inside the input (and inside the declared pads
-    # with count_include_pad; never the end padding ceil_mode adds): rescale by the count.
+        return _window_reduce(cx, "AvgPool", x, w)
     n = w.n
-    inside = np.ones(shape_of(x)[2:])
+    # The mean over the window's elements inside the input (and inside the declared pads
+    # with count_include_pad; never the end padding ceil_mode adds).
+    counted = np.pad(np.ones(shape_of(x)[2:]), [(pads[i + 2], pads[i + n + 4]) for i in range(n)])
     if cx.attr("count_include_pad", 0):
-        inside = np.pad(inside, [(w.pads[i], w.pads[i + n]) for i in range(n)],
-                        constant_values=1.0)
-        inside = np.pad(inside, [(0, c) for c in w.ceil_extra])
+        wanted = np.pad(np.ones(shape_of(x)[2:]),
+                        [(w.pads[i], w.pads[i + n]) for i in range(n)], constant_values=1.0)
+        wanted = np.pad(wanted, [(0, c) for c in w.ceil_extra])
     else:
-        inside = np.pad(inside, [(pads[i + 2], pads[i + n + 4]) for i in range(n)])
-    counts = inside
+        wanted = counted
+    inside, divisor = _window_counts(counted, w), _window_counts(wanted, w)
+    if n == 2 and all(d == 1 for d in w.dilations) and inside.min() > 0:
+        # graphkernel's AvgPool pads itself: one kernel, no zero borders concatenated first
+        # (they kept a plan off the compiled entry). It divides by the input elements each
+        # window covers, or with count_include_pad by the window's size; other divisors
+        # (count_include_pad beside ceil_mode's uncounted end padding) are a constant rescale.
+        top, left, bottom, right = pads[2], pads[3], pads[6], pads[7]
+        whole = bool(np.all(divisor == math.prod(w.kernel)))
+        y = op("AvgPool", x, kernel_size=tuple(w.kernel), strides=tuple(w.strides),
+               pad_mode="pad", pad=(top, bottom, left, right), count_include_pad=whole)
+        if whole or np.array_equal(inside, divisor):
+            return y
+        return op("Mul", y, const((inside / divisor).reshape((1, 1) + inside.shape), y))
+    y = _window_reduce(cx, "AvgPool", pad_constant(x, pads, 0.0), w)
+    if np.all(divisor == math.prod(w.kernel)):
+        return y
+    scale = (math.prod(w.kernel) / divisor).reshape((1, 1) + divisor.shape)
+    return op("Mul", y, const(scale, y))
+
+
+def _window_counts(mask: np.ndarray, w: _Window) -> np.ndarray:
+    """How many ones of `mask` (over the padded spatial axes) each output's window covers."""
+    counts = mask
     for axis, (k, s, d) in enumerate(zip(w.kernel, w.strides, w.dilations)):
         out = (counts.shape[axis] - (k - 1) * d - 1) // s + 1
         counts = np.sum([counts.take(range(j * d, j * d + (out - 1) * s + 1, s), axis=axis)
                          for j in range(k)], axis=0)
-    if np.all(counts == math.prod(w.kernel)):
-        return y
-    scale = (math.prod(w.kernel) / counts).reshape((1, 1) + counts.shape)
-    return op("Mul", y, const(scale, y))
+    return counts
 
 
 def _global_pool(prim: str) -> Converter:
