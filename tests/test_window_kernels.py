@@ -9,7 +9,7 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, context, nn
-from graphkernel.backends.c.c_window import PhasePlanes
+from graphkernel.backends.c.c_depthwise import PhasePlanes
 from graphkernel.ir.opset import get_op
 from graphkernel.ops import operations as P
 
