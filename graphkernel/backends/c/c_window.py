@@ -41,6 +41,7 @@ from graphkernel.backends.c.c_loops import Buffer, KernelSource
 from graphkernel.backends.c.c_pool import pool_kernel
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.conv_tile import RULE_TILE, ConvTile
 from graphkernel.backends.c.onednn_choice import ONEDNN_DECLS, ConvChoice, onednn_lines
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
@@ -128,18 +129,20 @@ def why_not_window_kernel(node: Node) -> str | None:
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False,
-                       library_choice: bool = True) -> KernelSource:
+                       library_choice: bool = True, tile: ConvTile = RULE_TILE
+                       ) -> KernelSource:
     """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, a convolution's workspace (`workspace`, which a convolution
     needs: `workspace_bytes`), its output, then the batch size when it is dynamic. Images run
     on OpenMP threads when their multiply-adds reach `threshold`. A convolution runs on
-    oneDNN where `conv_library` chose it (`library_choice`; else our code alone)."""
+    oneDNN where `conv_library` chose it (`library_choice`; else our code alone). `tile`: the
+    register tile of its units (conv_tile.py)."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
     head = WINDOW_TYPES
     if get_op(node.op).window is Window.CONVOLUTION:
         assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
         choice = conv_library(node) if library_choice else None
-        lines = _conv(node, name, attrs, threshold, choice)
+        lines = _conv(node, name, attrs, threshold, choice, tile)
         head += ONEDNN_DECLS if choice is not None and choice.onednn is not None else ""
     else:
         lines = pool_kernel(node, name, attrs, threshold)
@@ -222,21 +225,21 @@ class ConvParts:
     image: str  # the per-image call, {xn} and {on} to fill; needs wt and xp
     direct: str  # the slow per-image loop, {xn} and {on} to fill; needs nothing
     params: str  # the C names of the weights (w, or w, scale, var): the repack's sources
-    scratch: int  # elements of the zero-bordered copy xp
+    scratch: int  # elements of the zero-bordered copy xp (0: none, the input is read)
     macs: int  # multiply-adds per image
     in_size: int  # elements per input image
     out_size: int  # elements per output image
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
-          library: ConvChoice | None = None) -> list[str]:
+          library: ConvChoice | None = None, tile: ConvTile = RULE_TILE) -> list[str]:
     """The kernel: weights repacked into the workspace (args after the inputs) when they
     changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
     of the calling (or OpenMP) thread that outlasts the call, allocated on its first call: at
     ResNet sizes a fresh malloc per call page-faulted megabytes each time. The scratch's border
     is zero from its calloc and only its interior is ever written, so it is reused as is. Per
     thread, so calls from several threads never share."""
-    parts = conv_parts(node, name, attrs)
+    parts = conv_parts(node, name, attrs, tile)
     batch, sizes = batch_after(node, len(node.inputs) + 2)
     ct = parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
@@ -251,15 +254,19 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
                                       weights)]
     scratch = [f"  static __thread {ct} *xp_kept = NULL;",
                f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, sizeof({ct}));",
-               f"  {ct} *xp = xp_kept;"]
+               f"  {ct} *xp = xp_kept;"] if parts.scratch else []
     call = f"if (xp != NULL) {parts.image.format(xn=xn, on=on)} else " \
-        f"{parts.direct.format(xn=xn, on=on)}"
+        f"{parts.direct.format(xn=xn, on=on)}" if parts.scratch else \
+        parts.image.format(xn=xn, on=on)
     lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
     lines += ["}"]
     return lines
 
 
-def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
+def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE
+               ) -> ConvParts:
+    """The pieces of `node`'s convolution kernel `name` (a block's too), its channel-vector
+    units with register tile `tile`."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
@@ -273,6 +280,19 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     cg, og = c // g, o // g
     hp, wp = h + pt + pb, wd + pl + pr
     taps = cg * kh * kw
+    # A group of fewer than PIXEL_PATH_CHANNELS output channels (depthwise convolutions) would
+    # leave most vector lanes idle with one lane per channel: its vectors run along a row's
+    # pixels instead, one output channel at a time.
+    pixels_per_lane = og < PIXEL_PATH_CHANNELS
+    # A 1x1 convolution without padding reads input pixels (i * sh, j * sw) alone: its scratch
+    # holds just those, as a stride-1 image (a strided one copied the whole input and read every
+    # sh-th row of it), or is the input itself where it already is one (stride 1, stored as
+    # computed: the copy was a pass over the whole input per image, 12% of a 256->64 1x1 at
+    # 56x56). `grid`: the scratch's rows, columns and strides the units read with.
+    pointwise = kh == kw == 1 and pt == pb == pl == pr == 0 and not pixels_per_lane
+    in_place = pointwise and sh == sw == 1 and st == ct
+    fill_kind = "none" if in_place else "sample" if pointwise else "pad"
+    gh, gw, gsh, gsw = (oh, ow, 1, 1) if pointwise else (hp, wp, sh, sw)
     p = oh * ow
     folded = node.op == "Conv2DFoldedBN"
     params = "w, scale, var" if folded else "w"
@@ -289,29 +309,27 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
           f"{(sh, sw)}, dilation {(dh, dw)}, pads {geo['pads']}, group {g}"
     image, direct = f"{name}_image", f"{name}_direct"
     fill, unit = f"{name}_fill", f"{name}_unit"
-    # A group of fewer than PIXEL_PATH_CHANNELS output channels (depthwise convolutions) would
-    # leave most vector lanes idle with one lane per channel: its vectors run along a row's
-    # pixels instead, one output channel at a time.
-    pixels_per_lane = og < PIXEL_PATH_CHANNELS
     units_groups = 1 if pixels_per_lane else g
     if pixels_per_lane:  # scratch in stride phases (PhasePlanes): every tap reads a run
         planes = PhasePlanes(hp, wp, sh, sw)
         tap_offsets = ", ".join(str(planes.offset(ci, i * dh, j * dw))
                                 for ci in range(cg) for i in range(kh) for j in range(kw))
     else:
-        tap_offsets = ", ".join(str((ci * hp + i * dh) * wp + j * dw)
+        tap_offsets = ", ".join(str((ci * gh + i * dh) * gw + j * dw)
                                 for ci in range(cg) for i in range(kh) for j in range(kw))
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
         f"enum {{ {name}_VL = GK_VBYTES / (int)sizeof({ct}), "
         f"{name}_OC = ({og} + {name}_VL - 1) / {name}_VL }};",
         f"static const int32_t {name}_taps[{taps}] = {{{tap_offsets}}};",
-        # Where channel block oc's weight vector for tap t sits in `wt`: AVX-512 pairs the
-        # blocks (a unit is two), interleaving a pair's two vectors tap by tap.
+        # Where channel block oc's weight vector for tap t sits in `wt`: with AVX-512 a unit
+        # is the tile's channel vectors (fewer in a group's last), interleaved tap by tap.
         f"static inline int64_t {name}_wi(int64_t gi, int64_t oc, int64_t t) {{",
         "#if GK_PB == 16",
-        f"  const int64_t first = (gi * {name}_OC + (oc & ~(int64_t)1)) * {taps}LL;",
-        f"  return (oc | 1) < {name}_OC ? first + 2 * t + (oc & 1) : first + t;",
+        f"  const int64_t u0 = oc / {tile.resolved()[0]} * {tile.resolved()[0]};",
+        f"  const int64_t nv = {name}_OC - u0 < {tile.resolved()[0]} ? {name}_OC - u0 : "
+        f"{tile.resolved()[0]};",
+        f"  return (gi * {name}_OC + u0) * {taps}LL + t * nv + (oc - u0);",
         "#else",
         f"  return (gi * {name}_OC + oc) * {taps}LL + t;",
         "#endif",
@@ -345,27 +363,32 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "#endif",
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
-          _conv_units(name, fill, unit, vt, ct, st, c=c, h=h, wd=wd, hp=hp, wp=wp, pt=pt,
-                      pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow, sh=sh, sw=sw)),
+          _conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, c=c, h=h, wd=wd, hp=gh,
+                      wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
+                      sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
         f"{st} *restrict on, {ct} *restrict xp, int par) {{",
         "#if defined(__clang__)",
         "#pragma clang fp contract(fast)",
         "#endif",
-        # The zero-bordered copy, then the output in units of work that threads share when
-        # the caller runs one image at a time (`par`: a batch too small to share out).
-        "  if (par) {",
-        "    #pragma omp parallel for schedule(static)",
-        f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
-        "  } else {",
-        f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
-        "  }",
+        # The zero-bordered copy (none: the input itself), then the output in units of work
+        # that threads share when the caller runs one image at a time (`par`: a batch too
+        # small to share out).
+        *(["  (void)xp;", f"  const {ct} *restrict xs = (const {ct} *)xn;"]
+          if fill_kind == "none" else [
+              "  if (par) {",
+              "    #pragma omp parallel for schedule(static)",
+              f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+              "  } else {",
+              f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+              "  }",
+              f"  const {ct} *restrict xs = xp;"]),
         f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
         "    if (par) {",
         "      #pragma omp parallel for schedule(static)",
-        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xp, wt, on, gi, u);",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
         "    } else {",
-        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xp, wt, on, gi, u);",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
         "    }",
         "  }",
         "}",
@@ -413,33 +436,44 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "    }",
         "  }"]
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
-                     f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
+                     f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
                      f"{direct}({{xn}}, {params}, {{on}});", params,
-                     c * hp * wp, o * p * taps, c * h * wd, o * p)
+                     0 if in_place else c * gh * gw, o * p * taps, c * h * wd, o * p)
 
 
-def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c: int,
-                h: int, wd: int, hp: int, wp: int, pt: int, pl: int, cg: int, og: int, o: int,
-                taps: int, oh: int, ow: int, sh: int, sw: int) -> list[str]:
+def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
+                fill_kind: str, *, c: int, h: int, wd: int, hp: int, wp: int, pt: int, pl: int,
+                cg: int, og: int, o: int, taps: int, oh: int, ow: int, sh: int, sw: int,
+                fsh: int, fsw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
     ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
     per group), so that threads can share an image's units when a batch is too small to share
     out by images.
 
-    A unit is one channel block of VL channels (one vector lane per output channel), or two
-    with AVX-512's 32 registers (each broadcast pixel then feeds two multiply-adds). Its pixels
+    `fill_kind` (conv_parts): "pad" copies the input into a zero-bordered plane of hp x wp,
+    "sample" copies pixels (i * fsh, j * fsw) of a 1x1 convolution into a stride-1 plane of
+    hp x wp = oh x ow, "none" has no fill (the units read the input). `sh`, `sw`: the strides
+    the units read the scratch with.
+
+    A unit is one channel block of VL channels (one vector lane per output channel), or with
+    AVX-512's 32 registers the tile's channel vectors (conv_tile.py; each broadcast pixel then
+    feeds that many multiply-adds), fewer in a group's last unit. Its pixels
     go in blocks whose offsets in the scratch plane are constants of the source (each
     multiply-add reads its broadcast pixel at a fixed displacement: one load, where a computed
     offset table costs a second): whole rows when a row fits the accumulators (r rows, the
     most that divide oh), else equal segments of a row. Every output sums its taps in tap
     order on each path (here and in c_depthwise.pixel_units), so results do not depend on the
     path."""
-    lines = [
+    if fill_kind == "pad":
+        rows, cols, row_step, col_step = h, wd, 1, 1
+    else:  # "sample" (and "none", which never calls it)
+        rows, cols, row_step, col_step, pt, pl = oh, ow, fsh, fsw, 0, 0
+    lines = [] if fill_kind == "none" else [
         f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
-        f"  for (int64_t i = 0; i < {h}; ++i) {{",
+        f"  for (int64_t i = 0; i < {rows}; ++i) {{",
         f"    {ct} *row = xp + (ci * {hp} + i + {pt}) * {wp} + {pl};",
-        f"    const {st} *src = xn + (ci * {h} + i) * {wd};",
-        f"    for (int64_t j = 0; j < {wd}; ++j) row[j] = ({ct})src[j];",
+        f"    const {st} *src = xn + (ci * {h} + i * {row_step}) * {wd};",
+        f"    for (int64_t j = 0; j < {cols}; ++j) row[j] = ({ct})src[j * {col_step}];",
         "  }",
         "}"]
 
@@ -529,9 +563,20 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c
         return body
 
     vl = f"(GK_VBYTES / {8 if ct == 'double' else 4})"  # {name}_VL for the preprocessor
+    # The 512-bit code's units: the tile's channel vectors, the group's last unit the rest.
+    vectors, pixels = tile.resolved()
+    blocks_512 = -(-og // (64 // (8 if ct == "double" else 4)))
+    rest = blocks_512 % vectors
+    if blocks_512 >= vectors and rest:
+        units_512 = [f"  if (oc + {vectors} <= OC) {{", *blocks(vectors, pixels),
+                     "  } else {", *blocks(rest, tile.partial(rest)), "  }"]
+    elif rest:
+        units_512 = ["  {", *blocks(rest, tile.partial(rest)), "  }"]
+    else:
+        units_512 = ["  {", *blocks(vectors, pixels), "  }"]
     return lines + [
         "#if GK_PB == 16",
-        f"enum {{ {name}_NU = ({name}_OC + 1) / 2 }};",
+        f"enum {{ {name}_NU = ({name}_OC + {vectors - 1}) / {vectors} }};",
         "#else",
         f"enum {{ {name}_NU = {name}_OC }};",
         "#endif",
@@ -541,19 +586,8 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c
         f"  enum {{ VL = {name}_VL, OC = {name}_OC }};",
         f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",
         "#if GK_PB == 16",
-        "  const int64_t oc = 2 * u;",
-        # A channel block alone (the last of an odd count) has code only where there is one.
-        f"#if ({og} + {vl} - 1) / {vl} % 2",
-        "  if (oc + 1 < OC) {",
-        *blocks(2, 12),
-        "  } else {",
-        *blocks(1, 16),
-        "  }",
-        "#else",
-        "  {",
-        *blocks(2, 12),
-        "  }",
-        "#endif",
+        f"  const int64_t oc = {vectors} * u;",
+        *units_512,
         "#else",
         "  const int64_t oc = u;",
         "  {",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphkernel.backends.c.conv_tile import check_conv_tile
 from graphkernel.errors import ContextError
 from graphkernel.runtime.plan import PlanSettings
 
@@ -22,6 +23,9 @@ class CConfig:
     def __post_init__(self) -> None:
         problem = check_vector_width(self.vector_width)
         if problem is not None:  # it reaches the C text: only the widths GCC takes
+            raise ContextError(f"CConfig: {problem}")
+        problem = check_conv_tile(self.conv_channel_vectors, self.conv_pixels)
+        if problem is not None:
             raise ContextError(f"CConfig: {problem}")
 
     # Elements of iteration space above which a kernel's outer loop runs on threads:
@@ -43,6 +47,11 @@ class CConfig:
     # halves, where 256-bit code can run as fast at a lower clock cost. Set per kernel by tuning
     # (backends/c/tuning.py); one of VECTOR_WIDTHS.
     vector_width: int | None = None
+    # A convolution's register tile in 512-bit code: channel vectors x pixels of accumulators
+    # per unit of work (backends/c/conv_tile.py; None: the register file's rule, 2 x 12). Set
+    # per kernel by tuning; checked here, as they reach the C text.
+    conv_channel_vectors: int | None = None
+    conv_pixels: int | None = None
     # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
     plan: PlanSettings = field(default_factory=PlanSettings)
 

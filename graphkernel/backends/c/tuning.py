@@ -3,8 +3,9 @@
 Each generated kernel takes a few settings of `CConfig` that change its C but never its
 results: whether its outer loop runs on OpenMP threads (`parallel_threshold`; for a convolution
 or pool, `window_parallel_min_macs`), whether it writes with streaming stores
-(`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`) and the vector
-width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512). `Knobs` holds
+(`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`), the vector
+width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512) and, for a convolution,
+the register tile of its units (`conv_channel_vectors` x `conv_pixels`, conv_tile.py). `Knobs` holds
 one kernel's values of them. Tuning emits a kernel under each candidate setting, drops the
 candidates whose C is the same text as one already kept (a knob the kernel does not use),
 builds every remaining variant into one library, and times each variant inside the real plan
@@ -52,7 +53,9 @@ import numpy as np
 from graphkernel.backends.c import cache, records, toolchain
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig, check_vector_width
+from graphkernel.backends.c.conv_tile import CONV_TILE, check_conv_tile
 from graphkernel.backends.c.shared_kernels import structural_key
+from graphkernel.graph_kernel.lower import KernelKind
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 
 RECORD_FORMAT = "graphkernel-tuning"
@@ -74,7 +77,12 @@ CHOICES: dict[str, tuple[int | None, ...]] = {
     "prefetch_min_bytes": (0, None),  # prefetch always / never
     "window_parallel_min_macs": (1, NEVER),  # a convolution's images on threads always / never
     "vector_width": (),  # 256 where GCC builds 512-bit kernels (`vector_choices`)
+    # A convolution's register tile (conv_tile.py), where the kernel is one and the 512-bit
+    # code runs (`conv_tile_choices`); pairs that do not fit the registers are not tried.
+    "conv_channel_vectors": (1, 3, 4),
+    "conv_pixels": (8, 16),
 }
+_TILE = CONV_TILE
 _OPTIONAL = {"stream_min_bytes", "prefetch_min_bytes"}  # None allowed: never
 
 
@@ -148,12 +156,13 @@ class Knobs:
     prefetch_min_bytes: int | None
     window_parallel_min_macs: int
     vector_width: int | None = None
+    # a convolution's register tile (conv_tile.py; None: the register file's rule)
+    conv_channel_vectors: int | None = None
+    conv_pixels: int | None = None
 
     @classmethod
     def of(cls, config: CConfig) -> Knobs:
-        return cls(config.parallel_threshold, config.stream_min_bytes,
-                   config.prefetch_min_bytes, config.window_parallel_min_macs,
-                   config.vector_width)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
     def apply(self, config: CConfig) -> CConfig:
         return dataclasses.replace(config, **dataclasses.asdict(self))
@@ -163,7 +172,8 @@ class Knobs:
         words = []
         for name, value in dataclasses.asdict(self).items():
             if value != getattr(default, name):
-                shown = "never" if value is None or value == NEVER else \
+                shown = ("rule" if value is None else str(value)) if name in _TILE else \
+                    "never" if value is None or value == NEVER else \
                     "always" if value in (0, 1) else str(value)
                 words.append(f"{name}={shown}")
         return ", ".join(words) or "defaults"
@@ -188,6 +198,15 @@ def vector_choices() -> tuple[int, ...]:
     if tc is None or not tc.avx512 or "clang" in tc.version.lower():
         return ()
     return (256,)
+
+
+def conv_tile_choices() -> dict[str, tuple[int | None, ...]]:
+    """The register tiles worth trying beside the rule's: only where the toolchain builds the
+    512-bit code they shape (AVX-512; the 256-bit code keeps its own tile)."""
+    tc = toolchain.detect()
+    if tc is None or not tc.avx512:
+        return {name: () for name in _TILE}
+    return {name: CHOICES[name] for name in _TILE}
 
 
 cpu_model = toolchain.cpu_model  # records are kept per CPU model
@@ -236,6 +255,11 @@ def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
             if problem is not None:
                 return None, f"knob {problem}"
             continue
+        if name in _TILE:  # the pair too: a tile must fit the vector registers
+            problem = check_conv_tile(knobs["conv_channel_vectors"], knobs["conv_pixels"])
+            if problem is not None:
+                return None, f"knob {problem}"
+            continue
         if value is None and name in _OPTIONAL:
             continue
         if type(value) is not int or not 0 <= value <= NEVER:
@@ -254,12 +278,16 @@ def write_record(key: str, knobs: Knobs, seconds: dict[str, float], default: Kno
     return records.write_record(record_folder(), key, record)
 
 
-def candidates(default: Knobs, level: int, calibrated: int | None = None) -> list[Knobs]:
+def candidates(default: Knobs, level: int, calibrated: int | None = None,
+               convolution: bool = False) -> list[Knobs]:
     """The knob settings tried at `level`: the defaults first, then each knob alone (level 1)
     or every combination (level 2 and above). `calibrated`: a threads threshold from this
-    machine's rates (`MachineRates.parallel_threshold`), tried beside always and never."""
+    machine's rates (`MachineRates.parallel_threshold`), tried beside always and never.
+    `convolution`: the kernel is a window kernel, whose register tile is tried too (tiles that
+    do not fit the registers are left out)."""
     names = list(CHOICES)
     choices = dict(CHOICES, vector_width=vector_choices())
+    choices.update(conv_tile_choices() if convolution else {name: () for name in _TILE})
     if calibrated is not None:
         choices["parallel_threshold"] = (calibrated,) + CHOICES["parallel_threshold"]
     out = [default]
@@ -269,9 +297,11 @@ def candidates(default: Knobs, level: int, calibrated: int | None = None) -> lis
                 out.append(Knobs(**(dataclasses.asdict(default) | {name: value})))
     else:
         values = [(getattr(default, n),) + choices[n] for n in names]
-        out += [Knobs(*combo) for combo in itertools.product(*values)]
+        out += [Knobs(**dict(zip(names, combo))) for combo in itertools.product(*values)]
     unique: list[Knobs] = []
     for knobs in out:
+        if check_conv_tile(knobs.conv_channel_vectors, knobs.conv_pixels) is not None:
+            continue
         if knobs not in unique:
             unique.append(knobs)
     return unique
@@ -337,7 +367,9 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
             continue
         variants = [(default, base)]
         seen = {structural_key(base)}
-        for knobs in candidates(default, level, machine_rates().parallel_threshold())[1:]:
+        window = spec.kind in (KernelKind.WINDOW, KernelKind.CONV_BLOCK)
+        for knobs in candidates(default, level, machine_rates().parallel_threshold(),
+                                window)[1:]:
             source = emit(dataclasses.replace(spec, name=f"{spec.name}_tune{len(variants)}"),
                           knobs.apply(config))
             text = structural_key(source)
