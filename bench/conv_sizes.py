@@ -57,7 +57,7 @@ SHAPES = (
     ConvShape("r50_1x1_1024_256", 1024, 256, 1, 1, 14),
     ConvShape("mb2_dw3x3_96", 96, 96, 3, 1, 56, group=96),
     ConvShape("mb2_dw3x3s2_144", 144, 144, 3, 2, 56, group=144),
-    # strided and narrow depthwise, the stride phases' cases (c_window.PhasePlanes)
+    # strided and narrow depthwise, the stride phases' cases (c_depthwise.PhasePlanes)
     ConvShape("mb2_dw3x3s2_576", 576, 576, 3, 2, 14, group=576),
     ConvShape("mb2_dw3x3_960", 960, 960, 3, 1, 7, group=960),
     ConvShape("mb2_1x1_96_24", 96, 24, 1, 1, 56),

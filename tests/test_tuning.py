@@ -95,7 +95,11 @@ EXTREMES = [
     Knobs(NEVER, None, None, NEVER),  # everything never
     Knobs(1, None, 0, NEVER),
     Knobs(NEVER, 0, None, 1),
-] + [Knobs(1, 0, 0, NEVER, width) for width in tuning.vector_choices()]
+] + [Knobs(1, 0, 0, NEVER, width) for width in tuning.vector_choices()] + [
+    # a convolution's register tiles (conv_tile.py), where the 512-bit code runs
+    Knobs(NEVER, None, None, NEVER, None, conv_channel_vectors=vectors, conv_pixels=pixels)
+    for vectors, pixels in ((1, 16), (3, 8), (4, None), (None, 8))
+    if tuning.conv_tile_choices()["conv_channel_vectors"]]
 
 
 @needs_cc
@@ -108,7 +112,8 @@ def test_every_choice_the_tuner_makes_keeps_the_results(cell_type, records):
     thresholds = {"parallel_threshold", "stream_min_bytes", "prefetch_min_bytes",
                   "window_parallel_min_macs", "vector_width"}
     for knobs in EXTREMES:
-        assert tuning.candidates(default, 2, relevant=thresholds).count(knobs) == 1
+        assert tuning.candidates(default, 2, relevant=thresholds | set(tuning._TILE),
+                                 convolution=True).count(knobs) == 1
         exe = graphkernel.compile(cell, *arrays, options=_options(config=knobs.apply(CConfig())))
         np.testing.assert_allclose(exe.run_arrays(*arrays)[0], want, rtol=RTOL, atol=ATOL,
                                    err_msg=str(knobs))
@@ -201,6 +206,13 @@ def _edit(field: str, value: object, knob: bool = False):
     (_edit("prefetch_distance_bytes", "4096); abort(); (0"), "knob prefetch_distance_bytes is"),
     (_edit("pointwise_chunk", 2.5), "knob pointwise_chunk is 2.5"),
     (_edit("row_block", True), "knob row_block is True"),
+    # the register tile: each side in range, the pair fitting the registers
+    (_edit("conv_channel_vectors", 9), "knob conv_channel_vectors is 9; it is None or an int "
+     "from 1 to 4"),
+    (_edit("conv_pixels", "12 }; system(\"id\"); {"), "knob conv_pixels is '12 }"),
+    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to 26"),
+    (lambda text: _edit("conv_pixels", 12)(_edit("conv_channel_vectors", 4)(text)),
+     "knob conv_pixels 12 with 4 channel vectors does not fit 32 vector registers"),
     (lambda text: text + " " * (1 << 16), "larger than 65536 bytes"),
 ])
 def test_a_bad_record_falls_back_to_the_defaults_with_its_reason(records, edit, reason):
@@ -253,6 +265,46 @@ def test_candidates_start_with_the_defaults_and_do_not_repeat():
     for name in BLOCKING_RANGES:  # every candidate block size is one CConfig takes
         for value in tuning.CHOICES[name]:
             CConfig(**{name: value})
+
+
+def test_a_convolution_tries_register_tiles_that_fit():
+    """Window kernels try the tiles (where the 512-bit code runs), never one that does not fit
+    the vector registers; other kernels do not try them."""
+    from graphkernel.backends.c.conv_tile import check_conv_tile
+    default = Knobs.of(CConfig())
+    tiles = {(k.conv_channel_vectors, k.conv_pixels)
+             for level in (1, 2) for k in tuning.candidates(default, level, convolution=True)}
+    if not tuning.conv_tile_choices()["conv_channel_vectors"]:
+        assert tiles == {(None, None)}
+        return
+    assert {(None, None), (1, None), (3, None), (4, None), (None, 8), (1, 8), (1, 16),
+            (3, 8)} == tiles
+    assert all(check_conv_tile(*tile) is None for tile in tiles)
+    assert (None, 16) not in tiles and (4, 8) not in tiles  # 2 x 16 and 4 x 8 would spill
+    plain = {(k.conv_channel_vectors, k.conv_pixels) for k in tuning.candidates(default, 2)}
+    assert plain == {(None, None)}
+    with pytest.raises(ContextError, match="conv_pixels 16 with 2 channel vectors does not fit"):
+        CConfig(conv_pixels=16)
+
+
+@needs_cc
+def test_a_stored_register_tile_steers_the_convolution(records):
+    """A record's tile reaches the convolution's C (its units of three channel vectors) and the
+    results stay the defaults'."""
+    cell = ConvReLU()
+    arrays = _inputs(cell)
+    exe = graphkernel.compile(cell, *arrays, options=_options(level=1))
+    (name,) = os.listdir(records)  # the convolution's one kernel, tuned
+    key = name.removesuffix(".json")
+    tile = Knobs(**{**Knobs.of(CConfig()).__dict__, "conv_channel_vectors": 3})
+    tuning.write_record(key, tile, {}, Knobs.of(CConfig()))
+    tiled = graphkernel.compile(cell, *arrays, options=_options())
+    (note,) = tiled.executable.plan.schedule_notes.values()
+    assert "conv_channel_vectors=3" in note, note
+    (source,) = [k.source for k in tiled.kernels if k.source]
+    assert "_NU = (" in source and "+ 2) / 3 }" in source
+    np.testing.assert_allclose(tiled.run_arrays(*arrays)[0], exe.run_arrays(*arrays)[0],
+                               rtol=RTOL, atol=ATOL)
 
 
 @needs_cc

@@ -9,7 +9,7 @@ from cells import OFF, ON, Fn
 
 import graphkernel
 from graphkernel import Tensor, context, nn
-from graphkernel.backends.c.c_window import PhasePlanes
+from graphkernel.backends.c.c_depthwise import PhasePlanes
 from graphkernel.ir.opset import get_op
 from graphkernel.ops import operations as P
 
@@ -473,7 +473,10 @@ def test_real_size_conv_bn_relu6_is_one_kernel(geometry, rng):
     assert len(exe.kernels) == 1 and exe.kernels[0].backend == "native", exe.kernels
     conv = next(v for v in exe.graph.nodes if v.op == "Conv2DFoldedBN")
     assert conv.notes["conv_block"].startswith("one kernel with"), conv.notes
-    assert "static __thread" in exe.kernels[0].source  # the scratch is not on the stack
+    if k == 1:  # a 1x1 convolution without padding reads its input in place: no scratch
+        assert "_fill(" not in exe.kernels[0].source
+    else:
+        assert "static __thread" in exe.kernels[0].source  # the scratch is not on the stack
     want = conv_bn_relu6_reference(net, x, stride, group, residual)
     for _ in range(2):  # the kept scratch plane's border is still zero on the second call
         np.testing.assert_allclose(exe.run_arrays(x)[0], want, rtol=1e-4, atol=1e-4)
@@ -493,3 +496,57 @@ def test_a_pool_after_a_result_too_large_for_the_stack_is_a_kernel_of_its_own(rn
     y = reference("Conv2D", x, wt, out_channel=32, kernel_size=3, pad_mode="same")
     want = reference("MaxPool", np.maximum(y, 0), kernel_size=2, strides=2)
     np.testing.assert_allclose(exe.run_arrays(x, wt)[0], want, rtol=1e-4, atol=1e-4)
+
+
+# Register tiles (backends/c/conv_tile.py; tuned per kernel as Knobs.conv_channel_vectors and
+# conv_pixels): the rule's, one channel vector, three and four (a group's last unit then holds
+# the rest), fewer pixels than the rule's.
+TILES = [(None, None), (1, None), (3, None), (4, 5), (2, 7)]
+# (input channels, output channels, kernel, stride, size, group, dtype): a 1x1 read in place
+# (stride 1, float32/64), 1x1 strided and float16 (their pixels sampled into the scratch), a
+# padded 3x3 of grouped channels, output channel counts leaving a partial unit (48 = 3 vectors),
+# rows wider than a tile (segments) and images of at most FLAT_PIXELS (flat blocks).
+TILE_CASES = [(24, 48, 1, 1, 9, 1, "float32"), (20, 40, 1, 2, 19, 1, "float32"),
+              (16, 72, 1, 1, 7, 1, "float64"), (12, 20, 1, 1, 6, 1, "float16"),
+              (8, 64, 3, 1, 11, 2, "float32"), (6, 36, 3, 2, 13, 1, "float64")]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=str)
+def test_register_tiles_match_the_reference(tile, rng):
+    """Every tile gives the reference's results on every unit shape, and the same results as
+    the rule's tile, bit for bit (each output sums its taps in tap order on every tile)."""
+    from graphkernel.backends.c.config import CConfig
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+    options = CompileOptions(enable_graph_kernel=True, backend_config=CConfig(
+        conv_channel_vectors=tile[0], conv_pixels=tile[1]))
+    for ci, co, k, s, hw, g, dtype in TILE_CASES:
+        x = rng.standard_normal((2, ci, hw, hw)).astype(dtype)
+        w = (rng.standard_normal((co, ci // g, k, k)) * 0.3).astype(dtype)
+        conv = P.Conv2D(co, k, pad_mode="pad", pad=k // 2, stride=s, group=g)
+        want = reference("Conv2D", x.astype(np.float64), w.astype(np.float64), out_channel=co,
+                         kernel_size=k, pad_mode="pad", pad=k // 2, stride=s, group=g)
+        exe = compiled(lambda a, b, f=conv: P.ReLU()(f(a, b)), x, w, options=options)
+        got = exe.run_arrays(x, w)[0]
+        tol = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-12}[dtype]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got.astype(np.float64), np.maximum(want, 0), rtol=tol,
+                                   atol=tol * scale, err_msg=str((tile, ci, co, k, s, dtype)))
+        rule = compiled(lambda a, b, f=conv: P.ReLU()(f(a, b)), x, w)
+        np.testing.assert_array_equal(got, rule.run_arrays(x, w)[0])
+
+
+def test_pointwise_convolution_reads_its_input_in_place(rng):
+    """A 1x1 convolution without padding at stride 1 copies no scratch (its input is one); at
+    stride 2 its scratch holds the sampled pixels alone, a quarter of the input."""
+    from graphkernel.backends.c.c_window import conv_parts
+    x = rng.standard_normal((2, 32, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((16, 32, 1, 1)).astype(np.float32)
+    for stride, scratch in ((1, 0), (2, 32 * 5 * 5)):
+        conv = P.Conv2D(16, 1, stride=stride)
+        exe = compiled(lambda a, b, f=conv: f(a, b), x, w)
+        node = next(n for n in exe.graph.nodes if n.op == "Conv2D")
+        parts = conv_parts(node, "k", {**get_op("Conv2D").attr_defaults, **node.attrs})
+        assert parts.scratch == scratch
+        assert ("_fill(" in "".join(exe.executable.kernel_sources.values())) == bool(scratch)
+        want = reference("Conv2D", x, w, out_channel=16, kernel_size=1, stride=stride)
+        np.testing.assert_allclose(exe.run_arrays(x, w)[0], want, rtol=2e-5, atol=2e-5)

@@ -48,6 +48,7 @@ from graphkernel.backends.c.c_window import (
 )
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.conv_tile import ConvTile
 from graphkernel.backends.c.library import (
     BuiltLibrary,
     build_library,
@@ -117,10 +118,12 @@ class CBackend:
         kind = spec.kind
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
-            return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs)
+            return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
+                                   ConvTile(config.conv_channel_vectors, config.conv_pixels))
         if kind is KernelKind.WINDOW:
             return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs,
-                                      spec.workspace)
+                                      spec.workspace, tile=ConvTile(config.conv_channel_vectors,
+                                                                    config.conv_pixels))
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None

@@ -34,6 +34,7 @@ from graphkernel.backends.c.c_window import (
     prepack,
     why_not_window_kernel,
 )
+from graphkernel.backends.c.conv_tile import RULE_TILE, ConvTile
 from graphkernel.backends.c.ops import code_for_op
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.graph_kernel.lower import CONV_BLOCK_NOTE, ConvBlock
@@ -189,13 +190,15 @@ def _epilogue_plan(conv: Node, epilogue: Node) -> tuple[_Plan | None, str | None
 
 # -- the kernel ------------------------------------------------------------------------------
 
-def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource:
+def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile = RULE_TILE
+                    ) -> KernelSource:
     """One kernel for the block; argv: `block.reads`, the workspace of its repacked weights
-    (c_window.workspace_bytes), the result, then the batch size when it is dynamic."""
+    (c_window.workspace_bytes), the result, then the batch size when it is dynamic. `tile`:
+    the register tile of the convolution's units (conv_tile.py)."""
     conv, pool = block.conv, block.pool
     plan, problem = _epilogue_plan(conv, block.epilogue)
     assert plan is not None, problem
-    parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs})
+    parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs}, tile)
     ct, st = parts.ct, parts.st
     o = conv.shape[1]
     reads = block.reads
@@ -240,7 +243,9 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int) -> KernelSource
         lines += [f"    const {ct} {local} = {text};", f"    pre[o * {npre} + {j}] = {local};"]
     lines.append("  }")
     xn, dst = f"x + n * {parts.in_size}LL", f"out + n * {out_size}LL"
-    if parts.scratch * conv.dtype.itemsize <= STACK_BYTES:
+    if parts.scratch == 0:  # the convolution reads its input in place
+        scratch, conv_call = [], parts.image
+    elif parts.scratch * conv.dtype.itemsize <= STACK_BYTES:
         scratch = [f"  {ct} xp[{parts.scratch}] = {{0}};"]
         conv_call = parts.image
     else:  # as a convolution's own kernel keeps it (c_window._conv): zeroed once, per thread

@@ -8,7 +8,7 @@ vector accumulator of output channels per pixel (one lane per channel, gcc's vec
 and a broadcast multiply-add per pixel per tap, in registers; the pixels' offsets are constants
 of the source (whole rows of a narrow output, equal segments of a wide row). With AVX-512 two
 channel blocks go together. A group of few output channels (a depthwise convolution) turns the
-vectors along pixels instead, over a scratch split into the stride's phases (PhasePlanes) so
+vectors along pixels instead, over a scratch split into the stride's phases (c_depthwise.py) so
 that every tap reads runs of consecutive elements. The weights are repacked, each unit of
 work's in one run (with Conv2DFoldedBN's scale gamma / sqrt(var + eps) applied), into the
 plan's workspace (runtime/plan.py Workspace), and again only when a weight's version or array
@@ -30,11 +30,18 @@ from typing import Any
 import numpy as np
 
 from graphkernel.backends.c import onednn_choice
+from graphkernel.backends.c.c_depthwise import (
+    CLANG_CONTRACT,
+    SCRATCH_SLACK,
+    PhasePlanes,
+    pixel_units,
+)
 from graphkernel.backends.c.c_images import batch_after, image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
 from graphkernel.backends.c.c_pool import pool_kernel
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.conv_tile import RULE_TILE, ConvTile
 from graphkernel.backends.c.onednn_choice import ONEDNN_DECLS, ConvChoice, onednn_lines
 from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
@@ -49,12 +56,6 @@ from graphkernel.runtime.plan import WORKSPACE_HEADER_BYTES
 FLAT_PIXELS = 64
 # Weights of at least this many elements repack on the OpenMP threads.
 REPACK_PARALLEL_MIN = 1 << 16
-# A depthwise convolution's row goes in chunks of this many pixels (4 AVX-512 accumulators).
-PIXEL_CHUNK = 64
-# Elements past a depthwise convolution's scratch plane that its last vector load may read.
-SCRATCH_SLACK = 16
-# clang's spelling of the fp-contract=fast that gcc's push_options gives a convolution's code.
-CLANG_CONTRACT = ("#if defined(__clang__)", "#pragma clang fp contract(fast)", "#endif")
 # Below this many output channels per group a convolution vectorises along pixels (_conv_units).
 PIXEL_PATH_CHANNELS = 4
 # Row segments of a convolution with at most this many taps store pixel by pixel (a transpose in
@@ -128,18 +129,20 @@ def why_not_window_kernel(node: Node) -> str | None:
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False,
-                       library_choice: bool = True) -> KernelSource:
+                       library_choice: bool = True, tile: ConvTile = RULE_TILE
+                       ) -> KernelSource:
     """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, a convolution's workspace (`workspace`, which a convolution
     needs: `workspace_bytes`), its output, then the batch size when it is dynamic. Images run
     on OpenMP threads when their multiply-adds reach `threshold`. A convolution runs on
-    oneDNN where `conv_library` chose it (`library_choice`; else our code alone)."""
+    oneDNN where `conv_library` chose it (`library_choice`; else our code alone). `tile`: the
+    register tile of its units (conv_tile.py)."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
     head = WINDOW_TYPES
     if get_op(node.op).window is Window.CONVOLUTION:
         assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
         choice = conv_library(node) if library_choice else None
-        lines = _conv(node, name, attrs, threshold, choice)
+        lines = _conv(node, name, attrs, threshold, choice, tile)
         head += ONEDNN_DECLS if choice is not None and choice.onednn is not None else ""
     else:
         lines = pool_kernel(node, name, attrs, threshold)
@@ -222,56 +225,21 @@ class ConvParts:
     image: str  # the per-image call, {xn} and {on} to fill; needs wt and xp
     direct: str  # the slow per-image loop, {xn} and {on} to fill; needs nothing
     params: str  # the C names of the weights (w, or w, scale, var): the repack's sources
-    scratch: int  # elements of the zero-bordered copy xp
+    scratch: int  # elements of the zero-bordered copy xp (0: none, the input is read)
     macs: int  # multiply-adds per image
     in_size: int  # elements per input image
     out_size: int  # elements per output image
 
 
-@dataclass(frozen=True)
-class PhasePlanes:
-    """A depthwise-style convolution's zero-bordered scratch, each input channel split into its
-    stride's phases: plane (pa, pb) holds the padded input's rows pa, pa + sh, ... and columns
-    pb, pb + sw, ... So the taps of a strided convolution read consecutive elements, as a
-    stride of 1 does, where they read every sh-th before (a gather of one lane at a time: a
-    576-channel 3x3 stride-2 depthwise convolution at 14x14 ran at a tenth of ONNX Runtime's
-    speed), and a row block of a narrow output is one run across rows (`rows` in
-    _conv_units). With a stride of 1 there is one plane, the padded image itself."""
-
-    hp: int  # the padded input's height and width
-    wp: int
-    sh: int
-    sw: int
-
-    @property
-    def hq(self) -> int:  # a phase plane's rows and columns
-        return -(-self.hp // self.sh)
-
-    @property
-    def wq(self) -> int:
-        return -(-self.wp // self.sw)
-
-    @property
-    def per_channel(self) -> int:
-        return self.sh * self.sw * self.hq * self.wq
-
-    def offset(self, ci: int, r: int, q: int) -> int:
-        """Where padded row r, column q of input channel ci sits; output (i, j)'s tap at
-        (r, q) of its window then sits at offset(ci, r, q) + i * wq + j."""
-        phase = (r % self.sh) * self.sw + q % self.sw
-        return (ci * self.sh * self.sw + phase) * self.hq * self.wq + \
-            (r // self.sh) * self.wq + q // self.sw
-
-
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
-          library: ConvChoice | None = None) -> list[str]:
+          library: ConvChoice | None = None, tile: ConvTile = RULE_TILE) -> list[str]:
     """The kernel: weights repacked into the workspace (args after the inputs) when they
     changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
     of the calling (or OpenMP) thread that outlasts the call, allocated on its first call: at
     ResNet sizes a fresh malloc per call page-faulted megabytes each time. The scratch's border
     is zero from its calloc and only its interior is ever written, so it is reused as is. Per
     thread, so calls from several threads never share."""
-    parts = conv_parts(node, name, attrs)
+    parts = conv_parts(node, name, attrs, tile)
     batch, sizes = batch_after(node, len(node.inputs) + 2)
     ct = parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
@@ -286,15 +254,19 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
                                       weights)]
     scratch = [f"  static __thread {ct} *xp_kept = NULL;",
                f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, sizeof({ct}));",
-               f"  {ct} *xp = xp_kept;"]
+               f"  {ct} *xp = xp_kept;"] if parts.scratch else []
     call = f"if (xp != NULL) {parts.image.format(xn=xn, on=on)} else " \
-        f"{parts.direct.format(xn=xn, on=on)}"
+        f"{parts.direct.format(xn=xn, on=on)}" if parts.scratch else \
+        parts.image.format(xn=xn, on=on)
     lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
     lines += ["}"]
     return lines
 
 
-def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
+def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE
+               ) -> ConvParts:
+    """The pieces of `node`'s convolution kernel `name` (a block's too), its channel-vector
+    units with register tile `tile`."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
@@ -308,6 +280,19 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
     cg, og = c // g, o // g
     hp, wp = h + pt + pb, wd + pl + pr
     taps = cg * kh * kw
+    # A group of fewer than PIXEL_PATH_CHANNELS output channels (depthwise convolutions) would
+    # leave most vector lanes idle with one lane per channel: its vectors run along a row's
+    # pixels instead, one output channel at a time.
+    pixels_per_lane = og < PIXEL_PATH_CHANNELS
+    # A 1x1 convolution without padding reads input pixels (i * sh, j * sw) alone: its scratch
+    # holds just those, as a stride-1 image (a strided one copied the whole input and read every
+    # sh-th row of it), or is the input itself where it already is one (stride 1, stored as
+    # computed: the copy was a pass over the whole input per image, 12% of a 256->64 1x1 at
+    # 56x56). `grid`: the scratch's rows, columns and strides the units read with.
+    pointwise = kh == kw == 1 and pt == pb == pl == pr == 0 and not pixels_per_lane
+    in_place = pointwise and sh == sw == 1 and st == ct
+    fill_kind = "none" if in_place else "sample" if pointwise else "pad"
+    gh, gw, gsh, gsw = (oh, ow, 1, 1) if pointwise else (hp, wp, sh, sw)
     p = oh * ow
     folded = node.op == "Conv2DFoldedBN"
     params = "w, scale, var" if folded else "w"
@@ -324,29 +309,27 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
           f"{(sh, sw)}, dilation {(dh, dw)}, pads {geo['pads']}, group {g}"
     image, direct = f"{name}_image", f"{name}_direct"
     fill, unit = f"{name}_fill", f"{name}_unit"
-    # A group of fewer than PIXEL_PATH_CHANNELS output channels (depthwise convolutions) would
-    # leave most vector lanes idle with one lane per channel: its vectors run along a row's
-    # pixels instead, one output channel at a time.
-    pixels_per_lane = og < PIXEL_PATH_CHANNELS
     units_groups = 1 if pixels_per_lane else g
     if pixels_per_lane:  # scratch in stride phases (PhasePlanes): every tap reads a run
         planes = PhasePlanes(hp, wp, sh, sw)
         tap_offsets = ", ".join(str(planes.offset(ci, i * dh, j * dw))
                                 for ci in range(cg) for i in range(kh) for j in range(kw))
     else:
-        tap_offsets = ", ".join(str((ci * hp + i * dh) * wp + j * dw)
+        tap_offsets = ", ".join(str((ci * gh + i * dh) * gw + j * dw)
                                 for ci in range(cg) for i in range(kh) for j in range(kw))
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
         f"enum {{ {name}_VL = GK_VBYTES / (int)sizeof({ct}), "
         f"{name}_OC = ({og} + {name}_VL - 1) / {name}_VL }};",
         f"static const int32_t {name}_taps[{taps}] = {{{tap_offsets}}};",
-        # Where channel block oc's weight vector for tap t sits in `wt`: AVX-512 pairs the
-        # blocks (a unit is two), interleaving a pair's two vectors tap by tap.
+        # Where channel block oc's weight vector for tap t sits in `wt`: with AVX-512 a unit
+        # is the tile's channel vectors (fewer in a group's last), interleaved tap by tap.
         f"static inline int64_t {name}_wi(int64_t gi, int64_t oc, int64_t t) {{",
         "#if GK_PB == 16",
-        f"  const int64_t first = (gi * {name}_OC + (oc & ~(int64_t)1)) * {taps}LL;",
-        f"  return (oc | 1) < {name}_OC ? first + 2 * t + (oc & 1) : first + t;",
+        f"  const int64_t u0 = oc / {tile.resolved()[0]} * {tile.resolved()[0]};",
+        f"  const int64_t nv = {name}_OC - u0 < {tile.resolved()[0]} ? {name}_OC - u0 : "
+        f"{tile.resolved()[0]};",
+        f"  return (gi * {name}_OC + u0) * {taps}LL + t * nv + (oc - u0);",
         "#else",
         f"  return (gi * {name}_OC + oc) * {taps}LL + t;",
         "#endif",
@@ -378,29 +361,34 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "#pragma GCC push_options",
         '#pragma GCC optimize("fp-contract=fast")',
         "#endif",
-        *(_pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
+        *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
-          _conv_units(name, fill, unit, vt, ct, st, c=c, h=h, wd=wd, hp=hp, wp=wp, pt=pt,
-                      pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow, sh=sh, sw=sw)),
+          _conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, c=c, h=h, wd=wd, hp=gh,
+                      wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
+                      sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
         f"{st} *restrict on, {ct} *restrict xp, int par) {{",
         "#if defined(__clang__)",
         "#pragma clang fp contract(fast)",
         "#endif",
-        # The zero-bordered copy, then the output in units of work that threads share when
-        # the caller runs one image at a time (`par`: a batch too small to share out).
-        "  if (par) {",
-        "    #pragma omp parallel for schedule(static)",
-        f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
-        "  } else {",
-        f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
-        "  }",
+        # The zero-bordered copy (none: the input itself), then the output in units of work
+        # that threads share when the caller runs one image at a time (`par`: a batch too
+        # small to share out).
+        *(["  (void)xp;", f"  const {ct} *restrict xs = (const {ct} *)xn;"]
+          if fill_kind == "none" else [
+              "  if (par) {",
+              "    #pragma omp parallel for schedule(static)",
+              f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+              "  } else {",
+              f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+              "  }",
+              f"  const {ct} *restrict xs = xp;"]),
         f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
         "    if (par) {",
         "      #pragma omp parallel for schedule(static)",
-        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xp, wt, on, gi, u);",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
         "    } else {",
-        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xp, wt, on, gi, u);",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
         "    }",
         "  }",
         "}",
@@ -448,120 +436,44 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any]) -> ConvParts:
         "    }",
         "  }"]
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
-                     f"{image}({{xn}}, wt, {{on}}, xp, gk_par);",
+                     f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
                      f"{direct}({{xn}}, {params}, {{on}});", params,
-                     c * hp * wp, o * p * taps, c * h * wd, o * p)
+                     0 if in_place else c * gh * gw, o * p * taps, c * h * wd, o * p)
 
 
-def _pixel_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
-                 planes: PhasePlanes, *, h: int, wd: int, pt: int, pl: int, cg: int, og: int,
-                 o: int, taps: int, oh: int, ow: int) -> list[str]:
-    """`fill` and `unit` (as _conv_units's) for a group of few output channels (depthwise):
-    vector lanes along pixels, a unit is one output channel. The scratch is in stride phases
-    (PhasePlanes), so output pixel (i, j) of a tap reads element i * wq + j past the tap's
-    offset: a block of pixels reads one run per tap, whatever the stride. Rows of at most
-    PIXEL_CHUNK phase-plane columns go several at a time as one run across rows (lanes past a
-    row's ow read the next row's border and are dropped at the store): a 7-wide output fills
-    55 of 64 lanes where a row at a time filled 7 of 16. Wider rows go in chunks of a row.
-    The accumulators go through a buffer on the stack to the output's rows."""
-    sh, sw, hq, wq = planes.sh, planes.sw, planes.hq, planes.wq
-    plane = hq * wq
-    lines = [
-        # Input row i is padded row i + pt, in phase row (i + pt) % sh; its column j goes to
-        # the phase of column (j + pl) % sw. One loop per column phase with constant bounds
-        # and offset, which gcc vectorises as strided loads (vpermt2ps at a stride of 2).
-        f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
-        f"  for (int64_t i = 0; i < {h}; ++i) {{",
-        f"    const int64_t r = i + {pt};",
-        f"    {ct} *row = xp + ((ci * {sh * sw} + (r % {sh}) * {sw}) * {hq} + r / {sh}) * "
-        f"{wq}LL;",
-        f"    const {st} *src = xn + (ci * {h} + i) * {wd};"]
-    for pb in range(sw):
-        # phase-plane columns q whose input column q * sw + pb - pl lies in [0, wd)
-        lo, hi = max(0, -(-(pl - pb) // sw)), (wd - 1 + pl - pb) // sw
-        if hi >= lo:
-            lines.append(f"    for (int64_t q = {lo}; q <= {hi}; ++q) row[{pb * plane} + q] = "
-                         f"({ct})src[q * {sw} + {pb - pl}];")
-    lines += ["  }", "}"]
-    if wq <= PIXEL_CHUNK:  # blocks of whole rows, one run each
-        most = min(oh, PIXEL_CHUNK // wq)
-        count = -(-oh // most)
-        rows = -(-oh // count)  # equal blocks, the last one maybe shorter
-        full, tail = divmod(oh, rows)
-        # (rows a block, first column, pixels a row, first row, rows in all)
-        spans = [(rows, 0, ow, 0, full * rows)] + \
-            ([(tail, 0, ow, full * rows, tail)] if tail else [])
-    else:  # each row alone, in chunks of at most PIXEL_CHUNK pixels
-        spans = [(1, j0, min(PIXEL_CHUNK, ow - j0), 0, oh) for j0 in range(0, ow, PIXEL_CHUNK)]
-    body = [f"enum {{ {name}_NU = {o} }};",
-            f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
-            f"{st} *restrict on, int64_t gi, int64_t ch) {{",
-            *CLANG_CONTRACT,
-            f"  enum {{ VL = {name}_VL }};",
-            "  (void)gi;",
-            f"  const {ct} *restrict ws = (const {ct} *)wt + ch * {taps}LL;",
-            f"  const {ct} *restrict xg = xp + (ch / {og}) * {cg * planes.per_channel}LL;",
-            f"  {st} *restrict oc = on + ch * {oh * ow}LL;"]
-    for nrows, j0, width, i0, total in spans:
-        lanes = (nrows - 1) * wq + width
-        body += [f"  /* rows {i0}..{i0 + total - 1}, {nrows} a block, pixels {j0}.."
-                 f"{j0 + width - 1} */",
-                 f"  for (int64_t i = {i0}; i < {i0 + total}; i += {nrows}) {{",
-                 f"    enum {{ NV = ({lanes} + VL - 1) / VL }};",
-                 f"    {vt} a[NV];",
-                 "    for (int64_t v = 0; v < NV; ++v) a[v] = (" + vt + "){0};",
-                 f"    const {ct} *restrict xb = xg + i * {wq}LL + {j0};",
-                 f"    for (int64_t t = 0; t < {taps}; ++t) {{",
-                 f"      const {vt} wv = ({vt}){{0}} + ws[t];",
-                 # unaligned vector loads; the scratch has a vector of slack past its end
-                 f"      const {ct} *restrict xt = xb + {name}_taps[t];",
-                 f"      for (int64_t v = 0; v < NV; ++v) a[v] += *(const {vt} *)(xt + v * VL)"
-                 " * wv;",
-                 "    }",
-                 f"    {ct} buf[NV * VL] __attribute__((aligned(64)));",
-                 f"    for (int64_t v = 0; v < NV; ++v) *({vt} *)(buf + v * VL) = a[v];",
-                 *_rows_from_buffer(st, ct, nrows, width, ow, j0, wq),
-                 "  }"]
-    return lines + body + ["}"]
-
-
-def _rows_from_buffer(st: str, ct: str, nrows: int, width: int, ow: int, j0: int,
-                      wq: int) -> list[str]:
-    """Rows r < nrows of a pixel block's buffer (row r at r * wq) to the output's rows. Where
-    no conversion is needed, one memcpy a row: GCC 12's SLP vectoriser, given the element
-    loop, merges the rows' reads into one permute of the 8-lane double vector just stored and
-    picks a wrong lane (a depthwise 5x5 stride-3 float64 convolution gave a wrong pixel at
-    -O2 and -O3 with AVX-512; right at -O0, with AVX2 and with this copy)."""
-    if st == ct:
-        return [f"    for (int64_t r = 0; r < {nrows}; ++r)",
-                f"      memcpy(oc + (i + r) * {ow}LL + {j0}, buf + r * {wq}, "
-                f"{width} * sizeof({st}));"]
-    return [f"    for (int64_t r = 0; r < {nrows}; ++r)",
-            f"      for (int64_t j = 0; j < {width}; ++j)",
-            f"        oc[(i + r) * {ow}LL + {j0} + j] = ({st})buf[r * {wq} + j];"]
-
-
-def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c: int,
-                h: int, wd: int, hp: int, wp: int, pt: int, pl: int, cg: int, og: int, o: int,
-                taps: int, oh: int, ow: int, sh: int, sw: int) -> list[str]:
+def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
+                fill_kind: str, *, c: int, h: int, wd: int, hp: int, wp: int, pt: int, pl: int,
+                cg: int, og: int, o: int, taps: int, oh: int, ow: int, sh: int, sw: int,
+                fsh: int, fsw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
     ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
     per group), so that threads can share an image's units when a batch is too small to share
     out by images.
 
-    A unit is one channel block of VL channels (one vector lane per output channel), or two
-    with AVX-512's 32 registers (each broadcast pixel then feeds two multiply-adds). Its pixels
+    `fill_kind` (conv_parts): "pad" copies the input into a zero-bordered plane of hp x wp,
+    "sample" copies pixels (i * fsh, j * fsw) of a 1x1 convolution into a stride-1 plane of
+    hp x wp = oh x ow, "none" has no fill (the units read the input). `sh`, `sw`: the strides
+    the units read the scratch with.
+
+    A unit is one channel block of VL channels (one vector lane per output channel), or with
+    AVX-512's 32 registers the tile's channel vectors (conv_tile.py; each broadcast pixel then
+    feeds that many multiply-adds), fewer in a group's last unit. Its pixels
     go in blocks whose offsets in the scratch plane are constants of the source (each
     multiply-add reads its broadcast pixel at a fixed displacement: one load, where a computed
     offset table costs a second): whole rows when a row fits the accumulators (r rows, the
     most that divide oh), else equal segments of a row. Every output sums its taps in tap
-    order on each path (here and in _pixel_units), so results do not depend on the path."""
-    lines = [
+    order on each path (here and in c_depthwise.pixel_units), so results do not depend on the
+    path."""
+    if fill_kind == "pad":
+        rows, cols, row_step, col_step = h, wd, 1, 1
+    else:  # "sample" (and "none", which never calls it)
+        rows, cols, row_step, col_step, pt, pl = oh, ow, fsh, fsw, 0, 0
+    lines = [] if fill_kind == "none" else [
         f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
-        f"  for (int64_t i = 0; i < {h}; ++i) {{",
+        f"  for (int64_t i = 0; i < {rows}; ++i) {{",
         f"    {ct} *row = xp + (ci * {hp} + i + {pt}) * {wp} + {pl};",
-        f"    const {st} *src = xn + (ci * {h} + i) * {wd};",
-        f"    for (int64_t j = 0; j < {wd}; ++j) row[j] = ({ct})src[j];",
+        f"    const {st} *src = xn + (ci * {h} + i * {row_step}) * {wd};",
+        f"    for (int64_t j = 0; j < {cols}; ++j) row[j] = ({ct})src[j * {col_step}];",
         "  }",
         "}"]
 
@@ -651,9 +563,20 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c
         return body
 
     vl = f"(GK_VBYTES / {8 if ct == 'double' else 4})"  # {name}_VL for the preprocessor
+    # The 512-bit code's units: the tile's channel vectors, the group's last unit the rest.
+    vectors, pixels = tile.resolved()
+    blocks_512 = -(-og // (64 // (8 if ct == "double" else 4)))
+    rest = blocks_512 % vectors
+    if blocks_512 >= vectors and rest:
+        units_512 = [f"  if (oc + {vectors} <= OC) {{", *blocks(vectors, pixels),
+                     "  } else {", *blocks(rest, tile.partial(rest)), "  }"]
+    elif rest:
+        units_512 = ["  {", *blocks(rest, tile.partial(rest)), "  }"]
+    else:
+        units_512 = ["  {", *blocks(vectors, pixels), "  }"]
     return lines + [
         "#if GK_PB == 16",
-        f"enum {{ {name}_NU = ({name}_OC + 1) / 2 }};",
+        f"enum {{ {name}_NU = ({name}_OC + {vectors - 1}) / {vectors} }};",
         "#else",
         f"enum {{ {name}_NU = {name}_OC }};",
         "#endif",
@@ -663,19 +586,8 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, *, c
         f"  enum {{ VL = {name}_VL, OC = {name}_OC }};",
         f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",
         "#if GK_PB == 16",
-        "  const int64_t oc = 2 * u;",
-        # A channel block alone (the last of an odd count) has code only where there is one.
-        f"#if ({og} + {vl} - 1) / {vl} % 2",
-        "  if (oc + 1 < OC) {",
-        *blocks(2, 12),
-        "  } else {",
-        *blocks(1, 16),
-        "  }",
-        "#else",
-        "  {",
-        *blocks(2, 12),
-        "  }",
-        "#endif",
+        f"  const int64_t oc = {vectors} * u;",
+        *units_512,
         "#else",
         "  const int64_t oc = u;",
         "  {",

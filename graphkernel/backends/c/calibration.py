@@ -43,6 +43,12 @@ import numpy as np
 from graphkernel.backends.c import cache, records, toolchain
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig
+from graphkernel.backends.c.conv_tile import (
+    CONV_TILE,
+    DEFAULT_VECTORS,
+    VECTOR_REGISTERS,
+    fit_pixels,
+)
 from graphkernel.errors import CacheError, GraphKernelError
 
 RECORD_FORMAT = "graphkernel-calibration"
@@ -159,7 +165,8 @@ class Defaults:
         out = []
         for name, source in self.sources.items():
             value = getattr(self.config, name)
-            shown = "never" if value is None and name != "vector_width" else \
+            shown = "the register file's rule" if value is None and name in CONV_TILE else \
+                "never" if value is None and name != "vector_width" else \
                 "the toolchain's" if value is None else \
                 _size(value) if name.endswith("_bytes") else f"{value:,}"
             out.append(f"{name} = {shown} ({source})")
@@ -194,6 +201,7 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
       otherwise the toolchain's (512 on AVX-512).
     - column_block: the lanes whose float accumulators take COLUMN_BLOCK_SHARE_OF_L1D of L1d.
     - the other block sizes keep their constants (UNCALIBRATED_BLOCKS says why).
+    - conv_channel_vectors, conv_pixels: the register file's rule (conv_tile.py), left None.
     Thresholds are rounded to a power of two and clamped (CLAMPS)."""
     base = CConfig()
     fork = cal.fork_join_s
@@ -235,6 +243,11 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     else:
         sources["column_block"] = "default, the cache sizes are unknown"
     sources.update(UNCALIBRATED_BLOCKS)
+    # A convolution's register tile: a rule on the register file (conv_tile.py), tuned per
+    # kernel; nothing measured here changes it.
+    for name in CONV_TILE:
+        sources[name] = f"rule: {DEFAULT_VECTORS} channel vectors x {fit_pixels(DEFAULT_VECTORS)}" \
+            f" pixels fit {VECTOR_REGISTERS} vector registers; tuned per convolution"
     config = dataclasses.replace(base, **values)
     ordered = {f.name: sources[f.name] for f in dataclasses.fields(CConfig)
                if f.name in sources}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from graphkernel.backends.c import c_loops
 from graphkernel.backends.c.c_loops import LoopBlocking
+from graphkernel.backends.c.conv_tile import check_conv_tile
 from graphkernel.errors import ContextError
 from graphkernel.runtime.plan import PlanSettings
 
@@ -26,6 +27,9 @@ class CConfig:
         # Both reach the C text: only the widths GCC takes, and block sizes within bounds.
         problem = check_vector_width(self.vector_width) or \
             check_blocking({name: getattr(self, name) for name in BLOCKING_RANGES})
+        if problem is not None:
+            raise ContextError(f"CConfig: {problem}")
+        problem = check_conv_tile(self.conv_channel_vectors, self.conv_pixels)
         if problem is not None:
             raise ContextError(f"CConfig: {problem}")
 
@@ -58,6 +62,11 @@ class CConfig:
     row_pipeline_rows: int = c_loops.ROW_PIPELINE_ROWS
     row_block: int = c_loops.ROW_BLOCK
     column_block: int = c_loops.COLUMN_BLOCK
+    # A convolution's register tile in 512-bit code: channel vectors x pixels of accumulators
+    # per unit of work (backends/c/conv_tile.py; None: the register file's rule, 2 x 12). Set
+    # per kernel by tuning; checked here, as they reach the C text.
+    conv_channel_vectors: int | None = None
+    conv_pixels: int | None = None
     # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
     plan: PlanSettings = field(default_factory=PlanSettings)
 

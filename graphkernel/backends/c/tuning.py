@@ -5,18 +5,19 @@ Each generated kernel takes a few settings of `CConfig` that change its C but no
 tolerances): whether its outer loop runs on OpenMP threads (`parallel_threshold`; for a
 convolution or pool, `window_parallel_min_macs`), whether it writes with streaming stores
 (`stream_min_bytes`), whether it prefetches its inputs (`prefetch_min_bytes`), the vector
-width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512), and the block sizes of its
+width GCC prefers for it (`vector_width`: 256 beside AVX-512's 512), the block sizes of its
 loops (backends/c/c_loops.py `LoopBlocking`): how far ahead it prefetches
 (`prefetch_distance_bytes`) and in chunks of how many elements (`pointwise_chunk`), how many
 rows per chunk a row reduction pipelines (`row_pipeline_rows`, 0: not pipelined), the elements
 per float block sum of a row (`row_block`) and the lanes per column-reduction block
-(`column_block`). `Knobs` holds one kernel's values of them. Tuning emits a kernel under each
-candidate setting, drops the candidates whose C is the same text as one already kept (a knob
-the kernel does not use), builds every remaining variant into one library, and times each
-variant inside the real plan on random inputs (`Runner.profile`, so each kernel sees its
-neighbours' cache footprint). The fastest of the variants that beat the defaults by more than
-MARGIN in every pass wins; otherwise the defaults stay (a loaded machine's noise is not a
-reason to leave them).
+(`column_block`), and, for a convolution, the register tile of its units
+(`conv_channel_vectors` x `conv_pixels`, conv_tile.py). `Knobs` holds one kernel's values of
+them. Tuning emits a kernel under each candidate setting, drops the candidates whose C is the
+same text as one already kept (a knob the kernel does not use), builds every remaining variant
+into one library, and times each variant inside the real plan on random inputs
+(`Runner.profile`, so each kernel sees its neighbours' cache footprint). The fastest of the
+variants that beat the defaults by more than MARGIN in every pass wins; otherwise the defaults
+stay (a loaded machine's noise is not a reason to leave them).
 
 The choice is stored as a versioned JSON record per kernel in the kernel cache folder
 (`tuning/KEY.json`), KEY = sha256 of the kernel's C under the defaults with its name taken out,
@@ -67,11 +68,13 @@ from graphkernel.backends.c.config import (
     check_blocking,
     check_vector_width,
 )
+from graphkernel.backends.c.conv_tile import CONV_TILE, check_conv_tile
 from graphkernel.backends.c.shared_kernels import structural_key
+from graphkernel.graph_kernel.lower import KernelKind
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 
 RECORD_FORMAT = "graphkernel-tuning"
-RECORD_VERSION = 2  # 2: the block sizes joined the knobs
+RECORD_VERSION = 2  # 2: the block sizes and the conv register tile joined the knobs
 FOLDER = "tuning"
 # A threshold no kernel reaches: the knob is off for this kernel.
 NEVER = 1 << 62
@@ -96,7 +99,12 @@ CHOICES: dict[str, tuple[int | None, ...]] = {
     "row_pipeline_rows": (0, 8, 128),
     "row_block": (512, 2048, 4096),
     "column_block": (128, 256, 1024, 2048),
+    # A convolution's register tile (conv_tile.py), where the kernel is one and the 512-bit
+    # code runs (`conv_tile_choices`); pairs that do not fit the registers are not tried.
+    "conv_channel_vectors": (1, 3, 4),
+    "conv_pixels": (8, 16),
 }
+_TILE = CONV_TILE
 _OPTIONAL = {"stream_min_bytes", "prefetch_min_bytes"}  # None allowed: never
 
 
@@ -176,6 +184,9 @@ class Knobs:
     row_pipeline_rows: int = CConfig.row_pipeline_rows
     row_block: int = CConfig.row_block
     column_block: int = CConfig.column_block
+    # a convolution's register tile (conv_tile.py; None: the register file's rule)
+    conv_channel_vectors: int | None = None
+    conv_pixels: int | None = None
 
     @classmethod
     def of(cls, config: CConfig) -> Knobs:
@@ -194,6 +205,8 @@ class Knobs:
 
 
 def _shown(name: str, value: int | None) -> str:
+    if name in _TILE:  # a register tile's side; None: the register file's rule
+        return "rule" if value is None else str(value)
     if name in BLOCKING_RANGES:  # a size; rows per pipelined chunk 0: not pipelined
         return "off" if name == "row_pipeline_rows" and value == 0 else str(value)
     return "never" if value is None or value == NEVER else \
@@ -219,6 +232,15 @@ def vector_choices() -> tuple[int, ...]:
     if tc is None or not tc.avx512 or "clang" in tc.version.lower():
         return ()
     return (256,)
+
+
+def conv_tile_choices() -> dict[str, tuple[int | None, ...]]:
+    """The register tiles worth trying beside the rule's: only where the toolchain builds the
+    512-bit code they shape (AVX-512; the 256-bit code keeps its own tile)."""
+    tc = toolchain.detect()
+    if tc is None or not tc.avx512:
+        return {name: () for name in _TILE}
+    return {name: CHOICES[name] for name in _TILE}
 
 
 cpu_model = toolchain.cpu_model  # records are kept per CPU model
@@ -268,6 +290,11 @@ def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
             if problem is not None:
                 return None, f"knob {problem}"
             continue
+        if name in _TILE:  # the pair too: a tile must fit the vector registers
+            problem = check_conv_tile(knobs["conv_channel_vectors"], knobs["conv_pixels"])
+            if problem is not None:
+                return None, f"knob {problem}"
+            continue
         if value is None and name in _OPTIONAL:
             continue
         if type(value) is not int or not 0 <= value <= NEVER:
@@ -287,13 +314,17 @@ def write_record(key: str, knobs: Knobs, seconds: dict[str, float], default: Kno
 
 
 def candidates(default: Knobs, level: int, calibrated: int | None = None,
-               relevant: set[str] | None = None) -> list[Knobs]:
+               relevant: set[str] | None = None, convolution: bool = False
+               ) -> list[Knobs]:
     """The knob settings tried at `level`: the defaults first, then each knob alone (level 1)
     or every combination (level 2 and above) of the knobs in `relevant` (None: all), those
     with fewer knobs away from the defaults first (the time budget may end the list).
     `calibrated`: a threads threshold from this machine's rates
-    (`MachineRates.parallel_threshold`), tried beside always and never."""
+    (`MachineRates.parallel_threshold`), tried beside always and never. `convolution`: the
+    kernel is a window kernel, whose register tile is tried too (tiles that do not fit the
+    registers are left out)."""
     choices = dict(CHOICES, vector_width=vector_choices())
+    choices.update(conv_tile_choices() if convolution else {name: () for name in _TILE})
     if calibrated is not None:
         choices["parallel_threshold"] = (calibrated,) + CHOICES["parallel_threshold"]
     names = [n for n in CHOICES if relevant is None or n in relevant]
@@ -309,7 +340,9 @@ def candidates(default: Knobs, level: int, calibrated: int | None = None,
                   for combo in itertools.product(*values)]
         out += sorted(combos, key=lambda k: sum(
             getattr(k, n) != base[n] for n in names))  # stable: the product's order within
-    return list(dict.fromkeys(out))  # each once, in order
+    # each once, in order; a register tile that does not fit the registers is never tried
+    return [k for k in dict.fromkeys(out)
+            if check_conv_tile(k.conv_channel_vectors, k.conv_pixels) is None]
 
 
 @dataclass
@@ -370,7 +403,8 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
         choices[spec.name] = stored_choice(spec.name, key, default)
         if key is None or choices[spec.name].recorded or level <= 0 or plan.symbols:
             continue
-        variants = _variants(spec, base, config, default, level, emit)
+        variants = _variants(spec, base, config, default, level, emit,
+                             spec.kind in (KernelKind.WINDOW, KernelKind.CONV_BLOCK))
         if len(variants) > 1:
             tunable.append(_Tunable(spec, key, variants,
                                     [[float("inf")] * len(variants) for _ in range(PASSES)]))
@@ -402,8 +436,8 @@ def choose_schedules(plan: ExecutionPlan, config: CConfig, level: int,
 
 
 def _variants(spec: KernelSpec, base: KernelSource, config: CConfig, default: Knobs,
-              level: int, emit: Callable[[KernelSpec, CConfig], KernelSource]
-              ) -> list[tuple[Knobs, KernelSource]]:
+              level: int, emit: Callable[[KernelSpec, CConfig], KernelSource],
+              convolution: bool = False) -> list[tuple[Knobs, KernelSource]]:
     """The variants of kernel `spec` worth measuring at `level`, each a distinct C text, its
     defaults' (`base`) first: each knob alone, then (level 2 and above) the combinations of
     the knobs that changed its C alone."""
@@ -421,11 +455,11 @@ def _variants(spec: KernelSpec, base: KernelSource, config: CConfig, default: Kn
         variants.append((knobs, source))
         return True
     relevant: set[str] = set()  # the knobs one of whose values changes this kernel's C
-    for knobs in candidates(default, 1, calibrated)[1:]:
+    for knobs in candidates(default, 1, calibrated, convolution=convolution)[1:]:
         if add(knobs):
             relevant.update(n for n in CHOICES if getattr(knobs, n) != getattr(default, n))
     if level >= 2:
-        for knobs in candidates(default, level, calibrated, relevant)[1:]:
+        for knobs in candidates(default, level, calibrated, relevant, convolution)[1:]:
             add(knobs)
     return variants
 

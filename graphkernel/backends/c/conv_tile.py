@@ -1,0 +1,71 @@
+"""The register tile of a convolution's channel-vector units (c_window._conv_units), a schedule
+choice tuned per kernel (backends/c/tuning.py `Knobs`).
+
+A unit keeps `vectors` channel vectors (VL output channels each) x `pixels` output pixels of
+accumulators in vector registers while it walks the taps: per tap one weight load per channel
+vector and one broadcast per pixel feed vectors x pixels multiply-adds. More channel vectors
+reuse each broadcast more, more pixels each weight vector more; both are bounded by the
+register file. It applies to the 512-bit code (AVX-512: 32 vector registers); the 256-bit code
+(AVX2, 16 registers) keeps one channel vector x 8 pixels.
+
+The untuned default is a rule on the register file, not a measured constant: two channel
+vectors (each broadcast feeds two multiply-adds, so the loads stay under the multiply-adds) and
+as many pixels as then fit (`fit_pixels`), with RESERVED_REGISTERS left for the compiler's
+temporaries. A tile that does not fit would spill accumulators to the stack every tap."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VECTOR_REGISTERS = 32  # AVX-512's zmm0-31
+RESERVED_REGISTERS = 4
+DEFAULT_VECTORS = 2
+MAX_VECTORS = 4
+
+
+def fit_pixels(vectors: int) -> int:
+    """The most pixels a unit of `vectors` channel vectors keeps in registers: accumulators,
+    a weight vector per channel vector and the broadcast pixel, RESERVED_REGISTERS spare."""
+    return (VECTOR_REGISTERS - RESERVED_REGISTERS - vectors - 1) // vectors
+
+
+MAX_PIXELS = fit_pixels(1)
+
+
+def check_conv_tile(vectors: object, pixels: object) -> str | None:
+    """Why (`vectors`, `pixels`) (None: the rule's) is not a tile a kernel may take, or None."""
+    if vectors is not None and (type(vectors) is not int or not 1 <= vectors <= MAX_VECTORS):
+        return f"conv_channel_vectors is {vectors!r:.40}; it is None or an int from 1 to " \
+               f"{MAX_VECTORS}"
+    if pixels is not None and (type(pixels) is not int or not 1 <= pixels <= MAX_PIXELS):
+        return f"conv_pixels is {pixels!r:.40}; it is None or an int from 1 to {MAX_PIXELS}"
+    v = DEFAULT_VECTORS if vectors is None else vectors
+    if pixels is not None and pixels > fit_pixels(v):
+        return f"conv_pixels {pixels} with {v} channel vectors does not fit " \
+               f"{VECTOR_REGISTERS} vector registers (at most {fit_pixels(v)})"
+    return None
+
+
+@dataclass(frozen=True)
+class ConvTile:
+    """A unit's register tile: `vectors` channel vectors x `pixels` pixels (None: the rule's)."""
+
+    vectors: int | None = None
+    pixels: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = check_conv_tile(self.vectors, self.pixels)
+        assert problem is None, problem  # CConfig and the tuning records check first
+
+    def resolved(self) -> tuple[int, int]:
+        v = DEFAULT_VECTORS if self.vectors is None else self.vectors
+        return v, fit_pixels(v) if self.pixels is None else self.pixels
+
+    def partial(self, vectors: int) -> int:
+        """Pixels of a unit of fewer channel vectors (a group's last): the tile's own. Filling
+        its spare registers with more pixels made MobileNetV2's 32->16 1x1 at 112x112 (one
+        channel vector, 24 pixels a block) 3.3x slower."""
+        return self.resolved()[1]
+
+
+RULE_TILE = ConvTile()  # the rule's tile, the untuned default
+CONV_TILE = ("conv_channel_vectors", "conv_pixels")  # CConfig's (and Knobs') fields for it
