@@ -48,11 +48,13 @@ from graphkernel.frontend import archive
 from graphkernel.graph_kernel.pipeline import CompileOptions, check_final_notes
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.ir.graph import Graph
-from graphkernel.ir.serialize import data_to_graph, graph_to_data
+from graphkernel.ir.serialize import code_text, data_to_graph, graph_to_data
 from graphkernel.ir.types import TensorType
 
 KIND = "graphkernel compile cache"
-VERSION = 2  # 2: the entry names its key
+# 2: the entry names its key; 3: source locations in a table (each distinct one once, nodes
+# refer to it by index)
+VERSION = 3
 FOLDER = "graphs"  # under the kernel cache folder; its trimming skips sub-folders
 SUFFIX = ".gkc"
 ENV = "GRAPHKERNEL_COMPILE_CACHE"
@@ -70,6 +72,9 @@ class Entry:
     reasons: list[FusionReason]
     rewrites: list[str]
     stage_docs: dict[str, str]  # every stage's name, in order, and its doc
+    # A hash of the final graph's data as read (the `code_text` the graph was rebuilt from, and
+    # its constants): the C backend's plan key takes it rather than writing the graph again.
+    code_digest: str
 
 
 def enabled() -> bool:
@@ -112,7 +117,7 @@ def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
     except GraphKernelError as exc:  # the build says it again, where a compile says it
         return None, f"not used: no working toolchain ({exc.problem})"
     try:
-        data, arrays = graph_to_data(traced)
+        data, arrays = graph_to_data(traced, location_table=True)
         text = json.dumps(data, sort_keys=True)
     except (FormatError, TypeError, ValueError) as exc:
         return None, f"not used: the traced graph is not data ({exc})"
@@ -171,7 +176,7 @@ def _read(path: str, key: str, traced: Graph) -> tuple[Entry, int]:
                           f"{key} (a swapped or copied entry)")
     try:
         arrays = archive.constant_arrays(entries, manifest, path)
-        final = data_to_graph(manifest, arrays)
+        final = data_to_graph(manifest, arrays, location_table=True)
         inputs = manifest["inputs"]
         if not (isinstance(inputs, list) and len(inputs) == len(final.inputs) and
                 all(type(i) is int and 0 <= i < len(traced.inputs) for i in inputs)):
@@ -190,13 +195,16 @@ def _read(path: str, key: str, traced: Graph) -> tuple[Entry, int]:
         rewrites = [str(r) for r in manifest["rewrites"]]
         docs = {str(n): str(d) for n, d in manifest["stages"]}
         need = int(manifest["memory_bytes"])
+        # The very data `final` was rebuilt from (verified): hashed as the cold build hashed
+        # the data it wrote.
+        code_digest = cache.digest((code_text(manifest),), arrays)
     except VerifyError as exc:
         raise FormatError(f"{path}: {exc.problem}") from None
     except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         if isinstance(exc, FormatError):  # FormatError passes through
             raise
         raise FormatError(f"{path}: bad entry ({type(exc).__name__}: {exc})") from None
-    return Entry(final, reasons, rewrites, docs), need
+    return Entry(final, reasons, rewrites, docs, code_digest), need
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -207,6 +215,7 @@ class Pending:
 
     manifest: dict[str, Any]
     entries: dict[str, bytes]
+    code_digest: str  # as `Entry.code_digest` will be when it is read back
 
 
 def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
@@ -222,7 +231,7 @@ def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
             return None, f"not stored: input {inp.name} is not one of the traced graph's"
         inputs.append(n)
     try:
-        data, arrays = graph_to_data(final)
+        data, arrays = graph_to_data(final, location_table=True)
     except FormatError as exc:
         return None, f"not stored: {exc.problem}"
     manifest = {"format": KIND, "version": VERSION, "producer": f"graphkernel {__version__}",
@@ -233,7 +242,7 @@ def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
                 "rewrites": list(rewrites), "stages": [[n, d] for n, d in stage_docs.items()],
                 "memory_bytes": memory_bytes}
     entries = {f"arrays/{k}.npy": archive.npy(v) for k, v in arrays.items()}
-    return Pending(manifest, entries), ""
+    return Pending(manifest, entries, cache.digest((code_text(data),), arrays)), ""
 
 
 def store(key: str, pending: Pending) -> str:
