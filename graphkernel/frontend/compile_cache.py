@@ -8,7 +8,8 @@ build is a fresh compile's (plan, kernel C, the library through the kernel cache
 Key: sha256 over this format's version; graphkernel's version and a stamp of its modules
 (path, size and modification time of every `.py` file: an edited pass is another result);
 numpy's version (constant folding runs numpy); the
-traced graph as data (ir/serialize.py: ops, attributes, types, names, source lines, notes) and
+traced graph as data (ir/serialize.py, with its tables of types and source lines: ops,
+attributes, types, names, source lines, notes) and
 its constants' bytes; every compile option (enable_graph_kernel, each flag, the cost model);
 the toolchain (compiler, version, flags, libraries) and the CPU.
 
@@ -52,8 +53,8 @@ from graphkernel.ir.serialize import code_text, data_to_graph, graph_to_data
 from graphkernel.ir.types import TensorType
 
 KIND = "graphkernel compile cache"
-# 2: the entry names its key; 3: source locations in a table (each distinct one once, nodes
-# refer to it by index)
+# 2: the entry names its key; 3: source locations and types in tables (each distinct one
+# once, inputs and nodes refer to them by index)
 VERSION = 3
 FOLDER = "graphs"  # under the kernel cache folder; its trimming skips sub-folders
 SUFFIX = ".gkc"
@@ -117,7 +118,7 @@ def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
     except GraphKernelError as exc:  # the build says it again, where a compile says it
         return None, f"not used: no working toolchain ({exc.problem})"
     try:
-        data, arrays = graph_to_data(traced, location_table=True)
+        data, arrays = graph_to_data(traced, tables=True)
         text = json.dumps(data, sort_keys=True)
     except (FormatError, TypeError, ValueError) as exc:
         return None, f"not used: the traced graph is not data ({exc})"
@@ -176,7 +177,7 @@ def _read(path: str, key: str, traced: Graph) -> tuple[Entry, int]:
                           f"{key} (a swapped or copied entry)")
     try:
         arrays = archive.constant_arrays(entries, manifest, path)
-        final = data_to_graph(manifest, arrays, location_table=True)
+        final = data_to_graph(manifest, arrays, tables=True)
         inputs = manifest["inputs"]
         if not (isinstance(inputs, list) and len(inputs) == len(final.inputs) and
                 all(type(i) is int and 0 <= i < len(traced.inputs) for i in inputs)):
@@ -231,7 +232,7 @@ def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
             return None, f"not stored: input {inp.name} is not one of the traced graph's"
         inputs.append(n)
     try:
-        data, arrays = graph_to_data(final, location_table=True)
+        data, arrays = graph_to_data(final, tables=True)
     except FormatError as exc:
         return None, f"not stored: {exc.problem}"
     manifest = {"format": KIND, "version": VERSION, "producer": f"graphkernel {__version__}",

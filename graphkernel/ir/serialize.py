@@ -78,13 +78,23 @@ def encode_attr(value: Any, where: str) -> Any:
 
 
 class _Writer:
-    def __init__(self, location_table: bool) -> None:
+    def __init__(self, tables: bool) -> None:
         self.constants: list[dict[str, Any]] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.const_ids: dict[int, int] = {}
-        # Each distinct source location once, by its index (None: written out per node). A
-        # model's layers are made by the same lines: a 12-layer stack repeats each 12 times.
-        self.locations: dict[SourceLocation, int] | None = {} if location_table else None
+        # Each distinct source location and value type once, by its index (None: written out
+        # per node). A model's layers are made by the same lines and mostly share a few types:
+        # a 12-layer stack repeats each location 12 times.
+        self.locations: dict[SourceLocation, int] | None = {} if tables else None
+        self.types: dict[ValueType, int] | None = {} if tables else None
+
+    def type(self, type_: ValueType) -> Any:
+        if self.types is None:
+            return encode_type(type_)
+        index = self.types.get(type_)
+        if index is None:
+            index = self.types[type_] = len(self.types)
+        return index
 
     def location(self, loc: SourceLocation | None) -> Any:
         if loc is None:
@@ -114,7 +124,7 @@ class _Writer:
         inputs = []
         for inp in graph.inputs:
             ids[inp.uid] = len(ids)
-            inputs.append({"name": inp.name, "kind": inp.kind, "type": encode_type(inp.type)})
+            inputs.append({"name": inp.name, "kind": inp.kind, "type": self.type(inp.type)})
         nodes = []
         for node in graph.nodes:
             here = f"{where}/{node.name}"
@@ -123,7 +133,7 @@ class _Writer:
                 "inputs": [self.ref(v, ids, here) for v in node.inputs],
                 "attrs": {k: encode_attr(v, f"{here} attribute {k}")
                           for k, v in node.attrs.items()},
-                "type": encode_type(node.type),
+                "type": self.type(node.type),
                 "loc": self.location(node.loc),
                 "notes": {k: encode_attr(v, f"{here} note {k}") for k, v in node.notes.items()},
                 "subgraph": None if node.subgraph is None else self.graph(node.subgraph, here),
@@ -138,28 +148,31 @@ class _Writer:
                 "effects": [self.ref(v, ids, f"{where} effect") for v in graph.effects]}
 
 
-def graph_to_data(graph: Graph, location_table: bool = False
+def graph_to_data(graph: Graph, tables: bool = False
                   ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The description of `graph` (JSON-able) and the arrays it names (its constants).
-    `location_table`: each distinct source location written once, in "locations", and a
-    node's "loc" its index there (read back with `data_to_graph(..., location_table=True)`);
-    else each node's location written out in full."""
-    writer = _Writer(location_table)
+    `tables`: each distinct source location and each distinct type of an input or a node
+    written once, in "locations" and "types", and a node's "loc" and "type" (an input's
+    "type") its index there (read back with `data_to_graph(..., tables=True)`); else each
+    written out in full."""
+    writer = _Writer(tables)
     description = writer.graph(graph, graph.name)
     data = {"graph": description, "constants": writer.constants}
-    if writer.locations is not None:
+    if writer.locations is not None and writer.types is not None:
         data["locations"] = [[loc.filename, loc.lineno, loc.function, loc.text]
                              for loc in writer.locations]
+        data["types"] = [encode_type(t) for t in writer.types]
     return data, writer.arrays
 
 
 def code_text(data: dict[str, Any]) -> str:
-    """`graph_to_data(..., location_table=True)`'s description as text with its location table
-    left out: what of a graph decides its generated code (the user's source lines name where
-    an op came from in messages and never reach the code; an edit above a model keeps the
-    nodes' indices into the table). Sorted keys: the same graph gives the same text whether
-    written here or read back from a file."""
-    return json.dumps({"graph": data["graph"], "constants": data["constants"]}, sort_keys=True)
+    """`graph_to_data(..., tables=True)`'s description as text with its location table left
+    out (its type table kept): what of a graph decides its generated code (the user's source
+    lines name where an op came from in messages and never reach the code; an edit above a
+    model keeps the nodes' indices into the table). Sorted keys: the same graph gives the same
+    text whether written here or read back from a file."""
+    return json.dumps({"graph": data["graph"], "constants": data["constants"],
+                       "types": data["types"]}, sort_keys=True)
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -275,10 +288,22 @@ def _decode_location(data: Any, where: str) -> SourceLocation:
 
 
 class _Reader:
-    def __init__(self, constants: list[Constant],
-                 locations: list[SourceLocation] | None) -> None:
+    def __init__(self, constants: list[Constant], locations: list[SourceLocation] | None,
+                 types: list[ValueType] | None) -> None:
         self.constants = constants
-        self.locations = locations  # None: each node's location written out in full
+        # None: each node's location and type written out in full
+        self.locations = locations
+        self.types = types
+
+    def type(self, rec: Any, where: str) -> ValueType:
+        """The "type" of an input's or a node's record: written out, or an index into the type
+        table (each entry decoded and checked once)."""
+        if self.types is None:
+            return decode_type(_field(rec, "type", dict, where), where)
+        index = _field(rec, "type", int, where)
+        if not 0 <= index < len(self.types):
+            raise FormatError(f"{where}: type {index} is no index into the type table")
+        return self.types[index]
 
     def ref(self, data: Any, values: list[Value], where: str) -> Value:
         # Messages are formatted only on failure: a reference is read per operand.
@@ -299,7 +324,7 @@ class _Reader:
             kind = _field(rec, "kind", str, here)
             if kind not in ("input", "weight"):
                 raise FormatError(f"{here}: unknown input kind {kind!r}")
-            type_ = decode_type(_field(rec, "type", dict, here), here)
+            type_ = self.type(rec, here)
             _expect(isinstance(type_, TensorType), here, "an input is a tensor")
             inp = Input(type_, _field(rec, "name", str, here), kind)  # type: ignore[arg-type]  # _expect checked it
             inputs.append(inp)
@@ -351,20 +376,19 @@ class _Reader:
                                       "into the location table")
                 loc = self.locations[loc_data]
         subgraph = None if sub_data is None else self.graph(sub_data, where, depth + 1)
-        node = Node(op, inputs, attrs, decode_type(_field(rec, "type", dict, where), where),
-                    name, loc, subgraph)
+        node = Node(op, inputs, attrs, self.type(rec, where), name, loc, subgraph)
         node.notes = {k: _decode_note(v, f"{where} note {k}")
                       for k, v in _field(rec, "notes", dict, where).items()}
         return node
 
 
-def data_to_graph(data: Any, arrays: dict[str, np.ndarray], location_table: bool = False
+def data_to_graph(data: Any, arrays: dict[str, np.ndarray], tables: bool = False
                   ) -> Graph:
     """Rebuild a graph from `graph_to_data`'s description and arrays, verified: every node's
     type inferred again from its inputs. A file's sums say it is whole, not that its types are
     true (anyone who can write it can write matching sums), and a type that does not follow
     from its inputs would size the buffers generated code writes through. Always checked.
-    `location_table`: the description was written with one (`graph_to_data`), and must be."""
+    `tables`: the description was written with one (`graph_to_data`), and must be."""
     constants = []
     for i, rec in enumerate(_field(data, "constants", list, "constants")):
         where = f"constant {i}"
@@ -374,11 +398,14 @@ def data_to_graph(data: Any, arrays: dict[str, np.ndarray], location_table: bool
         _expect(isinstance(type_, TensorType), where, "a constant is a tensor")
         check_array(arrays[key], type_, where)  # type: ignore[arg-type]  # _expect checked it
         constants.append(Constant(arrays[key], _field(rec, "name", str, where)))
-    locations = None
-    if location_table:
-        table = _field(data, "locations", list, "locations")
-        locations = [_decode_location(rec, f"location {i}") for i, rec in enumerate(table)]
-    graph = _Reader(constants, locations).graph(_field(data, "graph", dict, "graph"), "graph")
+    locations, types = None, None
+    if tables:
+        locations = [_decode_location(rec, f"location {i}")
+                     for i, rec in enumerate(_field(data, "locations", list, "locations"))]
+        types = [decode_type(rec, f"type {i}")
+                 for i, rec in enumerate(_field(data, "types", list, "types"))]
+    graph = _Reader(constants, locations, types).graph(_field(data, "graph", dict, "graph"),
+                                                       "graph")
     _check_attrs(graph, "graph")
     try:
         verify(graph)

@@ -374,7 +374,7 @@ def graph_code_digest(graph: Graph) -> str | None:
     data it writes and reads. None when the graph is not data: it is then always built from its
     C."""
     try:
-        data, arrays = graph_to_data(graph, location_table=True)
+        data, arrays = graph_to_data(graph, tables=True)
         return cache.digest((code_text(data),), arrays)
     except (FormatError, TypeError, ValueError):
         return None
