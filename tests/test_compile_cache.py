@@ -390,7 +390,14 @@ def forge(path: str, change: Callable[[dict[str, Any], dict[str, bytes]], None])
     entries = archive.read_entries(path, path, compile_cache.KIND)
     manifest = json.loads(entries.pop(archive.MANIFEST))
     del entries[archive.CHECKSUM], manifest["entries"]
+    # The graph's own entry seen as part of the manifest, as the reader joins them
+    read = entries[compile_cache.GRAPH_ENTRY]
+    code = json.loads(read)
+    manifest.update(code)
     change(manifest, entries)
+    if entries.get(compile_cache.GRAPH_ENTRY) == read:  # not replaced by `change` itself
+        entries[compile_cache.GRAPH_ENTRY] = json.dumps(
+            {k: manifest.pop(k) for k in code}).encode()
     archive.write(path, manifest, entries, prefix=".forged.")
 
 
@@ -606,10 +613,12 @@ class Stack(nn.Cell):
 
 
 def _manifest(cache_folder: str) -> tuple[str, dict[str, Any]]:
+    """The entry's path and its manifest joined with its graph's entry."""
     [name] = _entries(cache_folder)
     path = os.path.join(cache_folder, compile_cache.FOLDER, name)
     entries = archive.read_entries(path, path, compile_cache.KIND)
-    return path, json.loads(entries[archive.MANIFEST])
+    return path, {**json.loads(entries[archive.MANIFEST]),
+                  **json.loads(entries[compile_cache.GRAPH_ENTRY])}
 
 
 def _nodes(graph: dict[str, Any]) -> list[dict[str, Any]]:
@@ -683,6 +692,20 @@ def _old_version(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
     manifest["version"] = 2
 
 
+def _no_graph_entry(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+    del entries[compile_cache.GRAPH_ENTRY]
+
+
+def _graph_entry_not_json(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+    entries[compile_cache.GRAPH_ENTRY] = b'{"graph": '
+    del manifest["graph"], manifest["constants"], manifest["types"]
+
+
+def _graph_entry_holding_more(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
+    code = {k: manifest.pop(k) for k in ("graph", "constants", "types")}
+    entries[compile_cache.GRAPH_ENTRY] = json.dumps({**code, "effects": []}).encode()
+
+
 @needs_cc
 @pytest.mark.parametrize("damage, why", [
     (_bad_location_index, "is no index into the location table"),
@@ -695,6 +718,9 @@ def _old_version(manifest: dict[str, Any], entries: dict[str, bytes]) -> None:
     (_forged_table_type, "the graph does not check"),
     (_bad_table_type, "type 0: unknown dtype 'no_such_dtype'"),
     (_old_version, "is not a graphkernel compile cache entry of version 3"),
+    (_no_graph_entry, "no graph.json entry"),
+    (_graph_entry_not_json, "graph.json is not valid JSON"),
+    (_graph_entry_holding_more, "graph.json does not hold a graph, its constants and types"),
 ])
 def test_a_forged_table_or_an_old_entry_is_a_miss_said_once(
         cache_folder: str, monkeypatch: pytest.MonkeyPatch, damage: Any, why: str,

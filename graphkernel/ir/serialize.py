@@ -169,10 +169,10 @@ def code_text(data: dict[str, Any]) -> str:
     """`graph_to_data(..., tables=True)`'s description as text with its location table left
     out (its type table kept): what of a graph decides its generated code (the user's source
     lines name where an op came from in messages and never reach the code; an edit above a
-    model keeps the nodes' indices into the table). Sorted keys: the same graph gives the same
-    text whether written here or read back from a file."""
+    model keeps the nodes' indices into the table). Keys in the order written, as the graph
+    holds them (its nodes' notes keep their order): the same graph gives the same text."""
     return json.dumps({"graph": data["graph"], "constants": data["constants"],
-                       "types": data["types"]}, sort_keys=True)
+                       "types": data["types"]})
 
 
 # -- reading -------------------------------------------------------------------------------
