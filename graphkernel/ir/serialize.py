@@ -157,7 +157,7 @@ def graph_to_data(graph: Graph, tables: bool = False
     written out in full."""
     writer = _Writer(tables)
     description = writer.graph(graph, graph.name)
-    data = {"graph": description, "constants": writer.constants}
+    data: dict[str, Any] = {"graph": description, "constants": writer.constants}
     if writer.locations is not None and writer.types is not None:
         data["locations"] = [[loc.filename, loc.lineno, loc.function, loc.text]
                              for loc in writer.locations]
