@@ -136,10 +136,27 @@ def write_zip(entries: list[tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
+# A compile-cache entry keeps its graph's code text (these fields) in an entry of its own; the
+# mutations see it as part of the manifest, one JSON document, as the reader joins them.
+GRAPH_ENTRY, GRAPH_FIELDS = "graph.json", ("graph", "constants", "types")
+
+
+def document(entries: dict[str, bytes]) -> dict[str, Any]:
+    """The manifest, joined with the graph entry's fields where the archive has one."""
+    manifest = json.loads(entries["manifest.json"])
+    if GRAPH_ENTRY in entries:
+        manifest.update(json.loads(entries[GRAPH_ENTRY]))
+    return manifest  # type: ignore[no-any-return]
+
+
 def forge(entries: list[tuple[str, bytes]], manifest: dict[str, Any]) -> bytes:
     """The archive with the manifest's sums and the checksum recomputed (a deliberate forgery:
-    the mutation reaches the parser instead of the checksum check)."""
+    the mutation reaches the parser instead of the checksum check). Where the archive has a
+    graph entry, the graph's fields of `manifest` (a `document`) are written there."""
     manifest = dict(manifest)
+    if any(name == GRAPH_ENTRY for name, _ in entries):
+        code = json.dumps({k: manifest.pop(k) for k in GRAPH_FIELDS if k in manifest}).encode()
+        entries = [(n, code if n == GRAPH_ENTRY else b) for n, b in entries]
     manifest["entries"] = {name: hashlib.sha256(blob).hexdigest() for name, blob in entries
                            if name not in ("manifest.json", "checksum.sha256")}
     text = json.dumps(manifest).encode()  # NaN and Infinity as Python writes them
@@ -165,8 +182,19 @@ def json_paths(value: Any, path: tuple = ()) -> list[tuple]:
 
 
 def _parent(doc: Any, path: list) -> Any:
+    """The object holding `path`'s last key. A path through a node's "type" where the type is
+    an index into the document's type table ("types") changes that node's type alone: the node
+    is given a copy of its table entry first (the forgery a recipe written against types
+    written out per node meant)."""
+    root = doc
     for key in path[:-1]:
-        doc = doc[key]
+        inner = doc[key]
+        if key == "type" and type(inner) is int and isinstance(root.get("types"), list) and \
+                0 <= inner < len(root["types"]):
+            root["types"].append(json.loads(json.dumps(root["types"][inner])))
+            inner = doc[key] = len(root["types"]) - 1
+            inner = root["types"][inner]
+        doc = inner
     return doc
 
 
@@ -332,7 +360,7 @@ def apply(kind: str, seed: bytes, recipe: list) -> bytes:
     if op == "ckpt":
         return _mutate_ckpt(seed, *recipe[1:])
     entries = list(read_zip(seed).items())
-    manifest = json.loads(dict(entries)["manifest.json"])
+    manifest = document(dict(entries))
     if op == "json":
         path, how = recipe[1], recipe[2]
         parent, key = _parent(manifest, path), path[-1]
@@ -375,7 +403,7 @@ def _byte_recipe(rng: random.Random, size: int) -> list:
 
 def _zip_recipe(rng: random.Random, seed: bytes) -> list:
     entries = read_zip(seed)
-    manifest = json.loads(entries["manifest.json"])
+    manifest = document(entries)
     arrays = sorted(n for n in entries if n.endswith(".npy"))
     roll = rng.random()
     if roll < 0.55:
@@ -466,7 +494,7 @@ def edge_recipes(kind: str, seed: bytes) -> list[list]:
             out += [["ckpt", i, "dims", [v, 2]] for v in EDGE_INTS]
             out += [["ckpt", i, "type", t] for t in CKPT_TYPES]
         return out
-    manifest = json.loads(read_zip(seed)["manifest.json"])
+    manifest = document(read_zip(seed))
     numbers = [path for path in json_paths(manifest)
                if type(_get(manifest, path)) in (int, float) and "loc" not in path]
     for path in numbers:

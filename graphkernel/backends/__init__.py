@@ -38,11 +38,14 @@ class Backend(LoweringTarget, Protocol):
 
     def build_executable(self, graph: Graph, name: str, config: Any,
                          prebuilt: tuple[str, bytes] | None = None,
-                         tuning_level: int = 0) -> Executable:
+                         tuning_level: int = 0, code_digest: str | None = None) -> Executable:
         """Lower `graph` (a final graph) for this backend unless it is already, plan it, build
         and load its kernels with `config` (a `config_type`). `prebuilt`: a library built
         elsewhere, by its cache key. `tuning_level` (`--online_tuning`): how hard to measure
-        the kernels' schedule choices on this machine; a backend without choices ignores it."""
+        the kernels' schedule choices on this machine; a backend without choices ignores it.
+        `code_digest`: a hash of `graph`'s data the compile cache made as it wrote or read it
+        (`backends/c/backend.graph_code_digest`), for a backend that finds earlier builds by
+        the graph; one that does not ignores it."""
 
 
 # name -> the module whose BACKEND is that backend (imported on first use)

@@ -335,8 +335,13 @@ def _compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any,
             cache_note += f"; {problem}" if pending is None else ""
             timeline.append(("compile cache: final graph serialised", time.perf_counter() - lap))
     lap = time.perf_counter()
+    # The compile cache hashed the final graph's data as it wrote or read it: the C backend's
+    # plan key takes that rather than writing the graph again.
+    code_digest = hit.code_digest if hit is not None else \
+        pending.code_digest if pending is not None else None
     executable = target.build_executable(final, name, config,
-                                         tuning_level=options.flags.online_tuning)
+                                         tuning_level=options.flags.online_tuning,
+                                         code_digest=code_digest)
     collector.resume()
     timeline += build_phases(executable, time.perf_counter() - lap)
     if key is not None and pending is not None:

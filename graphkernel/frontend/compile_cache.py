@@ -8,16 +8,19 @@ build is a fresh compile's (plan, kernel C, the library through the kernel cache
 Key: sha256 over this format's version; graphkernel's version and a stamp of its modules
 (path, size and modification time of every `.py` file: an edited pass is another result);
 numpy's version (constant folding runs numpy); the
-traced graph as data (ir/serialize.py: ops, attributes, types, names, source lines, notes) and
+traced graph as data (ir/serialize.py, with its tables of types and source lines: ops,
+attributes, types, names, source lines, notes) and
 its constants' bytes; every compile option (enable_graph_kernel, each flag, the cost model);
 the toolchain (compiler, version, flags, libraries) and the CPU.
 
 Entry: `<kernel cache folder>/graphs/<key>.gkc`, an archive in the container of GKIR exports
 (frontend/archive.py: stored zip, a manifest with each entry's sha256 and its own checksum,
-written under a temporary name and renamed): the final graph as data and its constants, the
-traced input each final input is, the fusion reasons and rewrites, the stages' names and docs,
-and the bytes the initial graph needs (checked against this machine's memory as a compile
-checks it). No weights: they are the cell's Parameters, bound again from the traced graph.
+written under a temporary name and renamed): the final graph as data (`graph.json`: its nodes,
+constants and type table, the code text the plan key hashes; its source locations' table in
+the manifest) and its constants' arrays, the traced input each final input is, the fusion
+reasons and rewrites, the stages' names and docs, and the bytes the initial graph needs
+(checked against this machine's memory as a compile checks it). No weights: they are the
+cell's Parameters, bound again from the traced graph.
 
 An entry is read as a file from anyone (sums that match say it is whole, not true): it names the
 key it was written under, its graph is verified (types inferred again, as an export's) and its
@@ -33,6 +36,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,18 +52,23 @@ from graphkernel.frontend import archive
 from graphkernel.graph_kernel.pipeline import CompileOptions, check_final_notes
 from graphkernel.graph_kernel.reasons import FuseRule, FusionReason
 from graphkernel.ir.graph import Graph
-from graphkernel.ir.serialize import data_to_graph, graph_to_data
+from graphkernel.ir.serialize import code_text, data_to_graph, graph_to_data
 from graphkernel.ir.types import TensorType
 
 KIND = "graphkernel compile cache"
-VERSION = 2  # 2: the entry names its key
+# 2: the entry names its key; 3: source locations and types in tables (each distinct one
+# once, inputs and nodes refer to them by index), the graph's code text an entry of its own
+VERSION = 3
 FOLDER = "graphs"  # under the kernel cache folder; its trimming skips sub-folders
 SUFFIX = ".gkc"
 ENV = "GRAPHKERNEL_COMPILE_CACHE"
 # Entries are small (a final graph as JSON, its constants): beyond this many the least recently
 # used go when a new one is written.
 MAX_ENTRIES = 2000
-_ENTRY_NAME = archive.ARRAY_NAME
+# The final graph's data but its location table (`serialize.code_text`): an entry of its own, so
+# that a hit hashes the bytes it read for the plan key rather than writing them again.
+GRAPH_ENTRY = "graph.json"
+_ENTRY_NAME = re.compile(rf"{archive.ARRAY_NAME.pattern}|{re.escape(GRAPH_ENTRY)}")
 
 
 @dataclass
@@ -70,6 +79,9 @@ class Entry:
     reasons: list[FusionReason]
     rewrites: list[str]
     stage_docs: dict[str, str]  # every stage's name, in order, and its doc
+    # A hash of the final graph's data as read (the `code_text` the graph was rebuilt from, and
+    # its constants): the C backend's plan key takes it rather than writing the graph again.
+    code_digest: str
 
 
 def enabled() -> bool:
@@ -112,7 +124,7 @@ def key_of(traced: Graph, options: CompileOptions) -> tuple[str | None, str]:
     except GraphKernelError as exc:  # the build says it again, where a compile says it
         return None, f"not used: no working toolchain ({exc.problem})"
     try:
-        data, arrays = graph_to_data(traced)
+        data, arrays = graph_to_data(traced, tables=True)
         text = json.dumps(data, sort_keys=True)
     except (FormatError, TypeError, ValueError) as exc:
         return None, f"not used: the traced graph is not data ({exc})"
@@ -170,8 +182,11 @@ def _read(path: str, key: str, traced: Graph) -> tuple[Entry, int]:
         raise FormatError(f"{path} was written under key {manifest.get('key')!r:.40}, not "
                           f"{key} (a swapped or copied entry)")
     try:
-        arrays = archive.constant_arrays(entries, manifest, path)
-        final = data_to_graph(manifest, arrays)
+        code = _code_data(entries, path)
+        arrays = archive.constant_arrays(entries, code, path)
+        if "locations" in manifest:  # else data_to_graph says it is missing
+            code = {**code, "locations": manifest["locations"]}
+        final = data_to_graph(code, arrays, tables=True)
         inputs = manifest["inputs"]
         if not (isinstance(inputs, list) and len(inputs) == len(final.inputs) and
                 all(type(i) is int and 0 <= i < len(traced.inputs) for i in inputs)):
@@ -190,13 +205,30 @@ def _read(path: str, key: str, traced: Graph) -> tuple[Entry, int]:
         rewrites = [str(r) for r in manifest["rewrites"]]
         docs = {str(n): str(d) for n, d in manifest["stages"]}
         need = int(manifest["memory_bytes"])
+        # The very bytes `final` was rebuilt from (verified), hashed as the cold build hashed
+        # the ones it wrote.
+        code_digest = cache.digest((entries[GRAPH_ENTRY].decode(),), arrays)
     except VerifyError as exc:
         raise FormatError(f"{path}: {exc.problem}") from None
     except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         if isinstance(exc, FormatError):  # FormatError passes through
             raise
         raise FormatError(f"{path}: bad entry ({type(exc).__name__}: {exc})") from None
-    return Entry(final, reasons, rewrites, docs), need
+    return Entry(final, reasons, rewrites, docs, code_digest), need
+
+
+def _code_data(entries: dict[str, bytes], path: str) -> dict[str, Any]:
+    """The graph's code text entry as an object holding exactly what `code_text` writes."""
+    if GRAPH_ENTRY not in entries:
+        raise FormatError(f"{path}: no {GRAPH_ENTRY} entry")
+    try:
+        code = json.loads(entries[GRAPH_ENTRY].decode())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise FormatError(f"{path}: {GRAPH_ENTRY} is not valid JSON ({exc})") from None
+    if not (isinstance(code, dict) and set(code) == {"graph", "constants", "types"}):
+        raise FormatError(f"{path}: {GRAPH_ENTRY} does not hold a graph, its constants and "
+                          "types")
+    return code
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -207,6 +239,7 @@ class Pending:
 
     manifest: dict[str, Any]
     entries: dict[str, bytes]
+    code_digest: str  # as `Entry.code_digest` will be when it is read back
 
 
 def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
@@ -222,18 +255,20 @@ def prepare(traced: Graph, final: Graph, reasons: Sequence[FusionReason],
             return None, f"not stored: input {inp.name} is not one of the traced graph's"
         inputs.append(n)
     try:
-        data, arrays = graph_to_data(final)
+        data, arrays = graph_to_data(final, tables=True)
     except FormatError as exc:
         return None, f"not stored: {exc.problem}"
+    text = code_text(data)
     manifest = {"format": KIND, "version": VERSION, "producer": f"graphkernel {__version__}",
-                **data, "inputs": inputs,
+                "locations": data["locations"], "inputs": inputs,
                 "reasons": [{"stage": r.stage, "producer": r.producer, "consumer": r.consumer,
                              "rule": str(r.rule), "detail": r.detail, "parallel": r.parallel}
                             for r in reasons],
                 "rewrites": list(rewrites), "stages": [[n, d] for n, d in stage_docs.items()],
                 "memory_bytes": memory_bytes}
-    entries = {f"arrays/{k}.npy": archive.npy(v) for k, v in arrays.items()}
-    return Pending(manifest, entries), ""
+    entries = {GRAPH_ENTRY: text.encode(),
+               **{f"arrays/{k}.npy": archive.npy(v) for k, v in arrays.items()}}
+    return Pending(manifest, entries, cache.digest((text,), arrays)), ""
 
 
 def store(key: str, pending: Pending) -> str:

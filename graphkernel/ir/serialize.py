@@ -8,6 +8,7 @@ Constants are stored once (arrays named "const<N>") and shared by every graph th
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -77,10 +78,33 @@ def encode_attr(value: Any, where: str) -> Any:
 
 
 class _Writer:
-    def __init__(self) -> None:
+    def __init__(self, tables: bool) -> None:
         self.constants: list[dict[str, Any]] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.const_ids: dict[int, int] = {}
+        # Each distinct source location and value type once, by its index (None: written out
+        # per node). A model's layers are made by the same lines and mostly share a few types:
+        # a 12-layer stack repeats each location 12 times.
+        self.locations: dict[SourceLocation, int] | None = {} if tables else None
+        self.types: dict[ValueType, int] | None = {} if tables else None
+
+    def type(self, type_: ValueType) -> Any:
+        if self.types is None:
+            return encode_type(type_)
+        index = self.types.get(type_)
+        if index is None:
+            index = self.types[type_] = len(self.types)
+        return index
+
+    def location(self, loc: SourceLocation | None) -> Any:
+        if loc is None:
+            return None
+        if self.locations is None:
+            return [loc.filename, loc.lineno, loc.function, loc.text]
+        index = self.locations.get(loc)
+        if index is None:
+            index = self.locations[loc] = len(self.locations)
+        return index
 
     def ref(self, value: Value, ids: dict[int, int], where: str) -> list[Any]:
         if isinstance(value, Constant):
@@ -100,19 +124,17 @@ class _Writer:
         inputs = []
         for inp in graph.inputs:
             ids[inp.uid] = len(ids)
-            inputs.append({"name": inp.name, "kind": inp.kind, "type": encode_type(inp.type)})
+            inputs.append({"name": inp.name, "kind": inp.kind, "type": self.type(inp.type)})
         nodes = []
         for node in graph.nodes:
             here = f"{where}/{node.name}"
-            loc = node.loc
             nodes.append({
                 "op": node.op, "name": node.name,
                 "inputs": [self.ref(v, ids, here) for v in node.inputs],
                 "attrs": {k: encode_attr(v, f"{here} attribute {k}")
                           for k, v in node.attrs.items()},
-                "type": encode_type(node.type),
-                "loc": None if loc is None else [loc.filename, loc.lineno, loc.function,
-                                                 loc.text],
+                "type": self.type(node.type),
+                "loc": self.location(node.loc),
                 "notes": {k: encode_attr(v, f"{here} note {k}") for k, v in node.notes.items()},
                 "subgraph": None if node.subgraph is None else self.graph(node.subgraph, here),
             })
@@ -126,11 +148,31 @@ class _Writer:
                 "effects": [self.ref(v, ids, f"{where} effect") for v in graph.effects]}
 
 
-def graph_to_data(graph: Graph) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The description of `graph` (JSON-able) and the arrays it names (its constants)."""
-    writer = _Writer()
+def graph_to_data(graph: Graph, tables: bool = False
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The description of `graph` (JSON-able) and the arrays it names (its constants).
+    `tables`: each distinct source location and each distinct type of an input or a node
+    written once, in "locations" and "types", and a node's "loc" and "type" (an input's
+    "type") its index there (read back with `data_to_graph(..., tables=True)`); else each
+    written out in full."""
+    writer = _Writer(tables)
     description = writer.graph(graph, graph.name)
-    return {"graph": description, "constants": writer.constants}, writer.arrays
+    data: dict[str, Any] = {"graph": description, "constants": writer.constants}
+    if writer.locations is not None and writer.types is not None:
+        data["locations"] = [[loc.filename, loc.lineno, loc.function, loc.text]
+                             for loc in writer.locations]
+        data["types"] = [encode_type(t) for t in writer.types]
+    return data, writer.arrays
+
+
+def code_text(data: dict[str, Any]) -> str:
+    """`graph_to_data(..., tables=True)`'s description as text with its location table left
+    out (its type table kept): what of a graph decides its generated code (the user's source
+    lines name where an op came from in messages and never reach the code; an edit above a
+    model keeps the nodes' indices into the table). Keys in the order written, as the graph
+    holds them (its nodes' notes keep their order): the same graph gives the same text."""
+    return json.dumps({"graph": data["graph"], "constants": data["constants"],
+                       "types": data["types"]})
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -238,9 +280,30 @@ def _decode_note(data: Any, where: str, depth: int = 0) -> Any:
     return decode_attr(data, where)
 
 
+def _decode_location(data: Any, where: str) -> SourceLocation:
+    _expect(isinstance(data, list) and len(data) == 4 and
+            all(isinstance(x, str) for x in (data[0], data[2], data[3])) and
+            type(data[1]) is int, where, "bad source location")
+    return SourceLocation(*data)
+
+
 class _Reader:
-    def __init__(self, constants: list[Constant]) -> None:
+    def __init__(self, constants: list[Constant], locations: list[SourceLocation] | None,
+                 types: list[ValueType] | None) -> None:
         self.constants = constants
+        # None: each node's location and type written out in full
+        self.locations = locations
+        self.types = types
+
+    def type(self, rec: Any, where: str) -> ValueType:
+        """The "type" of an input's or a node's record: written out, or an index into the type
+        table (each entry decoded and checked once)."""
+        if self.types is None:
+            return decode_type(_field(rec, "type", dict, where), where)
+        index = _field(rec, "type", int, where)
+        if not 0 <= index < len(self.types):
+            raise FormatError(f"{where}: type {index} is no index into the type table")
+        return self.types[index]
 
     def ref(self, data: Any, values: list[Value], where: str) -> Value:
         # Messages are formatted only on failure: a reference is read per operand.
@@ -261,7 +324,7 @@ class _Reader:
             kind = _field(rec, "kind", str, here)
             if kind not in ("input", "weight"):
                 raise FormatError(f"{here}: unknown input kind {kind!r}")
-            type_ = decode_type(_field(rec, "type", dict, here), here)
+            type_ = self.type(rec, here)
             _expect(isinstance(type_, TensorType), here, "an input is a tensor")
             inp = Input(type_, _field(rec, "name", str, here), kind)  # type: ignore[arg-type]  # _expect checked it
             inputs.append(inp)
@@ -305,23 +368,27 @@ class _Reader:
         loc_data = rec.get("loc")
         loc = None
         if loc_data is not None:
-            _expect(isinstance(loc_data, list) and len(loc_data) == 4 and
-                    all(isinstance(x, str) for x in (loc_data[0], loc_data[2], loc_data[3])) and
-                    type(loc_data[1]) is int, where, "bad source location")
-            loc = SourceLocation(*loc_data)
+            if self.locations is None:
+                loc = _decode_location(loc_data, where)
+            else:
+                if not (type(loc_data) is int and 0 <= loc_data < len(self.locations)):
+                    raise FormatError(f"{where}: source location {loc_data!r:.40} is no index "
+                                      "into the location table")
+                loc = self.locations[loc_data]
         subgraph = None if sub_data is None else self.graph(sub_data, where, depth + 1)
-        node = Node(op, inputs, attrs, decode_type(_field(rec, "type", dict, where), where),
-                    name, loc, subgraph)
+        node = Node(op, inputs, attrs, self.type(rec, where), name, loc, subgraph)
         node.notes = {k: _decode_note(v, f"{where} note {k}")
                       for k, v in _field(rec, "notes", dict, where).items()}
         return node
 
 
-def data_to_graph(data: Any, arrays: dict[str, np.ndarray]) -> Graph:
+def data_to_graph(data: Any, arrays: dict[str, np.ndarray], tables: bool = False
+                  ) -> Graph:
     """Rebuild a graph from `graph_to_data`'s description and arrays, verified: every node's
     type inferred again from its inputs. A file's sums say it is whole, not that its types are
     true (anyone who can write it can write matching sums), and a type that does not follow
-    from its inputs would size the buffers generated code writes through. Always checked."""
+    from its inputs would size the buffers generated code writes through. Always checked.
+    `tables`: the description was written with one (`graph_to_data`), and must be."""
     constants = []
     for i, rec in enumerate(_field(data, "constants", list, "constants")):
         where = f"constant {i}"
@@ -331,7 +398,14 @@ def data_to_graph(data: Any, arrays: dict[str, np.ndarray]) -> Graph:
         _expect(isinstance(type_, TensorType), where, "a constant is a tensor")
         check_array(arrays[key], type_, where)  # type: ignore[arg-type]  # _expect checked it
         constants.append(Constant(arrays[key], _field(rec, "name", str, where)))
-    graph = _Reader(constants).graph(_field(data, "graph", dict, "graph"), "graph")
+    locations, types = None, None
+    if tables:
+        locations = [_decode_location(rec, f"location {i}")
+                     for i, rec in enumerate(_field(data, "locations", list, "locations"))]
+        types = [decode_type(rec, f"type {i}")
+                 for i, rec in enumerate(_field(data, "types", list, "types"))]
+    graph = _Reader(constants, locations, types).graph(_field(data, "graph", dict, "graph"),
+                                                       "graph")
     _check_attrs(graph, "graph")
     try:
         verify(graph)

@@ -4,8 +4,9 @@ entry into one library (cached) and loads it into the runner.
 
 A warm build writes no C. The library's cache key is its C source's hash, so finding it used to
 mean emitting every kernel. Instead a build computes a plan key P from what decides the C: the
-graph it is given (as data, with its constants' bytes; source lines taken out), the plan made of
-it, the backend's settings, numpy's BLAS as the entry finds it, the toolchain and graphkernel's
+graph it is given (as data, with its constants' bytes; source lines taken out: a hash the
+compile cache makes of the data it writes or reads back, else made here), the plan made of it,
+the backend's settings, numpy's BLAS as the entry finds it, the toolchain and graphkernel's
 version (`plan_key`). After a build, a plan record `plans/R.json` in the kernel cache (R: P with
 the stamp of graphkernel's modules and what chooses each product's BLAS library, `record_key`)
 names the library (its cache key), its entry module, the tuning record each kernel's schedule
@@ -30,7 +31,6 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
@@ -64,7 +64,7 @@ from graphkernel.graph_kernel.lower import ConvBlock, KernelKind, lower
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.ir.graph import Graph, Node
 from graphkernel.ir.opset import Window, get_op
-from graphkernel.ir.serialize import graph_to_data
+from graphkernel.ir.serialize import code_text, graph_to_data
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec, StepKind
@@ -141,16 +141,20 @@ class CBackend:
 
     def build_executable(self, graph: Graph, name: str, config: CConfig,
                          prebuilt: tuple[str, bytes] | None = None,
-                         tuning_level: int = 0) -> Executable:
+                         tuning_level: int = 0, code_digest: str | None = None) -> Executable:
         """Plan `graph`, compile its kernels (one library, cached) and ready the runners.
         `prebuilt`: a library built elsewhere for the same source, by its cache key (see
-        `build_library`)."""
+        `build_library`). `code_digest`: `graph_code_digest` of `graph` as handed in, where the
+        caller has it (the compile cache wrote or read the graph's data): the plan key takes
+        it instead of writing the graph again."""
         global _warned_no_compiler
         if toolchain.detect() is None and not _warned_no_compiler:
             warnings.warn("graphkernel: no C compiler found (set CC or install gcc); fused "
                           "kernels run op by op on numpy, correct but slow. `graphkernel "
                           "doctor` says more.", RuntimeWarning, stacklevel=3)
             _warned_no_compiler = True
+        if code_digest is None and toolchain.detect() is not None:
+            code_digest = graph_code_digest(graph)  # of the graph as handed in, before lowering
         if graph.lowered_for != self.name:
             lower(graph, self)
         if tuning_level > 0:  # the library of each convolution kernel, timed (else stored)
@@ -165,8 +169,8 @@ class CBackend:
         library: BuiltLibrary | None = None
         sources: Mapping[str, str] = {}
         key = None
-        if specs and toolchain.detect() is not None:
-            key = plan_key(graph, plan, config)
+        if specs and code_digest is not None:
+            key = plan_key(code_digest, plan, config)
         # A tuning run measures, and a prebuilt library is checked against its source: both
         # write the C.
         if key is not None and tuning_level <= 0 and prebuilt is None:
@@ -367,28 +371,35 @@ def _mark(key: str, specs: list[KernelSpec], choices: Mapping[str, Choice],
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-# Bumped when what a plan key covers changes shape.
-PLAN_KEY_VERSION = 1
+# Bumped when what a plan key covers changes shape. 2: the graph's data taken before lowering,
+# its source locations in a table left out (`serialize.code_text`)
+PLAN_KEY_VERSION = 2
 
 
-def plan_key(graph: Graph, plan: ExecutionPlan, config: CConfig) -> str | None:
-    """What decides the C of `plan`, made of `graph` under `config`, as a hash: the graph as
-    data with its constants' bytes, the plan, the settings, the toolchain and graphkernel's
-    version (the same on any machine with them: a prebuilt library from an export is built
-    with the same mark). None when the graph is not data: it is then always built from its C.
-    Computed before the entry is written (which notes each product's BLAS library)."""
+def graph_code_digest(graph: Graph) -> str | None:
+    """A hash of what of `graph` decides its code: its data (`serialize.code_text`, source
+    locations left out) and its constants' bytes. The compile cache computes the same of the
+    data it writes and reads. None when the graph is not data: it is then always built from its
+    C."""
     try:
-        data, arrays = graph_to_data(graph)
-        _drop_locations(data["graph"])
-        graph_text = json.dumps(data, sort_keys=True)
+        data, arrays = graph_to_data(graph, tables=True)
+        return cache.digest((code_text(data),), arrays)
     except (FormatError, TypeError, ValueError):
         return None
+
+
+def plan_key(code_digest: str, plan: ExecutionPlan, config: CConfig) -> str:
+    """What decides the C of `plan` under `config`, as a hash: the graph it was made of
+    (`graph_code_digest` of the graph handed to the build), the plan, the settings, the
+    toolchain and graphkernel's version (the same on any machine with them: a prebuilt library
+    from an export is built with the same mark). Computed before the entry is written (which
+    notes each product's BLAS library)."""
     specs = [[s.name, s.kind.value, s.workspace, s.beside_blas, _conv_library_label(s)]
              for s in (step.kernel for step in plan.steps) if s is not None]
     return cache.digest(("graphkernel plan key", str(PLAN_KEY_VERSION), toolchain_text(),
                          json.dumps(dataclasses.asdict(config), sort_keys=True, default=repr),
-                         graph_text, plan.describe(), json.dumps(specs), _entry_blas(plan)),
-                        arrays)
+                         code_digest, plan.describe(), json.dumps(specs), _entry_blas(plan)),
+                        {})
 
 
 def _conv_library_label(spec: KernelSpec) -> str:
@@ -409,15 +420,6 @@ def _entry_blas(plan: ExecutionPlan) -> str:
         return ""
     blas = numpys_blas.cblas()  # the entry's writer asks the same (c_entry.py)
     return "numpy's BLAS: none" if blas is None else f"numpy's BLAS: int64={blas.int64}"
-
-
-def _drop_locations(graph: dict[str, Any]) -> None:
-    """Take the user's source lines out of a graph's data: they name where an op came from in
-    messages, never reach the C, and an edit above the model must not cost a compile."""
-    for node in graph["nodes"]:
-        node["loc"] = None
-        if node["subgraph"] is not None:
-            _drop_locations(node["subgraph"])
 
 
 def record_key(key: str) -> str:

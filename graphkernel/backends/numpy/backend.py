@@ -44,8 +44,9 @@ class NumpyBackend:
 
     def build_executable(self, graph: Graph, name: str, config: PlanSettings,
                          prebuilt: tuple[str, bytes] | None = None,
-                         tuning_level: int = 0) -> Executable:
-        # no kernels, so no schedule choices: tuning_level has nothing to tune
+                         tuning_level: int = 0, code_digest: str | None = None) -> Executable:
+        # no kernels, so no schedule choices: tuning_level has nothing to tune, and no
+        # library to find by code_digest
         if graph.lowered_for != self.name:
             lower(graph, self)
         plan, notes = plan_graph(graph, name, config)
