@@ -84,6 +84,37 @@ def test_resnet_like_gradients_match_the_reference_as_kernels(x_shape, w_shape, 
         assert window_kernels(exe_w)
 
 
+def distinct_window_kernels(exe):
+    """The distinct C texts (kernel name taken out) of the plan's window kernels."""
+    sources = exe.executable.kernel_sources
+    return {sources[s.kernel.name].replace(s.kernel.name, "K") for s in window_kernels(exe)}
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 16, 9, 9), (16, 16, 3, 3), dict(kernel_size=3, stride=2, pad_mode="pad", pad=1)),
+    ((2, 8, 12, 11), (8, 8, 3, 3), dict(kernel_size=3, stride=2, pad_mode="same")),
+    ((2, 8, 13, 13), (8, 8, 5, 5), dict(kernel_size=5, stride=3, pad_mode="pad", pad=2)),
+    ((2, 8, 12, 12), (8, 8, 4, 4), dict(kernel_size=4, stride=2, pad_mode="pad", pad=1)),
+])
+def test_stride_phases_share_one_kernel(x_shape, w_shape, attrs, rng):
+    # Each stride phase of an input's gradient reads the same rows of dout with zero taps
+    # where its own taps end: one compiled kernel for all s*s phases (a 3x3 of stride 2 had
+    # four distinct ones, 1x1, 1x2, 2x1, 2x2), results unchanged.
+    attrs = {"out_channel": w_shape[0], **attrs}
+    exe_in, _ = check(attrs, x_shape, w_shape, rng)
+    stride = attrs["stride"]
+    assert len(window_kernels(exe_in)) == stride * stride
+    assert len(distinct_window_kernels(exe_in)) == 1
+
+
+def test_dilation_prime_to_the_stride_keeps_each_phase_geometry(rng):
+    # Phases whose first rows are not on the dilation's grid cannot share a window: each keeps
+    # its own taps, results unchanged.
+    attrs = dict(out_channel=8, kernel_size=3, stride=2, dilation=3, pad_mode="pad", pad=3)
+    exe_in, _ = check(attrs, (2, 8, 14, 13), (8, 8, 3, 3), rng)
+    assert len(distinct_window_kernels(exe_in)) == 4
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_random_geometries_match_the_reference(dtype, rng):
     for _ in range(10):

@@ -251,16 +251,19 @@ def conv_backprop_input(b: Builder, dout: Value, w: Value, input_size: Any,
     (kh, kw), (sh, sw), (dh, dw) = geo["kernel"], geo["stride"], geo["dilation"]
     oh, ow = geo["out"]
     mh, mw = -(-h // sh), -(-wd // sw)
+    axes_h = _shared_geometry([_phase_axis(h, oh, kh, sh, dh, pt, rh) for rh in range(sh)],
+                              oh, mh)
+    axes_w = _shared_geometry([_phase_axis(wd, ow, kw, sw, dw, pl, rw) for rw in range(sw)],
+                              ow, mw)
     rows = []
-    for rh in range(sh):
-        ah = _phase_axis(h, oh, kh, sh, dh, pt, rh)
+    for ah, (lead_h, trail_h) in axes_h:
         cols = []
-        for rw in range(sw):
-            aw = _phase_axis(wd, ow, kw, sw, dw, pl, rw)
+        for aw, (lead_w, trail_w) in axes_w:
             if not ah.taps or not aw.taps:
                 cols.append(b("BroadcastTo", b.const(0, dout), shape=(n, c, mh, mw)))
                 continue
-            cols.append(_phase_conv(b, dout, w, ah, aw, c, o, g))
+            cols.append(_phase_conv(b, dout, w, ah, aw, c, o, g,
+                                    (lead_h, trail_h, lead_w, trail_w)))
         rows.append(cols[0] if sw == 1 else b("Stack", *cols, axis=4))
     if sh == 1 and sw == 1:
         return rows[0]
@@ -271,10 +274,46 @@ def conv_backprop_input(b: Builder, dout: Value, w: Value, input_size: Any,
     return b("StridedSlice", full, begin=(0, 0, 0, 0), end=(n, c, h, wd), strides=(1, 1, 1, 1))
 
 
+def _shared_geometry(axes: list[_PhaseAxis], out: int, rows: int
+                     ) -> list[tuple[_PhaseAxis, tuple[int, int]]]:
+    """The phases of one axis as one geometry where they can be: each phase's taps padded
+    with zero taps (before, after) to a common window of dout rows, so that every phase's
+    convolution reads the same rows at the same pads and the phases share one compiled
+    kernel (a 3x3 of stride 2 had four distinct kernels, 1x1, 1x2, 2x1 and 2x2, per layer:
+    ~0.3-0.8 s of gcc each). Phase rho's output row m reads dout[m + begin - top + j*dilation]
+    for tap j; the common window starts at the lowest such first row. Where the phases' first
+    rows are not on one grid of the dilation (a dilation prime to the stride) they keep their
+    own geometry (no zero taps)."""
+    live = [a for a in axes if a.taps]
+    firsts = {a.begin - a.pads[0] for a in live}
+    dilations = {a.dilation for a in live}
+    if len(live) < 2 or len(dilations) != 1:
+        return [(a, (0, 0)) for a in axes]
+    delta = dilations.pop()
+    lo = min(firsts)
+    if any((f - lo) % delta for f in firsts):
+        return [(a, (0, 0)) for a in axes]
+    taps = max((a.begin - a.pads[0] - lo) // delta + len(a.taps) for a in live)
+    begin = max(0, lo)
+    end = min(out, rows + lo + (taps - 1) * delta)
+    top = begin - lo
+    pads = (top, rows + (taps - 1) * delta - top - (end - begin))
+    shared = []
+    for a in axes:
+        if not a.taps:
+            shared.append((a, (0, 0)))
+            continue
+        lead = (a.begin - a.pads[0] - lo) // delta
+        shared.append((_PhaseAxis(a.taps, a.step, delta, begin, end, pads),
+                       (lead, taps - lead - len(a.taps))))
+    return shared
+
+
 def _phase_conv(b: Builder, dout: Value, w: Value, ah: _PhaseAxis, aw: _PhaseAxis, c: int,
-                o: int, g: int) -> Value:
+                o: int, g: int, zero_taps: tuple[int, int, int, int] = (0, 0, 0, 0)) -> Value:
     """One stride phase's convolution: the taps of w that reach it, flipped (a negative stride,
-    from the last tap down), as (C, O/g) filters per group."""
+    from the last tap down), as (C, O/g) filters per group, with `zero_taps` (before and
+    after, rows then columns) of zeros around them (_shared_geometry)."""
     n, _, oh, ow = dout.shape
     jh, jw = len(ah.taps), len(aw.taps)
     # From the last tap down to the first (the first is below `step`: the end is open).
@@ -283,6 +322,18 @@ def _phase_conv(b: Builder, dout: Value, w: Value, ah: _PhaseAxis, aw: _PhaseAxi
     filters = b("Reshape", flipped, shape=(g, o // g, c // g, jh, jw))
     filters = b("Transpose", filters, perm=(0, 2, 1, 3, 4))
     filters = b("Reshape", filters, shape=(c, o // g, jh, jw))
+    for axis, (before, after) in ((2, zero_taps[:2]), (3, zero_taps[2:])):
+        if before or after:
+            shape = list(filters.shape)
+            parts = []
+            for count, part in ((before, None), (0, filters), (after, None)):
+                if part is not None:
+                    parts.append(part)
+                elif count:
+                    shape[axis] = count
+                    parts.append(b("BroadcastTo", b.const(0, filters), shape=tuple(shape)))
+            filters = b("Concat", *parts, axis=axis)
+    jh, jw = filters.shape[2], filters.shape[3]
     part = dout
     if (ah.begin, ah.end, aw.begin, aw.end) != (0, oh, 0, ow):
         part = b("StridedSlice", dout, begin=(0, 0, ah.begin, aw.begin),
