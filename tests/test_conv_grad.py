@@ -204,3 +204,28 @@ def test_training_step_runs_no_reference_backprop(rng):
     for key, value in after["fused"].items():
         np.testing.assert_allclose(value, after["unfused"][key], rtol=1e-4, atol=1e-5,
                                    err_msg=key)
+
+
+def test_disable_expand_ops_keeps_a_backprop_on_its_reference(rng):
+    """The backprops are composite ops like any expanded one: MindSpore's --disable_expand_ops
+    names them (it refused them as ops graphkernel does not expand), and a disabled one runs its
+    reference while the other is still expanded."""
+    import warnings
+
+    from graphkernel.graph_kernel.flags import parse_flags
+    from graphkernel.graph_kernel.pipeline import CompileOptions
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "graphkernel does not expand ..." was a warning
+        flags = parse_flags("--disable_expand_ops=Conv2DBackpropInput", warn=True)
+    assert not flags.expands("Conv2DBackpropInput", False)
+    options = CompileOptions(enable_graph_kernel=True, flags=flags)
+    x_shape, w_shape = (2, 8, 9, 9), (8, 8, 3, 3)
+    attrs = dict(out_channel=8, kernel_size=3, pad_mode="pad", pad=1)
+    exe_in, exe_w = backprops(attrs, x_shape, w_shape, options=options)
+    assert reference_steps(exe_in) == ["Conv2DBackpropInput"]
+    assert reference_steps(exe_w) == [] and window_kernels(exe_w)
+    dout = rng.standard_normal((2, 8, 9, 9)).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    np.testing.assert_allclose(exe_in.run_arrays(dout, w)[0],
+                               reference("Conv2DBackpropInput", dout, w, input_size=x_shape,
+                                         **attrs), rtol=1e-5, atol=1e-5)

@@ -11,7 +11,7 @@ alone, not by Python-level references or a Python runner.
 """
 from __future__ import annotations
 
-from graphkernel.graph_kernel.expanders import EXPANDERS, expand_node
+from graphkernel.graph_kernel.expanders import expand_node, has_expansion
 from graphkernel.graph_kernel.schedule import NotSchedulable, Schedule, analyze, fusible_op
 from graphkernel.ir.graph import Graph, Input, Node, output_types
 from graphkernel.ir.opset import PatternKind, get_op
@@ -23,7 +23,7 @@ def runs_as_kernel(node: Node) -> bool:
     if all(t.size == 0 for t in output_types(node)):
         return False  # nothing to compute
     if opdef.composite:
-        return node.op in EXPANDERS
+        return has_expansion(node)  # an expander may cover only some of an op's nodes
     # Elementwise and broadcasting ops, ufuncs included: a ufunc call is as fast per element,
     # but a plan of generated kernels only gets the compiled entry (backends/c/c_entry.py), so a
     # small unfused graph pays one C call instead of a Python step per op.

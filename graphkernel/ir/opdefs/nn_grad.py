@@ -128,7 +128,10 @@ def _conv_backprop_filter_ref(dout: np.ndarray, x: np.ndarray, filter_size: Any,
     return np.ascontiguousarray(dw.reshape(shape).astype(x.dtype, copy=False))
 
 
-_BACKPROP: dict[str, Any] = dict(kind=PatternKind.OPAQUE, accepts=FLOATS, init_attrs=_CONV_ATTRS)
+# Composite: graph_kernel/grad_expanders.py expands the static ones into forward convolutions
+# and products (`--disable_expand_ops` can name them); the rest run their references.
+_BACKPROP: dict[str, Any] = dict(kind=PatternKind.OPAQUE, accepts=FLOATS, init_attrs=_CONV_ATTRS,
+                                 composite=True)
 declare(OpDef(name="Conv2DBackpropInput", inputs=("dout", "weight"),
               infer=_conv_backprop_input_infer, reference=_conv_backprop_input_ref,
               call_attrs=(("input_size", None),),
