@@ -42,7 +42,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
     v = results["versions"]
     lines = [f"# Real-size bench run, {results['started_utc']}", "",
              f"`{command}` — {results['rounds']} interleaved steady rounds per row (9 for the "
-             "imported rows), a sample one call or as many as make 50 ms; first result "
+             "imported rows), a sample one call or as many as make 50 ms, after one untimed call "
+             "of the same system on rows whose calls all take under 1 s; first result "
              "(compile or session + first call, graphkernel into an empty kernel cache) apart.",
              "", f"Machine: {m.get('cpu_model')}, {m.get('cpu_count')} logical "
              f"CPUs; copy bandwidth {results['copy_bandwidth']['gbps']:.1f} GB/s; load average "

@@ -35,6 +35,38 @@ def test_a_wrong_answer_is_flagged_and_not_timed(tmp_path) -> None:
     assert "test cpu" in text and "wrong answer" in text and "| stand_in |" in text
 
 
+def _counting_row(seconds: float, calls: dict[str, list[int]]) -> real.Row:
+    """Two stand-in systems whose every call is logged; each call's time is `seconds`."""
+    import time as _time
+    ref = np.ones(4, dtype=np.float32)
+
+    def system(key: str):
+        def call(i: int) -> np.ndarray:
+            calls[key].append(i)
+            _time.sleep(seconds)
+            return ref
+        return call, {}
+
+    def build(tmp: str):
+        return [real.Contender(k, (lambda k=k: system(k))) for k in calls], {}
+    return real.Row("counting", "real", "stand-in row", build, rtol=1e-3)
+
+
+@pytest.mark.parametrize("seconds, warm", [(0.06, True), (1.05, False)])
+def test_each_sample_follows_an_untimed_call_of_its_own_system(tmp_path, monkeypatch,
+                                                               seconds, warm) -> None:
+    # Timed after itself, not after the other system (whose pool may still spin), on rows
+    # whose calls are short; long rows skip it (their bench time would double).
+    calls: dict[str, list[int]] = {"gk_fused": [], "onnxruntime": []}
+    rounds = 2
+    res = real.run_row(_counting_row(seconds, calls), rounds, str(tmp_path), lambda m: None)
+    assert res["warm_call_before_sample"] is warm
+    for key, log in calls.items():
+        timed = rounds * res["systems"][key]["calls_per_sample"]
+        checking = 1  # the first call, checked against the reference (check_calls=1)
+        assert len(log) == checking + timed + (rounds if warm else 0), key
+
+
 def test_only_refuses_an_unknown_row() -> None:
     with pytest.raises(SystemExit, match="unknown row"):
         real.select(["resnet_999"])
