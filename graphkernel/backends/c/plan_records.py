@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from graphkernel.backends.c.cache import STALE_SECONDS, ensure_private_dir, is_key
+from graphkernel.backends.c.records import read_bounded_json
 from graphkernel.errors import CacheError
 
 PLAN_FOLDER = "plans"  # under the cache folder; library trimming skips sub-folders
@@ -35,19 +36,9 @@ def read_plan_record(folder: str, plan_key: str) -> tuple[dict[str, Any] | None,
     if not is_key(plan_key):
         raise CacheError(f"not a plan key: {plan_key!r:.40}")
     path = plan_record_path(folder, plan_key)
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(PLAN_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"{path} is unreadable ({exc.strerror or exc})"
-    if len(data) > PLAN_MAX_BYTES:
-        return None, f"{path} is larger than {PLAN_MAX_BYTES} bytes: not a plan record"
-    try:
-        record = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None, f"{path} is not JSON (truncated or corrupt)"
+    record, why = read_bounded_json(path, PLAN_MAX_BYTES, "plan record")
+    if record is None:
+        return None, None if why is None else f"{path} is {why}"
     if not isinstance(record, dict) or record.get("format") != PLAN_FORMAT or \
             record.get("version") != PLAN_VERSION:
         return None, f"{path} is not a {PLAN_FORMAT} of version {PLAN_VERSION}"

@@ -15,25 +15,36 @@ from typing import Any
 RECORD_MAX_BYTES = 1 << 16  # a record is a few hundred bytes: anything larger is not one
 
 
+def read_bounded_json(path: str, max_bytes: int, what: str) -> tuple[Any, str | None]:
+    """The JSON value in the file at `path`, read no further than `max_bytes`: (value, None);
+    (None, None) when there is no file; (None, why) when it is unreadable, larger than
+    `max_bytes`, not JSON, or JSON's null (so None always means no file or a reason). `what`
+    names the file in the reasons ("tuning record")."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if len(data) > max_bytes:
+        return None, f"larger than {max_bytes} bytes: not a {what}"
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None, "not JSON (truncated or corrupt)"
+    return (value, None) if value is not None else (None, f"not a graphkernel {what}")
+
+
 def read_record(path: str, record_format: str, version: int, key: str, cpu: str,
                 what: str, keyed_by: str) -> tuple[dict[str, Any] | None, str | None]:
     """The record at `path` as a dict: (record, None); (None, None) when there is no file;
     (None, why) when there is one that is not a `record_format` record of `version` for `key`
     measured on CPU `cpu`. `what` names the record in the reasons ("tuning record"), `keyed_by`
     what its key stands for ("kernel or toolchain")."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(RECORD_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror})"
-    if len(data) > RECORD_MAX_BYTES:
-        return None, f"larger than {RECORD_MAX_BYTES} bytes: not a {what}"
-    try:
-        record = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None, "not JSON (truncated or corrupt)"
+    record, why = read_bounded_json(path, RECORD_MAX_BYTES, what)
+    if record is None:
+        return None, why
     if not isinstance(record, dict) or record.get("format") != record_format:
         return None, f"not a graphkernel {what}"
     found = record.get("version")
