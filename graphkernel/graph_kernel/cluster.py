@@ -306,6 +306,10 @@ class Clusterer:
             self._refuse(producer, consumer, FuseRule.CYCLE,
                          "another op outside both depends on the first and feeds the second")
             return
+        kept = self._conv_epilogue_kept(a, b)
+        if kept is not None:
+            self._refuse(producer, consumer, FuseRule.COST, kept)
+            return
         units = sorted(a.units + b.units, key=lambda n: self.pos[n.uid])
         nodes, inputs, outputs, _ = self.describe(units)
         try:
@@ -321,6 +325,47 @@ class Clusterer:
         for unit in b.units:
             self.group_of[unit.uid] = a
         self.reasons.pop((producer.uid, consumer.uid), None)
+
+    def _conv_epilogue_kept(self, a: Group, b: Group) -> str | None:
+        """Why pointwise group `a`, the epilogue of the convolution it alone reads, stays
+        apart from the reduction `b` after it; None where merging them pays.
+
+        A squeeze-excite block's map (convolution, bias, activation) is read twice: by its
+        global mean and by the channel scale. Merged with the mean, the bias and activation
+        leave the convolution's block: the convolution writes its raw map, the reduction
+        re-reads it and writes the activated map again, one more write and read of the map
+        than the block writing the activated map that the mean then reads. Where `a`'s result
+        has no reader besides `b`, merging saves that write, and the merge goes ahead."""
+        if not _has_reduction(b) or _has_reduction(a):
+            return None
+        conv = self._only_read_convolution(a)
+        if conv is None:
+            return None
+        members = {u.uid for u in a.units} | {u.uid for u in b.units}
+        read_elsewhere = any(
+            unit.uid in self.output_uids or
+            any(w.uid not in members for w in self.users.get(unit.uid, []))
+            for unit in a.units if unit.op != "GetItem")
+        if not read_elsewhere:
+            return None
+        return (f"the pointwise group stays {conv.name}'s block epilogue: its result is "
+                "written for other readers anyway, and the reduction reads it there instead "
+                "of re-reading the convolution's result")
+
+    def _only_read_convolution(self, a: Group) -> Node | None:
+        """The convolution outside any group whose result only group `a` reads, if one."""
+        members = {u.uid for u in a.units}
+        for unit in a.units:
+            for value in unit.inputs:
+                node = self.by_uid.get(value.uid)
+                if node is None or node.uid in self.group_of or node.subgraph is not None or \
+                        get_op(node.op).window is not Window.CONVOLUTION:
+                    continue
+                if node.uid in self.output_uids:
+                    continue
+                if all(w.uid in members for w in self.users.get(node.uid, [])):
+                    return node
+        return None
 
     def describe(self, units: list[Node]) -> tuple[list[Node], list[Value], list[Value],
                                                    list[tuple[Node, Value]]]:
@@ -466,6 +511,11 @@ def _rebuild(graph: Graph, replacement: dict[int, Node], fused_units: set[int],
     graph.nodes = result
     graph.remap_results(remap)
     return graph
+
+
+def _has_reduction(group: Group) -> bool:
+    return any(get_op(op.op).kind == PatternKind.REDUCE
+               for unit in group.units if unit.op != "GetItem" for op in flat_ops(unit))
 
 
 def unit_labels(unit: Node) -> list[str]:
