@@ -37,7 +37,7 @@ from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL
+from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL, gemm_call, library_shape
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.c_window import (
     conv_library,
@@ -162,6 +162,8 @@ class CBackend:
                                  n.lowering.kind is KernelKind.WINDOW and
                                  get_op(n.op).window is Window.CONVOLUTION], tuning_level)
         plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes)
+        if tuning_level > 0:  # each product's library, timed (else stored: c_gemm.with_library)
+            blas_choice.tune(_product_shapes(plan), tuning_level)
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)
         specs = [s.kernel for s in plan.steps if s.kernel is not None]
@@ -285,6 +287,13 @@ def _convolution_of(spec: KernelSpec) -> Node | None:
             why_not_window_kernel(conv) is None and get_op(conv.op).window is Window.CONVOLUTION:
         return conv
     return None
+
+
+def _product_shapes(plan: ExecutionPlan) -> list[blas_choice.GemmShape]:
+    """Each product's shape as its library runs it (the one the BLAS library is chosen for)."""
+    calls = (gemm_call(plan, s) for s in plan.steps if s.kind is StepKind.LIBRARY)
+    return [shape for call in calls if call is not None
+            and (shape := library_shape(call)) is not None]
 
 
 def _workspace_bytes(spec: KernelSpec) -> int:
