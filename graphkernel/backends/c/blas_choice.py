@@ -40,7 +40,6 @@ import numpy as np
 from graphkernel.backends.c import cache, toolchain
 from graphkernel.backends.c.cache import warn_once
 from graphkernel.backends.c.records import read_timing_rows
-from graphkernel.backends.c.tuning import TIME_BUDGET_S
 from graphkernel.errors import CacheError
 from graphkernel.runtime.blas import blas_threads, openblas
 
@@ -355,6 +354,7 @@ def tune(shapes: list[GemmShape], level: int, timer: Timer | None = None) -> Non
     until the next tuning."""
     if level <= 0:
         return
+    from graphkernel.backends.c.tuning import TIME_BUDGET_S  # the tuner's: not of a warm start
     libs = libraries()
     if len(libs) < 2:
         return
