@@ -6,12 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from cells import ON, Fn
+from cells import Fn
 
 import graphkernel
 from graphkernel import Tensor, nn
-from graphkernel.backends.c import blas_choice
+from graphkernel.backends.c import blas_choice, tuning
 from graphkernel.backends.c.blas_choice import Choice, GemmLibrary, GemmShape, choose
+from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
@@ -115,6 +116,58 @@ def test_a_library_whose_integers_cannot_hold_the_shape_is_not_asked(tmp_path):
     assert timer.asked == []
 
 
+def test_without_a_timer_the_stored_timings_decide_and_nothing_is_timed(tmp_path):
+    """A normal compile passes no timer: a shape without stored timings runs on the default,
+    and one timed before (by the tuner) on the library timed faster."""
+    path = str(tmp_path / "choice.json")
+    assert choose(SHAPE, [OPENBLAS, MKL], None, path) == Choice(OPENBLAS, {})
+    assert blas_choice.load_records(path) == {}
+    choose(SHAPE, [OPENBLAS, MKL], Timer(openblas=1.0, mkl=0.5), path)  # the tuner's
+    assert choose(SHAPE, [OPENBLAS, MKL], None, path).library == MKL
+
+
+def test_a_default_compile_times_no_product_and_a_tuned_one_stores_what_the_next_uses(
+        rng, tmp_path, monkeypatch):
+    """The BLAS library of a product is the tuner's choice, as the convolution library is: a
+    normal compile (--online_tuning=0) decides from stored timings only, and without them runs
+    numpy's OpenBLAS, timing nothing and not loading MKL (timing the fused MLP's product on
+    both libraries was over half its cold compile); --online_tuning=1 times the product's shape
+    and stores its timings, which the next normal compile decides from."""
+    real = blas_choice.openblas_library()
+    if real is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS the entry calls")
+    monkeypatch.setattr(blas_choice, "_choice_path", lambda: str(tmp_path / "choice.json"))
+    monkeypatch.setattr(tuning, "record_folder", lambda: str(tmp_path / "tuning"))
+    monkeypatch.setattr(tuning, "PASSES", 1)
+    loads = []
+    fake_mkl = GemmLibrary("mkl", "9.9.9", 3, 4, int64=False)  # never called: it loses
+    monkeypatch.setattr(blas_choice, "libraries", lambda: loads.append(1) or [real, fake_mkl])
+    timer = Timer(openblas=0.1, mkl=1.0)
+    monkeypatch.setattr(blas_choice, "time_gemm", timer)
+    x = rng.standard_normal((300, 256)).astype(np.float32)
+    net = Dense(200)
+
+    def products(level):
+        options = CompileOptions(enable_graph_kernel=True,
+                                 flags=parse_flags(f"--online_tuning={level}"))
+        exe = graphkernel.compile(net, x, options=options)
+        got = exe(Tensor(x)).asnumpy()
+        want = np.maximum(x.astype(np.float64) @ net.dense.weight.asnumpy().T.astype(np.float64)
+                          + net.dense.bias.asnumpy(), 0)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        return _entry_products(exe)
+
+    found = products(0)
+    assert len(found) == 1 and f"blas='{real.label}'" in found[0]
+    assert timer.asked == [] and loads == []
+    assert blas_choice.load_records(str(tmp_path / "choice.json")) == {}
+    products(1)
+    assert len(timer.asked) == 1
+    assert len(blas_choice.load_records(str(tmp_path / "choice.json"))) == 2
+    found = products(0)
+    assert f"blas='{real.label}'" in found[0] and len(timer.asked) == 1
+
+
 class Dense(nn.Cell):
     def __init__(self, inner: int) -> None:
         super().__init__()
@@ -122,6 +175,9 @@ class Dense(nn.Cell):
 
     def construct(self, x):
         return P.ReLU()(self.dense(x))
+
+
+TUNED = CompileOptions(enable_graph_kernel=True, flags=parse_flags("--online_tuning=1"))
 
 
 def _entry_products(exe) -> list[str]:
@@ -150,6 +206,8 @@ def test_products_chosen_for_mkl_give_openblass_results(dtype, n, rng, tmp_path,
     """The same product compiled with its shape chosen for MKL, then for OpenBLAS (fake
     timings): the entry calls MKL's function, describe() says so, and the results agree."""
     monkeypatch.setattr(blas_choice, "_choice_path", lambda: str(tmp_path / "choice.json"))
+    monkeypatch.setattr(tuning, "record_folder", lambda: str(tmp_path / "tuning"))
+    monkeypatch.setattr(tuning, "PASSES", 1)
     a = rng.standard_normal((300, 256)).astype(dtype)
     b = rng.standard_normal((256, n)).astype(dtype)
     results = {}
@@ -157,7 +215,8 @@ def test_products_chosen_for_mkl_give_openblass_results(dtype, n, rng, tmp_path,
         (tmp_path / "choice.json").unlink(missing_ok=True)
         monkeypatch.setattr(blas_choice, "time_gemm",
                             Timer(**{"mkl": 1.0, "openblas": 1.0, fast: 0.1}))
-        exe = graphkernel.compile(Fn(lambda a, b: P.ReLU()(P.MatMul()(a, b))), a, b, options=ON)
+        exe = graphkernel.compile(Fn(lambda a, b: P.ReLU()(P.MatMul()(a, b))), a, b,
+                                  options=TUNED)
         source = exe.executable.library.source
         assert exe.executable.runner.entry is not None
         name = "gk_mkl_dgemm(" if dtype == np.float64 else "gk_mkl_sgemm("
@@ -178,7 +237,7 @@ def test_mkl_runs_the_shape_it_was_timed_on(tmp_path):
     choice is one of them, stored."""
     path = str(tmp_path / "choice.json")
     shape = GemmShape(False, 64, 48, 32, False, True)
-    choice = choose(shape, blas_choice.libraries(), None, path)
+    choice = choose(shape, blas_choice.libraries(), blas_choice.time_gemm, path)
     assert set(choice.seconds) == {lib.label for lib in blas_choice.libraries()}
     assert all(s > 0 for s in choice.seconds.values())
     assert len(blas_choice.load_records(path)) == 2

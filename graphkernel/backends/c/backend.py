@@ -35,17 +35,8 @@ from collections.abc import Callable, Iterator, Mapping
 from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
-from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
-from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
-from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL
+from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL, gemm_call, library_shape
 from graphkernel.backends.c.c_loops import KernelSource
-from graphkernel.backends.c.c_window import (
-    conv_library,
-    emit_window_kernel,
-    tune_conv_libraries,
-    why_not_window_kernel,
-    workspace_bytes,
-)
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.conv_tile import ConvTile
@@ -86,12 +77,22 @@ class CBackend:
         return None if toolchain.detect() is not None else "no C compiler"
 
     def why_not_window_kernel(self, node: Node) -> str | None:
-        return why_not_window_kernel(node)
+        if node.subgraph is not None or get_op(node.op).window is None:
+            # asked of every lone op: the window modules load where there is a window op
+            return "not a window op"
+        from graphkernel.backends.c import c_window
+        return c_window.why_not_window_kernel(node)
 
     def why_not_argmax_kernel(self, node: Node) -> str | None:
         return why_not_argmax_kernel(node)
 
     def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
+        if not any(n.subgraph is None and get_op(n.op).window is Window.CONVOLUTION
+                   for n in graph.nodes):
+            return {}  # the convolution modules (and oneDNN's chooser) load where one is
+        from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
+        from graphkernel.backends.c.c_conv_block import conv_blocks
+        from graphkernel.backends.c.c_window import conv_library
         blocks = conv_blocks(graph)
         # A convolution stored timings put on oneDNN runs as a window kernel (the hook is
         # there); its epilogue stays a kernel of its own rather than our block's.
@@ -116,6 +117,9 @@ class CBackend:
 
     def _emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         kind = spec.kind
+        if kind in (KernelKind.CONV_BLOCK, KernelKind.WINDOW):
+            from graphkernel.backends.c.c_conv_block import emit_conv_block
+            from graphkernel.backends.c.c_window import emit_window_kernel
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
@@ -158,10 +162,13 @@ class CBackend:
         if graph.lowered_for != self.name:
             lower(graph, self)
         if tuning_level > 0:  # the library of each convolution kernel, timed (else stored)
+            from graphkernel.backends.c.c_window import tune_conv_libraries
             tune_conv_libraries([n for n in graph.nodes if n.lowering is not None and
                                  n.lowering.kind is KernelKind.WINDOW and
                                  get_op(n.op).window is Window.CONVOLUTION], tuning_level)
         plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes)
+        if tuning_level > 0:  # each product's library, timed (else stored: c_gemm.with_library)
+            blas_choice.tune(_product_shapes(plan), tuning_level)
         # buffers readied while gcc runs
         runner = Runner(plan, prefault=config.plan.prefault_buffers)
         specs = [s.kernel for s in plan.steps if s.kernel is not None]
@@ -207,6 +214,7 @@ class CBackend:
         for spec in specs:  # which library runs each convolution kernel, and why
             conv = _convolution_of(spec)
             if conv is not None:
+                from graphkernel.backends.c.c_window import conv_library
                 tuned = plan.schedule_notes.get(spec.name)
                 plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
                     f"convolution on {conv_library(conv).why}"
@@ -279,17 +287,27 @@ def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
 
 def _convolution_of(spec: KernelSpec) -> Node | None:
     """The convolution a window kernel or conv block runs (None for other kernels)."""
+    if spec.kind not in (KernelKind.WINDOW, KernelKind.CONV_BLOCK):
+        return None
+    from graphkernel.backends.c.c_window import why_not_window_kernel
     conv = spec.block.conv if spec.kind is KernelKind.CONV_BLOCK and \
         spec.block is not None else spec.node
-    if spec.kind in (KernelKind.WINDOW, KernelKind.CONV_BLOCK) and \
-            why_not_window_kernel(conv) is None and get_op(conv.op).window is Window.CONVOLUTION:
+    if why_not_window_kernel(conv) is None and get_op(conv.op).window is Window.CONVOLUTION:
         return conv
     return None
+
+
+def _product_shapes(plan: ExecutionPlan) -> list[blas_choice.GemmShape]:
+    """Each product's shape as its library runs it (the one the BLAS library is chosen for)."""
+    calls = (gemm_call(plan, s) for s in plan.steps if s.kind is StepKind.LIBRARY)
+    return [shape for call in calls if call is not None
+            and (shape := library_shape(call)) is not None]
 
 
 def _workspace_bytes(spec: KernelSpec) -> int:
     """A convolution kernel's workspace: its repacked weights, kept between calls (a block's
     convolution is always ours: c_window.conv_library chooses for window kernels)."""
+    from graphkernel.backends.c.c_window import workspace_bytes
     if spec.block is not None:
         return workspace_bytes(spec.block.conv, library_choice=False)
     return workspace_bytes(spec.node)
@@ -408,6 +426,7 @@ def _conv_library_label(spec: KernelSpec) -> str:
     conv = _convolution_of(spec)
     if conv is None or spec.kind is not KernelKind.WINDOW:
         return ""
+    from graphkernel.backends.c.c_window import conv_library
     choice = conv_library(conv)
     return f"{choice.library} blocked={choice.blocked}"
 

@@ -2,10 +2,14 @@
 
 numpy's OpenBLAS (backends/c/cblas.py) is the default and the only library where nothing else is
 installed. Where Intel's MKL is (`pip install graphkernel[mkl]`: the `mkl` wheel's libmkl_rt),
-each product's shape is timed on both, one thread each as the entry runs them (its block of rows
-or columns on one OpenMP thread: backends/c/c_gemm.py), and MKL takes the shapes it runs clearly
-faster. A timing is stored as one record per (CPU, shape, library) in the kernel cache folder
-(`blas-choice.json`), so a shape is timed once per machine and library:
+the tuner (`--online_tuning>=1`, `graphkernel tune`: `tune`) times each product's shape on both,
+one thread each as the entry runs them (its block of rows or columns on one OpenMP thread:
+backends/c/c_gemm.py), and MKL takes the shapes it runs clearly faster. A normal compile
+(`--online_tuning=0`) times nothing, as for the convolution library (onednn_choice.py): it
+decides from the stored timings, and a shape not measured on this machine runs on OpenBLAS
+without MKL being loaded (timing a product of the fused MLP on both libraries was 1.4 s of its
+2.5 s cold compile). A timing is stored as one record per (CPU, shape, library) in the kernel
+cache folder (`blas-choice.json`), so a shape is timed once per machine and library:
 
     {"format": "graphkernel-blas-choice", "version": 1,
      "records": [{"cpu": "<model name>|<flags hash>", "dtype": "float32", "m": 512, "n": 768,
@@ -288,30 +292,45 @@ def _choice_path() -> str | None:
 
 
 Timer = Callable[[list[GemmLibrary], GemmShape], dict[str, float]]
+# Why a product not measured here runs on the default library.
+NOT_MEASURED = "not measured on this machine; run graphkernel tune or --online_tuning>=1"
 
 
 def choose(shape: GemmShape, libs: list[GemmLibrary] | None = None,
            timer: Timer | None = None, path: str | None = None) -> Choice:
     """The library for one thread's product of this shape: the default (the first of `libs`)
-    unless another ran it in under WIN_MARGIN of the default's time. Timings are read from and
-    added to the choice file (`path`, default the kernel cache's); `timer` times the libraries
-    missing there."""
-    libs = [lib for lib in (libs if libs is not None else libraries()) if fits(lib, shape)]
+    unless another ran it in under WIN_MARGIN of the default's time. Timings are read from the
+    choice file (`path`, default the kernel cache's); `timer` (tuning passes one) times the
+    libraries missing there and adds them to it. With no timer and a library not timed, the
+    default runs, and with no stored timing of the shape at all MKL is not even loaded."""
+    path = path if path is not None else _choice_path()
+    cpu = cpu_model()
+    with _lock:
+        records = load_records(path) if path else {}
+    if libs is None:
+        if timer is None and not any(key[0] == cpu and key[1:7] == _record_key(cpu, shape, "")[1:7]
+                                     for key in records):
+            default = openblas_library()
+            if default is not None:
+                return Choice(default, {})
+        libs = libraries()
+    libs = [lib for lib in libs if fits(lib, shape)]
     if not libs:
         raise ValueError("choose() needs at least one BLAS library")
     if len(libs) == 1:
         return Choice(libs[0], {})
-    cpu = cpu_model()
-    path = path if path is not None else _choice_path()
-    with _lock:
-        records = load_records(path) if path else {}
-        seconds = {lib.label: records[_record_key(cpu, shape, lib.label)] for lib in libs
-                   if _record_key(cpu, shape, lib.label) in records}
-        missing = [lib for lib in libs if lib.label not in seconds]
-        if missing:
-            # Time all of them together: a stored time from a quieter moment is not compared
-            # with a new one from a busier one.
-            seconds = dict((timer or time_gemm)(libs, shape))
+    seconds = {lib.label: records[_record_key(cpu, shape, lib.label)] for lib in libs
+               if _record_key(cpu, shape, lib.label) in records}
+    missing = [lib for lib in libs if lib.label not in seconds]
+    if missing and timer is None:
+        return Choice(libs[0], {})
+    if missing:
+        assert timer is not None
+        # Time all of them together: a stored time from a quieter moment is not compared
+        # with a new one from a busier one.
+        seconds = dict(timer(libs, shape))
+        with _lock:
+            records = load_records(path) if path else {}
             for lib in libs:
                 records[_record_key(cpu, shape, lib.label)] = seconds[lib.label]
             if path:
@@ -319,12 +338,31 @@ def choose(shape: GemmShape, libs: list[GemmLibrary] | None = None,
                     save_records(path, records)
                 except OSError as exc:
                     warn_once(f"graphkernel: cannot write the BLAS choice file {path} ({exc}): "
-                              "shapes are timed again in the next process")
+                              "shapes are timed again in the next tuning")
     default = libs[0]
     best = min(libs, key=lambda lib: seconds[lib.label])
     if best is not default and seconds[best.label] < WIN_MARGIN * seconds[default.label]:
         return Choice(best, seconds)
     return Choice(default, seconds)
+
+
+def tune(shapes: list[GemmShape], level: int, timer: Timer | None = None) -> None:
+    """Time, on each library here, the product shapes among `shapes` that have no stored
+    timings (`--online_tuning=level`, `graphkernel tune`), storing the timings `choose` then
+    decides from; shapes are timed one after another until the tuning budget
+    (tuning.TIME_BUDGET_S per level) is spent: those left run on the default, not measured,
+    until the next tuning."""
+    if level <= 0:
+        return
+    from graphkernel.backends.c.tuning import TIME_BUDGET_S  # the tuner's: not of a warm start
+    libs = libraries()
+    if len(libs) < 2:
+        return
+    start = time.perf_counter()
+    for shape in dict.fromkeys(shapes):  # each shape once, in order
+        if time.perf_counter() - start > TIME_BUDGET_S * level:
+            break
+        choose(shape, libs, timer or time_gemm)
 
 
 def openmp_threads() -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import Dim, SymSize
 from graphkernel.runtime.plan import ExecutionPlan, Step
+
+if TYPE_CHECKING:  # blas_choice imports the tuner: loaded where a product is written
+    from graphkernel.backends.c.blas_choice import GemmShape
 
 # Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
 # split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
@@ -485,21 +489,32 @@ def thread_shape(call: GemmCall, threads: int) -> tuple[int, int, int]:
 
 def with_library(call: GemmCall, step: Step) -> GemmCall:
     """The call on the library chosen for its shape (backends/c/blas_choice.py: numpy's OpenBLAS
-    unless MKL is installed and runs the shape faster here). The choice is written into the
-    step's attrs as `gemm_library` (ExecutionPlan.describe shows it)."""
+    unless MKL is installed and was timed faster for the shape here by the tuner). The choice
+    is written into the step's attrs as `gemm_library` (ExecutionPlan.describe shows it)."""
     import dataclasses
 
     from graphkernel.backends.c import blas_choice
     if small_product(call):  # no library's call packs such sizes fast (SMALL_PRODUCT_MAX_SIDE)
         step.attrs["gemm_library"] = SMALL_PRODUCT_LABEL
         return dataclasses.replace(call, library="graphkernel")
-    if call.symbols:  # its shape is known per call only: numpy's OpenBLAS, as without MKL
+    shape = library_shape(call)
+    if shape is None:  # its shape is known per call only: numpy's OpenBLAS, as without MKL
         return call
-    m, n, k = thread_shape(call, blas_choice.openmp_threads())
-    shape = blas_choice.GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
-    libs = blas_choice.libraries()
-    if not libs:
+    # OpenBLAS is the default; only without it is MKL loaded to find the libraries here
+    libs = None if blas_choice.openblas_library() is not None else blas_choice.libraries()
+    if libs == []:
         return call
     choice = blas_choice.choose(shape, libs)
     step.attrs["gemm_library"] = choice.library.label
     return dataclasses.replace(call, library=choice.library.name)
+
+
+def library_shape(call: GemmCall) -> GemmShape | None:
+    """One OpenMP thread's product of the call, as a library runs it (the shape its library is
+    chosen for); None for a product BLAS does not run (a small one, our own kernel's) or one
+    whose shape is known per call only."""
+    from graphkernel.backends.c.blas_choice import GemmShape, openmp_threads
+    if small_product(call) or call.symbols:
+        return None
+    m, n, k = thread_shape(call, openmp_threads())
+    return GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
