@@ -37,6 +37,7 @@ class Window(Enum):
 
     CONVOLUTION = "convolution"
     POOL = "pool"
+    POOL_GRAD = "pool gradient"  # MaxPoolGrad, AvgPoolGrad: x (and dout) in, dx out
 
 
 class AttrKind(Enum):

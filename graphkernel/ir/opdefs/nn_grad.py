@@ -37,6 +37,7 @@ from graphkernel.ir.opset import (
     AttrKind,
     OpDef,
     PatternKind,
+    Window,
     declare,
     int_tuple_kinds,
 )
@@ -202,7 +203,7 @@ for _name, _ref, _attrs, _kinds in (
         ("AvgPoolGrad", _avg_pool_grad_ref, _AVG_POOL_ATTRS, _AVG_POOL_KINDS)):
     declare(OpDef(name=_name, kind=PatternKind.OPAQUE, inputs=("x", "origin_output", "dout"),
                   infer=_pool_grad_infer(_name), reference=_ref, init_attrs=_attrs,
-                  attr_kinds=_kinds, accepts=FLOATS))
+                  attr_kinds=_kinds, accepts=FLOATS, window=Window.POOL_GRAD))
     GRAD_OPS.append(_name)
 
 
