@@ -8,7 +8,8 @@ them (bias, BatchNorm, ReLU gradients) fuses as usual. With fusion on, the expan
 the convolution's backprops as forward convolutions and products instead (generated window
 kernels and BLAS, graph_kernel/grad_expanders.py); the references here stay the definition they
 are checked against, and what runs where no such form is written (a grouped kernel's filter
-gradient, a dynamic size) or fusion is off."""
+gradient, a dynamic size) or fusion is off; a grouped filter gradient has a generated kernel
+of its own (backends/c/c_filter_grad.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -142,7 +143,7 @@ declare(OpDef(name="Conv2DBackpropFilter", inputs=("dout", "x"),
               infer=_conv_backprop_filter_infer, reference=_conv_backprop_filter_ref,
               call_attrs=(("filter_size", None),),
               attr_kinds=_CONV_KINDS + int_tuple_kinds("filter_size"),
-              **_BACKPROP))
+              window=Window.FILTER_GRAD, **_BACKPROP))
 
 
 # -- pools ------------------------------------------------------------------------------------
