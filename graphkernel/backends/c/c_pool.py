@@ -206,25 +206,7 @@ def pool_grad_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: in
     in_place = st == ct
     sums = "dc" if in_place else "acc"
     if is_max:
-        # The first maximum of the window's elements inside the image; NaN anywhere drops it.
-        per_output = [
-            f"      {ct} m = -{inf};",
-            "      int64_t at = -1;",
-            "      int nan = 0;",
-            "      for (int64_t a = alo; a < ahi; ++a)",
-            "        for (int64_t b = blo; b < bhi; ++b) {",
-            f"          const int64_t p = (r0 + a) * {wd} + q0 + b;",
-            f"          const {ct} v = ({ct})xc[p];",
-            "          if (v > m) { m = v; at = p; }",
-            "          nan |= v != v;",
-            "        }",
-            "      if (nan) continue;",
-            "      if (at < 0) {  /* every element -inf: the window's first, unless padding */",
-            "        if (alo != 0 || blo != 0 || ahi <= 0 || bhi <= 0) continue;",
-            f"        at = r0 * {wd} + q0;",
-            "      }",
-            f"      {sums}[at] += ({ct})gc[i * {ow} + j];",
-        ]
+        body = _max_grad_plane(plane, st, ct, inf, geo, h, wd, sums, in_place)
     else:
         full = kh * kw if attrs.get("count_include_pad") else None
         count = str(full) if full is not None else "(ahi - alo) * (bhi - blo)"
@@ -235,26 +217,26 @@ def pool_grad_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: in
             "        for (int64_t b = blo; b < bhi; ++b)",
             f"          {sums}[(r0 + a) * {wd} + q0 + b] += share;",
         ]
-    body = [
-        f"static void {plane}(const {st} *restrict xc, const {st} *restrict gc, "
-        f"{st} *restrict dc) {{",
-        *([] if in_place else [f"  {ct} acc[{h * wd}];"]),
-        f"  for (int64_t p = 0; p < {h * wd}; ++p) {sums}[p] = 0;",
-        f"  for (int64_t i = {oh - 1}; i >= 0; --i) {{",
-        f"    const int64_t r0 = i * {sh} - {pt};",
-        "    const int64_t alo = r0 < 0 ? -r0 : 0;",
-        f"    const int64_t ahi = {h} - r0 < {kh} ? {h} - r0 : {kh};",
-        f"    for (int64_t j = {ow - 1}; j >= 0; --j) {{",
-        f"      const int64_t q0 = j * {sw} - {pl};",
-        "      const int64_t blo = q0 < 0 ? -q0 : 0;",
-        f"      const int64_t bhi = {wd} - q0 < {kw} ? {wd} - q0 : {kw};",
-        *per_output,
-        "    }",
-        "  }",
-        *([] if in_place else [f"  for (int64_t p = 0; p < {h * wd}; ++p) dc[p] = ({st})acc[p];"]),
-        "}",
-    ]
-    if not is_max:
+        body = [
+            f"static void {plane}(const {st} *restrict xc, const {st} *restrict gc, "
+            f"{st} *restrict dc) {{",
+            *([] if in_place else [f"  {ct} acc[{h * wd}];"]),
+            f"  for (int64_t p = 0; p < {h * wd}; ++p) {sums}[p] = 0;",
+            f"  for (int64_t i = {oh - 1}; i >= 0; --i) {{",
+            f"    const int64_t r0 = i * {sh} - {pt};",
+            "    const int64_t alo = r0 < 0 ? -r0 : 0;",
+            f"    const int64_t ahi = {h} - r0 < {kh} ? {h} - r0 : {kh};",
+            f"    for (int64_t j = {ow - 1}; j >= 0; --j) {{",
+            f"      const int64_t q0 = j * {sw} - {pl};",
+            "      const int64_t blo = q0 < 0 ? -q0 : 0;",
+            f"      const int64_t bhi = {wd} - q0 < {kw} ? {wd} - q0 : {kw};",
+            *per_output,
+            "    }",
+            "  }",
+            *([] if in_place else
+              [f"  for (int64_t p = 0; p < {h * wd}; ++p) dc[p] = ({st})acc[p];"]),
+            "}",
+        ]
         body.insert(1, "  (void)xc;")
     batch, sizes = batch_after(node, len(node.inputs) + 1)
     in_size, out_size = h * wd, oh * ow
@@ -275,5 +257,61 @@ def pool_grad_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: in
         "  } else {",
         f"    for (int64_t p = 0; p < planes; ++p) {call}",
         "  }",
+        "}",
+    ]
+
+
+def _max_grad_plane(plane: str, st: str, ct: str, inf: str, geo: dict[str, Any], h: int,
+                    wd: int, sums: str, in_place: bool) -> list[str]:
+    """One plane of MaxPoolGrad, output row by output row from the last: the row's first
+    maxima found along the row (per window element, the outputs whose column is inside are a
+    constant range: no tests, vectorised, as the forward's row form), then its gradients
+    added from its last output to its first."""
+    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
+    (pt, _), (pl, _) = geo["pads"]
+    oh, ow = geo["out"]
+    columns = []
+    for bb in range(kw):
+        lo = max(0, -(-(pl - bb) // sw))
+        hi = min(ow, (wd - 1 - bb + pl) // sw + 1)
+        if lo < hi:
+            columns += [
+                "      #pragma omp simd",
+                f"      for (int64_t j = {lo}; j < {hi}; ++j) {{",
+                f"        const {ct} v = ({ct})row[j * {sw} + {bb - pl}];",
+                "        const int taken = v > m[j];  /* strictly: the first maximum stays */",
+                f"        at[j] = taken ? r * {wd} + j * {sw} + {bb - pl} : at[j];",
+                "        m[j] = taken ? v : m[j];",
+                "        nan[j] |= v != v;",
+                "      }"]
+    return [
+        f"static void {plane}(const {st} *restrict xc, const {st} *restrict gc, "
+        f"{st} *restrict dc) {{",
+        *([] if in_place else [f"  {ct} acc[{h * wd}];"]),
+        f"  {ct} m[{ow}];",
+        f"  int64_t at[{ow}];",
+        f"  int nan[{ow}];",
+        f"  for (int64_t p = 0; p < {h * wd}; ++p) {sums}[p] = 0;",
+        f"  for (int64_t i = {oh - 1}; i >= 0; --i) {{",
+        f"    const int64_t r0 = i * {sh} - {pt};",
+        f"    for (int64_t j = 0; j < {ow}; ++j) {{ m[j] = -{inf}; at[j] = -1; nan[j] = 0; }}",
+        f"    for (int64_t a = 0; a < {kh}; ++a) {{",
+        "      const int64_t r = r0 + a;",
+        f"      if (r < 0 || r >= {h}) continue;",
+        f"      const {st} *restrict row = xc + r * {wd}LL;",
+        *columns,
+        "    }",
+        f"    for (int64_t j = {ow - 1}; j >= 0; --j) {{",
+        "      if (nan[j]) continue;  /* the reference's maximum is NaN: no element equals it */",
+        "      int64_t p = at[j];",
+        "      if (p < 0) {  /* every element -inf: the window's first, unless padding */",
+        f"        const int64_t q0 = j * {sw} - {pl};",
+        f"        if (r0 < 0 || r0 >= {h} || q0 < 0 || q0 >= {wd}) continue;",
+        f"        p = r0 * {wd} + q0;",
+        "      }",
+        f"      {sums}[p] += ({ct})gc[i * {ow} + j];",
+        "    }",
+        "  }",
+        *([] if in_place else [f"  for (int64_t p = 0; p < {h * wd}; ++p) dc[p] = ({st})acc[p];"]),
         "}",
     ]
