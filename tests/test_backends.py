@@ -206,4 +206,6 @@ def test_windows_are_declared_facts():
     from graphkernel.ir.opset import OPS, Window
     windows = {o.name: o.window for o in OPS.values() if o.window is not None}
     assert windows == {"Conv2D": Window.CONVOLUTION, "Conv2DFoldedBN": Window.CONVOLUTION,
-                       "MaxPool": Window.POOL, "AvgPool": Window.POOL}
+                       "MaxPool": Window.POOL, "AvgPool": Window.POOL,
+                       "MaxPoolGrad": Window.POOL_GRAD, "AvgPoolGrad": Window.POOL_GRAD,
+                       "Conv2DBackpropFilter": Window.FILTER_GRAD}

@@ -3,8 +3,9 @@ Conv2DBackpropInput as one stride-1 convolution per stride phase of the flipped,
 weights, Conv2DBackpropFilter as a convolution with batch and channels swapped (a product for a
 1x1 kernel). Against the ops' numpy references on random and ResNet-like geometries (strides
 1-3, pads, dilation, groups, depthwise, 1x1/3x3/7x7, float32/float64/float16), the plan running
-them as generated window kernels and BLAS (no step runs the reference), and gradients of a
-small conv net against torch."""
+them as generated window kernels and BLAS (no step runs the reference; a grouped filter
+gradient is a kernel of its own, backends/c/c_filter_grad.py; a 1x1 input gradient on a few
+pixels a product), and gradients of a small conv net against torch."""
 import numpy as np
 import pytest
 from cells import OFF, ON, Fn
@@ -12,6 +13,7 @@ from test_window_kernels import random_conv, reference
 
 import graphkernel
 from graphkernel import Tensor, context, nn
+from graphkernel.graph_kernel.grad_expanders import DX_PRODUCT_MAX_PIXELS
 from graphkernel.ops import operations as P
 
 BACKPROPS = ("Conv2DBackpropInput", "Conv2DBackpropFilter")
@@ -75,13 +77,75 @@ def test_resnet_like_gradients_match_the_reference_as_kernels(x_shape, w_shape, 
                                                               rng):
     attrs = {"out_channel": w_shape[0], **attrs}
     exe_in, exe_w = check(attrs, x_shape, w_shape, rng, dtype)
-    # The input's gradient is always convolutions; the filter's too unless grouped.
+    # The input's gradient is convolutions (a product for a 1x1 on few pixels); the filter's
+    # too (a grouped one a kernel of its own, backends/c/c_filter_grad.py).
     assert reference_steps(exe_in) == []
-    assert window_kernels(exe_in)
-    grouped = attrs.get("group", 1) > 1
-    assert reference_steps(exe_w) == (["Conv2DBackpropFilter"] if grouped else [])
-    if not grouped and w_shape[2:] != (1, 1):
+    assert window_kernels(exe_in) or pointwise_product(attrs, x_shape)
+    assert reference_steps(exe_w) == []
+    if attrs.get("group", 1) > 1 or w_shape[2:] != (1, 1):
         assert window_kernels(exe_w)
+
+
+def pointwise_product(attrs, x_shape):
+    """Whether a 1x1 input gradient goes to BLAS (grad_expanders.DX_PRODUCT_MAX_PIXELS)."""
+    return attrs["kernel_size"] == 1 and attrs.get("stride", 1) == 1 and \
+        attrs.get("group", 1) == 1 and x_shape[2] * x_shape[3] <= DX_PRODUCT_MAX_PIXELS
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("x_shape, w_shape", [
+    ((4, 48, 7, 7), (24, 48, 1, 1)),  # ResNet-50's last stage, small
+    ((3, 10, 5, 9), (17, 10, 1, 1)),  # odd sizes
+    ((2, 8, 8, 8), (16, 8, 1, 1)),  # 64 pixels: the last the product takes
+])
+def test_pointwise_input_gradient_on_few_pixels_is_a_product(x_shape, w_shape, dtype, rng):
+    # A 1x1 input gradient on a map of at most DX_PRODUCT_MAX_PIXELS pixels: W^T times each
+    # image's dout on BLAS (the window kernel was 1.4-1.65x slower on ResNet-50's 7x7 maps),
+    # no window kernel, the choice and its reason in the plan's description.
+    attrs = {"out_channel": w_shape[0], "kernel_size": 1}
+    exe_in, _ = check(attrs, x_shape, w_shape, rng, dtype)
+    assert reference_steps(exe_in) == [] and window_kernels(exe_in) == []
+    assert [s.op for s in exe_in.plan.steps if s.op == "BatchMatMul"] == ["BatchMatMul"]
+    assert "a 1x1 input gradient on" in exe_in.plan.describe()
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 8, 9, 8), (16, 8, 1, 1), dict(kernel_size=1)),  # 72 pixels: window kernel
+    ((2, 8, 7, 7), (16, 8, 1, 1), dict(kernel_size=1, pad_mode="pad", pad=1)),
+    ((2, 8, 7, 7), (16, 8, 1, 1), dict(kernel_size=1, stride=2)),
+    ((2, 8, 7, 7), (16, 2, 1, 1), dict(kernel_size=1, group=4)),
+])
+def test_other_pointwise_input_gradients_keep_the_window_kernel(x_shape, w_shape, attrs, rng):
+    attrs = {"out_channel": w_shape[0], **attrs}
+    exe_in, _ = check(attrs, x_shape, w_shape, rng)
+    assert window_kernels(exe_in) and "a 1x1 input gradient on" not in exe_in.plan.describe()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 8, 9, 9), (8, 1, 3, 3), dict(kernel_size=3, pad_mode="pad", pad=1)),  # depthwise
+    ((3, 6, 13, 10), (12, 1, 3, 2), dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2),
+                                         pad_mode="pad", pad=(2, 0, 1, 3))),  # multiplier 2
+    ((2, 6, 12, 11), (6, 3, 3, 3), dict(kernel_size=3, stride=2, pad_mode="same")),
+    ((2, 4, 5, 5), (8, 2, 5, 5), dict(kernel_size=5, pad_mode="pad", pad=4)),
+    ((2, 4, 1, 1), (4, 2, 3, 3), dict(kernel_size=3, stride=3, pad_mode="pad", pad=1)),
+])
+def test_grouped_filter_gradients_are_kernels(x_shape, w_shape, attrs, dtype, rng):
+    # A grouped or depthwise convolution's filter gradient (MobileNet's) ran its numpy
+    # reference on the Python runner: now one generated kernel (c_filter_grad.py), taps that
+    # read only padding zero, float16 summed in float.
+    attrs = {"out_channel": w_shape[0], "group": x_shape[1] // w_shape[1], **attrs}
+    _, exe_w = check(attrs, x_shape, w_shape, rng, dtype)
+    assert reference_steps(exe_w) == [] and len(window_kernels(exe_w)) == 1
+    off = backprops(attrs, x_shape, w_shape, options=OFF)[1]  # unfused: the same kernel
+    assert reference_steps(off) == [] and len(window_kernels(off)) == 1
+
+
+def test_mobilenet_size_depthwise_filter_gradient_runs_channels_on_threads(rng):
+    attrs = dict(out_channel=96, kernel_size=3, stride=2, pad_mode="pad", pad=1, group=96)
+    _, exe_w = check(attrs, (2, 96, 56, 56), (96, 1, 3, 3), rng)
+    (step,) = window_kernels(exe_w)
+    assert "#pragma omp parallel for" in exe_w.executable.kernel_sources[step.kernel.name]
 
 
 def distinct_window_kernels(exe):
@@ -182,8 +246,9 @@ def test_small_net_gradients_match_torch(rng):
 
 
 def test_training_step_runs_no_reference_backprop(rng):
-    # A training step of the small net: fused, no step runs a backprop's reference except the
-    # grouped convolution's filter gradient, and the updated weights equal the unfused step's.
+    # A training step of the small net: fused, no step runs a backprop's reference (the
+    # grouped convolution's filter gradient is a kernel of its own, fused or not), and the
+    # updated weights equal the unfused step's.
     x = rng.standard_normal((2, 3, 11, 10)).astype(np.float32)
     r = rng.standard_normal((2, 8, 6, 5)).astype(np.float32)
     after = {}
@@ -197,10 +262,12 @@ def test_training_step_runs_no_reference_backprop(rng):
         exe.run_arrays(x, r)
         after[name] = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
         if name == "fused":
-            assert reference_steps(exe) == ["Conv2DBackpropFilter"]  # c3's, grouped
+            assert reference_steps(exe) == []
         else:
-            assert sorted(reference_steps(exe)) == ["Conv2DBackpropFilter"] * 4 + \
-                ["Conv2DBackpropInput"] * 2  # c2 and c3: x needs none
+            assert sorted(reference_steps(exe)) == ["Conv2DBackpropFilter"] * 3 + \
+                ["Conv2DBackpropInput"] * 2  # c2 and c3: x needs none; c3's dw in C
+        grouped_dw = [s for s in window_kernels(exe) if s.op_names == ("Conv2DBackpropFilter",)]
+        assert len(grouped_dw) == 1, name
     for key, value in after["fused"].items():
         np.testing.assert_allclose(value, after["unfused"][key], rtol=1e-4, atol=1e-5,
                                    err_msg=key)

@@ -99,6 +99,10 @@ class LoweringTarget(Protocol):
 
 # The note a backend's conv_blocks leaves on each convolution (backends/c/c_conv_block.py NOTE).
 CONV_BLOCK_NOTE = "conv_block"
+# The note an expander leaves on a node where it chose one form of its op among several (a 1x1
+# input gradient as a product, not a window kernel: graph_kernel/grad_expanders.py), and why;
+# the node's lowering reason carries it into the plan's describe().
+FORM_NOTE = "form"
 
 
 def lower(graph: Graph, target: LoweringTarget) -> Graph:
@@ -149,7 +153,8 @@ def _choose(node: Node, generates: str | None, target: LoweringTarget, folded: d
     if block is not None:
         return Lowering(KernelKind.IN_CONV_BLOCK, f"computed in {block.last.name}'s block")
     if node.uid in views:
-        return Lowering(KernelKind.LIBRARY_VIEW, "reads or writes layout ops as strided views")
+        return Lowering(KernelKind.LIBRARY_VIEW,
+                        _with_form(node, "reads or writes layout ops as strided views"))
     if node.subgraph is None:
         return _lone_op(node, generates, target)
     if generates is not None:
@@ -177,5 +182,11 @@ def _lone_op(node: Node, generates: str | None, target: LoweringTarget) -> Lower
         group = single_op_group(node)
         if group is not None:
             return Lowering(KernelKind.SINGLE_OP, "one op as one loop nest", group=group)
-        return Lowering(KernelKind.LIBRARY, "not one loop nest")
-    return Lowering(KernelKind.LIBRARY, "its numpy reference")
+        return Lowering(KernelKind.LIBRARY, _with_form(node, "not one loop nest"))
+    return Lowering(KernelKind.LIBRARY, _with_form(node, "its numpy reference"))
+
+
+def _with_form(node: Node, reason: str) -> str:
+    """`reason`, then the form an expander chose for the node and why (FORM_NOTE), if any."""
+    form = node.notes.get(FORM_NOTE)
+    return reason if form is None else f"{reason}; {form}"

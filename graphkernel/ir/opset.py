@@ -37,6 +37,8 @@ class Window(Enum):
 
     CONVOLUTION = "convolution"
     POOL = "pool"
+    POOL_GRAD = "pool gradient"  # MaxPoolGrad, AvgPoolGrad: x (and dout) in, dx out
+    FILTER_GRAD = "filter gradient"  # Conv2DBackpropFilter: dout and x in, dw out
 
 
 class AttrKind(Enum):

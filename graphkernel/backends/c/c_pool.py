@@ -160,3 +160,158 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
         "  }",
         "}",
     ]
+
+
+# A float16 pool gradient sums each plane in float (rounded once, as the reference does) in a
+# scratch plane on the thread's stack (OpenMP threads have >= 2 MiB); larger planes keep the
+# reference (c_window.why_not_window_kernel).
+POOL_GRAD_STACK_BYTES = 256 << 10
+
+
+def pool_grad_scratch_bytes(x: TensorType) -> int:
+    """Bytes of stack a pool gradient's plane takes for its sums (0: it sums in its result)."""
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
+    if st == ct:
+        return 0
+    return int(x.shape[2]) * int(x.shape[3]) * (8 if ct == "double" else 4)
+
+
+def pool_grad_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+    """The C lines of MaxPoolGrad or AvgPoolGrad as kernel `name`: argv x, the pool's output
+    (unused: the maximum is recomputed from x), dout, dx, then the batch size when it is
+    dynamic. Each (image, channel) plane is one call; planes run on threads above `threshold`
+    window reads.
+
+    A plane's outputs go in reverse row-major order, each adding its gradient to the input
+    elements its window chose: an input element then receives its windows' shares in the order
+    of their window offsets, the order the reference's scatter adds them in, so the sums are
+    the reference's to the bit. MaxPoolGrad recomputes each window's first maximum (row-major)
+    from x rather than keeping the forward's argmax: the forward (its own kernel or a
+    convolution block's epilogue) stays as it is and no index tensor lives through the step;
+    a window holding NaN gives no gradient (the reference's maximum is NaN, which no element
+    equals), and one whose maximum is -inf gives it to its first element, dropped when that is
+    padding (padding is -inf and comes first)."""
+    x = node.inputs[0].tensor_type
+    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op[:-len("Grad")])
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
+    _, c, h, wd = x.shape
+    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
+    (pt, _), (pl, _) = geo["pads"]
+    oh, ow = geo["out"]
+    is_max = node.op == "MaxPoolGrad"
+    inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
+    ops = f"{node.op} {list(x.shape)} from {[c, oh, ow]}, window {(kh, kw)}, stride " \
+          f"{(sh, sw)}, pads {geo['pads']}"
+    plane = f"{name}_plane"
+    in_place = st == ct
+    sums = "dc" if in_place else "acc"
+    if is_max:
+        body = _max_grad_plane(plane, st, ct, inf, geo, h, wd, sums, in_place)
+    else:
+        full = kh * kw if attrs.get("count_include_pad") else None
+        count = str(full) if full is not None else "(ahi - alo) * (bhi - blo)"
+        per_output = [
+            "      if (ahi <= alo || bhi <= blo) continue;  /* all padding: lands nowhere */",
+            f"      const {ct} share = ({ct})gc[i * {ow} + j] / ({ct})({count});",
+            "      for (int64_t a = alo; a < ahi; ++a)",
+            "        for (int64_t b = blo; b < bhi; ++b)",
+            f"          {sums}[(r0 + a) * {wd} + q0 + b] += share;",
+        ]
+        body = [
+            f"static void {plane}(const {st} *restrict xc, const {st} *restrict gc, "
+            f"{st} *restrict dc) {{",
+            *([] if in_place else [f"  {ct} acc[{h * wd}];"]),
+            f"  for (int64_t p = 0; p < {h * wd}; ++p) {sums}[p] = 0;",
+            f"  for (int64_t i = {oh - 1}; i >= 0; --i) {{",
+            f"    const int64_t r0 = i * {sh} - {pt};",
+            "    const int64_t alo = r0 < 0 ? -r0 : 0;",
+            f"    const int64_t ahi = {h} - r0 < {kh} ? {h} - r0 : {kh};",
+            f"    for (int64_t j = {ow - 1}; j >= 0; --j) {{",
+            f"      const int64_t q0 = j * {sw} - {pl};",
+            "      const int64_t blo = q0 < 0 ? -q0 : 0;",
+            f"      const int64_t bhi = {wd} - q0 < {kw} ? {wd} - q0 : {kw};",
+            *per_output,
+            "    }",
+            "  }",
+            *([] if in_place else
+              [f"  for (int64_t p = 0; p < {h * wd}; ++p) dc[p] = ({st})acc[p];"]),
+            "}",
+        ]
+        body.insert(1, "  (void)xc;")
+    batch, sizes = batch_after(node, len(node.inputs) + 1)
+    in_size, out_size = h * wd, oh * ow
+    call = f"{plane}(x + p * {in_size}LL, g + p * {out_size}LL, dx + p * {in_size}LL);"
+    return [
+        f"/* {c_comment(name)}: {c_comment(ops)} */",
+        *body,
+        "",
+        f"void {name}(void *const *args) {{",
+        f"  const {st} *restrict x = (const {st} *)args[0];",
+        f"  const {st} *restrict g = (const {st} *)args[2];",
+        f"  {st} *restrict dx = ({st} *)args[3];",
+        *sizes,
+        f"  const int64_t planes = (int64_t)({batch}) * {c};",
+        f"  if (planes > 1 && planes * (int64_t){out_size * kh * kw} >= (int64_t){threshold}) {{",
+        "    #pragma omp parallel for schedule(static)",
+        f"    for (int64_t p = 0; p < planes; ++p) {call}",
+        "  } else {",
+        f"    for (int64_t p = 0; p < planes; ++p) {call}",
+        "  }",
+        "}",
+    ]
+
+
+def _max_grad_plane(plane: str, st: str, ct: str, inf: str, geo: dict[str, Any], h: int,
+                    wd: int, sums: str, in_place: bool) -> list[str]:
+    """One plane of MaxPoolGrad, output row by output row from the last: the row's first
+    maxima found along the row (per window element, the outputs whose column is inside are a
+    constant range: no tests, vectorised, as the forward's row form), then its gradients
+    added from its last output to its first."""
+    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
+    (pt, _), (pl, _) = geo["pads"]
+    oh, ow = geo["out"]
+    columns = []
+    for bb in range(kw):
+        lo = max(0, -(-(pl - bb) // sw))
+        hi = min(ow, (wd - 1 - bb + pl) // sw + 1)
+        if lo < hi:
+            columns += [
+                "      #pragma omp simd",
+                f"      for (int64_t j = {lo}; j < {hi}; ++j) {{",
+                f"        const {ct} v = ({ct})row[j * {sw} + {bb - pl}];",
+                "        const int taken = v > m[j];  /* strictly: the first maximum stays */",
+                f"        at[j] = taken ? r * {wd} + j * {sw} + {bb - pl} : at[j];",
+                "        m[j] = taken ? v : m[j];",
+                "        nan[j] |= v != v;",
+                "      }"]
+    return [
+        f"static void {plane}(const {st} *restrict xc, const {st} *restrict gc, "
+        f"{st} *restrict dc) {{",
+        *([] if in_place else [f"  {ct} acc[{h * wd}];"]),
+        f"  {ct} m[{ow}];",
+        f"  int64_t at[{ow}];",
+        f"  int nan[{ow}];",
+        f"  for (int64_t p = 0; p < {h * wd}; ++p) {sums}[p] = 0;",
+        f"  for (int64_t i = {oh - 1}; i >= 0; --i) {{",
+        f"    const int64_t r0 = i * {sh} - {pt};",
+        f"    for (int64_t j = 0; j < {ow}; ++j) {{ m[j] = -{inf}; at[j] = -1; nan[j] = 0; }}",
+        f"    for (int64_t a = 0; a < {kh}; ++a) {{",
+        "      const int64_t r = r0 + a;",
+        f"      if (r < 0 || r >= {h}) continue;",
+        f"      const {st} *restrict row = xc + r * {wd}LL;",
+        *columns,
+        "    }",
+        f"    for (int64_t j = {ow - 1}; j >= 0; --j) {{",
+        "      if (nan[j]) continue;  /* the reference's maximum is NaN: no element equals it */",
+        "      int64_t p = at[j];",
+        "      if (p < 0) {  /* every element -inf: the window's first, unless padding */",
+        f"        const int64_t q0 = j * {sw} - {pl};",
+        f"        if (r0 < 0 || r0 >= {h} || q0 < 0 || q0 >= {wd}) continue;",
+        f"        p = r0 * {wd} + q0;",
+        "      }",
+        f"      {sums}[p] += ({ct})gc[i * {ow} + j];",
+        "    }",
+        "  }",
+        *([] if in_place else [f"  for (int64_t p = 0; p < {h * wd}; ++p) dc[p] = ({st})acc[p];"]),
+        "}",
+    ]

@@ -17,7 +17,8 @@ small for that shares one image's units of work instead. float16 computes in flo
 once, as the numpy reference does. Sums run in tap order, not BLAS's: results differ from the
 reference by rounding only.
 
-Pools are in c_pool.py; the loop over images both share is in c_images.py.
+Pools and their gradients are in c_pool.py, a grouped convolution's filter gradient in
+c_filter_grad.py; the loop over images both share is in c_images.py.
 
 Only the batch axis may be dynamic (its size is an argument, backends/c/shape_args.py); anything
 else stays the op's numpy reference (`why_not_window_kernel` says why)."""
@@ -36,9 +37,15 @@ from graphkernel.backends.c.c_depthwise import (
     PhasePlanes,
     pixel_units,
 )
+from graphkernel.backends.c.c_filter_grad import filter_grad_kernel
 from graphkernel.backends.c.c_images import batch_after, image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
-from graphkernel.backends.c.c_pool import pool_kernel
+from graphkernel.backends.c.c_pool import (
+    POOL_GRAD_STACK_BYTES,
+    pool_grad_kernel,
+    pool_grad_scratch_bytes,
+    pool_kernel,
+)
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.conv_tile import RULE_TILE, ConvTile
@@ -121,10 +128,19 @@ def why_not_window_kernel(node: Node) -> str | None:
         return "a float16 folded convolution"  # its reference folds in float16 arithmetic
     if any(isinstance(d, SymSize) for d in (*x.shape[1:], *out.shape[1:])):
         return "a dynamic size other than the batch"
-    if any(isinstance(d, SymSize) for v in node.inputs[1:] for d in v.shape):
+    window = get_op(node.op).window
+    if window is Window.CONVOLUTION and \
+            any(isinstance(d, SymSize) for v in node.inputs[1:] for d in v.shape):
         return "dynamic weights"
     if 0 in [d for d in (*x.shape, *out.shape) if isinstance(d, int)]:
         return "an empty tensor"
+    if window is Window.FILTER_GRAD:
+        if any(isinstance(d, SymSize) for v in node.inputs for d in v.shape):
+            return "a dynamic size"
+        if node.attrs.get("group", 1) == 1:  # expanded with fusion on (grad_expanders.py)
+            return "an ungrouped filter gradient"
+    if window is Window.POOL_GRAD and pool_grad_scratch_bytes(x) > POOL_GRAD_STACK_BYTES:
+        return f"a float16 plane's sums exceed {POOL_GRAD_STACK_BYTES >> 10} KiB of stack"
     return None
 
 
@@ -144,6 +160,10 @@ def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = 
         choice = conv_library(node) if library_choice else None
         lines = _conv(node, name, attrs, threshold, choice, tile)
         head += ONEDNN_DECLS if choice is not None and choice.onednn is not None else ""
+    elif get_op(node.op).window is Window.FILTER_GRAD:
+        lines = filter_grad_kernel(node, name, attrs, threshold)
+    elif get_op(node.op).window is Window.POOL_GRAD:
+        lines = pool_grad_kernel(node, name, attrs, threshold)
     else:
         lines = pool_kernel(node, name, attrs, threshold)
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(node.inputs)]

@@ -8,7 +8,8 @@ them (bias, BatchNorm, ReLU gradients) fuses as usual. With fusion on, the expan
 the convolution's backprops as forward convolutions and products instead (generated window
 kernels and BLAS, graph_kernel/grad_expanders.py); the references here stay the definition they
 are checked against, and what runs where no such form is written (a grouped kernel's filter
-gradient, a dynamic size) or fusion is off."""
+gradient, a dynamic size) or fusion is off; a grouped filter gradient has a generated kernel
+of its own (backends/c/c_filter_grad.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -37,6 +38,7 @@ from graphkernel.ir.opset import (
     AttrKind,
     OpDef,
     PatternKind,
+    Window,
     declare,
     int_tuple_kinds,
 )
@@ -141,7 +143,7 @@ declare(OpDef(name="Conv2DBackpropFilter", inputs=("dout", "x"),
               infer=_conv_backprop_filter_infer, reference=_conv_backprop_filter_ref,
               call_attrs=(("filter_size", None),),
               attr_kinds=_CONV_KINDS + int_tuple_kinds("filter_size"),
-              **_BACKPROP))
+              window=Window.FILTER_GRAD, **_BACKPROP))
 
 
 # -- pools ------------------------------------------------------------------------------------
@@ -202,7 +204,7 @@ for _name, _ref, _attrs, _kinds in (
         ("AvgPoolGrad", _avg_pool_grad_ref, _AVG_POOL_ATTRS, _AVG_POOL_KINDS)):
     declare(OpDef(name=_name, kind=PatternKind.OPAQUE, inputs=("x", "origin_output", "dout"),
                   infer=_pool_grad_infer(_name), reference=_ref, init_attrs=_attrs,
-                  attr_kinds=_kinds, accepts=FLOATS))
+                  attr_kinds=_kinds, accepts=FLOATS, window=Window.POOL_GRAD))
     GRAD_OPS.append(_name)
 
 
