@@ -119,7 +119,7 @@ def test_the_softmax_of_many_rows_reads_the_next_row_in_its_exp_pass():
     i0 also takes the max of row rn (i0 + 1), and exp is called once per element."""
     from test_generated_c import exp_calls, softmax_source
     source = softmax_source((8192, 1024), np.float32)
-    assert "#pragma omp parallel for schedule(guided)\n  for (int64_t rc = 0; rc < 256;" in \
+    assert "#pragma omp parallel for schedule(static)\n  for (int64_t rc = 0; rc < 256;" in \
         source, source
     (call,) = exp_calls(source)
     body = source.splitlines()

@@ -1,11 +1,9 @@
-"""Work split over OpenMP's threads. Products (backends/c/c_gemm.py `emit_gemm`) are split
-in chunks of whole 16-row (column) panels, PRODUCT_CHUNKS_PER_THREAD per thread, handed out as
-threads come free, so a thread that is descheduled or slower leaves its second chunk to the
-others instead of stalling the step; a batch of small products hands out whole products
-likewise. A kernel's parallel loop with no reduction across its iterations hands them out in
-shrinking chunks (`schedule(guided)`, backends/c/c_loops.py HANDOUT). The results are numpy's at
-1, 2 and 3 threads (each in a process of its own: OpenMP reads OMP_NUM_THREADS once), and one
-thread still runs one BLAS call per product."""
+"""Products split over OpenMP's threads (backends/c/c_gemm.py `emit_gemm`): in chunks of whole
+16-row (column) panels, PRODUCT_CHUNKS_PER_THREAD per thread, handed out as threads come free,
+so a thread that is descheduled or slower leaves its second chunk to the others instead of
+stalling the step; a batch of small products hands out whole products likewise. The results are
+numpy's at 1, 2 and 3 threads (each in a process of its own: OpenMP reads OMP_NUM_THREADS once),
+and one thread still runs one BLAS call per product."""
 from __future__ import annotations
 
 import json
@@ -74,29 +72,10 @@ def test_a_batch_of_small_products_hands_out_whole_products(rng):
     assert "#pragma omp parallel for schedule(static)\n    for (int64_t gk_b" not in source
 
 
-@needs_openmp
-def test_kernel_loops_without_a_reduction_across_threads_are_handed_out(rng):
-    """Bias + GeLU-like pointwise work and a softmax's rows: guided hand-out, no static split;
-    a full sum keeps its static `reduction` split (the split decides its rounding)."""
-    x = rng.standard_normal((1024, 768)).astype(np.float32)
-    b = rng.standard_normal(768).astype(np.float32)
-
-    def net(x, b):
-        y = P.Tanh()(x + b) * x
-        return y, P.Softmax()(y), P.ReduceSum()(y * y)
-
-    exe = graphkernel.compile(Fn(net), x, b, options=ON)
-    source = exe.executable.library.source
-    parallel = [ln.strip() for ln in source.split("\n") if "#pragma omp parallel for" in ln]
-    assert parallel, "threaded kernels"
-    assert any("schedule(guided)" in ln for ln in parallel)
-    assert all("schedule(static)" not in ln for ln in parallel
-               if "reduction(" not in ln and " simd" not in ln), parallel
-
-
 # Run in a process with OMP_NUM_THREADS set: the entry's result for products split by rows and
-# by columns (sides not a multiple of 16, more chunks than panels at 3 threads) and a batch of
-# heads, against numpy in float64; prints the largest error of each as JSON.
+# by columns (sides not a multiple of 16, more chunks than panels at 3 threads), a batch of
+# heads, and threaded kernels (bias + tanh, softmax rows), against numpy in float64; prints the
+# largest error of each as JSON.
 _CHILD = r"""
 import json, sys
 import numpy as np

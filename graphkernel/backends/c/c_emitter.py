@@ -14,7 +14,6 @@ import math
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
 from graphkernel.backends.c.c_loops import (
     DEFAULT_BLOCKING,
-    HANDOUT,
     Buffer,
     KernelSource,
     LoopBlocking,
@@ -315,7 +314,8 @@ class _Emitter(ReductionEmitter):
         chunk, distance = self.blocking.pointwise_chunk, self.blocking.prefetch_distance_bytes
         work = math.prod(self.sched.space) if self.sched.space else 1
         if parallel and dyn.runs_threaded(work, self.threshold):
-            self.lines.append(f"{indent}#pragma omp parallel for {HANDOUT}{self.parallel_if}")
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
+                              f"{self.parallel_if}")
         self.lines.append(f"{indent}for (int64_t kc = 0; kc < {size}; kc += {chunk}) {{")
         indent += "  "
         self.index_names[last] = "kc"
@@ -475,12 +475,10 @@ class _Emitter(ReductionEmitter):
                 self.lines.append(f"{indent}#pragma omp for{' simd' if vector else ''}"
                                   f"{simd if vector else ''} schedule(static)")
             elif threads and vector:
-                # static: a guided chunk boundary moves elements between the vector loop and
-                # its scalar tail, whose math functions round differently (libmvec vs libm)
                 self.lines.append(f"{indent}#pragma omp parallel for simd{simd} schedule(static)"
                                   f"{self.parallel_if}")
             elif threads:
-                self.lines.append(f"{indent}#pragma omp parallel for {HANDOUT}"
+                self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
                                   f"{self.parallel_if}")
             elif vector:
                 self.lines.append(f"{indent}#pragma omp simd{simd}")

@@ -7,16 +7,6 @@ from dataclasses import dataclass, field
 
 from graphkernel.ir.graph import Value
 
-# How a kernel's parallel loop hands out its iterations when no reduction runs across them
-# (pointwise nests, a row reduction's rows, a column reduction's outer lanes): in shrinking
-# chunks as threads come free, so a thread descheduled or slower on a loaded host leaves the
-# rest of its share to the others instead of stalling the kernel. Each iteration computes the
-# same values on any thread. Loops with a `reduction` clause, `omp for ... nowait` loops paired
-# with a later loop and `parallel for simd` loops keep `schedule(static)`: their split decides
-# the rounding, which thread wrote what, or which elements take the vector loop's scalar tail
-# (libm rather than libmvec: results one ulp apart).
-HANDOUT = "schedule(guided)"
-
 # The block sizes of generated loop nests, as constants: the defaults of CConfig's knobs of the
 # same names (backends/c/config.py), which tuning changes per kernel (backends/c/tuning.py).
 # A pointwise loop calling vector math walks its innermost loop in chunks of POINTWISE_CHUNK

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.backends.c import shape_args as dyn  # sizes known only at run time
-from graphkernel.backends.c.c_loops import HANDOUT, Buffer, LoopBlocking, LoopDim
+from graphkernel.backends.c.c_loops import Buffer, LoopBlocking, LoopDim
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE
 from graphkernel.backends.c.ops import C_REDUCTIONS, CReduction, c_identity
 from graphkernel.graph_kernel.schedule import Schedule
@@ -236,10 +236,9 @@ class ReductionEmitter:
         size, rows = dims[row].size, self.blocking.row_pipeline_rows
         chunks = f"(({size}) + {rows - 1}) / {rows}" if dyn.is_dynamic(size) \
             else str(-(-size // rows))
-        if threads and worksharing:
-            self.lines.append(f"{indent}#pragma omp for schedule(static)")
-        elif threads:  # each chunk carries its own accumulators: handed out as threads free up
-            self.lines.append(f"{indent}#pragma omp parallel for {HANDOUT}{self.parallel_if}")
+        if threads:
+            self.lines.append(f"{indent}#pragma omp {'for' if worksharing else 'parallel for'}"
+                              f" schedule(static){'' if worksharing else self.parallel_if}")
         self.lines.append(f"{indent}for (int64_t rc = 0; rc < {chunks}; ++rc) {{")
         indent += "  "
         self.lines.append(f"{indent}const int64_t rlo = rc * {rows}, rhi = rlo + "
@@ -385,8 +384,9 @@ class ReductionEmitter:
         work = math.prod(self.sched.space)
         threads = dyn.runs_threaded(work, self.threshold)
         indent = self._open_loops(dims, kout, "  ", None, parallel=threads and bool(kout))
-        if threads and not kout:  # each block of lanes its own accumulators: handed out
-            self.lines.append(f"{indent}#pragma omp parallel for {HANDOUT}{self.parallel_if}")
+        if threads and not kout:
+            self.lines.append(f"{indent}#pragma omp parallel for schedule(static)"
+                              f"{self.parallel_if}")
         size = dims[kin].size
         self.lines.append(f"{indent}for (int64_t kb = 0; kb < {size}; kb += {block}) {{")
         indent += "  "
