@@ -299,7 +299,7 @@ def test_attention_sized_products_split_over_openmps_threads(dtype, rng):
     assert len(products) == 2 and all(gemm_call(exe.plan, s).one_thread for s in products)
     source = exe.executable.library.source
     assert "gemm_batch" not in source and exe.executable.runner.entry is not None
-    assert source.count("#pragma omp parallel for schedule(static)\n    for (int64_t gk_b") == 2
+    assert source.count("#pragma omp parallel for schedule(dynamic, 1)\n    for (int64_t gk_b") == 2
     tol = 1e-5 if dtype == np.float32 else 1e-12
     by_entry, by_steps = run_both(exe, q, k, v)
     for got in (by_entry[0], by_steps[0]):
@@ -309,9 +309,10 @@ def test_attention_sized_products_split_over_openmps_threads(dtype, rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(300, 256, 100), (24, 256, 1000)], ids=["rows", "columns"])
 def test_a_large_product_is_split_over_openmps_threads(dtype, shape, rng):
-    """A product not held to one thread runs one-thread BLAS on each OpenMP thread, a block of
-    rows (or columns, the longer side) each, BLAS's own threads put back after it: the same
-    result as numpy's, and BLAS's thread count as it was."""
+    """A product not held to one thread runs one-thread BLAS on OpenMP's threads, chunks of
+    rows (or columns, the longer side) handed out as threads come free (tests/test_threads.py),
+    BLAS's own threads put back after it: the same result as numpy's, and BLAS's thread count
+    as it was."""
     from graphkernel.runtime import blas
     m, k, n = shape
     a = rng.standard_normal((m, k)).astype(dtype)
@@ -321,7 +322,8 @@ def test_a_large_product_is_split_over_openmps_threads(dtype, shape, rng):
     call = gemm_call(exe.plan, step)
     assert step.blas_threads is None and not call.one_thread
     source = exe.executable.library.source
-    assert "omp_get_thread_num()" in source and exe.executable.runner.entry is not None
+    assert "schedule(dynamic, 1)\n      for (int64_t gk_chunk" in source and \
+        exe.executable.runner.entry is not None
     assert ("gk_hi - gk_lo, " + str(n) if m >= n else str(m) + ", gk_hi - gk_lo") in source
     before = blas.threads_now()
     tol = 1e-4 if dtype == np.float32 else 1e-12

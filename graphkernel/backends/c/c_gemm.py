@@ -36,6 +36,13 @@ if TYPE_CHECKING:  # blas_choice imports the tuner: loaded where a product is wr
 # Multiply-adds of a batch of small products (each on one BLAS thread) from which the batch is
 # split over OpenMP's threads: ~0.1 ms of one core's work, well above waking a sleeping thread.
 PARALLEL_BATCH_MIN_MNK = 1 << 22
+# A product split over several OpenMP threads is cut into this many chunks per thread (whole
+# 16-row panels), handed out as threads come free (`schedule(dynamic, 1)`): a thread that is
+# descheduled or slower leaves its second chunk to the others instead of stalling the step. Each
+# chunk is one BLAS call that packs B again (1.5-4% more CPU for 2 chunks than 1, 4-9% for 4, in
+# BERT-base's products on one AMD EPYC thread), so the count stays small; one thread runs one
+# call. 1 is the old one-block-per-thread split.
+PRODUCT_CHUNKS_PER_THREAD = 2
 # A stack of products with every side at most this and B at most SMALL_PRODUCT_MAX_B elements
 # runs on graphkernel's small-product kernel (`SMALL_PRODUCT`), not BLAS: attention's per-head
 # scores and context (seq 128, head 64) and their gradients. BLAS packs both operands on every
@@ -380,11 +387,12 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
 
     Every product runs BLAS on one thread, on its caller; the threads are OpenMP's, the pool
     the kernels run on. A product not held to one thread (`GemmCall.one_thread`) is split
-    into one block of rows (or columns) per OpenMP thread; a batch of small ones
-    (`parallel_batch`) into runs of whole products. BLAS's own thread pool stays asleep: with
-    two pools on two cores, OpenBLAS's idle workers spin (its exec_blas and the workers' wait
-    loop) while the other pool's threads want the cores, and a loaded machine deschedules the
-    worker the caller then spins on (docs/perf-notes.md, "One thread pool")."""
+    into PRODUCT_CHUNKS_PER_THREAD chunks of rows (or columns) per OpenMP thread, handed out
+    as threads come free; a batch of small ones (`parallel_batch`) into whole products,
+    likewise. BLAS's own thread pool stays asleep: with two pools on two cores, OpenBLAS's
+    idle workers spin (its exec_blas and the workers' wait loop) while the other pool's
+    threads want the cores, and a loaded machine deschedules the worker the caller then
+    spins on (docs/perf-notes.md, "One thread pool")."""
     ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
     if call.library == "mkl":  # sequential: no threads of its own to hold
         fn = fn.replace("gk_", "gk_mkl_")
@@ -431,7 +439,9 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
         gemm = (f"{fn}({_ROW_MAJOR}, {trans[call.a.trans]}, {trans[call.b.trans]}, {m}, "
                 f"{n}, {call.k}, 1, {a}, {call.a.ld}, {b}, {call.b.ld}, 0, {c}, {call.c.ld});")
     if parallel_batch(call):
-        lines += ["    #pragma omp parallel for schedule(static)",
+        # Whole products handed out one at a time: a late thread leaves its share to the others
+        # (each product is the same call either way, so results do not change).
+        lines += ["    #pragma omp parallel for schedule(dynamic, 1)",
                   f"    for (int64_t gk_b = 0; gk_b < {total}; ++gk_b) {{",
                   *_batch_indices(call, "      "),
                   f"      {gemm}", "    }"]
@@ -439,22 +449,26 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
         indent = "    "
         if split:
             side = _c(call.m) if _split_rows(call) else str(call.n)
-            # Blocks of whole 16-row (column) panels: BLAS's kernels work in such panels.
+            # Chunks of whole 16-row (column) panels (BLAS's kernels work in such panels),
+            # PRODUCT_CHUNKS_PER_THREAD per thread, handed out one at a time.
             lines += ["    #pragma omp parallel",
                       "    {",
                       "#if defined(_OPENMP)",
-                      "      const int64_t gk_parts = omp_get_num_threads(), "
-                      "gk_part = omp_get_thread_num();",
+                      "      const int64_t gk_parts = omp_get_num_threads();",
                       "#else",
-                      "      const int64_t gk_parts = 1, gk_part = 0;",
+                      "      const int64_t gk_parts = 1;",
                       "#endif",
-                      f"      const int64_t gk_each = (({side} + gk_parts - 1) / gk_parts + 15) "
+                      "      const int64_t gk_chunks = gk_parts > 1 ? "
+                      f"gk_parts * {PRODUCT_CHUNKS_PER_THREAD} : 1;",
+                      f"      const int64_t gk_each = (({side} + gk_chunks - 1) / gk_chunks + 15) "
                       "/ 16 * 16;",
-                      f"      const int64_t gk_lo = gk_part * gk_each < {side} ? "
-                      f"gk_part * gk_each : {side};",
-                      f"      const int64_t gk_hi = gk_lo + gk_each < {side} ? gk_lo + gk_each : "
-                      f"{side};"]
-            indent = "      "
+                      "      #pragma omp for schedule(dynamic, 1)",
+                      "      for (int64_t gk_chunk = 0; gk_chunk < gk_chunks; ++gk_chunk) {",
+                      f"        const int64_t gk_lo = gk_chunk * gk_each < {side} ? "
+                      f"gk_chunk * gk_each : {side};",
+                      f"        const int64_t gk_hi = gk_lo + gk_each < {side} ? "
+                      f"gk_lo + gk_each : {side};"]
+            indent = "        "
         for axis, size in enumerate(call.batch):
             lines.append(f"{indent}for (int64_t gk_i{axis} = 0; gk_i{axis} < {_c(size)}; "
                          f"++gk_i{axis}) {{")
@@ -464,7 +478,7 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
             indent = indent[:-2]
             lines.append(f"{indent}}}")
         if split:
-            lines.append("    }")
+            lines += ["      }", "    }"]
     if hold and split:
         lines.append("#if defined(_OPENMP)")
     if hold:
@@ -476,14 +490,15 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
 
 
 def thread_shape(call: GemmCall, threads: int) -> tuple[int, int, int]:
-    """(m, n, k) of the product one thread runs: its block of a split product (as `emit_gemm`
+    """(m, n, k) of one BLAS call of the product: a chunk of a split product (as `emit_gemm`
     cuts it for `threads` OpenMP threads), the whole of a product held to one thread."""
     assert not call.symbols, "a product of static sizes"
     m = int(call.m)  # type: ignore[arg-type]  # static (asserted)
     if call.one_thread or threads <= 1:
         return m, call.n, call.k
     side = m if _split_rows(call) else call.n
-    each = min(side, (-(-side // threads) + 15) // 16 * 16)
+    chunks = threads * PRODUCT_CHUNKS_PER_THREAD
+    each = min(side, (-(-side // chunks) + 15) // 16 * 16)
     return (each, call.n, call.k) if _split_rows(call) else (m, each, call.k)
 
 

@@ -1,0 +1,245 @@
+"""Where two threads lose what one thread wins: per-step thread CPU time of a compiled model.
+
+For each step of the plan (run one by one on the Python runner, as `Runner.profile` does) it
+reads every thread's CPU time (`/proc/self/task/*/schedstat`, nanoseconds) before and after the
+step and reports the step's wall time, the CPU time summed over threads and the most any one
+thread took. A step whose threads' sum is close to their max ran on one thread (serial); a
+parallel step whose max is well over sum/threads is unbalanced. Then the whole compiled call
+(the C entry where the plan has one) is timed the same way, so products split inside the entry
+are counted too. Process CPU and wall are per call.
+
+    python -m bench.thread_steps MODEL [--threads 1,2] [--calls N] [--steps K]
+
+MODEL: bert2, bert12 (the bench's BERT-base layers, bench/real.py `bert_base_row`),
+onnx_bert_b8 (transformers' BertModel through ONNX), resnet50_train_b2 / _b4.
+Each thread count runs in a new process (OMP_NUM_THREADS is read once per process).
+Prints a table; `--json` prints one JSON object per thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+MARK = "THREAD-STEPS "
+
+
+def thread_times() -> dict[int, int]:
+    """Each thread of this process: its CPU time so far in nanoseconds."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except OSError:  # the thread ended between the listing and the read
+            continue
+    return out
+
+
+def spent(before: dict[int, int], after: dict[int, int]) -> list[int]:
+    """CPU nanoseconds each thread spent between two snapshots (threads started since: all)."""
+    return [t - before.get(tid, 0) for tid, t in after.items() if t > before.get(tid, 0)]
+
+
+def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
+    """(compiled callable, its arguments) of `model`, fused."""
+    import graphkernel
+    from bench import real_systems as rs
+    from bench.real import BERT_BASE, _sets, _transformer
+    if model.startswith("bert"):
+        from bench.real_models import encoder_params, gk_encoder
+        d = BERT_BASE
+        params = encoder_params(int(model[4:]), d["hidden"], d["inner"])
+        cell = gk_encoder(params, d["batch"], d["seq"], d["hidden"], d["heads"])
+        x = _sets([(d["batch"], d["seq"], d["hidden"])], 1)[0]
+        exe = graphkernel.compile(cell, *x)
+        return exe, [graphkernel.Tensor(a) for a in x]
+    if model.startswith("onnx_bert_b"):
+        from bench.real_systems import fix_batch, torch_export
+        from graphkernel import nn
+        batch = int(model.rsplit("b", 1)[1])
+        net, names, sets, _ = _transformer("bert", batch)
+        path, fixed = os.path.join(tmp, "bert.onnx"), os.path.join(tmp, "bert_fixed.onnx")
+        torch_export(net, sets[0], names, path, dynamic_batch=True, opset=17)
+        fix_batch(path, batch, fixed)
+        compiled = nn.GraphCell(graphkernel.load(fixed)).compiled
+        return compiled, [graphkernel.Tensor(a) for a in sets[0]]
+    if model.startswith("resnet50_train_b"):
+        from bench.real_models import gk_cnn
+        batch = int(model.rsplit("b", 1)[1])
+        sets = _sets([(batch, 3, 224, 224), (batch, 1000)], 1)
+        net = gk_cnn("resnet50")
+        net.set_train(True)
+        call, _ = rs.gk_train(net, sets, True)
+        return call, [0]
+    raise SystemExit(f"unknown model {model!r}")
+
+
+def _step_label(step: Any) -> str:
+    op = step.op or (step.op_names[0] if step.op_names else "")
+    return f"{step.kind.value}:{op}" if step.kind.value != "kernel" else \
+        f"kernel:{'+'.join(dict.fromkeys(step.op_names))[:40]}"
+
+
+def measure(model: str, calls: int, steps: bool = True) -> dict[str, Any]:
+    """Per-step (`steps`) and whole-call thread times of `model` in this process."""
+    chunks = os.environ.get("THREAD_STEPS_CHUNKS")
+    if chunks:  # an A/B variant: products' chunks per thread (backends/c/c_gemm.py)
+        from graphkernel.backends.c import c_gemm
+        c_gemm.PRODUCT_CHUNKS_PER_THREAD = int(chunks)
+    with tempfile.TemporaryDirectory() as tmp:
+        fn, args = _build(model, tmp)
+        call: Callable[[], Any] = (lambda: fn(*args)) if not isinstance(args[0], int) \
+            else (lambda: fn(0))
+        call()
+        call()  # warm: pools, first-touch pages, the prefault thread finished
+        rows: list[dict[str, Any]] = []
+        executable = getattr(fn, "executable", None)
+        if executable is not None and steps:  # per step: the Python runner, step by step
+            runner, plan = executable.runner, executable.plan
+            arrays = executable.check_inputs([a.asnumpy() for a in args])
+            weights = fn._weights()
+            acc: dict[int, list[float]] = {}
+            for _ in range(calls):
+                slots = list(runner._template)
+                for s, a in zip(plan.inputs, arrays):
+                    slots[s] = a
+                for s, a in zip(plan.weights, weights):
+                    slots[s] = a
+                for i, (step_fn, dead) in enumerate(zip(runner.step_fns, plan.release)):
+                    t0, w0 = thread_times(), time.perf_counter()
+                    step_fn(slots)
+                    w1, t1 = time.perf_counter(), thread_times()
+                    for s in dead:
+                        slots[s] = None
+                    each = spent(t0, t1)
+                    a = acc.setdefault(i, [0.0, 0.0, 0.0])
+                    a[0] += w1 - w0
+                    a[1] += sum(each) / 1e9
+                    a[2] += max(each, default=0) / 1e9
+            for i, (wall, cpu, most) in acc.items():
+                step = plan.steps[i]
+                rows.append({"step": i, "what": _step_label(step), "wall": wall / calls,
+                             "cpu": cpu / calls, "max_thread": most / calls})
+        p0, t0, w0 = time.process_time(), thread_times(), time.perf_counter()
+        for _ in range(calls):
+            call()
+        w1, t1, p1 = time.perf_counter(), thread_times(), time.process_time()
+        each = sorted(spent(t0, t1), reverse=True)
+        return {"model": model, "threads": os.environ.get("OMP_NUM_THREADS"), "chunks": chunks,
+                "load": os.getloadavg()[0], "call_wall": (w1 - w0) / calls,
+                "call_cpu": (p1 - p0) / calls, "call_threads": [e / 1e9 / calls for e in each],
+                "steps": rows}
+
+
+def summarise(result: dict[str, Any], top: int) -> list[str]:
+    r = result
+    lines = [f"{r['model']} OMP_NUM_THREADS={r['threads']} load {r['load']:.1f}: call wall "
+             f"{r['call_wall'] * 1e3:.1f} ms, process CPU {r['call_cpu'] * 1e3:.1f} ms, per "
+             f"thread {', '.join(f'{t * 1e3:.1f}' for t in r['call_threads'][:4])} ms"]
+    steps = r["steps"]
+    if not steps:
+        return lines
+    threads = int(r["threads"] or 1)
+    serial = [s for s in steps if s["cpu"] > 0 and s["max_thread"] >= 0.9 * s["cpu"]]
+    lines.append(f"  steps: wall {sum(s['wall'] for s in steps) * 1e3:.1f} ms, CPU "
+                 f"{sum(s['cpu'] for s in steps) * 1e3:.1f} ms; serial steps (one thread "
+                 f">=90% of the step's CPU): {len(serial)}/{len(steps)}, wall "
+                 f"{sum(s['wall'] for s in serial) * 1e3:.1f} ms")
+    if threads > 1:
+        par = [s for s in steps if s not in serial]
+        excess = sum(s["max_thread"] - s["cpu"] / threads for s in par)
+        lines.append(f"  parallel steps: CPU {sum(s['cpu'] for s in par) * 1e3:.1f} ms, "
+                     f"max thread {sum(s['max_thread'] for s in par) * 1e3:.1f} ms, imbalance "
+                     f"(max - sum/threads) {excess * 1e3:.1f} ms")
+    lines.append("  heaviest steps by wall (ms): wall, CPU sum, max thread")
+    for s in sorted(steps, key=lambda s: -s["wall"])[:top]:
+        lines.append(f"    {s['step']:4d} {s['what']:<48s} {s['wall'] * 1e3:7.2f} "
+                     f"{s['cpu'] * 1e3:7.2f} {s['max_thread'] * 1e3:7.2f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=12, help="heaviest steps listed")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--blas-threads", default="",
+                    help="OPENBLAS_NUM_THREADS (default: as OMP_NUM_THREADS); 1 runs the "
+                         "step-by-step products on one thread, so kernels' threading shows alone")
+    ap.add_argument("--ab-chunks", default="",
+                    help="A/B: e.g. 1,2 compares products' chunks per thread, whole calls only, "
+                         "one process per variant, alternating for --rounds rounds")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-steps", action="store_true", help="whole calls only")
+    args = ap.parse_args(argv)
+    if args.inner:
+        print(MARK + json.dumps(measure(args.model, args.calls, not args.no_steps)), flush=True)
+        return
+    if args.ab_chunks:
+        ab(args)
+        return
+    for n in args.threads.split(","):
+        env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=args.blas_threads or n,
+                   OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+        out = subprocess.run([sys.executable, "-m", "bench.thread_steps", args.model,
+                              "--calls", str(args.calls), "--inner"], env=env,
+                             capture_output=True, text=True, check=False)
+        line = [x for x in out.stdout.splitlines() if x.startswith(MARK)]
+        if not line:
+            raise SystemExit(f"{args.model} at {n} threads failed:\n{out.stderr[-3000:]}")
+        result = json.loads(line[0][len(MARK):])
+        print(json.dumps(result) if args.json else "\n".join(summarise(result, args.steps)),
+              flush=True)
+
+
+def _inner(model: str, calls: int, env: dict[str, str], steps: bool) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench.thread_steps", model, "--calls",
+                          str(calls), "--inner"] + ([] if steps else ["--no-steps"]), env=env,
+                         capture_output=True, text=True, check=False)
+    line = [x for x in out.stdout.splitlines() if x.startswith(MARK)]
+    if not line:
+        raise SystemExit(f"{model} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(line[0][len(MARK):])
+    return result
+
+
+def ab(args: argparse.Namespace) -> None:
+    """Whole-call process CPU and wall of each variant at each thread count, alternating."""
+    variants = args.ab_chunks.split(",")
+    got: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as caches:
+        for _ in range(args.rounds):
+            for n in args.threads.split(","):
+                for v in variants:
+                    env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
+                               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+                               THREAD_STEPS_CHUNKS=v,
+                               GRAPHKERNEL_CACHE_DIR=os.path.join(caches, v))
+                    got.setdefault((n, v), []).append(_inner(args.model, args.calls, env, False))
+    base = variants[0]
+    for n in args.threads.split(","):
+        for v in variants:
+            runs = got[(n, v)]
+            cpu = sorted(r["call_cpu"] for r in runs)[len(runs) // 2]
+            wall = sorted(r["call_wall"] for r in runs)[len(runs) // 2]
+            ref = got[(n, base)]
+            cpu0 = sorted(r["call_cpu"] for r in ref)[len(ref) // 2]
+            wall0 = sorted(r["call_wall"] for r in ref)[len(ref) // 2]
+            loads = ", ".join(f"{r['load']:.1f}" for r in runs)
+            print(f"{args.model} threads {n} chunks/thread {v}: median process CPU "
+                  f"{cpu * 1e3:.1f} ms ({cpu / cpu0:.3f}x), wall {wall * 1e3:.1f} ms "
+                  f"({wall / wall0:.3f}x); load {loads}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
