@@ -12,6 +12,7 @@ from graphkernel.frontend.compile import CompileOptions
 
 ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
+NUMPY = CompileOptions(enable_graph_kernel=False, backend="numpy")  # the ops' references
 TOL = {np.float32: 2e-4, np.float64: 1e-11}
 
 
@@ -104,14 +105,20 @@ def layouts(exe):
 
 
 def run_both(net, x):
+    """The fused plan, its result and numpy's; the unfused plan (C kernels, one op each)
+    checked against numpy on the way."""
     fused = graphkernel.compile(net, x, options=ON)
-    unfused = graphkernel.compile(net, x, options=OFF)
-    return fused, fused(x).asnumpy(), unfused(x).asnumpy()
+    want = graphkernel.compile(net, x, options=NUMPY)(x).asnumpy()
+    unfused = graphkernel.compile(net, x, options=OFF)(x).asnumpy()
+    check_close(unfused, want, want.dtype.type)
+    return fused, fused(x).asnumpy(), want
 
 
 def check_close(got, want, dtype):
+    tol = 2e-2 if dtype == np.float16 else TOL[dtype]
+    want = want.astype(np.float64)
     scale = max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(got, want, rtol=0, atol=TOL[dtype] * scale)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=tol * scale)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -171,15 +178,52 @@ def test_mobilenetv2_style_blocks(dtype, c, batch, rng):
     check_close(got, want, dtype)
     notes = layouts(exe)
     block = 16 if dtype == np.float32 else 8
-    # The expand convolutions' results feed depthwise ones (their vectors run along a plane's
-    # pixels) and the depthwise results are written as planes: NCHW, with that reason.
-    depthwise = [v for v in notes.values() if "groups" in v]
-    assert len(depthwise) >= 4 and all(v.startswith("NCHW") for v in depthwise)
+    # A depthwise convolution reads either layout (its fill copies each channel into phase
+    # planes) and writes planes (its vectors run along a plane's pixels); the grouped 3x3
+    # at the end reads planes.
+    planes = [v for v in notes.values() if "groups" in v]
+    assert len(planes) == 3 and all(v.startswith("NCHW") for v in planes)
+    assert sum("writes channel planes" in v for v in planes) == 2
+    # blocked: the stem's and the projects' results (read by 1x1s and residual adds) where c
+    # fills blocks, the expands' (read by depthwise ones) where 6c and 4c do
     blocked = [k for k, v in notes.items() if v.startswith("blocked")]
-    if c % block == 0:
-        # the stem's and the projects' results: read by 1x1s and residual adds only
-        assert len(blocked) == 3
-    else:
-        assert not blocked
+    assert len(blocked) == 3 * (c % block == 0) + (6 * c % block == 0) + (4 * c % block == 0)
+    assert all("not a multiple of the block" in v for v in notes.values()
+               if v.startswith("NCHW") and "groups" not in v and "graph output" not in v)
     assert any("a graph output" in v for v in notes.values())
     assert exe.kernel_count == 9
+
+
+class PlainChain(nn.Cell):
+    """Convolutions without BatchNorm or bias, each its own kernel: 3x3, a strided 1x1 (its
+    scratch samples the input), then a 1x1 (read in place) and a depthwise 3x3 of that,
+    added (an Add of its own), and a 1x1."""
+
+    def __init__(self, c, dtype):
+        super().__init__()
+        self.a = nn.Conv2d(3, c, 3, pad_mode="pad", padding=1, dtype=dtype)
+        self.b = nn.Conv2d(c, c, 1, stride=2, pad_mode="valid", dtype=dtype)
+        self.dw = nn.Conv2d(c, c, 3, pad_mode="pad", padding=1, group=c, dtype=dtype)
+        self.d = nn.Conv2d(c, c, 1, pad_mode="valid", dtype=dtype)
+        self.e = nn.Conv2d(c, c, 1, pad_mode="valid", dtype=dtype)
+
+    def construct(self, x):
+        y = self.b(self.a(x))
+        return self.e(self.d(y) + self.dw(y))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_convolutions_of_their_own_read_and_write_blocks(dtype, rng):
+    graphkernel.set_seed(6)
+    net = PlainChain(32, dtype)
+    net.set_train(False)
+    x = Tensor(rng.standard_normal((3, 3, 15, 16)).astype(dtype))
+    exe, got, want = run_both(net, x)
+    check_close(got, want, dtype)
+    notes = layouts(exe)
+    # a's result is read by b (a strided 1x1), b's by d (a 1x1) and the depthwise one:
+    # blocked; d's is read by the Add, the depthwise one writes planes, e's is the output
+    assert sorted(v.split(":")[0].split(",")[0] for v in notes.values()) == \
+        ["NCHW", "NCHW", "NCHW", "blocked", "blocked"]
+    assert sum("writes channel planes" in v for v in notes.values()) == 1
+    assert sum("(single op), which reads NCHW" in v for v in notes.values()) == 1
