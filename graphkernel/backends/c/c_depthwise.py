@@ -52,7 +52,7 @@ class PhasePlanes:
 
 def pixel_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
                  planes: PhasePlanes, *, h: int, wd: int, pt: int, pl: int, cg: int, og: int,
-                 o: int, taps: int, oh: int, ow: int, px: int = 1) -> list[str]:
+                 o: int, taps: int, oh: int, ow: int) -> list[str]:
     """`fill` and `unit` (as _conv_units's) for a group of few output channels (depthwise):
     vector lanes along pixels, a unit is one output channel. The scratch is in stride phases
     (PhasePlanes), so output pixel (i, j) of a tap reads element i * wq + j past the tap's
@@ -60,8 +60,7 @@ def pixel_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
     PIXEL_CHUNK phase-plane columns go several at a time as one run across rows (lanes past a
     row's ow read the next row's border and are dropped at the store): a 7-wide output fills
     55 of 64 lanes where a row at a time filled 7 of 16. Wider rows go in chunks of a row.
-    The accumulators go through a buffer on the stack to the output's rows. `px`: the
-    input's channel block (1: NCHW planes; B: blocked, a channel's pixels B apart)."""
+    The accumulators go through a buffer on the stack to the output's rows."""
     sh, sw, hq, wq = planes.sh, planes.sw, planes.hq, planes.wq
     plane = hq * wq
     lines = [
@@ -73,13 +72,13 @@ def pixel_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
         f"    const int64_t r = i + {pt};",
         f"    {ct} *row = xp + ((ci * {sh * sw} + (r % {sh}) * {sw}) * {hq} + r / {sh}) * "
         f"{wq}LL;",
-        f"    const {st} *src = xn + ((ci / {px}) * {h} + i) * {wd * px}LL + ci % {px};"]
+        f"    const {st} *src = xn + (ci * {h} + i) * {wd};"]
     for pb in range(sw):
         # phase-plane columns q whose input column q * sw + pb - pl lies in [0, wd)
         lo, hi = max(0, -(-(pl - pb) // sw)), (wd - 1 + pl - pb) // sw
         if hi >= lo:
             lines.append(f"    for (int64_t q = {lo}; q <= {hi}; ++q) row[{pb * plane} + q] = "
-                         f"({ct})src[(q * {sw} + {pb - pl}) * {px}];")
+                         f"({ct})src[q * {sw} + {pb - pl}];")
     lines += ["  }", "}"]
     if wq <= PIXEL_CHUNK:  # blocks of whole rows, one run each
         most = min(oh, PIXEL_CHUNK // wq)

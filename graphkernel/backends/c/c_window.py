@@ -156,13 +156,13 @@ def why_not_blocked(conv: Node, side: str) -> str | None:
         return why or "not a convolution"
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
     g = x[1] // w[1]
-    pixel_path = conv.shape[1] // g < PIXEL_PATH_CHANNELS
-    # The pixel path (depthwise) copies each input channel into its phase planes: that copy
-    # reads either layout; its vectors run along a plane's pixels, so it writes planes. A
-    # grouped convolution's channel vectors start at its group's first channel.
-    if g != 1 and (side == "output" or not pixel_path):
-        return f"{g} groups (its kernel {'writes' if side == 'output' else 'reads'} " \
-            "channel planes)"
+    if conv.shape[1] // g < PIXEL_PATH_CHANNELS:
+        # The pixel path's vectors run along a plane's pixels. Its fill copying one channel
+        # of a blocked input into phase planes read one element of each cache line: MobileNetV2
+        # b8's depthwise fills took 29 ms against 7 from planes (s8-nchwc.md).
+        return f"{g} groups, depthwise (its kernel reads and writes channel planes)"
+    if g != 1:  # a group's channel vectors would start inside a block
+        return f"{g} groups (its kernel reads and writes channel planes)"
     channels = x[1] if side == "input" else conv.shape[1]
     block = channel_block(conv.dtype)
     if channels % block:
@@ -333,9 +333,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     # Blocked input: the scratch is blocked too, channel ci of pixel q at
     # (ci / B * planes + q) * B + ci % B; every pixel offset scales by B (`px`).
     px = layout.block if layout.input_blocked else 1
-    assert not (pixels_per_lane and layout.output_blocked)
-    assert px == 1 or g == 1 or pixels_per_lane
-    fills = c if pixels_per_lane else c // px  # the fill's calls: channels, or channel blocks
+    assert layout == NCHW or (g == 1 and not pixels_per_lane)
     # A 1x1 convolution without padding reads input pixels (i * sh, j * sw) alone: its scratch
     # holds just those, as a stride-1 image (a strided one copied the whole input and read every
     # sh-th row of it), or is the input itself where it already is one (stride 1, stored as
@@ -420,7 +418,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         '#pragma GCC optimize("fp-contract=fast")',
         "#endif",
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
-                       og=og, o=o, taps=taps, oh=oh, ow=ow, px=px) if pixels_per_lane else
+                       og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
           _conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, layout, c=c, h=h, wd=wd,
                       hp=gh,
                       wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
@@ -437,9 +435,9 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
           if fill_kind == "none" else [
               "  if (par) {",
               "    #pragma omp parallel for schedule(static)",
-              f"    for (int64_t ci = 0; ci < {fills}; ++ci) {fill}(xn, xp, ci);",
+              f"    for (int64_t ci = 0; ci < {c // px}; ++ci) {fill}(xn, xp, ci);",
               "  } else {",
-              f"    for (int64_t ci = 0; ci < {fills}; ++ci) {fill}(xn, xp, ci);",
+              f"    for (int64_t ci = 0; ci < {c // px}; ++ci) {fill}(xn, xp, ci);",
               "  }",
               f"  const {ct} *restrict xs = xp;"]),
         f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
