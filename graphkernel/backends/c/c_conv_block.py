@@ -238,11 +238,19 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
     if out_blocked:
         # Channel block by block, pixel by pixel, the block's lanes as one vector (`o` is the
         # block's index `ob` times B plus the lane).
+        # The block's per-channel values go to lane arrays first: read from `pre` ([o][j])
+        # inside the pixel loop they were a gather per pixel (the epilogue took 6.6% of
+        # ResNet-50 b1 against 3.4% over planes).
         bk = channel_block
-        channel = ["    for (int64_t p = 0; p < P; ++p) {", "      #pragma omp simd",
+        channel = [f"    {ct} lanes[{npre}][{bk}];",
+                   f"    for (int64_t l = 0; l < {bk}; ++l)",
+                   f"      for (int64_t j = 0; j < {npre}; ++j) "
+                   f"lanes[j][l] = pre[(ob * {bk} + l) * {npre} + j];",
+                   "    for (int64_t p = 0; p < P; ++p) {", "      #pragma omp simd",
                    f"      for (int64_t l = 0; l < {bk}; ++l) {{",
                    f"        const int64_t o = ob * {bk} + l, idx = (ob * P + p) * {bk} + l;",
-                   *[f"        const {ct} {local} = pre[o * {npre} + {j}];"
+                   "        (void)o;",
+                   *[f"        const {ct} {local} = lanes[{j}][l];"
                      for j, (local, _) in enumerate(plan.pre)],
                    *[f"        const {ct} {local} = {text};" for local, text in plan.full],
                    f"        tile[idx] = {plan.result};", "      }", "    }"]
