@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+from graphkernel.graph_kernel.conv_layout import LayoutTarget, choose_layouts
 from graphkernel.graph_kernel.library_views import library_views
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
 from graphkernel.graph_kernel.single_op import runs_as_kernel, single_op_group
@@ -72,14 +73,19 @@ class Lowering:
     group: tuple[Graph, Any] | None = field(default=None, compare=False, repr=False)
     block: ConvBlock | None = field(default=None, compare=False, repr=False)  # CONV_BLOCK
     warn: bool = False  # the user is told: a group the backend could not make one kernel
+    # WINDOW, CONV_BLOCK: the uids of its reads and result in the blocked channel layout
+    # (graph_kernel/conv_layout.py), blocks of `channel_block` channels
+    blocked: frozenset[int] = frozenset()
+    channel_block: int = 0
 
     def __str__(self) -> str:
         return f"{self.kind.value}: {self.reason}"
 
 
-class LoweringTarget(Protocol):
+class LoweringTarget(LayoutTarget, Protocol):
     """What lowering asks the backend that will run the graph (backends/: each backend is
-    one). Each `why_not_*` returns the reason it builds no such kernel, None when it does."""
+    one). Each `why_not_*` returns the reason it builds no such kernel, None when it does;
+    LayoutTarget's, which layouts its convolution kernels read and write."""
 
     name: str
 
@@ -128,6 +134,8 @@ def lower(graph: Graph, target: LoweringTarget) -> Graph:
     for node in graph.nodes:
         node.lowering = _choose(node, generates, target, folded, names, in_block,
                                 last_of_block, views)
+    if generates is None:
+        choose_layouts(graph, target, KernelKind.WINDOW, KernelKind.CONV_BLOCK)
     graph.lowered_for = target.name
     return graph
 

@@ -64,6 +64,15 @@ from graphkernel.runtime.runner import Runner
 _warned_no_compiler = False
 
 
+def _layout_of(node: Node) -> tuple[frozenset[int], int]:
+    """The values a window kernel or conv block reads or writes blocked, and the block
+    (graph_kernel/conv_layout.py, recorded on the node's lowering)."""
+    lowering = node.lowering
+    if lowering is None or not lowering.blocked:
+        return frozenset(), 16
+    return lowering.blocked, lowering.channel_block
+
+
 class CBackend:
     name = "c"
     config_type = CConfig
@@ -104,6 +113,14 @@ class CBackend:
                     f"a kernel of its own: oneDNN runs the convolution ({choice.why})")
         return blocks
 
+    def why_not_blocked(self, conv: Node, side: str) -> str | None:
+        from graphkernel.backends.c.c_window import why_not_blocked  # only where convolutions are
+        return why_not_blocked(conv, side)
+
+    def channel_block(self, conv: Node) -> int:
+        from graphkernel.backends.c.c_window import channel_block
+        return channel_block(conv.dtype)
+
     def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         source = self._emit(spec, config)
         if config.vector_width is None:
@@ -119,15 +136,20 @@ class CBackend:
         kind = spec.kind
         if kind in (KernelKind.CONV_BLOCK, KernelKind.WINDOW):
             from graphkernel.backends.c.c_conv_block import emit_conv_block
-            from graphkernel.backends.c.c_window import emit_window_kernel
+            from graphkernel.backends.c.c_window import NCHW, ConvLayout, emit_window_kernel
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
-                                   ConvTile(config.conv_channel_vectors, config.conv_pixels))
+                                   ConvTile(config.conv_channel_vectors, config.conv_pixels),
+                                   *_layout_of(spec.node))
         if kind is KernelKind.WINDOW:
+            blocked, block = _layout_of(spec.node)
+            layout = ConvLayout(spec.node.inputs[0].uid in blocked, spec.node.uid in blocked,
+                                block) if blocked else NCHW
             return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs,
                                       spec.workspace, tile=ConvTile(config.conv_channel_vectors,
-                                                                    config.conv_pixels))
+                                                                    config.conv_pixels),
+                                      layout=layout)
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         assert spec.group is not None

@@ -144,21 +144,66 @@ def why_not_window_kernel(node: Node) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ConvLayout:
+    """How a convolution kernel's input and output lie (graph_kernel/conv_layout.py decides):
+    NCHW, or blocked, (N, C / block, H, W, block) with `block` channels of a pixel adjacent, one
+    vector of the 512-bit code (channel_block)."""
+
+    input_blocked: bool = False
+    output_blocked: bool = False
+    block: int = 16
+
+
+NCHW = ConvLayout()
+
+
+def channel_block(dtype: np.dtype) -> int:
+    """The blocked layout's channels per block: one 512-bit vector of the compute type (the
+    256-bit code's vectors cover half a block)."""
+    return 8 if C_COMPUTE[dtype] == "double" else 16
+
+
+def why_not_blocked(conv: Node, side: str) -> str | None:
+    """Why this convolution's kernel cannot read (`side` "input") or write ("output") the
+    blocked channel layout; None when it can."""
+    why = why_not_window_kernel(conv)
+    if why is not None or get_op(conv.op).window is not Window.CONVOLUTION:
+        return why or "not a convolution"
+    x, w = conv.inputs[0].shape, conv.inputs[1].shape
+    g = x[1] // w[1]
+    if conv.shape[1] // g < PIXEL_PATH_CHANNELS:
+        # The pixel path's vectors run along a plane's pixels. Its fill copying one channel
+        # of a blocked input into phase planes read one element of each cache line: MobileNetV2
+        # b8's depthwise fills took 29 ms against 7 from planes (s8-nchwc.md).
+        return f"{g} groups, depthwise (its kernel reads and writes channel planes)"
+    if g != 1:  # a group's channel vectors would start inside a block
+        return f"{g} groups (its kernel reads and writes channel planes)"
+    channels = x[1] if side == "input" else conv.shape[1]
+    block = channel_block(conv.dtype)
+    if channels % block:
+        return f"{channels} {side} channels, not a multiple of the block ({block})"
+    if conv_library(conv).onednn is not None:
+        return "oneDNN runs it (its own layouts)"
+    return None
+
+
 def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False,
-                       library_choice: bool = True, tile: ConvTile = RULE_TILE
-                       ) -> KernelSource:
+                       library_choice: bool = True, tile: ConvTile = RULE_TILE,
+                       layout: ConvLayout = NCHW) -> KernelSource:
     """The C of `node` (a window op `why_not_window_kernel` accepts) as kernel `name`; its
     argv: the node's inputs, a convolution's workspace (`workspace`, which a convolution
     needs: `workspace_bytes`), its output, then the batch size when it is dynamic. Images run
     on OpenMP threads when their multiply-adds reach `threshold`. A convolution runs on
     oneDNN where `conv_library` chose it (`library_choice`; else our code alone). `tile`: the
-    register tile of its units (conv_tile.py)."""
+    register tile of its units (conv_tile.py); `layout`: its input's and output's (NCHW or
+    blocked, which oneDNN never gets)."""
     attrs = {**get_op(node.op).attr_defaults, **node.attrs}
     head = WINDOW_TYPES
     if get_op(node.op).window is Window.CONVOLUTION:
         assert workspace, "a convolution kernel keeps its repacked weights in a workspace"
-        choice = conv_library(node) if library_choice else None
-        lines = _conv(node, name, attrs, threshold, choice, tile)
+        choice = conv_library(node) if library_choice and layout == NCHW else None
+        lines = _conv(node, name, attrs, threshold, choice, tile, layout)
         head += ONEDNN_DECLS if choice is not None and choice.onednn is not None else ""
     elif get_op(node.op).window is Window.FILTER_GRAD:
         lines = filter_grad_kernel(node, name, attrs, threshold)
@@ -252,14 +297,15 @@ class ConvParts:
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
-          library: ConvChoice | None = None, tile: ConvTile = RULE_TILE) -> list[str]:
+          library: ConvChoice | None = None, tile: ConvTile = RULE_TILE,
+          layout: ConvLayout = NCHW) -> list[str]:
     """The kernel: weights repacked into the workspace (args after the inputs) when they
     changed, then image by image. Each thread's zero-bordered scratch plane lives in a buffer
     of the calling (or OpenMP) thread that outlasts the call, allocated on its first call: at
     ResNet sizes a fresh malloc per call page-faulted megabytes each time. The scratch's border
     is zero from its calloc and only its interior is ever written, so it is reused as is. Per
     thread, so calls from several threads never share."""
-    parts = conv_parts(node, name, attrs, tile)
+    parts = conv_parts(node, name, attrs, tile, layout)
     batch, sizes = batch_after(node, len(node.inputs) + 2)
     ct = parts.ct
     xn, on = f"x + n * {parts.in_size}LL", f"out + n * {parts.out_size}LL"
@@ -283,10 +329,10 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
     return lines
 
 
-def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE
-               ) -> ConvParts:
+def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE,
+               layout: ConvLayout = NCHW) -> ConvParts:
     """The pieces of `node`'s convolution kernel `name` (a block's too), its channel-vector
-    units with register tile `tile`."""
+    units with register tile `tile`, reading and writing `layout` (why_not_blocked holds)."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
@@ -304,6 +350,10 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     # leave most vector lanes idle with one lane per channel: its vectors run along a row's
     # pixels instead, one output channel at a time.
     pixels_per_lane = og < PIXEL_PATH_CHANNELS
+    # Blocked input: the scratch is blocked too, channel ci of pixel q at
+    # (ci / B * planes + q) * B + ci % B; every pixel offset scales by B (`px`).
+    px = layout.block if layout.input_blocked else 1
+    assert layout == NCHW or (g == 1 and not pixels_per_lane)
     # A 1x1 convolution without padding reads input pixels (i * sh, j * sw) alone: its scratch
     # holds just those, as a stride-1 image (a strided one copied the whole input and read every
     # sh-th row of it), or is the input itself where it already is one (stride 1, stored as
@@ -328,6 +378,12 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     ops = f"{node.op} {list(x.shape)} * {list(w.shape)} -> {list(node.shape)}, stride " \
           f"{(sh, sw)}, dilation {(dh, dw)}, pads {geo['pads']}, group {g}"
     image, direct = f"{name}_image", f"{name}_direct"
+    bk = layout.block
+    in_index = f"((((gi * {cg} + ci) / {bk}) * {h} + r) * {wd} + q) * {bk} + " \
+        f"(gi * {cg} + ci) % {bk}" \
+        if layout.input_blocked else f"((gi * {cg} + ci) * {h} + r) * {wd} + q"
+    out_index = f"(((ch / {bk}) * {oh} + i) * {ow} + j) * {bk} + ch % {bk}" \
+        if layout.output_blocked else f"(ch * {oh} + i) * {ow} + j"
     fill, unit = f"{name}_fill", f"{name}_unit"
     units_groups = 1 if pixels_per_lane else g
     if pixels_per_lane:  # scratch in stride phases (PhasePlanes): every tap reads a run
@@ -335,7 +391,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         tap_offsets = ", ".join(str(planes.offset(ci, i * dh, j * dw))
                                 for ci in range(cg) for i in range(kh) for j in range(kw))
     else:
-        tap_offsets = ", ".join(str((ci * gh + i * dh) * gw + j * dw)
+        tap_offsets = ", ".join(str(((ci // px * gh + i * dh) * gw + j * dw) * px + ci % px)
                                 for ci in range(cg) for i in range(kh) for j in range(kw))
     lines = [
         f"/* {c_comment(name)}: {c_comment(ops)} */",
@@ -368,10 +424,10 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         f"              const int64_t r = i * {sh} + a * {dh} - {pt}, q = j * {sw} + b * {dw}"
         f" - {pl};",
         f"              if (r < 0 || r >= {h} || q < 0 || q >= {wd}) continue;",
-        f"              acc += ({ct})xn[((gi * {cg} + ci) * {h} + r) * {wd} + q] *",
+        f"              acc += ({ct})xn[{in_index}] *",
         f"                     (({ct})w[((ch * {cg} + ci) * {kh} + a) * {kw} + b] * s);",
         "            }",
-        f"        on[(ch * {oh} + i) * {ow} + j] = ({st})acc;",
+        f"        on[{out_index}] = ({st})acc;",
         "      }",
         "  }",
         "}",
@@ -383,7 +439,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         "#endif",
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
-          _conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, c=c, h=h, wd=wd, hp=gh,
+          _conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, layout, c=c, h=h, wd=wd,
+                      hp=gh,
                       wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
                       sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
@@ -398,9 +455,9 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
           if fill_kind == "none" else [
               "  if (par) {",
               "    #pragma omp parallel for schedule(static)",
-              f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+              f"    for (int64_t ci = 0; ci < {c // px}; ++ci) {fill}(xn, xp, ci);",
               "  } else {",
-              f"    for (int64_t ci = 0; ci < {c}; ++ci) {fill}(xn, xp, ci);",
+              f"    for (int64_t ci = 0; ci < {c // px}; ++ci) {fill}(xn, xp, ci);",
               "  }",
               f"  const {ct} *restrict xs = xp;"]),
         f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
@@ -462,9 +519,9 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
 
 
 def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
-                fill_kind: str, *, c: int, h: int, wd: int, hp: int, wp: int, pt: int, pl: int,
-                cg: int, og: int, o: int, taps: int, oh: int, ow: int, sh: int, sw: int,
-                fsh: int, fsw: int) -> list[str]:
+                fill_kind: str, layout: ConvLayout, *, c: int, h: int, wd: int, hp: int,
+                wp: int, pt: int, pl: int, cg: int, og: int, o: int, taps: int, oh: int,
+                ow: int, sh: int, sw: int, fsh: int, fsw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
     ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
     per group), so that threads can share an image's units when a batch is too small to share
@@ -473,7 +530,9 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile
     `fill_kind` (conv_parts): "pad" copies the input into a zero-bordered plane of hp x wp,
     "sample" copies pixels (i * fsh, j * fsw) of a 1x1 convolution into a stride-1 plane of
     hp x wp = oh x ow, "none" has no fill (the units read the input). `sh`, `sw`: the strides
-    the units read the scratch with.
+    the units read the scratch with. `layout`: blocked input makes the scratch blocked (`fill`
+    then copies channel block ci, every offset scales by the block); blocked output stores
+    each accumulator's lanes as one run of a pixel's channels.
 
     A unit is one channel block of VL channels (one vector lane per output channel), or with
     AVX-512's 32 registers the tile's channel vectors (conv_tile.py; each broadcast pixel then
@@ -488,12 +547,16 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile
         rows, cols, row_step, col_step = h, wd, 1, 1
     else:  # "sample" (and "none", which never calls it)
         rows, cols, row_step, col_step, pt, pl = oh, ow, fsh, fsw, 0, 0
+    px = layout.block if layout.input_blocked else 1
+    bk = layout.block
     lines = [] if fill_kind == "none" else [
         f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
         f"  for (int64_t i = 0; i < {rows}; ++i) {{",
-        f"    {ct} *row = xp + (ci * {hp} + i + {pt}) * {wp} + {pl};",
-        f"    const {st} *src = xn + (ci * {h} + i * {row_step}) * {wd};",
-        f"    for (int64_t j = 0; j < {cols}; ++j) row[j] = ({ct})src[j * {col_step}];",
+        f"    {ct} *row = xp + ((ci * {hp} + i + {pt}) * {wp} + {pl}) * {px};",
+        f"    const {st} *src = xn + (ci * {h} + i * {row_step}) * {wd * px}LL;",
+        f"    for (int64_t j = 0; j < {cols}; ++j)",
+        f"      for (int64_t l = 0; l < {px}; ++l) row[j * {px} + l] = "
+        f"({ct})src[j * {col_step * px} + l];",
         "  }",
         "}"]
 
@@ -516,6 +579,16 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile
                  "    }",
                  "  }"]
         by_channel = []
+        if layout.output_blocked:  # each pixel's lanes are one run of the output (o % B == 0)
+            by_blocks = [f"  for (int64_t b = 0; b < {nb}; ++b) {{"]
+            for u in range(step):
+                by_blocks += [
+                    f"    const int64_t c{u} = (oc + {u}) * VL;",
+                    f"    {st} *restrict at{u} = on + ((c{u} / {bk}) * {oh * ow}LL + {out} + b)"
+                    f" * {bk} + c{u} % {bk};",
+                    f"    for (int64_t l = 0; l < VL; ++l) at{u}[l] = ({st})acc{u}[b][l];"]
+            by_blocks.append("  }")
+            return ["      " + line for line in block + by_blocks + ["}"]]
         for u in range(step):
             # Channel by channel, a contiguous run of the output per channel (3-6% faster than
             # by pixel for 3x3 64ch at 56x56). Rolled: unrolled, each block's 16 lanes x
@@ -554,15 +627,16 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile
             q0 = 0
             for i in range(blocks_n):
                 nb = size + (i < extra)
-                offsets = [((q0 + b) // ow) * sh * wp + ((q0 + b) % ow) * sw for b in range(nb)]
+                offsets = [(((q0 + b) // ow) * sh * wp + ((q0 + b) % ow) * sw) * px
+                           for b in range(nb)]
                 body += pixel_block(step, nb, "xg", offsets, str(q0), True)
                 q0 += nb
         elif ow <= most:  # whole rows
             r = max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
             nb = r * ow
-            offsets = [(b // ow) * sh * wp + (b % ow) * sw for b in range(nb)]
+            offsets = [((b // ow) * sh * wp + (b % ow) * sw) * px for b in range(nb)]
             body += [f"    for (int64_t k = 0; k < {oh}; k += {r})",
-                     *pixel_block(step, nb, f"xg + k * {sh * wp}LL", offsets, f"k * {ow}",
+                     *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL", offsets, f"k * {ow}",
                                   True)]
         else:  # equal segments of a row, then the remainder
             # Few taps a pixel (1x1 convolutions of few input channels) leave the stores a
@@ -573,11 +647,13 @@ def _conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile
             full, tail = divmod(ow, nb)
             body += [f"    for (int64_t k = 0; k < {oh}; ++k) {{",
                      f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
-                     *pixel_block(step, nb, f"xg + k * {sh * wp}LL + j0 * {sw}",
-                                  [b * sw for b in range(nb)], f"k * {ow} + j0", by_pixel)]
+                     *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL + j0 * {sw * px}",
+                                  [b * sw * px for b in range(nb)], f"k * {ow} + j0",
+                                  by_pixel)]
             if tail:
-                body += pixel_block(step, tail, f"xg + k * {sh * wp}LL + {full * nb * sw}",
-                                    [b * sw for b in range(tail)], f"k * {ow} + {full * nb}",
+                body += pixel_block(step, tail,
+                                    f"xg + k * {sh * wp * px}LL + {full * nb * sw * px}",
+                                    [b * sw * px for b in range(tail)], f"k * {ow} + {full * nb}",
                                     by_pixel)
             body.append("    }")
         return body

@@ -36,6 +36,12 @@ class NumpyBackend:
     def conv_blocks(self, graph: Graph) -> dict[int, ConvBlock]:
         return {}
 
+    def why_not_blocked(self, conv: Node, side: str) -> str | None:
+        return "numpy reads and writes NCHW"
+
+    def channel_block(self, conv: Node) -> int:
+        return 1
+
     def emit(self, spec: KernelSpec, config: PlanSettings) -> None:
         # Lowering for this backend chooses no kernel (why_not_kernels), so a plan it made
         # holds no KernelSpec; one lowered for another backend is not this backend's to run.
