@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
+from graphkernel.backends.c.c_attention import emit_attention_kernel
 from graphkernel.backends.c.c_conv_block import NOTE as CONV_BLOCK_NOTE
 from graphkernel.backends.c.c_conv_block import conv_blocks, emit_conv_block
 from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL
@@ -126,6 +127,10 @@ class CBackend:
                                                                     config.conv_pixels))
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
+        if kind is KernelKind.ATTENTION:
+            attention = spec.node.lowering.attention
+            assert attention is not None
+            return emit_attention_kernel(attention, spec.name)
         assert spec.group is not None
         # Imported when first needed: a warm build writes no C (~5 ms of a warm start).
         from graphkernel.backends.c.generic_kernel import emit_any_kernel
