@@ -13,10 +13,11 @@ build the kernel named here, or say why not.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
+from graphkernel.graph_kernel.attention import AttentionBlock, attention_blocks
 from graphkernel.graph_kernel.conv_layout import LayoutTarget, choose_layouts
 from graphkernel.graph_kernel.library_views import library_views
 from graphkernel.graph_kernel.parallel_fusion import ParallelSchedule
@@ -38,6 +39,8 @@ class KernelKind(Enum):
     INTERPRETED = "interpreted"  # a fused group run op by op on numpy
     ALIAS = "alias"  # an Assign whose result is its value (the write is the graph's assign)
     ITEM = "item"  # a GetItem: the slot of a result of a node with several
+    ATTENTION = "attention"  # scores product, softmax group, context product: one kernel
+    IN_ATTENTION = "in attention"  # computed by the attention step of a context product
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Lowering:
     # SINGLE_OP: the one-op group and its schedule (graph_kernel/single_op.py)
     group: tuple[Graph, Any] | None = field(default=None, compare=False, repr=False)
     block: ConvBlock | None = field(default=None, compare=False, repr=False)  # CONV_BLOCK
+    attention: AttentionBlock | None = field(default=None, compare=False, repr=False)  # ATTENTION
     warn: bool = False  # the user is told: a group the backend could not make one kernel
     # WINDOW, CONV_BLOCK: the uids of its reads and result in the blocked channel layout
     # (graph_kernel/conv_layout.py), blocks of `channel_block` channels
@@ -131,9 +135,25 @@ def lower(graph: Graph, target: LoweringTarget) -> Graph:
                 f"a kernel of its own: {block.epilogue.name} joins {winner.conv.name}'s block")
     in_block = {m.uid: block for block in last_of_block.values() for m in block.members[:-1]}
     names = {n.uid: n.name for n in graph.nodes}
+    # Attention as one step where the backend generates kernels (graph_kernel/attention.py).
+    attention, refused = attention_blocks(graph) if generates is None else ({}, {})
+    in_attention = {m.uid: block for block in attention.values() for m in block.members[:-1]}
     for node in graph.nodes:
-        node.lowering = _choose(node, generates, target, folded, names, in_block,
-                                last_of_block, views)
+        if node.uid in attention:
+            block_ = attention[node.uid]
+            node.lowering = Lowering(
+                KernelKind.ATTENTION, f"{block_.scores.name}, {block_.softmax.name}, "
+                f"{node.name}: head by head, scores kept in cache", attention=block_)
+        elif node.uid in in_attention:
+            node.lowering = Lowering(KernelKind.IN_ATTENTION,
+                                     f"computed in {in_attention[node.uid].context.name}'s "
+                                     "attention step")
+        else:
+            node.lowering = _choose(node, generates, target, folded, names, in_block,
+                                    last_of_block, views)
+            if node.uid in refused:  # a candidate kept as three steps: why, in the plan
+                node.lowering = replace(node.lowering,
+                                        reason=f"{node.lowering.reason}; {refused[node.uid]}")
     if generates is None:
         choose_layouts(graph, target, KernelKind.WINDOW, KernelKind.CONV_BLOCK)
     graph.lowered_for = target.name

@@ -36,7 +36,8 @@ from graphkernel.runtime.plan import (
 
 # The kinds a backend builds a kernel for.
 _KERNELS = frozenset({KernelKind.LOOP_NEST, KernelKind.PARALLEL, KernelKind.SINGLE_OP,
-                      KernelKind.CONV_BLOCK, KernelKind.WINDOW, KernelKind.ARGMAX})
+                      KernelKind.CONV_BLOCK, KernelKind.WINDOW, KernelKind.ARGMAX,
+                      KernelKind.ATTENTION})
 
 
 def _flat_op_names(graph: Graph) -> tuple[str, ...]:
@@ -190,7 +191,8 @@ def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SE
         if kind is KernelKind.ITEM:
             b.getitem(node)
             continue
-        if kind in (KernelKind.IN_LIBRARY_VIEW, KernelKind.IN_CONV_BLOCK):
+        if kind in (KernelKind.IN_LIBRARY_VIEW, KernelKind.IN_CONV_BLOCK,
+                    KernelKind.IN_ATTENTION):
             continue  # computed by another node's step
         if kind is KernelKind.ALIAS:
             # Its result is its value; the write itself is the ASSIGN of Graph.assigns below.
@@ -214,6 +216,30 @@ def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SE
                                 bytes_moved=moved, lowering=lowering,
                                 flops=graph_flops(block.members),
                                 phases=phases_of(block.members)))
+            continue
+        if kind is KernelKind.ATTENTION:  # scores, softmax and context: one kernel
+            attention = lowering.attention
+            assert attention is not None and attention.softmax.subgraph is not None
+            reads = tuple(b.read(v) for v in attention.reads)
+            writes = b.write(attention.out.value)
+            spec = KernelSpec(_unique(kernel_identifier(node.name + "_attention"), used_names),
+                              kind, node)
+            # with the layout ops it reads and writes in place (library views), as a product's
+            folded_in = [n.op for view in (views.get(attention.scores.uid),
+                                           views.get(node.uid)) if view is not None
+                         for v in view.operands.values() for n in _flat(v.folded)]
+            mine = views.get(node.uid)
+            folded_out = [n.op for n in _flat(mine.result.folded)] \
+                if mine is not None and mine.result is not None else []
+            ops = (*folded_in, attention.scores.op,
+                   *_flat_op_names(attention.softmax.subgraph), node.op, *folded_out)
+            moved = bytes_of(tuple(v.tensor_type for v in attention.reads)) + \
+                bytes_of((attention.out.value.tensor_type,))
+            b.steps.append(Step(StepKind.KERNEL, node.name + "_attention", ops, reads, writes,
+                                (attention.out.value.tensor_type,), kernel=spec, pooled=True,
+                                bytes_moved=moved, lowering=lowering,
+                                flops=graph_flops(attention.members),
+                                phases=phases_of(attention.members)))
             continue
         if kind is KernelKind.LIBRARY_VIEW:
             mine = views[node.uid]

@@ -152,6 +152,11 @@ class CBackend:
                                       layout=layout)
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
+        if kind is KernelKind.ATTENTION:
+            from graphkernel.backends.c.c_attention import emit_attention_kernel
+            attention = spec.node.lowering.attention
+            assert attention is not None
+            return emit_attention_kernel(attention, spec.name)
         assert spec.group is not None
         # Imported when first needed: a warm build writes no C (~5 ms of a warm start).
         from graphkernel.backends.c.generic_kernel import emit_any_kernel

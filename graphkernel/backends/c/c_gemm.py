@@ -307,8 +307,11 @@ static void gk_small_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, cons
                            int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc) {
   float packed[tb ? k * n : 1];  /* k * n <= SMALL_MAX_B (c_gemm.py `small_product`) */
   if (tb) {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t d = 0; d < k; ++d) packed[d * n + j] = B[j * ldb + d];
+    /* Row by row of the packed copy: its writes run in order (B's k x n block, read across,
+       stays in L1); column by column, each write of a row of 64 touched its own cache line
+       (96 heads' 128x64 packs took 1.7x as long, a fifth of the scores product's time). */
+    for (int64_t d = 0; d < k; ++d)
+      for (int64_t j = 0; j < n; ++j) packed[d * n + j] = B[j * ldb + d];
     B = packed;
     ldb = n;
   }

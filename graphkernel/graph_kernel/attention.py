@@ -1,0 +1,234 @@
+"""Attention as one step: the scores product, the fused group that scales, masks and softmaxes
+it, and the context product, computed head by head with each block of scores kept in cache
+(backends/c/c_attention.py), instead of three steps that write the scores and probabilities
+to memory and read them back.
+
+Lowering takes it only where the scores and the probabilities have no other reader: a training
+step keeps the probabilities for SoftmaxGrad, so it keeps the three steps and its gradients are
+unchanged. Each candidate context product gets a note (`NOTE`) saying which way it went, and a
+refused one's lowering reason says why (graph_kernel/lower.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.graph_kernel.library_views import StridedView, library_views
+from graphkernel.ir.graph import Constant, Graph, Node, Value
+from graphkernel.ir.opset import get_op
+from graphkernel.ir.types import is_static
+
+NOTE = "attention"  # Node.notes key on a context product: fused with what, or why not
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# One head's packed K^T and V, and a block of rows of scores, live on the stack of the thread
+# that computes the head (a worker thread's stack is a few MiB): above this, three steps.
+MAX_HEAD_BYTES = 512 * 1024
+ROWS = 8  # query rows per block of scores (backends/c/c_attention.py's register tile)
+
+
+def static_shape(value: Value) -> tuple[int, ...]:
+    """The shape of a value `attention_blocks` checked static."""
+    shape = tuple(value.tensor_type.shape)
+    assert all(isinstance(d, int) for d in shape), f"{value.name}: a dynamic size"
+    return shape  # type: ignore[return-value]  # every size an int: asserted
+
+
+@dataclass(frozen=True)
+class Operand:
+    """q, k, v or the context as read (written) by the step: a dense value, or the buffer a
+    library view reads (writes) in place, with the element strides of its axes."""
+
+    value: Value
+    offset: int
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AttentionBlock:
+    """context = softmax(scale * (q @ k^T) [+ mask]) @ v over the last axis, per batch x head."""
+
+    scores: Node  # BatchMatMul(q, k)
+    softmax: Node  # the fused group: Mul by a scalar, Add of the mask, Softmax on the last axis
+    context: Node  # BatchMatMul(probabilities, v)
+    scale: float | None
+    mask: Value | None  # a value broadcast to the scores' shape
+    q: Operand
+    k: Operand
+    v: Operand
+    out: Operand
+    transpose: tuple[bool, bool, bool]  # q, k, v as stored: transposed last two axes
+
+    @property
+    def members(self) -> tuple[Node, ...]:
+        return (self.scores, self.softmax, self.context)
+
+    @property
+    def reads(self) -> list[Value]:
+        """The step's inputs, in argv order: q, k, v, then the mask if any."""
+        return [self.q.value, self.k.value, self.v.value] + \
+            ([self.mask] if self.mask is not None else [])
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int, int]:
+        """(batch x heads, query rows S, keys T, head size D, value size Dv)."""
+        shape = static_shape(self.scores)
+        dv = static_shape(self.context)[-1]
+        d = static_shape(self.scores.inputs[0])[-2 if self.transpose[0] else -1]
+        return (math.prod(shape[:-2]), shape[-2], shape[-1], d, dv)
+
+
+def _dense(value: Value) -> Operand:
+    strides, acc = [], 1
+    for dim in reversed(static_shape(value)):
+        strides.append(acc)
+        acc *= dim
+    return Operand(value, 0, tuple(reversed(strides)))
+
+
+def _viewed(value: Value, view: StridedView | None) -> Operand:
+    return _dense(value) if view is None else Operand(view.buffer, view.offset, view.strides)
+
+
+def _only_reader(value: Node, users: dict[int, list[Node]], results: set[int]) -> Node | None:
+    readers = users.get(value.uid, [])
+    if value.uid in results or len(readers) != 1 or readers[0].inputs.count(value) != 1:
+        return None
+    return readers[0]
+
+
+def _last_axis(node: Node, x: Value) -> bool:
+    attrs = {**get_op(node.op).attr_defaults, **node.attrs}
+    axis = attrs.get("axis")
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return len(axes) == 1 and axes[0] is not None and \
+        int(axes[0]) % x.tensor_type.rank == x.tensor_type.rank - 1
+
+
+def _is_softmax(nodes: list[Node], x: Value, result: Value) -> bool:
+    """Whether `nodes` compute softmax(x) along the last axis into `result`: one Softmax, or
+    its expansion (graph_kernel/expanders.py): e = exp(x - max(x)), e * (1 / sum(e))."""
+    if len(nodes) == 1:
+        node = nodes[0]
+        return node.op == "Softmax" and node.inputs[0] is x and node is result and \
+            _last_axis(node, x)
+    if [n.op for n in nodes] != ["ReduceMax", "Sub", "Exp", "ReduceSum", "Reciprocal", "Mul"]:
+        return False
+    top, shifted, e, total, inverse, out = nodes
+    keep = all({**get_op(n.op).attr_defaults, **n.attrs}.get("keep_dims") for n in (top, total))
+    return keep and top.inputs[0] is x and _last_axis(top, x) and \
+        list(shifted.inputs) == [x, top] and e.inputs[0] is shifted and \
+        total.inputs[0] is e and _last_axis(total, x) and inverse.inputs[0] is total and \
+        set(out.inputs) == {e, inverse} and len(out.inputs) == 2 and out is result
+
+
+def _softmax_pattern(group: Node) -> tuple[float | None, int | None] | str:
+    """(scale, mask input position) of a group `Softmax(x [* c] [+ mask])` on the last axis over
+    its input 0, or why it is not one."""
+    sub = group.subgraph
+    assert sub is not None
+    if len(sub.outputs) != 1 or not sub.inputs:
+        return "the softmax group has several results"
+    current: Value = sub.inputs[0]
+    scale: float | None = None
+    mask: int | None = None
+    nodes = list(sub.nodes)
+    if nodes and nodes[0].op == "Mul" and current in nodes[0].inputs:
+        other = [v for v in nodes[0].inputs if v is not current]
+        if len(other) != 1 or not isinstance(other[0], Constant) or not other[0].is_scalar:
+            return "the scores are multiplied by something other than a scalar constant"
+        scale = float(np.asarray(other[0].value))
+        current = nodes.pop(0)
+    if nodes and nodes[0].op == "Add" and current in nodes[0].inputs:
+        other = [v for v in nodes[0].inputs if v is not current]
+        if len(other) != 1 or other[0] not in sub.inputs[1:]:
+            return "the scores are added to something other than a mask input"
+        mask = sub.inputs.index(other[0])
+        current = nodes.pop(0)
+    if not _is_softmax(nodes, current, sub.outputs[0]):
+        return "the group is not softmax(scores [* scale] [+ mask]) along the keys"
+    if len(sub.inputs) != 1 + (mask is not None):
+        return "the group reads other inputs"
+    return scale, mask
+
+
+def _block(context: Node, users: dict[int, list[Node]], results: set[int],
+           views: dict[int, object]) -> AttentionBlock | str | None:
+    """The block ending at `context`, why not (a candidate refused), or None (no candidate)."""
+    if context.op != "BatchMatMul" or context.subgraph is not None:
+        return None
+    probs = context.inputs[0]
+    if not isinstance(probs, Node) or probs.subgraph is None or \
+            not {"Softmax", "Exp"} & {n.op for n in probs.subgraph.nodes}:
+        return None
+    scores = probs.inputs[0]
+    if not isinstance(scores, Node) or scores.op != "BatchMatMul" or scores.subgraph is not None:
+        return None
+    if _only_reader(scores, users, results) is not probs:
+        return f"the scores ({scores.name}) have another reader"
+    if _only_reader(probs, users, results) is not context:
+        return f"the probabilities ({probs.name}) have another reader (a gradient keeps them)"
+    pattern = _softmax_pattern(probs)
+    if isinstance(pattern, str):
+        return pattern
+    scale, mask_at = pattern
+    s_attrs = {**get_op("BatchMatMul").attr_defaults, **scores.attrs}
+    c_attrs = {**get_op("BatchMatMul").attr_defaults, **context.attrs}
+    if c_attrs["transpose_a"]:
+        return "the context product reads the probabilities transposed"
+    values = [*scores.inputs, *context.inputs, context]
+    if not all(is_static(v.tensor_type.shape) for v in values):
+        return "a dynamic size"
+    dtype = scores.tensor_type.dtype
+    if dtype not in DTYPES or any(v.tensor_type.dtype != dtype for v in values):
+        return f"{dtype.name}: float32 and float64 only"
+    batch = tuple(scores.tensor_type.shape[:-2])
+    if len(batch) < 1 or any(tuple(v.tensor_type.shape[:-2]) != batch
+                             for v in (*scores.inputs, context.inputs[1], context)):
+        return "q, k and v do not share the batch x heads axes"
+    mask = probs.inputs[mask_at] if mask_at is not None else None
+    if mask is not None:
+        m_shape = tuple(mask.tensor_type.shape)
+        full = tuple(scores.tensor_type.shape)
+        if len(m_shape) > len(full) or any(
+                d not in (1, f) for d, f in zip(reversed(m_shape), reversed(full))):
+            return "the mask does not broadcast to the scores"
+    s_views = views.get(scores.uid)
+    c_views = views.get(context.uid)
+    s_ops = getattr(s_views, "operands", {})
+    c_ops = getattr(c_views, "operands", {})
+    if 0 in c_ops:
+        return "the probabilities are read through a view"
+    result_view = getattr(c_views, "result", None)
+    block = AttentionBlock(
+        scores, probs, context, scale, mask,
+        _viewed(scores.inputs[0], s_ops.get(0)), _viewed(scores.inputs[1], s_ops.get(1)),
+        _viewed(context.inputs[1], c_ops.get(1)),
+        _viewed(context, result_view),
+        (bool(s_attrs["transpose_a"]), not s_attrs["transpose_b"], bool(c_attrs["transpose_b"])))
+    _, rows, keys, d, dv = block.sizes
+    if (d * keys + ROWS * keys + keys * dv) * dtype.itemsize > MAX_HEAD_BYTES:
+        return f"one head's keys, values and a block of scores exceed {MAX_HEAD_BYTES >> 10} KiB"
+    return block
+
+
+def attention_blocks(graph: Graph) -> tuple[dict[int, AttentionBlock], dict[int, str]]:
+    """(context product uid -> its block, context product uid -> why it stays three steps), for
+    every BatchMatMul that reads a softmax group over a BatchMatMul. Notes each such node."""
+    users = graph.users()
+    results = {v.uid for v in graph.results()}
+    views = library_views(graph)
+    found: dict[int, AttentionBlock] = {}
+    refused: dict[int, str] = {}
+    for node in graph.nodes:
+        block = _block(node, users, results, views)  # type: ignore[arg-type]  # LibraryViews by uid
+        if block is None:
+            continue
+        if isinstance(block, str):
+            refused[node.uid] = f"three steps, not one attention step: {block}"
+            node.notes[NOTE] = refused[node.uid]
+            continue
+        found[node.uid] = block
+        node.notes[NOTE] = (f"one attention step with {block.scores.name} and "
+                            f"{block.softmax.name}: head by head, scores kept in cache")
+    return found, refused
