@@ -103,6 +103,28 @@ def test_one_attention_step_matches_numpy_and_the_unfused_plan(
     np.testing.assert_allclose(off(*(Tensor(a) for a in arrays)).asnumpy(), got, **tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_onnx_form_divides_by_the_scale_with_rank_4_matmuls(dtype: Any, rng: Any) -> None:
+    """As torch exports attention to ONNX (and graphkernel.load imports it): MatMul of rank 4
+    for both products and the scores divided by sqrt(d), not multiplied."""
+    b, h, n, d = 2, 3, 9, 16
+    q, k, v = (rng.standard_normal((b, h, n, d)).astype(dtype) for _ in range(3))
+    root = float(np.sqrt(d))
+
+    def fn(q: Any, k: Any, v: Any) -> Any:
+        scores = P.Div()(P.MatMul()(q, P.Transpose()(k, (0, 1, 3, 2))), root)
+        ctx = P.MatMul()(P.Softmax(axis=-1)(scores), v)
+        return relu(P.Reshape()(P.Transpose()(ctx, (0, 2, 1, 3)), (b, n, h * d)))
+    exe = graphkernel.compile(Fn(fn), q, k, v, options=ON)
+    assert kinds(exe).count(KernelKind.ATTENTION) == 1
+    assert not {"MatMul", "Softmax"} & {s.op for s in exe.plan.steps}
+    got = exe(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(got, attention_numpy(q, k, v, 1 / root, None), **tol)
+    off = graphkernel.compile(Fn(fn), q, k, v, options=OFF)
+    np.testing.assert_allclose(off(Tensor(q), Tensor(k), Tensor(v)).asnumpy(), got, **tol)
+
+
 def test_the_plan_names_the_step_and_its_members(rng: Any) -> None:
     q, k, v = (rng.standard_normal((1, 2, 16, 16)).astype(np.float32) for _ in range(3))
     exe = graphkernel.compile(Fn(attention(0.25, False)), q, k, v, options=ON)

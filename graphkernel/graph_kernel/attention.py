@@ -16,7 +16,7 @@ import numpy as np
 
 from graphkernel.graph_kernel.library_views import StridedView, library_views
 from graphkernel.ir.graph import Constant, Graph, Node, Value
-from graphkernel.ir.opset import get_op
+from graphkernel.ir.opset import OPS, get_op
 from graphkernel.ir.types import is_static
 
 NOTE = "attention"  # Node.notes key on a context product: fused with what, or why not
@@ -46,11 +46,13 @@ class Operand:
 
 @dataclass(frozen=True)
 class AttentionBlock:
-    """context = softmax(scale * (q @ k^T) [+ mask]) @ v over the last axis, per batch x head."""
+    """context = softmax(scale * (q @ k^T) [+ mask]) @ v over the last axis, per batch x head
+    (`q @ k^T / scale` where `divides`: ONNX exports divide by sqrt(d), and a division is kept
+    a division so the step rounds as the three steps do)."""
 
-    scores: Node  # BatchMatMul(q, k)
+    scores: Node  # BatchMatMul(q, k), or a MatMul of rank 3 or more
     softmax: Node  # the fused group: Mul by a scalar, Add of the mask, Softmax on the last axis
-    context: Node  # BatchMatMul(probabilities, v)
+    context: Node  # BatchMatMul(probabilities, v), or a MatMul of rank 3 or more
     scale: float | None
     mask: Value | None  # a value broadcast to the scores' shape
     q: Operand
@@ -58,6 +60,7 @@ class AttentionBlock:
     v: Operand
     out: Operand
     transpose: tuple[bool, bool, bool]  # q, k, v as stored: transposed last two axes
+    divides: bool = False  # the scores are divided by `scale`, not multiplied
 
     @property
     def members(self) -> tuple[Node, ...]:
@@ -122,15 +125,16 @@ def _is_softmax(nodes: list[Node], x: Value, result: Value) -> bool:
         set(out.inputs) == {e, inverse} and len(out.inputs) == 2 and out is result
 
 
-def _softmax_pattern(group: Node) -> tuple[float | None, int | None] | str:
-    """(scale, mask input position) of a group `Softmax(x [* c] [+ mask])` on the last axis over
-    its input 0, or why it is not one."""
+def _softmax_pattern(group: Node) -> tuple[float | None, bool, int | None] | str:
+    """(scale, whether it divides, mask input position) of a group `Softmax(x [* c | / c]
+    [+ mask])` on the last axis over its input 0, or why it is not one."""
     sub = group.subgraph
     assert sub is not None
     if len(sub.outputs) != 1 or not sub.inputs:
         return "the softmax group has several results"
     current: Value = sub.inputs[0]
     scale: float | None = None
+    divides = False
     mask: int | None = None
     nodes = list(sub.nodes)
     if nodes and nodes[0].op == "Mul" and current in nodes[0].inputs:
@@ -139,6 +143,12 @@ def _softmax_pattern(group: Node) -> tuple[float | None, int | None] | str:
             return "the scores are multiplied by something other than a scalar constant"
         scale = float(np.asarray(other[0].value))
         current = nodes.pop(0)
+    elif nodes and nodes[0].op == "RealDiv" and nodes[0].inputs[0] is current:
+        divisor = nodes[0].inputs[1]
+        if not isinstance(divisor, Constant) or not divisor.is_scalar:
+            return "the scores are divided by something other than a scalar constant"
+        scale, divides = float(np.asarray(divisor.value)), True
+        current = nodes.pop(0)
     if nodes and nodes[0].op == "Add" and current in nodes[0].inputs:
         other = [v for v in nodes[0].inputs if v is not current]
         if len(other) != 1 or other[0] not in sub.inputs[1:]:
@@ -146,23 +156,30 @@ def _softmax_pattern(group: Node) -> tuple[float | None, int | None] | str:
         mask = sub.inputs.index(other[0])
         current = nodes.pop(0)
     if not _is_softmax(nodes, current, sub.outputs[0]):
-        return "the group is not softmax(scores [* scale] [+ mask]) along the keys"
+        return "the group is not softmax(scores [* or / scale] [+ mask]) along the keys"
     if len(sub.inputs) != 1 + (mask is not None):
         return "the group reads other inputs"
-    return scale, mask
+    return scale, divides, mask
+
+
+def _batched_product(node: Node) -> bool:
+    """A product over batch (x heads) axes: BatchMatMul, or a MatMul of rank 3 or more (an
+    ONNX MatMul imports as one; both ops share their inference and reference)."""
+    op = OPS.get(node.op)  # a fused group ("Composite") has no declaration
+    return node.subgraph is None and op is not None and op.gemm and node.tensor_type.rank >= 3
 
 
 def _block(context: Node, users: dict[int, list[Node]], results: set[int],
            views: dict[int, object]) -> AttentionBlock | str | None:
     """The block ending at `context`, why not (a candidate refused), or None (no candidate)."""
-    if context.op != "BatchMatMul" or context.subgraph is not None:
+    if not _batched_product(context):
         return None
     probs = context.inputs[0]
     if not isinstance(probs, Node) or probs.subgraph is None or \
             not {"Softmax", "Exp"} & {n.op for n in probs.subgraph.nodes}:
         return None
     scores = probs.inputs[0]
-    if not isinstance(scores, Node) or scores.op != "BatchMatMul" or scores.subgraph is not None:
+    if not isinstance(scores, Node) or not _batched_product(scores):
         return None
     if _only_reader(scores, users, results) is not probs:
         return f"the scores ({scores.name}) have another reader"
@@ -171,9 +188,9 @@ def _block(context: Node, users: dict[int, list[Node]], results: set[int],
     pattern = _softmax_pattern(probs)
     if isinstance(pattern, str):
         return pattern
-    scale, mask_at = pattern
-    s_attrs = {**get_op("BatchMatMul").attr_defaults, **scores.attrs}
-    c_attrs = {**get_op("BatchMatMul").attr_defaults, **context.attrs}
+    scale, divides, mask_at = pattern
+    s_attrs = {**get_op(scores.op).attr_defaults, **scores.attrs}
+    c_attrs = {**get_op(context.op).attr_defaults, **context.attrs}
     if c_attrs["transpose_a"]:
         return "the context product reads the probabilities transposed"
     values = [*scores.inputs, *context.inputs, context]
@@ -205,7 +222,8 @@ def _block(context: Node, users: dict[int, list[Node]], results: set[int],
         _viewed(scores.inputs[0], s_ops.get(0)), _viewed(scores.inputs[1], s_ops.get(1)),
         _viewed(context.inputs[1], c_ops.get(1)),
         _viewed(context, result_view),
-        (bool(s_attrs["transpose_a"]), not s_attrs["transpose_b"], bool(c_attrs["transpose_b"])))
+        (bool(s_attrs["transpose_a"]), not s_attrs["transpose_b"], bool(c_attrs["transpose_b"])),
+        divides)
     _, rows, keys, d, dv = block.sizes
     if (d * keys + ROWS * keys + keys * dv) * dtype.itemsize > MAX_HEAD_BYTES:
         return f"one head's keys, values and a block of scores exceed {MAX_HEAD_BYTES >> 10} KiB"
@@ -214,7 +232,8 @@ def _block(context: Node, users: dict[int, list[Node]], results: set[int],
 
 def attention_blocks(graph: Graph) -> tuple[dict[int, AttentionBlock], dict[int, str]]:
     """(context product uid -> its block, context product uid -> why it stays three steps), for
-    every BatchMatMul that reads a softmax group over a BatchMatMul. Notes each such node."""
+    every batched product that reads a softmax group over a batched product. Notes each such
+    node."""
     users = graph.users()
     results = {v.uid for v in graph.results()}
     views = library_views(graph)

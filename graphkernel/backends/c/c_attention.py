@@ -54,7 +54,8 @@ def emit_attention_kernel(block: AttentionBlock, name: str) -> KernelSource:
     k_t, k_d = block.k.strides[-1:-3:-1] if tk else block.k.strides[-2:]
     v_t, v_j = block.v.strides[-1:-3:-1] if tv else block.v.strides[-2:]
     o_s, o_j = block.out.strides[-2:]
-    scale = "" if block.scale is None else f" * ({np.array(block.scale, dtype).item()!r}{f})"
+    scale = "" if block.scale is None else \
+        f" {'/' if block.divides else '*'} ({np.array(block.scale, dtype).item()!r}{f})"
     mask_op: Operand | None = None
     mask_term, m_s = "", 0
     if block.mask is not None:
