@@ -61,7 +61,7 @@ SHAPES = (
     ConvShape("mb2_dw3x3s2_576", 576, 576, 3, 2, 14, group=576),
     ConvShape("mb2_dw3x3_960", 960, 960, 3, 1, 7, group=960),
     ConvShape("mb2_1x1_96_24", 96, 24, 1, 1, 56),
-    # 1x1 of few taps in row segments (c_window.SEGMENT_BY_PIXEL_TAPS)
+    # 1x1 of few taps in row segments (c_conv_units.SEGMENT_BY_PIXEL_TAPS)
     ConvShape("mb2_1x1_32_16", 32, 16, 1, 1, 112),
     ConvShape("mb2_1x1_32_144", 32, 144, 1, 1, 56),
 )

@@ -244,7 +244,7 @@ def _phase_axis(size: int, out: int, kernel: int, stride: int, dilation: int, pa
 # CPU, window kernel / product, min of 3 alternating rounds (s8-trainstep dx1x1.py): 7x7 maps
 # 1.65 (a 512->2048 layer: 8.0 against 4.9 ms) and 1.38; 14x14 0.94 and 1.06; 28x28 0.94 and
 # 1.01; 56x56 0.82-1.01. Only the few-pixel maps, where the window kernel's pixel blocks
-# cover the whole image (c_window.FLAT_PIXELS) and reuse each weight vector least, go to BLAS.
+# cover the whole image (c_conv_units.FLAT_PIXELS) and reuse each weight vector least, go to BLAS.
 DX_PRODUCT_MAX_PIXELS = 64
 
 

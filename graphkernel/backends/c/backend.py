@@ -118,7 +118,7 @@ class CBackend:
         return why_not_blocked(conv, side)
 
     def channel_block(self, conv: Node) -> int:
-        from graphkernel.backends.c.c_window import channel_block
+        from graphkernel.backends.c.c_conv_units import channel_block
         return channel_block(conv.dtype)
 
     def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
@@ -136,7 +136,8 @@ class CBackend:
         kind = spec.kind
         if kind in (KernelKind.CONV_BLOCK, KernelKind.WINDOW):
             from graphkernel.backends.c.c_conv_block import emit_conv_block
-            from graphkernel.backends.c.c_window import NCHW, ConvLayout, emit_window_kernel
+            from graphkernel.backends.c.c_conv_units import NCHW, ConvLayout
+            from graphkernel.backends.c.c_window import emit_window_kernel
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,

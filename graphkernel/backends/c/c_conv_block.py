@@ -24,14 +24,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from graphkernel.backends.c.c_conv_units import NCHW, ConvLayout
 from graphkernel.backends.c.c_images import image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
 from graphkernel.backends.c.c_pool import pool_parts
 from graphkernel.backends.c.c_text import C_COMPUTE, c_comment, literal
 from graphkernel.backends.c.c_window import (
-    NCHW,
     WINDOW_TYPES,
-    ConvLayout,
     conv_parts,
     prepack,
     why_not_window_kernel,

@@ -23,7 +23,7 @@ class PhasePlanes:
     stride of 1 does, where they read every sh-th before (a gather of one lane at a time: a
     576-channel 3x3 stride-2 depthwise convolution at 14x14 ran at a tenth of ONNX Runtime's
     speed), and a row block of a narrow output is one run across rows (`rows` in
-    _conv_units). With a stride of 1 there is one plane, the padded image itself."""
+    c_conv_units.conv_units). With a stride of 1 there is one plane, the padded image itself."""
 
     hp: int  # the padded input's height and width
     wp: int
@@ -53,7 +53,8 @@ class PhasePlanes:
 def pixel_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str,
                  planes: PhasePlanes, *, h: int, wd: int, pt: int, pl: int, cg: int, og: int,
                  o: int, taps: int, oh: int, ow: int) -> list[str]:
-    """`fill` and `unit` (as _conv_units's) for a group of few output channels (depthwise):
+    """`fill` and `unit` (as c_conv_units.conv_units's) for a group of few output channels
+    (depthwise):
     vector lanes along pixels, a unit is one output channel. The scratch is in stride phases
     (PhasePlanes), so output pixel (i, j) of a tap reads element i * wq + j past the tap's
     offset: a block of pixels reads one run per tap, whatever the stride. Rows of at most

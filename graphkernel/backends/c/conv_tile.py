@@ -1,4 +1,4 @@
-"""The register tile of a convolution's channel-vector units (c_window._conv_units), a schedule
+"""The register tile of a convolution's channel-vector units (c_conv_units.conv_units), a schedule
 choice tuned per kernel (backends/c/tuning.py `Knobs`).
 
 A unit keeps `vectors` channel vectors (VL output channels each) x `pixels` output pixels of

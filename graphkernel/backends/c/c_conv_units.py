@@ -1,0 +1,218 @@
+"""A convolution's channel-vector units as generated C (c_window.conv_parts assembles them
+with the weights' repack and the image loop; the depthwise pixel path is c_depthwise.py), and
+the layout its input and output lie in (graph_kernel/conv_layout.py decides which)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphkernel.backends.c.c_depthwise import CLANG_CONTRACT
+from graphkernel.backends.c.c_text import C_COMPUTE
+from graphkernel.backends.c.conv_tile import ConvTile
+
+# An output of at most this many pixels goes in equal blocks over the whole image, each block
+# its own code with constant offsets (a 7x7 or 14x14 output fills every block; whole rows of 7
+# left 5 of 12 accumulators idle; larger images would make too much code for the compiler).
+FLAT_PIXELS = 64
+# Row segments of a convolution with at most this many taps store pixel by pixel (a transpose in
+# registers), more taps channel by channel. MobileNetV2's 1x1 convolutions at batch 8, one
+# thread, conv + BN + ReLU6, 3 alternating rounds, by pixel / by channel: 32->16 at 112x112
+# (16 taps) 0.70, 16->96 at 112 0.85, 32->144 at 56 0.67, 144->32 at 56 0.86, 96->576 at 14
+# (96 taps, 7-pixel segments) 1.10; 3x3 64ch at 56x56 (576 taps) was 1.03-1.06 (s5-digits).
+SEGMENT_BY_PIXEL_TAPS = 64
+
+
+@dataclass(frozen=True)
+class ConvLayout:
+    """How a convolution kernel's input and output lie (graph_kernel/conv_layout.py decides):
+    NCHW, or blocked, (N, C / block, H, W, block) with `block` channels of a pixel adjacent, one
+    vector of the 512-bit code (channel_block)."""
+
+    input_blocked: bool = False
+    output_blocked: bool = False
+    block: int = 16
+
+
+NCHW = ConvLayout()
+
+
+def channel_block(dtype: np.dtype) -> int:
+    """The blocked layout's channels per block: one 512-bit vector of the compute type (the
+    256-bit code's vectors cover half a block)."""
+    return 8 if C_COMPUTE[dtype] == "double" else 16
+
+
+def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
+                fill_kind: str, layout: ConvLayout, *, c: int, h: int, wd: int, hp: int,
+                wp: int, pt: int, pl: int, cg: int, og: int, o: int, taps: int, oh: int,
+                ow: int, sh: int, sw: int, fsh: int, fsw: int) -> list[str]:
+    """The per-image pieces a convolution's image function calls: `fill` copies input channel
+    ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
+    per group), so that threads can share an image's units when a batch is too small to share
+    out by images.
+
+    `fill_kind` (conv_parts): "pad" copies the input into a zero-bordered plane of hp x wp,
+    "sample" copies pixels (i * fsh, j * fsw) of a 1x1 convolution into a stride-1 plane of
+    hp x wp = oh x ow, "none" has no fill (the units read the input). `sh`, `sw`: the strides
+    the units read the scratch with. `layout`: blocked input makes the scratch blocked (`fill`
+    then copies channel block ci, every offset scales by the block); blocked output stores
+    each accumulator's lanes as one run of a pixel's channels.
+
+    A unit is one channel block of VL channels (one vector lane per output channel), or with
+    AVX-512's 32 registers the tile's channel vectors (conv_tile.py; each broadcast pixel then
+    feeds that many multiply-adds), fewer in a group's last unit. Its pixels
+    go in blocks whose offsets in the scratch plane are constants of the source (each
+    multiply-add reads its broadcast pixel at a fixed displacement: one load, where a computed
+    offset table costs a second): whole rows when a row fits the accumulators (r rows, the
+    most that divide oh), else equal segments of a row. Every output sums its taps in tap
+    order on each path (here and in c_depthwise.pixel_units), so results do not depend on the
+    path."""
+    if fill_kind == "pad":
+        rows, cols, row_step, col_step = h, wd, 1, 1
+    else:  # "sample" (and "none", which never calls it)
+        rows, cols, row_step, col_step, pt, pl = oh, ow, fsh, fsw, 0, 0
+    px = layout.block if layout.input_blocked else 1
+    bk = layout.block
+    lines = [] if fill_kind == "none" else [
+        f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
+        f"  for (int64_t i = 0; i < {rows}; ++i) {{",
+        f"    {ct} *row = xp + ((ci * {hp} + i + {pt}) * {wp} + {pl}) * {px};",
+        f"    const {st} *src = xn + (ci * {h} + i * {row_step}) * {wd * px}LL;",
+        f"    for (int64_t j = 0; j < {cols}; ++j)",
+        f"      for (int64_t l = 0; l < {px}; ++l) row[j * {px} + l] = "
+        f"({ct})src[j * {col_step * px} + l];",
+        "  }",
+        "}"]
+
+    def pixel_block(step: int, nb: int, base: str, offsets: list[int], out: str,
+                    by_pixel: bool) -> list[str]:
+        accs = [f"acc{u}" for u in range(step)]
+        table = ", ".join(str(v) for v in offsets)
+        block = [f"{{  /* {nb} pixels */",
+                 f"  static const int32_t po[{nb}] = {{{table}}};",
+                 f"  const {ct} *xt0 = {base};",
+                 f"  {vt} {', '.join(f'{a}[{nb}]' for a in accs)};",
+                 f"  for (int64_t b = 0; b < {nb}; ++b) {{ "
+                 + " ".join(f"{a}[b] = ({vt}){{0}};" for a in accs) + " }",
+                 f"  for (int64_t t = 0; t < {taps}; ++t) {{",
+                 *[f"    const {vt} w{u} = wg[t * {step} + {u}];" for u in range(step)],
+                 f"    const {ct} *xt = xt0 + {name}_taps[t];",
+                 f"    for (int64_t b = 0; b < {nb}; ++b) {{",
+                 f"      const {ct} v = xt[po[b]];",
+                 *[f"      acc{u}[b] += v * w{u};" for u in range(step)],
+                 "    }",
+                 "  }"]
+        by_channel = []
+        if layout.output_blocked:  # each pixel's lanes are one run of the output (o % B == 0)
+            by_blocks = [f"  for (int64_t b = 0; b < {nb}; ++b) {{"]
+            for u in range(step):
+                by_blocks += [
+                    f"    const int64_t c{u} = (oc + {u}) * VL;",
+                    f"    {st} *restrict at{u} = on + ((c{u} / {bk}) * {oh * ow}LL + {out} + b)"
+                    f" * {bk} + c{u} % {bk};",
+                    f"    for (int64_t l = 0; l < VL; ++l) at{u}[l] = ({st})acc{u}[b][l];"]
+            by_blocks.append("  }")
+            return ["      " + line for line in block + by_blocks + ["}"]]
+        for u in range(step):
+            # Channel by channel, a contiguous run of the output per channel (3-6% faster than
+            # by pixel for 3x3 64ch at 56x56). Rolled: unrolled, each block's 16 lanes x
+            # pixels of stores tripled compile time.
+            by_channel += ["  #pragma GCC unroll 1", "  for (int64_t l = 0; l < VL; ++l) {",
+                           f"    const int64_t oi = (oc + {u}) * VL + l;",
+                           f"    if (oi >= {og}) break;",
+                           f"    {st} *restrict orow = on + (gi * {og} + oi) * {oh * ow}LL"
+                           f" + {out};",
+                           f"    for (int64_t b = 0; b < {nb}; ++b)"
+                           f" orow[b] = ({st})acc{u}[b][l];",
+                           "  }"]
+        if not by_pixel:
+            return ["      " + line for line in block + by_channel + ["}"]]
+        # Pixel by pixel, each accumulator's lanes across the channel planes: gcc vectorises
+        # this as a transpose in registers (vpermt2ps), where channel by channel with a
+        # variable lane it extracts every element alone (valignd + vmovss): that cost the digits
+        # CNN's 8x8 convolutions (9 to 144 taps) a third of their time. Only when every lane
+        # is a channel: with a lane test gcc's compile time went from 2 s to minutes.
+        by_pixel_lines = [f"  for (int64_t b = 0; b < {nb}; ++b) {{"]
+        for u in range(step):
+            by_pixel_lines += [
+                f"    {st} *restrict at{u} = on + (gi * {og} + (oc + {u}) * VL) * {oh * ow}LL"
+                f" + {out} + b;",
+                f"    for (int64_t l = 0; l < VL; ++l)"
+                f" at{u}[l * {oh * ow}LL] = ({st})acc{u}[b][l];"]
+        by_pixel_lines.append("  }")
+        return ["      " + line for line in block + [f"#if {og} % {vl} == 0", *by_pixel_lines,
+                                                       "#else", *by_channel, "#endif", "}"]]
+
+    def blocks(step: int, most: int) -> list[str]:
+        body = [f"    const {vt} *wg = wt + {name}_wi(gi, oc, 0);"]
+        if oh * ow <= FLAT_PIXELS:  # a small image: equal blocks of the whole image, unrolled
+            blocks_n = -(-(oh * ow) // most)
+            size, extra = divmod(oh * ow, blocks_n)
+            q0 = 0
+            for i in range(blocks_n):
+                nb = size + (i < extra)
+                offsets = [(((q0 + b) // ow) * sh * wp + ((q0 + b) % ow) * sw) * px
+                           for b in range(nb)]
+                body += pixel_block(step, nb, "xg", offsets, str(q0), True)
+                q0 += nb
+        elif ow <= most:  # whole rows
+            r = max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
+            nb = r * ow
+            offsets = [((b // ow) * sh * wp + (b % ow) * sw) * px for b in range(nb)]
+            body += [f"    for (int64_t k = 0; k < {oh}; k += {r})",
+                     *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL", offsets, f"k * {ow}",
+                                  True)]
+        else:  # equal segments of a row, then the remainder
+            # Few taps a pixel (1x1 convolutions of few input channels) leave the stores a
+            # large share: there the transpose in registers wins.
+            by_pixel = taps <= SEGMENT_BY_PIXEL_TAPS
+            segments = -(-ow // most)
+            nb = -(-ow // segments)
+            full, tail = divmod(ow, nb)
+            body += [f"    for (int64_t k = 0; k < {oh}; ++k) {{",
+                     f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
+                     *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL + j0 * {sw * px}",
+                                  [b * sw * px for b in range(nb)], f"k * {ow} + j0",
+                                  by_pixel)]
+            if tail:
+                body += pixel_block(step, tail,
+                                    f"xg + k * {sh * wp * px}LL + {full * nb * sw * px}",
+                                    [b * sw * px for b in range(tail)], f"k * {ow} + {full * nb}",
+                                    by_pixel)
+            body.append("    }")
+        return body
+
+    vl = f"(GK_VBYTES / {8 if ct == 'double' else 4})"  # {name}_VL for the preprocessor
+    # The 512-bit code's units: the tile's channel vectors, the group's last unit the rest.
+    vectors, pixels = tile.resolved()
+    blocks_512 = -(-og // (64 // (8 if ct == "double" else 4)))
+    rest = blocks_512 % vectors
+    if blocks_512 >= vectors and rest:
+        units_512 = [f"  if (oc + {vectors} <= OC) {{", *blocks(vectors, pixels),
+                     "  } else {", *blocks(rest, tile.partial(rest)), "  }"]
+    elif rest:
+        units_512 = ["  {", *blocks(rest, tile.partial(rest)), "  }"]
+    else:
+        units_512 = ["  {", *blocks(vectors, pixels), "  }"]
+    return lines + [
+        "#if GK_PB == 16",
+        f"enum {{ {name}_NU = ({name}_OC + {vectors - 1}) / {vectors} }};",
+        "#else",
+        f"enum {{ {name}_NU = {name}_OC }};",
+        "#endif",
+        f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
+        f"{st} *restrict on, int64_t gi, int64_t u) {{",
+        *CLANG_CONTRACT,
+        f"  enum {{ VL = {name}_VL, OC = {name}_OC }};",
+        f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",
+        "#if GK_PB == 16",
+        f"  const int64_t oc = {vectors} * u;",
+        *units_512,
+        "#else",
+        "  const int64_t oc = u;",
+        "  {",
+        *blocks(1, 8),
+        "  }",
+        "#endif",
+        "}"]
