@@ -26,7 +26,7 @@ pytestmark = needs_openmp
 def three_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lowering's attention step (tests/test_fused_attention.py) off: these tests are about
     the products it would take in."""
-    monkeypatch.setattr(lower, "attention_blocks", lambda graph: ({}, {}))
+    monkeypatch.setattr(lower, "attention_blocks", lambda graph, views: ({}, {}))
 
 
 def relu(x: Any) -> Any:

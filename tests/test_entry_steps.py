@@ -283,7 +283,7 @@ def test_attention_sized_products_split_over_openmps_threads(dtype, rng, monkeyp
     context product written through the head merge's view, as numpy computes them. (Lowering's
     attention step, tests/test_fused_attention.py, is off: this is about the products.)"""
     from graphkernel.graph_kernel import lower
-    monkeypatch.setattr(lower, "attention_blocks", lambda graph: ({}, {}))
+    monkeypatch.setattr(lower, "attention_blocks", lambda graph, views: ({}, {}))
     q, k, v = (rng.standard_normal((2, 4, 128, 64)).astype(dtype) for _ in range(3))
 
     def attention(q, k, v):

@@ -62,7 +62,7 @@ def three_steps(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Compile with lowering's attention step switched off: the unfused plan."""
     def compile_unfused(*args: Any, **kwargs: Any) -> Any:
         with monkeypatch.context() as m:
-            m.setattr(lower, "attention_blocks", lambda graph: ({}, {}))
+            m.setattr(lower, "attention_blocks", lambda graph, views: ({}, {}))
             return graphkernel.compile(*args, **kwargs)
     return compile_unfused
 

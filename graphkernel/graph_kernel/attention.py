@@ -10,11 +10,12 @@ refused one's lowering reason says why (graph_kernel/lower.py)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from graphkernel.graph_kernel.library_views import StridedView, library_views
+from graphkernel.graph_kernel.library_views import LibraryViews, StridedView
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import OPS, get_op
 from graphkernel.ir.types import is_static
@@ -170,7 +171,7 @@ def _batched_product(node: Node) -> bool:
 
 
 def _block(context: Node, users: dict[int, list[Node]], results: set[int],
-           views: dict[int, object]) -> AttentionBlock | str | None:
+           views: Mapping[int, LibraryViews]) -> AttentionBlock | str | None:
     """The block ending at `context`, why not (a candidate refused), or None (no candidate)."""
     if not _batched_product(context):
         return None
@@ -230,17 +231,17 @@ def _block(context: Node, users: dict[int, list[Node]], results: set[int],
     return block
 
 
-def attention_blocks(graph: Graph) -> tuple[dict[int, AttentionBlock], dict[int, str]]:
+def attention_blocks(graph: Graph, views: Mapping[int, LibraryViews]
+                     ) -> tuple[dict[int, AttentionBlock], dict[int, str]]:
     """(context product uid -> its block, context product uid -> why it stays three steps), for
     every batched product that reads a softmax group over a batched product. Notes each such
-    node."""
+    node. `views`: the graph's library views, as lowering computed them (library_views)."""
     users = graph.users()
     results = {v.uid for v in graph.results()}
-    views = library_views(graph)
     found: dict[int, AttentionBlock] = {}
     refused: dict[int, str] = {}
     for node in graph.nodes:
-        block = _block(node, users, results, views)  # type: ignore[arg-type]  # LibraryViews by uid
+        block = _block(node, users, results, views)
         if block is None:
             continue
         if isinstance(block, str):

@@ -136,7 +136,7 @@ def lower(graph: Graph, target: LoweringTarget) -> Graph:
     in_block = {m.uid: block for block in last_of_block.values() for m in block.members[:-1]}
     names = {n.uid: n.name for n in graph.nodes}
     # Attention as one step where the backend generates kernels (graph_kernel/attention.py).
-    attention, refused = attention_blocks(graph) if generates is None else ({}, {})
+    attention, refused = attention_blocks(graph, views) if generates is None else ({}, {})
     in_attention = {m.uid: block for block in attention.values() for m in block.members[:-1]}
     for node in graph.nodes:
         if node.uid in attention:
