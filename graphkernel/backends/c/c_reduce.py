@@ -109,6 +109,9 @@ class ReductionEmitter:
                 f"{buf.name}[{self._offset(buf, dims, True)}]"
         outer_nodes = [n for n in self.graph.nodes if self.sched.is_outer(n) and
                        get_op(n.op).kind != PatternKind.REDUCE]
+        before_row = dict(self.var)
+        if not pipelined:  # a pipelined pass also reads the next row's: its loads stay inline
+            self._hoist_row_invariant_loads(dims, reduced, outputs, indent)
         self._compute([n for n in outer_nodes if self.sched.outer_phase[n.uid] == 0], dims,
                       False, indent)
         last_phase = len(self.sched.phases)
@@ -189,9 +192,34 @@ class ReductionEmitter:
         for buf in outputs:
             if self.sched.is_outer(buf.value):
                 self._store(buf, dims, False, indent)
+        self.var = before_row  # the hoisted loads' names end with the row's scope
         indent = self._close_loops(2 if pipelined else len(kept), indent)
         if stream:
             self._close_region(threads, indent)
+
+    def _hoist_row_invariant_loads(self, dims: list[LoopDim], reduced: list[int],
+                                   outputs: list[Buffer], indent: str) -> None:
+        """Inputs the row's passes read at one element per row (BatchNorm's per-channel mean
+        and scale inside its gradient's passes over N, H, W) loaded once per row, before the
+        passes. Read inside a pass that also stores (the pass computing dx), gcc must assume
+        the store may change them, reloads them each element, and its redundancy elimination
+        then leaves control flow that the vectoriser rejects: BatchNorm's gradient at 28x28
+        ran scalar, 9x slower than with the loads hoisted."""
+        closure = self._inner_closure([r.inputs[0] for phase in self.sched.phases
+                                       for r in phase] +
+                                      [b.value for b in outputs
+                                       if not self.sched.is_outer(b.value)])
+        wanted = {v.uid: v for n in closure for v in n.inputs}
+        for uid, value in wanted.items():
+            buf = self.buffer_of.get(uid)
+            if buf is None or buf.is_output or uid in self.var or \
+                    uid in self.concat_loads or buf.modulo or \
+                    any(dims[i].strides[id(buf)] for i in reduced):
+                continue
+            name = f"row_in{buf.index}"
+            self.lines.append(f"{indent}const {C_COMPUTE[value.dtype]} {name} = "
+                              f"{self._operand(value, dims, False)};")
+            self.var[uid] = name
 
     def _finish_phase(self, reductions: list[Node], dims: list[LoopDim], indent: str,
                       outer_nodes: list[Node], phase: int) -> None:
