@@ -68,6 +68,20 @@ def check_against_numpy(got, args, training):
                                    err_msg=f"{name} {args[0].shape} {dtype} training={training}")
 
 
+def test_the_masked_gradient_is_one_kernel_of_two_sums():
+    exe = bn_relu_grad_exe((2, 20, 7, 7), np.float32, True)
+    # One generated kernel; dscale and dbias are views of its (1, C, 1, 1) sums.
+    steps = [s for s in exe.plan.steps if s.lowering is not None]
+    assert [s.lowering.kind.value for s in steps] == ["loop nest", "library", "library"]
+    assert [tuple(s.op_names) for s in steps[1:]] == [("Reshape",), ("Reshape",)]
+    assert all("aliases" in line for line in exe.plan.describe().splitlines()
+               if "Reshape:" in line)
+    (kernel,) = [k for k in exe.kernels if k.name.startswith("Fused_")]
+    passes = pixel_passes(kernel)
+    # Two accumulators per channel (not sum(dy * scale) and sum(dy * scale * xhat) besides).
+    assert passes.split("\n")[0].count("reduction(+:") == 2
+
+
 def pixel_passes(kernel):
     """The kernel's C from its first vector loop on (the passes over N, H, W of a row)."""
     source = kernel.source[kernel.source.index(f"void gk_{kernel.name}("):]
