@@ -234,8 +234,13 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     if folder is not None:  # refused before tracing if a dump would replace a user's file
         Dumper(folder).claim(_dump_names(name, options))
     traced = time.perf_counter()
-    with guards.recording(cell) as read:
-        graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
+    collector = _CollectorPause()  # tracing (a training step's gradients) allocates as a pass
+    collector.space_out()
+    try:
+        with guards.recording(cell) as read:
+            graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
+    finally:
+        collector.resume()
     traced = time.perf_counter() - traced
     compiled = compile_traced(graph, name, options, read, output_tree)
     compiled.report.timeline.insert(0, ("trace: construct run on symbolic tensors", traced))
@@ -252,13 +257,14 @@ def _dump_names(name: str, options: CompileOptions) -> list[str]:
 
 class _CollectorPause:
     """Python's cyclic garbage collector held off while a warm start reads the compile-cache
-    entry and builds from it, and spaced out while a cold compile runs its passes and build.
+    entry and builds from it, and spaced out for the rest of a compile (tracing, the cache key,
+    a cold compile's passes, build and entry).
     Reading a final graph allocates tens of thousands of small, acyclic objects (JSON, nodes,
     types): each allocation burst set off collections that scanned the whole heap, 15-20% of a
     warm first call's CPU (the 12-layer encoder stack's 40 ms). The passes of a cold compile
     keep every stage's graph alive until the end, so at the default threshold (a collection
     each 700 net allocations) those objects were promoted and the old generations rescanned as
-    the heap grew: ~20% of the BERT-base training step's Python CPU (48 old-generation
+    the heap grew: 10-20% of the BERT-base training step's Python CPU (48 old-generation
     collections, 4 of them full). They run with the collector on (they make cyclic garbage),
     a young collection each `COLD_THRESHOLD` net allocations, as mypy's checker does. Cycles
     made meanwhile are collected once it runs as before; a collector the caller turned off is
@@ -322,6 +328,7 @@ def _compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any,
     key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
     timeline: list[tuple[str, float]] = []
     lap = time.perf_counter()
+    collector.space_out()  # the key encodes the whole traced graph
     if dumper is None and not options.flags.dump_as_text:
         key, cache_note = compile_cache.key_of(graph, options)
     hit = None
@@ -363,7 +370,7 @@ def _compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any,
     executable = target.build_executable(final, name, config,
                                          tuning_level=options.flags.online_tuning,
                                          code_digest=code_digest)
-    collector.resume()
+    collector.space_out()  # a warm hit's pause ends; a cold compile's entry is written next
     timeline += build_phases(executable, time.perf_counter() - lap)
     if key is not None and pending is not None:
         lap = time.perf_counter()
