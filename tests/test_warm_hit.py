@@ -215,3 +215,44 @@ def test_a_warm_onnx_import_writes_no_c_until_its_source_is_asked_for(
                                rtol=1e-4, atol=1e-5)
     assert len(emitted) == written, "running the warm import wrote C"
     assert cold_source and warm.kernel_source == cold_source
+
+
+def _onednn_prefix(root: Any, version: tuple[int, int, int]) -> str:
+    """A folder laid out as the `onednn` and `onednn-devel` wheels lay out an environment."""
+    os.makedirs(os.path.join(root, "lib"))
+    os.makedirs(os.path.join(root, "include", "oneapi", "dnnl"))
+    with open(os.path.join(root, "lib", "libdnnl.so.3"), "wb"):
+        pass
+    with open(os.path.join(root, "include", "oneapi", "dnnl", "dnnl.h"), "w") as fh:
+        fh.write("/* headers */\n")
+    with open(os.path.join(root, "include", "oneapi", "dnnl", "dnnl_version.h"), "w") as fh:
+        for part, number in zip(("MAJOR", "MINOR", "PATCH"), version):
+            fh.write(f"#define DNNL_VERSION_{part} {number}\n")
+    return os.path.join(root, "lib", "libdnnl.so.3")
+
+
+def test_the_wheels_onednn_is_named_without_asking_the_loader(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which oneDNN a convolution's stored timing belongs to is asked on every compile of a
+    convolutional model, warm ones too: ctypes.util.find_library runs ldconfig and the C
+    compiler (40-50 ms, most of the digits CNN's warm start), so the loader is asked only when
+    the environment's own lib/ holds no oneDNN with headers."""
+    from graphkernel.backends.c import onednn
+    asked: list[str] = []
+    elsewhere = _onednn_prefix(tmp_path / "system", (3, 1, 0))
+
+    def find_library(name: str) -> str:
+        asked.append(name)
+        return elsewhere
+
+    monkeypatch.setattr(onednn.ctypes.util, "find_library", find_library)
+    monkeypatch.setattr(onednn, "_state", {})
+    _onednn_prefix(tmp_path / "env", (3, 13, 2))
+    monkeypatch.setattr(onednn.sys, "prefix", str(tmp_path / "env"))
+    assert onednn.installed_label() == "onednn 3.13.2"
+    assert asked == []
+    # No oneDNN in the environment: the loader's is found, and named.
+    monkeypatch.setattr(onednn, "_state", {})
+    monkeypatch.setattr(onednn.sys, "prefix", str(tmp_path / "empty"))
+    assert onednn.installed_label() == "onednn 3.1.0"
+    assert asked == ["dnnl"]

@@ -234,8 +234,13 @@ def compile(cell: CellLike, *inputs: Any, options: CompileOptions | None = None,
     if folder is not None:  # refused before tracing if a dump would replace a user's file
         Dumper(folder).claim(_dump_names(name, options))
     traced = time.perf_counter()
-    with guards.recording(cell) as read:
-        graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
+    collector = _CollectorPause()  # tracing (a training step's gradients) allocates as a pass
+    collector.space_out()
+    try:
+        with guards.recording(cell) as read:
+            graph, output_tree, rules = _trace_whole(cell, types, rules, inputs)
+    finally:
+        collector.resume()
     traced = time.perf_counter() - traced
     compiled = compile_traced(graph, name, options, read, output_tree)
     compiled.report.timeline.insert(0, ("trace: construct run on symbolic tensors", traced))
@@ -252,25 +257,48 @@ def _dump_names(name: str, options: CompileOptions) -> list[str]:
 
 class _CollectorPause:
     """Python's cyclic garbage collector held off while a warm start reads the compile-cache
-    entry and builds from it. Reading a final graph allocates tens of thousands of small,
-    acyclic objects (JSON, nodes, types): each allocation burst set off collections that scanned
-    the whole heap, 15-20% of a warm first call's CPU (the 12-layer encoder stack's 40 ms).
-    Cycles made meanwhile are collected once it runs again. The passes of a cold compile run
-    with the collector on (they run long and make garbage); a collector the caller turned off
-    is left so."""
+    entry and builds from it, and spaced out for the rest of a compile (tracing, the cache key,
+    a cold compile's passes, build and entry).
+    Reading a final graph allocates tens of thousands of small, acyclic objects (JSON, nodes,
+    types): each allocation burst set off collections that scanned the whole heap, 15-20% of a
+    warm first call's CPU (the 12-layer encoder stack's 40 ms). The passes of a cold compile
+    keep every stage's graph alive until the end, so at the default threshold (a collection
+    each 700 net allocations) those objects were promoted and the old generations rescanned as
+    the heap grew: 10-20% of the BERT-base training step's Python CPU (48 old-generation
+    collections, 4 of them full). They run with the collector on (they make cyclic garbage),
+    a young collection each `COLD_THRESHOLD` net allocations, as mypy's checker does. Cycles
+    made meanwhile are collected once it runs as before; a collector the caller turned off is
+    left so, and the caller's thresholds are put back."""
+
+    # Net allocations between young collections during a cold compile: its garbage stays in
+    # the tens of MB, and a pass's live graphs are not rescanned every few hundred objects.
+    COLD_THRESHOLD = 100_000
 
     def __init__(self) -> None:
         self._paused = False
+        self._thresholds: tuple[int, int, int] | None = None
 
     def pause(self) -> None:
         if gc.isenabled():
             gc.disable()
             self._paused = True
 
+    def space_out(self) -> None:
+        """Collections spaced out for a cold compile's passes (see the class doc)."""
+        self.resume()
+        if self._thresholds is None and gc.isenabled():
+            self._thresholds = gc.get_threshold()
+            young, *older = self._thresholds
+            if young:  # a threshold of 0 turns collection off: left so
+                gc.set_threshold(max(young, self.COLD_THRESHOLD), *older)
+
     def resume(self) -> None:
         if self._paused:
             self._paused = False
             gc.enable()
+        if self._thresholds is not None:
+            gc.set_threshold(*self._thresholds)
+            self._thresholds = None
 
 
 def compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any = None,
@@ -300,14 +328,13 @@ def _compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any,
     key, cache_note = None, "not used: save_graphs or --dump_as_text writes every stage"
     timeline: list[tuple[str, float]] = []
     lap = time.perf_counter()
+    collector.space_out()  # the key encodes the whole traced graph
     if dumper is None and not options.flags.dump_as_text:
         key, cache_note = compile_cache.key_of(graph, options)
     hit = None
     if key is not None:
         collector.pause()
         hit, cache_note = compile_cache.load(key, graph, primitive.physical_memory())
-        if hit is None:
-            collector.resume()
         timeline.append(("compile cache: key and look-up" + (", final graph read" if hit else ""),
                          time.perf_counter() - lap))
     pending = None
@@ -320,6 +347,7 @@ def _compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any,
         report = CompileReport(stages=stages, stage_docs=hit.stage_docs, reasons=hit.reasons,
                                rewrites=hit.rewrites)
     else:
+        collector.space_out()
         results = run_stages(graph, FRONTEND_STAGES, dumper)
         need = _check_memory(results[-1].graph, name)
         results += run_stages(results[-1].graph, backend, dumper)
@@ -342,7 +370,7 @@ def _compile_traced(graph: Graph, name: str, options: CompileOptions, read: Any,
     executable = target.build_executable(final, name, config,
                                          tuning_level=options.flags.online_tuning,
                                          code_digest=code_digest)
-    collector.resume()
+    collector.space_out()  # a warm hit's pause ends; a cold compile's entry is written next
     timeline += build_phases(executable, time.perf_counter() - lap)
     if key is not None and pending is not None:
         lap = time.perf_counter()

@@ -20,6 +20,7 @@ import glob
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,11 +78,14 @@ _state: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def _libdnnl_paths() -> list[str]:
-    """Where the `onednn` wheel puts libdnnl (the environment's lib/), then the loader's."""
-    paths = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so.*")))
+def _libdnnl_paths() -> Iterator[str]:
+    """Where the `onednn` wheel puts libdnnl (the environment's lib/), then the loader's. The
+    loader is asked only when the wheel's did not serve: ctypes.util.find_library runs
+    ldconfig and the C compiler (40-50 ms, most of a warm start of a convolutional model)."""
+    yield from sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so.*")))
     found = ctypes.util.find_library("dnnl")
-    return paths + ([found] if found else [])
+    if found:
+        yield found
 
 
 def _include_dir(libdnnl: str) -> str | None:
@@ -135,11 +139,8 @@ def _header_version(include: str) -> str:
 
 
 def _load() -> tuple[OneDNN | None, str]:
-    paths = _libdnnl_paths()
-    if not paths:
-        return None, "oneDNN is not installed (pip install graphkernel[onednn])"
     problems = []
-    for path in paths:
+    for path in _libdnnl_paths():
         include = _include_dir(path)
         if include is None:
             problems.append(f"{path}: oneDNN's headers are missing (pip install onednn-devel)")
@@ -172,6 +173,8 @@ def _load() -> tuple[OneDNN | None, str]:
         shim.gk_dnnl_conv_pack.argtypes = [ctypes.c_void_p] * 3
         shim.gk_dnnl_conv_run.argtypes = [ctypes.c_void_p] * 4
         return OneDNN(version, path, shim), ""
+    if not problems:
+        return None, "oneDNN is not installed (pip install graphkernel[onednn])"
     return None, "; ".join(problems)
 
 
