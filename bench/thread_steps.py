@@ -11,7 +11,9 @@ are counted too. Process CPU and wall are per call.
     python -m bench.thread_steps MODEL [--threads 1,2] [--calls N] [--steps K]
 
 MODEL: bert2, bert12 (the bench's BERT-base layers, bench/real.py `bert_base_row`),
-onnx_bert_b8 (transformers' BertModel through ONNX), resnet50_train_b2 / _b4.
+onnx_bert_b8 / onnx_gpt2_b8 (transformers' BertModel / GPT2Model through ONNX), resnet50_train_b2 / _b4, or a main-suite
+workload by its key prefixed `suite:` (bench/workloads.py `full_suite`, e.g. `suite:mlp`, the
+first key that starts with what follows: the MLP block, `suite:encoder`, `suite:bert`).
 Each thread count runs in a new process (OMP_NUM_THREADS is read once per process).
 Prints a table; `--json` prints one JSON object per thread count.
 """
@@ -62,12 +64,12 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         x = _sets([(d["batch"], d["seq"], d["hidden"])], 1)[0]
         exe = graphkernel.compile(cell, *x, options=CompileOptions(enable_graph_kernel=True))
         return exe, [graphkernel.Tensor(a) for a in x]
-    if model.startswith("onnx_bert_b"):
+    if model.startswith(("onnx_bert_b", "onnx_gpt2_b")):
         from bench.real_systems import fix_batch, torch_export
         from graphkernel import nn
-        batch = int(model.rsplit("b", 1)[1])
-        net, names, sets, _ = _transformer("bert", batch)
-        path, fixed = os.path.join(tmp, "bert.onnx"), os.path.join(tmp, "bert_fixed.onnx")
+        name, batch = model.split("_")[1], int(model.rsplit("b", 1)[1])
+        net, names, sets, _ = _transformer(name, batch)
+        path, fixed = os.path.join(tmp, "net.onnx"), os.path.join(tmp, "net_fixed.onnx")
         torch_export(net, sets[0], names, path, dynamic_batch=True, opset=17)
         fix_batch(path, batch, fixed)
         from graphkernel.frontend import context
@@ -82,6 +84,17 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         net.set_train(True)
         call, _ = rs.gk_train(net, sets, True)
         return call, [0]
+    if model.startswith("suite:"):
+        from bench.gk_cells import make_cell
+        from bench.workloads import full_suite, make_arrays
+        found = [w for w in full_suite() if w.key.startswith(model[6:])]
+        if not found:
+            raise SystemExit(f"no main-suite workload starts with {model[6:]!r}")
+        inputs, weights = make_arrays(found[0])
+        arrays = list(inputs.values())
+        exe = graphkernel.compile(make_cell(found[0], weights), *arrays,
+                                  options=CompileOptions(enable_graph_kernel=True))
+        return exe, [graphkernel.Tensor(a) for a in arrays]
     raise SystemExit(f"unknown model {model!r}")
 
 
@@ -196,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
         env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=args.blas_threads or n,
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         out = subprocess.run([sys.executable, "-m", "bench.thread_steps", args.model,
-                              "--calls", str(args.calls), "--inner"], env=env,
+                              "--calls", str(args.calls), "--inner"] +
+                             (["--no-steps"] if args.no_steps else []), env=env,
                              capture_output=True, text=True, check=False)
         line = [x for x in out.stdout.splitlines() if x.startswith(MARK)]
         if not line:
