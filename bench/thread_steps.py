@@ -9,9 +9,13 @@ parallel step whose max is well over sum/threads is unbalanced. Then the whole c
 are counted too. Process CPU and wall are per call.
 
     python -m bench.thread_steps MODEL [--threads 1,2] [--calls N] [--steps K]
+    python -m bench.thread_steps onnx_bert_b8 --openvino [--rounds R]  # beside OpenVINO
 
 MODEL: bert2, bert12 (the bench's BERT-base layers, bench/real.py `bert_base_row`),
-onnx_bert_b8 (transformers' BertModel through ONNX), resnet50_train_b2 / _b4.
+onnx_bert_b8 / onnx_gpt2_b8 (transformers' BertModel / GPT2Model through ONNX),
+resnet50_train_b2 / _b4, or a main-suite workload by its key prefixed `suite:`
+(bench/workloads.py `full_suite`, the first key that starts with what follows: `suite:mlp`
+the MLP block, `suite:encoder`, `suite:bert`).
 Each thread count runs in a new process (OMP_NUM_THREADS is read once per process).
 Prints a table; `--json` prints one JSON object per thread count.
 """
@@ -42,6 +46,20 @@ def thread_times() -> dict[int, int]:
     return out
 
 
+def sleeps() -> int:
+    """Times this process's threads have gone to sleep so far (voluntary context switches: an
+    OpenMP worker waiting passively for the next parallel region, a futex wait)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                total += next(int(line.split()[1]) for line in f
+                              if line.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration):  # the thread ended between the listing and the read
+            continue
+    return total
+
+
 def spent(before: dict[int, int], after: dict[int, int]) -> list[int]:
     """CPU nanoseconds each thread spent between two snapshots (threads started since: all)."""
     return [t - before.get(tid, 0) for tid, t in after.items() if t > before.get(tid, 0)]
@@ -62,12 +80,12 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         x = _sets([(d["batch"], d["seq"], d["hidden"])], 1)[0]
         exe = graphkernel.compile(cell, *x, options=CompileOptions(enable_graph_kernel=True))
         return exe, [graphkernel.Tensor(a) for a in x]
-    if model.startswith("onnx_bert_b"):
+    if model.startswith(("onnx_bert_b", "onnx_gpt2_b")):
         from bench.real_systems import fix_batch, torch_export
         from graphkernel import nn
-        batch = int(model.rsplit("b", 1)[1])
-        net, names, sets, _ = _transformer("bert", batch)
-        path, fixed = os.path.join(tmp, "bert.onnx"), os.path.join(tmp, "bert_fixed.onnx")
+        name, batch = model.split("_")[1], int(model.rsplit("b", 1)[1])
+        net, names, sets, _ = _transformer(name, batch)
+        path, fixed = os.path.join(tmp, "net.onnx"), os.path.join(tmp, "net_fixed.onnx")
         torch_export(net, sets[0], names, path, dynamic_batch=True, opset=17)
         fix_batch(path, batch, fixed)
         from graphkernel.frontend import context
@@ -82,7 +100,53 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         net.set_train(True)
         call, _ = rs.gk_train(net, sets, True)
         return call, [0]
+    if model.startswith("suite:"):
+        from bench.gk_cells import make_cell
+        from bench.workloads import full_suite, make_arrays
+        found = [w for w in full_suite() if w.key.startswith(model[6:])]
+        if not found:
+            raise SystemExit(f"no main-suite workload starts with {model[6:]!r}")
+        inputs, weights = make_arrays(found[0])
+        arrays = list(inputs.values())
+        exe = graphkernel.compile(make_cell(found[0], weights), *arrays,
+                                  options=CompileOptions(enable_graph_kernel=True))
+        return exe, [graphkernel.Tensor(a) for a in arrays]
     raise SystemExit(f"unknown model {model!r}")
+
+
+def beside_openvino(model: str, calls: int, rounds: int) -> dict[str, Any]:
+    """Whole calls of an ONNX model (onnx_bert_b8, onnx_gpt2_b8) in graphkernel and in OpenVINO
+    on the same ONNX file, at this process's OMP_NUM_THREADS (OpenVINO's
+    INFERENCE_NUM_THREADS likewise), alternating `rounds` times: per call, the median wall and
+    process CPU of each."""
+    import openvino as ov
+
+    from bench.peers import OPENVINO_CONFIG
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        fn, args = _build(model, tmp)
+        compiled = ov.Core().compile_model(os.path.join(tmp, "net_fixed.onnx"), "CPU",
+                                           dict(OPENVINO_CONFIG, INFERENCE_NUM_THREADS=threads))
+        request = compiled.create_infer_request()
+        feeds = [a.asnumpy() for a in args]
+        runs: dict[str, Callable[[], Any]] = {"graphkernel": lambda: fn(*args),
+                                              "openvino": lambda: request.infer(feeds)}
+        got: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+        for run in runs.values():
+            run()
+            run()
+        for _ in range(rounds):
+            for name, run in runs.items():
+                p0, w0 = time.process_time(), time.perf_counter()
+                for _ in range(calls):
+                    run()
+                got[name].append(((time.perf_counter() - w0) / calls,
+                                  (time.process_time() - p0) / calls))
+        out: dict[str, Any] = {"model": model, "threads": threads, "load": os.getloadavg()[0]}
+        for name, xs in got.items():
+            out[name] = {"wall": sorted(x[0] for x in xs)[len(xs) // 2],
+                         "cpu": sorted(x[1] for x in xs)[len(xs) // 2]}
+        return out
 
 
 def _step_label(step: Any) -> str:
@@ -131,22 +195,24 @@ def measure(model: str, calls: int, steps: bool = True) -> dict[str, Any]:
                 step = plan.steps[i]
                 rows.append({"step": i, "what": _step_label(step), "wall": wall / calls,
                              "cpu": cpu / calls, "max_thread": most / calls})
-        p0, t0, w0 = time.process_time(), thread_times(), time.perf_counter()
+        s0, p0, t0, w0 = sleeps(), time.process_time(), thread_times(), time.perf_counter()
         for _ in range(calls):
             call()
-        w1, t1, p1 = time.perf_counter(), thread_times(), time.process_time()
+        w1, t1, p1, s1 = time.perf_counter(), thread_times(), time.process_time(), sleeps()
         each = sorted(spent(t0, t1), reverse=True)
         return {"model": model, "threads": os.environ.get("OMP_NUM_THREADS"), "chunks": chunks,
                 "load": os.getloadavg()[0], "call_wall": (w1 - w0) / calls,
-                "call_cpu": (p1 - p0) / calls, "call_threads": [e / 1e9 / calls for e in each],
+                "call_cpu": (p1 - p0) / calls, "call_sleeps": (s1 - s0) / calls,
+                "call_threads": [e / 1e9 / calls for e in each],
                 "steps": rows}
 
 
 def summarise(result: dict[str, Any], top: int) -> list[str]:
     r = result
     lines = [f"{r['model']} OMP_NUM_THREADS={r['threads']} load {r['load']:.1f}: call wall "
-             f"{r['call_wall'] * 1e3:.1f} ms, process CPU {r['call_cpu'] * 1e3:.1f} ms, per "
-             f"thread {', '.join(f'{t * 1e3:.1f}' for t in r['call_threads'][:4])} ms"]
+             f"{r['call_wall'] * 1e3:.1f} ms, process CPU {r['call_cpu'] * 1e3:.1f} ms, "
+             f"{r.get('call_sleeps', 0):.0f} thread sleeps, per thread "
+             f"{', '.join(f'{t * 1e3:.1f}' for t in r['call_threads'][:4])} ms"]
     steps = r["steps"]
     if not steps:
         return lines
@@ -182,26 +248,45 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ab-chunks", default="",
                     help="A/B: e.g. 1,2 compares products' chunks per thread, whole calls only, "
                          "one process per variant, alternating for --rounds rounds")
+    ap.add_argument("--ab-wait", default="",
+                    help="A/B: e.g. passive,spin:20000 compares OpenMP's passive wait with a "
+                         "bounded spin (GOMP_SPINCOUNT), whole calls only, alternating")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-steps", action="store_true", help="whole calls only")
+    ap.add_argument("--openvino", action="store_true",
+                    help="ONNX models: graphkernel beside OpenVINO on the same file, whole calls "
+                         "alternating for --rounds rounds, at each thread count")
     args = ap.parse_args(argv)
     if args.inner:
-        print(MARK + json.dumps(measure(args.model, args.calls, not args.no_steps)), flush=True)
+        result = beside_openvino(args.model, args.calls, args.rounds) if args.openvino else \
+            measure(args.model, args.calls, not args.no_steps)
+        print(MARK + json.dumps(result), flush=True)
         return
-    if args.ab_chunks:
+    if args.ab_chunks or args.ab_wait:
         ab(args)
         return
     for n in args.threads.split(","):
         env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=args.blas_threads or n,
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         out = subprocess.run([sys.executable, "-m", "bench.thread_steps", args.model,
-                              "--calls", str(args.calls), "--inner"], env=env,
+                              "--calls", str(args.calls), "--inner"] +
+                             (["--no-steps"] if args.no_steps else []) +
+                             (["--openvino", "--rounds", str(args.rounds)] if args.openvino
+                              else []), env=env,
                              capture_output=True, text=True, check=False)
         line = [x for x in out.stdout.splitlines() if x.startswith(MARK)]
         if not line:
             raise SystemExit(f"{args.model} at {n} threads failed:\n{out.stderr[-3000:]}")
         result = json.loads(line[0][len(MARK):])
+        if args.openvino and not args.json:
+            gk, ovr = result["graphkernel"], result["openvino"]
+            print(f"{args.model} threads {n} load {result['load']:.1f}: graphkernel wall "
+                  f"{gk['wall'] * 1e3:.1f} ms CPU {gk['cpu'] * 1e3:.1f} ms; OpenVINO wall "
+                  f"{ovr['wall'] * 1e3:.1f} ms CPU {ovr['cpu'] * 1e3:.1f} ms; ratio wall "
+                  f"{gk['wall'] / ovr['wall']:.2f}x, CPU {gk['cpu'] / ovr['cpu']:.2f}x",
+                  flush=True)
+            continue
         print(json.dumps(result) if args.json else "\n".join(summarise(result, args.steps)),
               flush=True)
 
@@ -217,32 +302,54 @@ def _inner(model: str, calls: int, env: dict[str, str], steps: bool) -> dict[str
     return result
 
 
+def wait_variant(spec: str) -> dict[str, str]:
+    """The environment of one OpenMP wait variant: `passive` (graphkernel's default, a worker
+    sleeps on a futex as soon as a parallel region ends), or `spin:N` (libgomp's
+    GOMP_SPINCOUNT=N with no wait policy: a worker spins about N/100000 ms before it sleeps;
+    OMP_WAIT_POLICY=PASSIVE would override any spin count)."""
+    if spec == "passive":
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    if spec.startswith("spin:") and spec[5:].isdigit():
+        return {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": spec[5:]}
+    raise SystemExit(f"--ab-wait: {spec!r} is neither 'passive' nor 'spin:N'")
+
+
 def ab(args: argparse.Namespace) -> None:
-    """Whole-call process CPU and wall of each variant at each thread count, alternating."""
-    variants = args.ab_chunks.split(",")
+    """Whole-call process CPU, wall and thread sleeps of each variant at each thread count,
+    alternating: products' chunks per thread (--ab-chunks, each with a kernel cache of its
+    own: the count is compiled in) or OpenMP's wait (--ab-wait)."""
+    if args.ab_chunks:
+        what = "chunks/thread"
+        variants = {v: {"THREAD_STEPS_CHUNKS": v} for v in args.ab_chunks.split(",")}
+    else:
+        what = "wait"
+        variants = {v: wait_variant(v) for v in args.ab_wait.split(",")}
     got: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as caches:
         for _ in range(args.rounds):
             for n in args.threads.split(","):
-                for v in variants:
+                for v, extra in variants.items():
                     env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
-                               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-                               THREAD_STEPS_CHUNKS=v,
-                               GRAPHKERNEL_CACHE_DIR=os.path.join(caches, v))
+                               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+                    env.pop("GOMP_SPINCOUNT", None)
+                    env.update(extra)
+                    if args.ab_chunks:
+                        env["GRAPHKERNEL_CACHE_DIR"] = os.path.join(caches, v)
                     got.setdefault((n, v), []).append(_inner(args.model, args.calls, env, False))
-    base = variants[0]
+
+    def median(runs: list[dict[str, Any]], key: str) -> float:
+        return float(sorted(r.get(key, 0.0) for r in runs)[len(runs) // 2])
+    base = next(iter(variants))
     for n in args.threads.split(","):
         for v in variants:
-            runs = got[(n, v)]
-            cpu = sorted(r["call_cpu"] for r in runs)[len(runs) // 2]
-            wall = sorted(r["call_wall"] for r in runs)[len(runs) // 2]
-            ref = got[(n, base)]
-            cpu0 = sorted(r["call_cpu"] for r in ref)[len(ref) // 2]
-            wall0 = sorted(r["call_wall"] for r in ref)[len(ref) // 2]
+            runs, ref = got[(n, v)], got[(n, base)]
+            cpu, wall = median(runs, "call_cpu"), median(runs, "call_wall")
+            cpu0, wall0 = median(ref, "call_cpu"), median(ref, "call_wall")
             loads = ", ".join(f"{r['load']:.1f}" for r in runs)
-            print(f"{args.model} threads {n} chunks/thread {v}: median process CPU "
+            print(f"{args.model} threads {n} {what} {v}: median process CPU "
                   f"{cpu * 1e3:.1f} ms ({cpu / cpu0:.3f}x), wall {wall * 1e3:.1f} ms "
-                  f"({wall / wall0:.3f}x); load {loads}", flush=True)
+                  f"({wall / wall0:.3f}x), {median(runs, 'call_sleeps'):.1f} thread sleeps a "
+                  f"call; load {loads}", flush=True)
 
 
 if __name__ == "__main__":

@@ -134,3 +134,31 @@ def test_split_products_match_numpy_at_each_thread_count(threads):
         assert error < 1e-3, (name, threads, error)
     # the products large enough to split are split (not held to one thread)
     assert not result["rows"][1] and not result["columns"][1]
+
+
+def test_thread_steps_measures_a_main_suite_workload_at_each_thread_count():
+    """bench/thread_steps.py takes the main suite's workloads (issue #30's rows: the MLP block,
+    the encoder layer, BERT-tiny) by key: fused, one process per thread count, the whole call
+    timed on every thread the process has."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-m", "bench.thread_steps", "suite:layernorm",
+                           "--threads", "1,2", "--calls", "1", "--no-steps", "--json"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["threads"] for r in results] == ["1", "2"]
+    for r in results:
+        assert r["model"] == "suite:layernorm" and r["call_cpu"] > 0 and r["call_wall"] > 0
+        assert r["steps"] == []  # --no-steps reached the per-thread-count process
+        assert r["call_sleeps"] >= 0  # the threads' futex sleeps a call (OpenMP's wait)
+
+
+def test_thread_steps_wait_variants_are_passive_or_a_bounded_spin():
+    """--ab-wait compares OpenMP's passive wait with libgomp's bounded spin: a spin count needs
+    the wait policy unset (PASSIVE overrides GOMP_SPINCOUNT), and anything else is refused."""
+    from bench.thread_steps import wait_variant
+    assert wait_variant("passive") == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_variant("spin:20000") == {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "20000"}
+    with pytest.raises(SystemExit, match="neither"):
+        wait_variant("spin:lots")
