@@ -91,6 +91,7 @@ def _emit(plan: ExecutionPlan, module: str,
     for s in produced:
         vid[s] = len(vid)
     nbuffers = max(len(plan.buffers), 1)
+    awake = awake_between_kernels(plan)
     lines = [
         "#define PY_SSIZE_T_CLEAN",
         "#include <Python.h>",
@@ -221,8 +222,10 @@ def _emit(plan: ExecutionPlan, module: str,
         f"static const int gk_overlaps[] = {{{_c_list(overlaps)}}};",
         *program.definitions(),
         "",
+        *(_AWAKE if awake else []),
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
+        *(["  int gk_awake = 0;"] if awake else []),
     ]
     if blas is not None:  # the Python runner until the loader hands over numpy's BLAS
         lines.append("  if (gk_sgemm == NULL) Py_RETURN_NOTIMPLEMENTED;")
@@ -267,7 +270,9 @@ def _emit(plan: ExecutionPlan, module: str,
     lines += [
         f"  PyArrayObject *v[{max(total, 1)}] = {{0}};  /* arguments (borrowed), then results */",
         f"  for (int i = 0; i < {nargs}; ++i) v[i] = (PyArrayObject *)args[i];",
+        *(["  gk_awake = gk_awake_begin();"] if awake else []),
         *_RUN_PROGRAM,
+        *(["  if (gk_awake) gk_awake_end();", "  gk_awake = 0;"] if awake else []),
     ]
     results = [vid[s] for s in plan.outputs]
     if plan.returns_tuple or len(results) != 1:
@@ -283,9 +288,11 @@ def _emit(plan: ExecutionPlan, module: str,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return result;",
         "refuse: __attribute__((unused));  /* the Python runner runs the call again */",
+        *(["  if (gk_awake) gk_awake_end();"] if awake else []),
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  Py_RETURN_NOTIMPLEMENTED;",
         "fail:",
+        *(["  if (gk_awake) gk_awake_end();"] if awake else []),
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return NULL;",
         "}",
@@ -424,6 +431,41 @@ _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
       goto fail;
     }}
   }}""".split("\n")
+
+
+def awake_between_kernels(plan: ExecutionPlan) -> bool:
+    """Whether the entry keeps OpenMP's idle threads awake from one kernel to the next within
+    a call (`_AWAKE`): a plan of two kernels or more, each of which may start a parallel
+    region."""
+    return sum(step.kind is StepKind.KERNEL for step in plan.steps) >= 2
+
+
+# graphkernel's OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE, backends/c/library.py):
+# an idle one sleeps at once, so that a loaded machine's cores go to whoever needs them. Each
+# kernel's parallel region then starts by waking the others: 10-60 us on this project's 2-vCPU
+# VM (an idle virtual CPU wakes through the hypervisor), paid once per kernel. The digits CNN's
+# three convolutions took 704 us a call at two threads, slower than its 1T time plus nothing
+# gained (s9-digits.md), and 461 us with the threads spinning between kernels. Within a call
+# the entry lets them spin (LLVM libomp's blocktime, 1 ms: the gap between two kernels is
+# microseconds), and at the call's end puts the blocktime back and runs one empty region, so
+# that they take the passive wait again and sleep between calls as before. Only where the user
+# left the wait passive (a blocktime of 0), and only under libomp (GNU libgomp has no such
+# call: the weak symbols stay NULL and the call runs as before).
+_AWAKE = """extern int kmp_get_blocktime(void) __attribute__((weak));
+extern void kmp_set_blocktime(int) __attribute__((weak));
+int omp_get_max_threads(void);
+static int gk_awake_begin(void) {
+  if (kmp_get_blocktime == NULL || kmp_set_blocktime == NULL) return 0;
+  if (omp_get_max_threads() < 2 || kmp_get_blocktime() != 0) return 0;
+  kmp_set_blocktime(1);
+  return 1;
+}
+static void gk_awake_end(void) {
+  kmp_set_blocktime(0);
+#pragma omp parallel
+  { __asm__ volatile("" ::: "memory"); }  /* the threads, spinning, wait passively after it */
+}
+""".split("\n")
 
 
 def _c_list(numbers: Iterable[int]) -> str:
