@@ -76,6 +76,9 @@ def test_small_map_conv_stack_matches_numpy_fused_and_unfused(channels, size, ba
     fused = graphkernel.compile(cell, Tensor(x), options=ON)
     assert fused.kernel_count == 3  # conv + folded BatchNorm + ReLU: one kernel a layer
     assert awake_between_kernels(fused.plan)
+    if fused.entry is not None:
+        assert "threads: the compiled entry keeps OpenMP's idle threads spinning" in \
+            fused.summary()
 
 
 def test_a_one_kernel_plan_leaves_the_threads_as_they_were(rng):
@@ -85,6 +88,7 @@ def test_a_one_kernel_plan_leaves_the_threads_as_they_were(rng):
     exe = graphkernel.compile(cell, Tensor(x), options=ON)
     assert exe.kernel_count == 1
     assert not awake_between_kernels(exe.plan)
+    assert "threads:" not in exe.summary()
 
 
 _CHILD = r"""
