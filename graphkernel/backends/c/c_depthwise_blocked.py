@@ -14,10 +14,14 @@ from dataclasses import dataclass
 
 from graphkernel.backends.c.c_depthwise import CLANG_CONTRACT
 
-# An NCHW depthwise convolution with at most this many output pixels runs channel-vectored
-# (gathering its input into blocks and scattering its output to planes), larger ones on the
-# pixel path. Measured one thread, 3x3 and 5x5, strides 1 and 2 (/work/briefs/out/s9-dwblock.md).
+# An NCHW depthwise convolution of stride 1, at least this many taps and at most this many
+# output pixels runs channel-vectored (gathering its input into blocks and scattering its
+# output to planes), any other on the pixel path. One thread, conv + ReLU6, channel/pixel time
+# (/work/briefs/out/s9-dwblock.md): 5x5 at 7x7 0.36-0.41, at 10x10 0.86, at 14x14 0.88-0.91;
+# 3x3 at 7x7 1.21-1.43, at 14x14 1.59; 5x5 stride 2 to 7x7 1.22-1.33, to 14x14 2.12 (the
+# gather of the larger input and too few taps to pay for it).
 CHANNEL_VECTOR_PIXELS = 196
+CHANNEL_VECTOR_TAPS = 25
 # Output pixels of a row's interior that go together (their accumulators in registers while
 # the taps go by: one weight load feeds this many multiply-adds).
 INTERIOR_PIXELS = 8
@@ -59,17 +63,21 @@ def is_plain_depthwise(c: int, o: int, group: int) -> bool:
     return group == c == o and group > 1
 
 
-def depthwise_form(pixels: int, input_blocked: bool, output_blocked: bool) -> tuple[bool, str]:
-    """Whether a plain depthwise convolution of `pixels` output pixels runs channel-vectored,
-    and why (the lowering's note)."""
+def depthwise_form(pixels: int, taps: int, strided: bool, input_blocked: bool,
+                   output_blocked: bool) -> tuple[bool, str]:
+    """Whether a plain depthwise convolution of `pixels` output pixels and `taps` taps runs
+    channel-vectored, and why (the lowering's note)."""
     if input_blocked or output_blocked:
         return True, "depthwise channel-vectored (vectors along a channel block, taps bounded " \
                      "at the borders): it reads or writes the blocked layout"
-    if pixels <= CHANNEL_VECTOR_PIXELS:
-        return True, f"depthwise channel-vectored: {pixels} output pixels, at most " \
-                     f"{CHANNEL_VECTOR_PIXELS} (the pixel path fills few lanes there)"
+    if pixels <= CHANNEL_VECTOR_PIXELS and taps >= CHANNEL_VECTOR_TAPS and not strided:
+        return True, f"depthwise channel-vectored: {pixels} output pixels (at most " \
+                     f"{CHANNEL_VECTOR_PIXELS}), {taps} taps (at least {CHANNEL_VECTOR_TAPS}), " \
+                     "stride 1 (the pixel path fills few lanes there)"
     return False, f"depthwise pixel path (vectors along pixels over phase planes): {pixels} " \
-                  f"output pixels, over {CHANNEL_VECTOR_PIXELS}"
+                  f"output pixels, {taps} taps, stride {'over 1' if strided else '1'} (the " \
+                  f"channel-vectored form pays its gather under {CHANNEL_VECTOR_TAPS} taps, " \
+                  f"over {CHANNEL_VECTOR_PIXELS} pixels or strided)"
 
 
 def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: DepthwiseGeometry,

@@ -175,7 +175,11 @@ def conv_form(conv: Node, input_blocked: bool, output_blocked: bool) -> str | No
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
     if not is_plain_depthwise(x[1], conv.shape[1], x[1] // w[1]):
         return None
-    return depthwise_form(conv.shape[2] * conv.shape[3], input_blocked, output_blocked)[1]
+    xt, wt = conv.inputs[0].tensor_type, conv.inputs[1].tensor_type
+    geo = conv_geometry(TensorType(xt.shape, xt.dtype), TensorType(wt.shape, wt.dtype),
+                        {**get_op(conv.op).attr_defaults, **conv.attrs})
+    return depthwise_form(conv.shape[2] * conv.shape[3], w[2] * w[3],
+                          tuple(geo["stride"]) != (1, 1), input_blocked, output_blocked)[1]
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False,
@@ -346,7 +350,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     # (ci / B * planes + q) * B + ci % B; every pixel offset scales by B (`px`).
     px = layout.block if layout.input_blocked else 1
     channel_vectored = pixels_per_lane and is_plain_depthwise(c, o, g) and \
-        depthwise_form(oh * ow, layout.input_blocked, layout.output_blocked)[0]
+        depthwise_form(oh * ow, kh * kw, (sh, sw) != (1, 1), layout.input_blocked,
+                       layout.output_blocked)[0]
     assert layout == NCHW or (g == 1 and not pixels_per_lane) or channel_vectored
     # A 1x1 convolution without padding reads input pixels (i * sh, j * sw) alone: its scratch
     # holds just those, as a stride-1 image (a strided one copied the whole input and read every
