@@ -178,18 +178,22 @@ def test_mobilenetv2_style_blocks(dtype, c, batch, rng):
     check_close(got, want, dtype)
     notes = layouts(exe)
     block = 16 if dtype == np.float32 else 8
-    # Depthwise convolutions read and write planes (their vectors run along a plane's
-    # pixels): the expands' results and theirs stay NCHW, and the grouped 3x3's input.
+    # Depthwise convolutions read and write blocks (their vectors run along a block's
+    # channels): the expands' results (6c, 4c channels: whole blocks) and theirs go blocked;
+    # the grouped 3x3 (2 groups of 2c) reads planes.
     planes = [v for v in notes.values() if "groups" in v]
-    assert len(planes) == 5 and all(v.startswith("NCHW") for v in planes)
-    assert sum("depthwise" in v for v in planes) == 4
-    # blocked: the stem's and the projects' results (read by 1x1s and residual adds) where c
-    # fills blocks
+    assert len(planes) == 1 and planes[0].startswith("NCHW") and "2 groups" in planes[0]
+    assert not any("depthwise" in v for v in notes.values())
+    # blocked: the expands' and depthwise results always; the stem's and the projects' (read
+    # by 1x1s and residual adds) where c fills blocks
     blocked = [k for k, v in notes.items() if v.startswith("blocked")]
-    assert len(blocked) == 3 * (c % block == 0)
+    assert len(blocked) == 4 + 3 * (c % block == 0), notes
     assert all("not a multiple of the block" in v for v in notes.values()
                if v.startswith("NCHW") and "groups" not in v and "graph output" not in v)
     assert any("a graph output" in v for v in notes.values())
+    described = exe.plan.describe()
+    assert described.count("depthwise channel-vectored") == 2, described
+    assert described.count("writes blocked") == len(blocked)
     assert exe.kernel_count == 9
 
 
@@ -220,9 +224,12 @@ def test_convolutions_of_their_own_read_and_write_blocks(dtype, rng):
     exe, got, want = run_both(net, x)
     check_close(got, want, dtype)
     notes = layouts(exe)
-    # a's result is read by b (a strided 1x1) alone: blocked; b's also by the depthwise one,
-    # d's by the Add; the depthwise one writes planes; e's is the output
+    # a's result is read by b (a strided 1x1) alone: blocked; b's by d and the depthwise
+    # one, which both read blocks: blocked; d's and the depthwise one's by the Add; e's is
+    # the output
     assert sorted(v.split(":")[0].split(",")[0] for v in notes.values()) == \
-        ["NCHW", "NCHW", "NCHW", "NCHW", "blocked"]
-    assert sum("depthwise" in v for v in notes.values()) == 2
-    assert sum("(single op), which reads NCHW" in v for v in notes.values()) == 1
+        ["NCHW", "NCHW", "NCHW", "blocked", "blocked"]
+    assert not any("depthwise" in v for v in notes.values())
+    assert sum("(single op), which reads NCHW" in v for v in notes.values()) == 2
+    described = exe.plan.describe()
+    assert described.count("depthwise channel-vectored (vectors along a channel block") == 1

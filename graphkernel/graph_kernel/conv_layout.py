@@ -12,12 +12,15 @@ time in those stores (/work/briefs/out/s8-nchwc.md).
 Run by lowering (graph_kernel/lower.py) once every node's kernel is chosen. A tensor is blocked
 when the kernel that writes it is a convolution's (its own kernel, or a conv block without a
 pool) that can write the layout, it is not a graph output (graph inputs and outputs stay NCHW),
-and every kernel that reads it can read the layout: a convolution reading it as its input, or a
-conv block's epilogue reading it element by element (a residual). Anything else (a pool, the
-head, a depthwise convolution, whose vectors run along a plane's pixels) keeps the tensor
-NCHW, and the decision's reason is a note (`layout`) on the node that writes it. The backend
-says which convolutions read or write the layout (`LoweringTarget.why_not_blocked`) and its
-block (`channel_block`)."""
+and every kernel that reads it can read the layout: a convolution reading it as its input
+(a depthwise one too: its kernel then runs its vectors along a block's channels, so
+MobileNetV2's 1x1 expand -> depthwise -> 1x1 project chain stays blocked), or a conv block's
+epilogue reading it element by element (a residual). Anything else (a pool, the head, a
+grouped convolution of several channels a group) keeps the tensor NCHW, and the decision's
+reason is a note (`layout`) on the node that writes it. The backend says which convolutions
+read or write the layout (`LoweringTarget.why_not_blocked`), its block (`channel_block`), and
+where its kernel for a convolution takes one of several forms by layout and size, which and
+why (`conv_form`, added to the kernel's lowering reason)."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +39,10 @@ class LayoutTarget(Protocol):
 
     def channel_block(self, conv: Node) -> int:
         """Channels per block of the blocked layout this convolution's kernel reads or writes."""
+
+    def conv_form(self, conv: Node, input_blocked: bool, output_blocked: bool) -> str | None:
+        """The form this convolution's kernel takes reading and writing these layouts, and
+        why, where the backend chooses among several (None: no choice)."""
 
 
 LAYOUT_NOTE = "layout"  # on each convolution kernel's result: its layout and why
@@ -78,6 +85,12 @@ def choose_layouts(graph: Graph, target: LayoutTarget, window: Enum, conv_block:
         values = list(lowering.block.reads) if lowering.block is not None else \
             list(node.inputs)
         blocked = frozenset(v.uid for v in [*values, node] if v.uid in chosen)
+        conv = _conv_writing(node, kinds)
+        form = None if conv is None else target.conv_form(
+            conv, conv.inputs[0].uid in chosen, node.uid in chosen)
+        if form is not None:
+            lowering = dataclasses.replace(lowering, reason=f"{lowering.reason}; {form}")
+            node.lowering = lowering
         if not blocked:
             continue
         block = next(chosen[uid] for uid in blocked)

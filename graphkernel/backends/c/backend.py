@@ -121,6 +121,10 @@ class CBackend:
         from graphkernel.backends.c.c_conv_units import channel_block
         return channel_block(conv.dtype)
 
+    def conv_form(self, conv: Node, input_blocked: bool, output_blocked: bool) -> str | None:
+        from graphkernel.backends.c.c_window import conv_form
+        return conv_form(conv, input_blocked, output_blocked)
+
     def emit(self, spec: KernelSpec, config: CConfig) -> KernelSource:
         source = self._emit(spec, config)
         if config.vector_width is None:

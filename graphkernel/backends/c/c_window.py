@@ -38,6 +38,12 @@ from graphkernel.backends.c.c_depthwise import (
     PhasePlanes,
     pixel_units,
 )
+from graphkernel.backends.c.c_depthwise_blocked import (
+    DepthwiseGeometry,
+    channel_units,
+    depthwise_form,
+    is_plain_depthwise,
+)
 from graphkernel.backends.c.c_filter_grad import filter_grad_kernel
 from graphkernel.backends.c.c_images import batch_after, image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
@@ -143,12 +149,13 @@ def why_not_blocked(conv: Node, side: str) -> str | None:
         return why or "not a convolution"
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
     g = x[1] // w[1]
-    if conv.shape[1] // g < PIXEL_PATH_CHANNELS:
-        # The pixel path's vectors run along a plane's pixels. Its fill copying one channel
-        # of a blocked input into phase planes read one element of each cache line: MobileNetV2
-        # b8's depthwise fills took 29 ms against 7 from planes (s8-nchwc.md).
-        return f"{g} groups, depthwise (its kernel reads and writes channel planes)"
-    if g != 1:  # a group's channel vectors would start inside a block
+    depthwise = is_plain_depthwise(x[1], conv.shape[1], g)
+    if conv.shape[1] // g < PIXEL_PATH_CHANNELS and not depthwise:
+        # The pixel path's vectors run along a plane's pixels; only a plain depthwise
+        # convolution (one channel a group) has channel-vectored units (c_depthwise_blocked).
+        return f"{g} groups of {conv.shape[1] // g} output channels from {w[1]} (its kernel " \
+               "reads and writes channel planes)"
+    if g != 1 and not depthwise:  # a group's channel vectors would start inside a block
         return f"{g} groups (its kernel reads and writes channel planes)"
     channels = x[1] if side == "input" else conv.shape[1]
     block = channel_block(conv.dtype)
@@ -157,6 +164,22 @@ def why_not_blocked(conv: Node, side: str) -> str | None:
     if conv_library(conv).onednn is not None:
         return "oneDNN runs it (its own layouts)"
     return None
+
+
+def conv_form(conv: Node, input_blocked: bool, output_blocked: bool) -> str | None:
+    """Which units a plain depthwise convolution's kernel runs in these layouts, and why
+    (c_depthwise_blocked.depthwise_form); None for any other convolution (one form)."""
+    if why_not_window_kernel(conv) is not None or \
+            get_op(conv.op).window is not Window.CONVOLUTION:
+        return None
+    x, w = conv.inputs[0].shape, conv.inputs[1].shape
+    if not is_plain_depthwise(x[1], conv.shape[1], x[1] // w[1]):
+        return None
+    xt, wt = conv.inputs[0].tensor_type, conv.inputs[1].tensor_type
+    geo = conv_geometry(TensorType(xt.shape, xt.dtype), TensorType(wt.shape, wt.dtype),
+                        {**get_op(conv.op).attr_defaults, **conv.attrs})
+    return depthwise_form(conv.shape[2] * conv.shape[3], w[2] * w[3],
+                          tuple(geo["stride"]) != (1, 1), input_blocked, output_blocked)[1]
 
 
 def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = False,
@@ -223,6 +246,8 @@ def _own_workspace_bytes(conv: Node) -> int:
     taps = cg * kh * kw
     if o // g < PIXEL_PATH_CHANNELS:  # scalars [channel][tap], in whole vectors
         packed = o * taps * size + 64
+        if is_plain_depthwise(x[1], o, g):  # or channel-vectored: [block][tap][64 bytes]
+            packed = max(packed, -(-o // channel_block(conv.dtype)) * taps * 64)
     else:
         packed = g * taps * -(-(o // g) // (64 // size)) * 64
     return WORKSPACE_HEADER_BYTES + packed
@@ -324,7 +349,10 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     # Blocked input: the scratch is blocked too, channel ci of pixel q at
     # (ci / B * planes + q) * B + ci % B; every pixel offset scales by B (`px`).
     px = layout.block if layout.input_blocked else 1
-    assert layout == NCHW or (g == 1 and not pixels_per_lane)
+    channel_vectored = pixels_per_lane and is_plain_depthwise(c, o, g) and \
+        depthwise_form(oh * ow, kh * kw, (sh, sw) != (1, 1), layout.input_blocked,
+                       layout.output_blocked)[0]
+    assert layout == NCHW or (g == 1 and not pixels_per_lane) or channel_vectored
     # A 1x1 convolution without padding reads input pixels (i * sh, j * sw) alone: its scratch
     # holds just those, as a stride-1 image (a strided one copied the whole input and read every
     # sh-th row of it), or is the input itself where it already is one (stride 1, stored as
@@ -356,6 +384,11 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     out_index = f"(((ch / {bk}) * {oh} + i) * {ow} + j) * {bk} + ch % {bk}" \
         if layout.output_blocked else f"(ch * {oh} + i) * {ow} + j"
     fill, unit = f"{name}_fill", f"{name}_unit"
+    if channel_vectored:
+        return _depthwise_channel_parts(
+            name, ops, DepthwiseGeometry(c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
+            layout if layout != NCHW else ConvLayout(block=channel_block(x.dtype)),
+            direct, param_decl, params, scale, in_index, out_index, folded, vt, ct, st)
     units_groups = 1 if pixels_per_lane else g
     if pixels_per_lane:  # scratch in stride phases (PhasePlanes): every tap reads a run
         planes = PhasePlanes(hp, wp, sh, sw)
@@ -487,3 +520,79 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
                      f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
                      f"{direct}({{xn}}, {params}, {{on}});", params,
                      0 if in_place else c * gh * gw, o * p * taps, c * h * wd, o * p)
+
+
+def _depthwise_channel_parts(name: str, ops: str, geo: DepthwiseGeometry, layout: ConvLayout,
+                             direct: str, param_decl: str, params: str, scale: str,
+                             in_index: str, out_index: str, folded: bool, vt: str, ct: str,
+                             st: str) -> ConvParts:
+    """A plain depthwise convolution's parts with channel-vectored units (c_depthwise_blocked):
+    the input read in place when it is blocked in the compute type, else gathered into a
+    blocked scratch; the output written as `layout` says."""
+    g, bk = geo, layout.block
+    nb = -(-g.c // bk)
+    in_place = layout.input_blocked and st == ct
+    fill, unit, image = f"{name}_fill", f"{name}_unit", f"{name}_image"
+    statics, repack = channel_units(name, fill, unit, ct, st, geo, bk,
+                                    input_blocked=layout.input_blocked,
+                                    output_blocked=layout.output_blocked, scale=scale)
+    p = g.oh * g.ow
+    lines = [
+        f"/* {c_comment(name)}: {c_comment(ops)}, depthwise channel-vectored */",
+        f"enum {{ {name}_VL = GK_VBYTES / (int)sizeof({ct}) }};",
+        f"static void {direct}(const {st} *restrict xn, {param_decl}, {st} *restrict on) {{",
+        f"  for (int64_t ch = 0; ch < {g.c}; ++ch) {{",
+        "    const int64_t gi = ch, ci = 0;",
+        f"    const {ct} s = {scale};",
+        f"    for (int64_t i = 0; i < {g.oh}; ++i)",
+        f"      for (int64_t j = 0; j < {g.ow}; ++j) {{",
+        f"        {ct} acc = 0;",
+        f"        for (int64_t a = 0; a < {g.kh}; ++a)",
+        f"          for (int64_t b = 0; b < {g.kw}; ++b) {{",
+        f"            const int64_t r = i * {g.sh} + a * {g.dh} - {g.pt}, "
+        f"q = j * {g.sw} + b * {g.dw} - {g.pl};",
+        f"            if (r < 0 || r >= {g.h} || q < 0 || q >= {g.wd}) continue;",
+        f"            acc += ({ct})xn[{in_index}] *",
+        f"                   (({ct})w[(ch * {g.kh} + a) * {g.kw} + b] * s);",
+        "          }",
+        f"        on[{out_index}] = ({st})acc;",
+        "      }",
+        "  }",
+        "}",
+        "#if defined(__GNUC__) && !defined(__clang__)",
+        "#pragma GCC push_options",
+        '#pragma GCC optimize("fp-contract=fast")',
+        "#endif",
+        *statics,
+        f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
+        f"{st} *restrict on, {ct} *restrict xp, int par) {{",
+        *(["  (void)xp;", f"  const {ct} *restrict xs = (const {ct} *)xn;"] if in_place else [
+            "  if (par) {",
+            "    #pragma omp parallel for schedule(static)",
+            f"    for (int64_t ci = 0; ci < {nb}; ++ci) {fill}(xn, xp, ci);",
+            "  } else {",
+            f"    for (int64_t ci = 0; ci < {nb}; ++ci) {fill}(xn, xp, ci);",
+            "  }",
+            f"  const {ct} *restrict xs = xp;"]),
+        f"  const {name}_bv *restrict wb = (const {name}_bv *)wt;",
+        "  if (par) {",
+        "    #pragma omp parallel for schedule(static)",
+        f"    for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wb, on, 0, u);",
+        "  } else {",
+        f"    for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wb, on, 0, u);",
+        "  }",
+        "}",
+        "#if defined(__GNUC__) && !defined(__clang__)",
+        "#pragma GCC pop_options",
+        "#endif"]
+    reads = [f"  const {st} *restrict x = (const {st} *)args[0];",
+             f"  const {st} *restrict w = (const {st} *)args[1];"]
+    if folded:
+        reads += [f"  const {st} *restrict scale = (const {st} *)args[2];",
+                  f"  const {st} *restrict var = (const {st} *)args[3];"]
+    scratch = 0 if in_place else nb * bk * g.h * g.wd
+    return ConvParts(lines, reads, repack,
+                     f"({nb * bk * g.taps}LL + {name}_VL - 1) / {name}_VL", vt, ct, st,
+                     f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
+                     f"{direct}({{xn}}, {params}, {{on}});", params, scratch,
+                     g.c * p * g.taps, g.c * g.h * g.wd, g.c * p)

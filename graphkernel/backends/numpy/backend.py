@@ -42,6 +42,9 @@ class NumpyBackend:
     def channel_block(self, conv: Node) -> int:
         return 1
 
+    def conv_form(self, conv: Node, input_blocked: bool, output_blocked: bool) -> str | None:
+        return None
+
     def emit(self, spec: KernelSpec, config: PlanSettings) -> None:
         # Lowering for this backend chooses no kernel (why_not_kernels), so a plan it made
         # holds no KernelSpec; one lowered for another backend is not this backend's to run.

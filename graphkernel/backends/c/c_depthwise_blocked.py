@@ -1,0 +1,192 @@
+"""A depthwise convolution's channel-vectored units (c_window.conv_parts assembles them): the
+vectors run along a channel block's B channels (the blocked layout's run of a pixel), one
+multiply-add per tap per output pixel, the weights repacked per block as [block][tap][lane].
+Borders go by tap bounds (the taps of a row or column that fall outside the input are not
+visited), so a blocked input is read in place with no zero-bordered scratch; an NCHW input is
+first gathered into a blocked scratch of the image (no border either).
+
+The pixel path (c_depthwise.py) runs its vectors along a plane's pixels instead; it cannot read
+or write the blocked layout, and at small maps it fills few lanes (a 7-wide output's row block
+fills 55 of 64). `depthwise_form` chooses between them for an NCHW convolution."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphkernel.backends.c.c_depthwise import CLANG_CONTRACT
+
+# An NCHW depthwise convolution of stride 1, at least this many taps and at most this many
+# output pixels runs channel-vectored (gathering its input into blocks and scattering its
+# output to planes), any other on the pixel path. One thread, conv + ReLU6, channel/pixel time
+# (/work/briefs/out/s9-dwblock.md): 5x5 at 7x7 0.36-0.41, at 10x10 0.86, at 14x14 0.88-0.91;
+# 3x3 at 7x7 1.21-1.43, at 14x14 1.59; 5x5 stride 2 to 7x7 1.22-1.33, to 14x14 2.12 (the
+# gather of the larger input and too few taps to pay for it).
+CHANNEL_VECTOR_PIXELS = 196
+CHANNEL_VECTOR_TAPS = 25
+# Output pixels of a row's interior that go together (their accumulators in registers while
+# the taps go by: one weight load feeds this many multiply-adds).
+INTERIOR_PIXELS = 8
+
+
+@dataclass(frozen=True)
+class DepthwiseGeometry:
+    """A depthwise convolution's sizes (one input channel per output channel)."""
+
+    c: int  # channels
+    h: int
+    wd: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    oh: int
+    ow: int
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    def interior_columns(self) -> tuple[int, int]:
+        """Output columns [jl, jr) whose every column tap lies inside the input."""
+        jl = next((j for j in range(self.ow) if j * self.sw - self.pl >= 0), self.ow)
+        jr = jl
+        while jr < self.ow and jr * self.sw - self.pl + (self.kw - 1) * self.dw < self.wd:
+            jr += 1
+        return jl, jr
+
+
+def is_plain_depthwise(c: int, o: int, group: int) -> bool:
+    """One input and one output channel per group: what the channel-vectored units compute."""
+    return group == c == o and group > 1
+
+
+def depthwise_form(pixels: int, taps: int, strided: bool, input_blocked: bool,
+                   output_blocked: bool) -> tuple[bool, str]:
+    """Whether a plain depthwise convolution of `pixels` output pixels and `taps` taps runs
+    channel-vectored, and why (the lowering's note)."""
+    if input_blocked or output_blocked:
+        return True, "depthwise channel-vectored (vectors along a channel block, taps bounded " \
+                     "at the borders): it reads or writes the blocked layout"
+    if pixels <= CHANNEL_VECTOR_PIXELS and taps >= CHANNEL_VECTOR_TAPS and not strided:
+        return True, f"depthwise channel-vectored: {pixels} output pixels (at most " \
+                     f"{CHANNEL_VECTOR_PIXELS}), {taps} taps (at least {CHANNEL_VECTOR_TAPS}), " \
+                     "stride 1 (the pixel path fills few lanes there)"
+    return False, f"depthwise pixel path (vectors along pixels over phase planes): {pixels} " \
+                  f"output pixels, {taps} taps, stride {'over 1' if strided else '1'} (the " \
+                  f"channel-vectored form pays its gather under {CHANNEL_VECTOR_TAPS} taps, " \
+                  f"over {CHANNEL_VECTOR_PIXELS} pixels or strided)"
+
+
+def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: DepthwiseGeometry,
+                  block: int, *, input_blocked: bool, output_blocked: bool, scale: str
+                  ) -> tuple[list[str], list[str]]:
+    """(statics, repack): `fill` (NCHW input, or a float16 blocked one: the image's channel
+    block ci gathered into the blocked compute-type scratch xp), `unit` (channel block u of the
+    output, `{name}_NU` of them), and the weights' repack into `wt` ([block][tap][lane], lanes
+    past the channels zero; `scale` the C of channel `ch`'s factor). The scratch, when there
+    is one, holds ceil(c / block) * block channels of h x wd, the lanes past c zero."""
+    g = geo
+    bk = block
+    nb = -(-g.c // bk)
+    plane = g.h * g.wd
+    bv = f"{name}_bv"
+    in_place = input_blocked and st == ct
+    src_t = ct  # the units read compute-type blocks: the input itself or the scratch
+    lines = [f"typedef {ct} {bv} __attribute__((vector_size({bk} * sizeof({ct})), "
+             f"aligned(sizeof({ct}))));"]
+    if not in_place:
+        if input_blocked:  # float16 blocks to float blocks
+            lines += [
+                f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, "
+                "int64_t ci) {",
+                f"  for (int64_t k = 0; k < {plane * bk}; ++k) "
+                f"xp[ci * {plane * bk}LL + k] = ({ct})xn[ci * {plane * bk}LL + k];",
+                "}"]
+        else:  # planes to blocks; the lanes past the channels stay zero (calloc'd)
+            lines += [
+                f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, "
+                "int64_t ci) {",
+                f"  const int64_t lanes = {g.c} - ci * {bk} < {bk} ? {g.c} - ci * {bk} : {bk};",
+                f"  {ct} *restrict xb = xp + ci * {plane * bk}LL;",
+                "  for (int64_t l = 0; l < lanes; ++l) {",
+                f"    const {st} *restrict src = xn + (ci * {bk} + l) * {plane}LL;",
+                f"    for (int64_t q = 0; q < {plane}; ++q) xb[q * {bk} + l] = ({ct})src[q];",
+                "  }",
+                "}"]
+    if output_blocked:
+        store = ([f"  *({bv} *)(on + ((u * {g.oh} + i) * {g.ow} + (j)) * {bk}LL) = (acc);"]
+                 if st == ct else
+                 [f"  for (int64_t l = 0; l < {bk}; ++l) "
+                  f"on[((u * {g.oh} + i) * {g.ow} + (j)) * {bk}LL + l] = ({st})(acc)[l];"])
+    else:
+        store = [f"  for (int64_t l = 0; l < lanes; ++l) "
+                 f"on[(u * {bk} + l) * {g.oh * g.ow}LL + i * {g.ow} + (j)] = ({st})(acc)[l];"]
+    # The bounds of a row's taps: a in [a0, a1) reads input row r0 + a * dh inside [0, h).
+    row_bounds = [
+        f"    const int64_t r0 = i * {g.sh} - {g.pt};",
+        f"    const int64_t a0 = r0 < 0 ? (-r0 + {g.dh - 1}) / {g.dh} : 0;",
+        f"    int64_t a1 = r0 >= {g.h} ? 0 : ({g.h} - r0 + {g.dh - 1}) / {g.dh};",
+        f"    if (a1 > {g.kh}) a1 = {g.kh};"]
+    jl, jr = g.interior_columns()
+    full = (jr - jl) // INTERIOR_PIXELS * INTERIOR_PIXELS
+    px = INTERIOR_PIXELS
+    lines += [
+        f"enum {{ {name}_NU = {nb} }};",
+        # One pixel with both tap bounds (a border column, or the interior's last few).
+        f"#define {name}_PIXEL(j) do {{ \\",
+        f"  const int64_t q0 = (j) * {g.sw} - {g.pl}; \\",
+        f"  const int64_t b0 = q0 < 0 ? (-q0 + {g.dw - 1}) / {g.dw} : 0; \\",
+        f"  int64_t b1 = q0 >= {g.wd} ? 0 : ({g.wd} - q0 + {g.dw - 1}) / {g.dw}; \\",
+        f"  if (b1 > {g.kw}) b1 = {g.kw}; \\",
+        f"  {bv} acc = ({bv}){{0}}; \\",
+        "  for (int64_t a = a0; a < a1; ++a) \\",
+        "    for (int64_t b = b0; b < b1; ++b) \\",
+        f"      acc += *(const {bv} *)(xb + ((r0 + a * {g.dh}) * {g.wd} + q0 + b * {g.dw}) * "
+        f"{bk}LL) * wb[a * {g.kw} + b]; \\",
+        *[s + " \\" for s in store],
+        "} while (0)",
+        f"static void {unit}(const {ct} *restrict xp, const {bv} *restrict wt, "
+        f"{st} *restrict on, int64_t gi, int64_t u) {{",
+        *CLANG_CONTRACT,
+        "  (void)gi;",
+        f"  const int64_t lanes = {g.c} - u * {bk} < {bk} ? {g.c} - u * {bk} : {bk};",
+        "  (void)lanes;",
+        f"  const {src_t} *restrict xb = xp + u * {plane * bk}LL;",
+        f"  const {bv} *restrict wb = wt + u * {g.taps}LL;",
+        f"  for (int64_t i = 0; i < {g.oh}; ++i) {{",
+        *row_bounds,
+        f"    for (int64_t j = 0; j < {jl}; ++j) {name}_PIXEL(j);",
+        # The interior: every column tap inside, INTERIOR_PIXELS pixels a step.
+        f"    for (int64_t j = {jl}; j < {jl + full}; j += {px}) {{",
+        f"      {bv} acc[{px}];",
+        f"      for (int64_t p = 0; p < {px}; ++p) acc[p] = ({bv}){{0}};",
+        f"      const {src_t} *restrict xj = xb + (j * {g.sw} - {g.pl}) * {bk}LL;",
+        "      for (int64_t a = a0; a < a1; ++a) {",
+        f"        const {src_t} *restrict xr = xj + (r0 + a * {g.dh}) * {g.wd * bk}LL;",
+        f"        for (int64_t b = 0; b < {g.kw}; ++b) {{",
+        f"          const {bv} wv = wb[a * {g.kw} + b];",
+        f"          for (int64_t p = 0; p < {px}; ++p)",
+        f"            acc[p] += *(const {bv} *)(xr + (p * {g.sw} + b * {g.dw}) * {bk}LL) * wv;",
+        "        }",
+        "      }",
+        f"      for (int64_t p = 0; p < {px}; ++p) {{",
+        f"        const {bv} accp = acc[p];",
+        *["      " + s.replace("(acc)", "accp").replace("(j)", "(j + p)") for s in store],
+        "      }",
+        "    }",
+        f"    for (int64_t j = {jl + full}; j < {g.ow}; ++j) {name}_PIXEL(j);",
+        "  }",
+        "}",
+        f"#undef {name}_PIXEL"]
+    repack = [f"  for (int64_t cb = 0; cb < {nb}; ++cb)",
+              f"    for (int64_t l = 0; l < {bk}; ++l) {{",
+              f"      const int64_t ch = cb * {bk} + l < {g.c} ? cb * {bk} + l : 0;",
+              f"      const {ct} s = cb * {bk} + l < {g.c} ? {scale} : 0;",
+              f"      for (int64_t t = 0; t < {g.taps}; ++t)",
+              f"        (({ct} *)wt)[(cb * {g.taps} + t) * {bk}LL + l] = "
+              f"({ct})w[ch * {g.taps}LL + t] * s;",
+              "    }"]
+    return lines, repack
