@@ -302,7 +302,7 @@ def test_a_stored_register_tile_steers_the_convolution(records):
     (note,) = tiled.executable.plan.schedule_notes.values()
     assert "conv_channel_vectors=3" in note, note
     (source,) = [k.source for k in tiled.kernels if k.source]
-    assert "_NU = (" in source and "+ 2) / 3 }" in source
+    assert "_NU = (" in source and "+ 2) / 3, " in source and "_UV = 3, " in source
     np.testing.assert_allclose(tiled.run_arrays(*arrays)[0], exe.run_arrays(*arrays)[0],
                                rtol=RTOL, atol=ATOL)
 

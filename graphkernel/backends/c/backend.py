@@ -246,10 +246,15 @@ class CBackend:
         for spec in specs:  # which library runs each convolution kernel, and why
             conv = _convolution_of(spec)
             if conv is not None:
-                from graphkernel.backends.c.c_window import conv_library
+                from graphkernel.backends.c.c_window import conv_library, image_split_note
                 tuned = plan.schedule_notes.get(spec.name)
+                library_ = conv_library(conv)
+                split = "" if library_.onednn is not None else "; " + image_split_note(
+                    conv, spec.kind is KernelKind.CONV_BLOCK,
+                    _tile_of(choices[spec.name].knobs.apply(config)
+                             if spec.name in choices else config))
                 plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
-                    f"convolution on {conv_library(conv).why}"
+                    f"convolution on {library_.why}{split}"
         if library is not None:
             hand_blas_to(library.entry_module, any(
                 label.startswith(MKL_LABEL) for label in _gemm_labels(plan).values()))
@@ -315,6 +320,10 @@ def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     (with the product and gather emitters it uses: a warm build writes no C)."""
     from graphkernel.backends.c.c_entry import entry_source
     return entry_source(plan)
+
+
+def _tile_of(config: CConfig) -> ConvTile:
+    return ConvTile(config.conv_channel_vectors, config.conv_pixels)
 
 
 def _convolution_of(spec: KernelSpec) -> Node | None:

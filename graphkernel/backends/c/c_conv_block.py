@@ -211,8 +211,10 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
     assert plan is not None, problem
     layout = ConvLayout(conv.inputs[0].uid in blocked, out_blocked, channel_block) \
         if blocked else NCHW
+    # The channel path's image runs the epilogue after each unit of work, on the rows and
+    # channels it just wrote, in the units' parallel region (c_window.channel_image).
     parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs}, tile,
-                       layout)
+                       layout, f"{name}_epilogue")
     ct, st = parts.ct, parts.st
     o = conv.shape[1]
     reads = block.reads
@@ -226,12 +228,16 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
         statics, pool_call, _, out_size, _ = pool_parts(pool, f"{name}_pool", pool_attrs)
         lines += statics
     npre = max(len(plan.pre), 1)
+    epilogue_after = "" if parts.epilogue_inside else \
+        f" {name}_epilogue_image(tile, n, args, pre, gk_par);"
     inputs = [f"  const {st} *restrict in{k} = (const {st} *)args[{a}];"
               for k, a in plan.inputs.items()]
-    # The epilogue over one image's tile, in place; per-channel values from `pre`.
+    # The epilogue over channels [c0, c1) and pixels [p0, p1) of one image's tile, in place;
+    # per-channel values from `pre`.
     lines += [f"/* {c_comment(name)}: {c_comment(block.epilogue.name)} over each image */",
               f"static void {name}_epilogue({ct} *restrict tile, int64_t n, "
-              f"void *const *args, const {ct} *restrict pre, int par) {{",
+              f"void *const *args, const {ct} *restrict pre, int64_t c0, int64_t c1, "
+              "int64_t p0, int64_t p1) {",
               f"  enum {{ O = {o}, P = {parts.out_size // o} }};", *inputs,
               "  (void)n; (void)args; (void)pre;"]
     if out_blocked:
@@ -240,35 +246,55 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
         # The block's per-channel values go to lane arrays first: read from `pre` ([o][j])
         # inside the pixel loop they were a gather per pixel (the epilogue took 6.6% of
         # ResNet-50 b1 against 3.4% over planes).
+        # A unit of the 256-bit code covers half a block: lanes l0 to l1 of it.
         bk = channel_block
+
+        def lanes_loop(l0: str, l1: str) -> list[str]:
+            return ["    for (int64_t p = p0; p < p1; ++p) {", "      #pragma omp simd",
+                    f"      for (int64_t l = {l0}; l < {l1}; ++l) {{",
+                    f"        const int64_t o = ob * {bk} + l, idx = (ob * P + p) * {bk} + l;",
+                    "        (void)o;",
+                    *[f"        const {ct} {local} = lanes[{j}][l];"
+                      for j, (local, _) in enumerate(plan.pre)],
+                    *[f"        const {ct} {local} = {text};" for local, text in plan.full],
+                    f"        tile[idx] = {plan.result};", "      }", "    }"]
         channel = [f"    {ct} lanes[{npre}][{bk}];",
                    f"    for (int64_t l = 0; l < {bk}; ++l)",
                    f"      for (int64_t j = 0; j < {npre}; ++j) "
                    f"lanes[j][l] = pre[(ob * {bk} + l) * {npre} + j];",
-                   "    for (int64_t p = 0; p < P; ++p) {", "      #pragma omp simd",
-                   f"      for (int64_t l = 0; l < {bk}; ++l) {{",
-                   f"        const int64_t o = ob * {bk} + l, idx = (ob * P + p) * {bk} + l;",
-                   "        (void)o;",
-                   *[f"        const {ct} {local} = lanes[{j}][l];"
-                     for j, (local, _) in enumerate(plan.pre)],
-                   *[f"        const {ct} {local} = {text};" for local, text in plan.full],
-                   f"        tile[idx] = {plan.result};", "      }", "    }"]
-        loop = f"    for (int64_t ob = 0; ob < O / {bk}; ++ob) {{"
+                   f"    const int64_t l0 = c0 > ob * {bk} ? c0 - ob * {bk} : 0;",
+                   f"    const int64_t l1 = c1 - ob * {bk} < {bk} ? c1 - ob * {bk} : {bk};",
+                   f"    if (l0 == 0 && l1 == {bk}) {{",
+                   *["  " + x for x in lanes_loop("0", str(bk))],
+                   "    } else {",
+                   *["  " + x for x in lanes_loop("l0", "l1")],
+                   "    }"]
+        loop = f"    for (int64_t ob = c0 / {bk}; ob * {bk} < c1; ++ob) {{"
     else:
         channel = [f"    const {ct} {local} = pre[o * {npre} + {j}];"
                    for j, (local, _) in enumerate(plan.pre)]
-        channel += ["    #pragma omp simd", "    for (int64_t p = 0; p < P; ++p) {"]
+        channel += ["    #pragma omp simd", "    for (int64_t p = p0; p < p1; ++p) {"]
         if any(v.uid in tile_blocked for v in block.epilogue.inputs):  # a blocked residual
             channel.append(f"      const int64_t idx = ((o / {channel_block}) * P + p) * "
                            f"{channel_block} + o % {channel_block};")
         channel += [f"      const {ct} {local} = {text};" for local, text in plan.full]
         channel += [f"      tile[o * P + p] = {plan.result};", "    }"]
-        loop = "    for (int64_t o = 0; o < O; ++o) {"
-    # On the threads when the image's units were (`par`: a batch too small to share out).
-    lines += ["  if (par) {", "    #pragma omp parallel for schedule(static)",
-              loop, *["  " + c for c in channel], "    }",
-              "  } else {", loop,
-              *["  " + c for c in channel], "    }", "  }", "}", ""]
+        loop = "    for (int64_t o = c0; o < c1; ++o) {"
+    lines += ["  {", loop, *["  " + c for c in channel], "    }", "  }", "}", ""]
+    if not parts.epilogue_inside:
+        # The pixel path's image (depthwise) has no units of channels: the epilogue after
+        # it, by channel, on the threads when the image's units were (`par`: a batch too
+        # small to share out).
+        lines += [f"static void {name}_epilogue_image({ct} *restrict tile, int64_t n, "
+                  f"void *const *args, const {ct} *restrict pre, int par) {{",
+                  f"  enum {{ O = {o}, P = {parts.out_size // o} }};",
+                  "  if (par) {",
+                  "    #pragma omp parallel for schedule(static)",
+                  f"    for (int64_t o = 0; o < O; ++o) {name}_epilogue(tile, n, args, pre, o, "
+                  "o + 1, 0, P);",
+                  "  } else {",
+                  f"    {name}_epilogue(tile, n, args, pre, 0, O, 0, P);",
+                  "  }", "}", ""]
     # The kernel: weights repacked when they changed, per-channel values computed once, then
     # image by image.
     lines += [f"void {name}(void *const *args) {{", *parts.reads,
@@ -282,25 +308,26 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
         lines += [f"    const {ct} {local} = {text};", f"    pre[o * {npre} + {j}] = {local};"]
     lines.append("  }")
     xn, dst = f"x + n * {parts.in_size}LL", f"out + n * {out_size}LL"
+    image = parts.image + epilogue_after
     if parts.scratch == 0:  # the convolution reads its input in place
-        scratch, conv_call = [], parts.image
+        scratch, conv_call = [], image
     elif parts.scratch * conv.dtype.itemsize <= STACK_BYTES:
         scratch = [f"  {ct} xp[{parts.scratch}] = {{0}};"]
-        conv_call = parts.image
+        conv_call = image
     else:  # as a convolution's own kernel keeps it (c_window._conv): zeroed once, per thread
         scratch = [f"  static __thread {ct} *xp_kept = NULL;",
                    f"  if (xp_kept == NULL) xp_kept = ({ct} *)calloc({parts.scratch}, "
                    f"sizeof({ct}));",
                    f"  {ct} *xp = xp_kept;"]
-        conv_call = f"if (xp != NULL) {parts.image} else {parts.direct}"
+        # Without its scratch the slow loop, then the epilogue over the whole image.
+        conv_call = f"if (xp != NULL) {{{{ {image} }}}} else {{{{ {parts.direct} " \
+            f"{name}_epilogue(tile, n, args, pre, 0, {o}, 0, {parts.out_size // o}); }}}}"
     if pool is not None:
         call = f"{{ {conv_call.format(xn=xn, on='tile')} " \
-            f"{name}_epilogue(tile, n, args, pre, gk_par); " \
             f"{pool_call.format(xn='tile', on=dst)} }}"
         scratch.append(f"  {ct} tile[{parts.out_size}];")
     else:
-        call = f"{{ {ct} *tile = {dst}; {conv_call.format(xn=xn, on='tile')} " \
-            f"{name}_epilogue(tile, n, args, pre, gk_par); }}"
+        call = f"{{ {ct} *tile = {dst}; {conv_call.format(xn=xn, on='tile')} }}"
     lines += image_loop(call, batch, parts.macs, threshold, scratch, [])
     lines.append("}")
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(reads)]

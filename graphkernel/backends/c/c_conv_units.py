@@ -43,14 +43,27 @@ def channel_block(dtype: np.dtype) -> int:
     return 8 if C_COMPUTE[dtype] == "double" else 16
 
 
+def row_steps(oh: int, ow: int, most: int) -> int:
+    """How many row steps a unit of at most `most` pixels a block walks: a piece of a unit
+    (its rows split over threads, c_window's b1 split) is a range of them. A small image
+    (FLAT_PIXELS) is one step, whole rows oh / r, row segments oh; each step is the same
+    number of output pixels (`{name}_RP` in the source: oh * ow / steps), a unit's channel
+    vectors `{name}_UV`."""
+    if oh * ow <= FLAT_PIXELS:
+        return 1
+    if ow <= most:
+        return oh // max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
+    return oh
+
+
 def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
                 fill_kind: str, layout: ConvLayout, *, c: int, h: int, wd: int, hp: int,
                 wp: int, pt: int, pl: int, cg: int, og: int, o: int, taps: int, oh: int,
                 ow: int, sh: int, sw: int, fsh: int, fsw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
-    ci into the zero-bordered plane, `unit` computes one unit of the output (`{name}_NU` units
-    per group), so that threads can share an image's units when a batch is too small to share
-    out by images.
+    ci into the zero-bordered plane, `unit` computes piece `piece` of `pieces` of one unit of
+    the output (`{name}_NU` units per group, each `{name}_RS` row steps that pieces split), so
+    that threads can share an image's units when a batch is too small to share out by images.
 
     `fill_kind` (conv_parts): "pad" copies the input into a zero-bordered plane of hp x wp,
     "sample" copies pixels (i * fsh, j * fsw) of a 1x1 convolution into a stride-1 plane of
@@ -145,7 +158,14 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
                                                        "#else", *by_channel, "#endif", "}"]]
 
     def blocks(step: int, most: int) -> list[str]:
-        body = [f"    const {vt} *wg = wt + {name}_wi(gi, oc, 0);"]
+        # Piece `piece` of `pieces` takes row steps [s0, s1) (row_steps: all of a small image
+        # in piece 0).
+        steps = row_steps(oh, ow, most)
+        body = [f"    const {vt} *wg = wt + {name}_wi(gi, oc, 0);",
+                f"    const int64_t s0 = {steps}LL * piece / pieces, "
+                f"s1 = {steps}LL * (piece + 1) / pieces;"]
+        if oh * ow <= FLAT_PIXELS:
+            body.append("    if (s0 == s1) return;")
         if oh * ow <= FLAT_PIXELS:  # a small image: equal blocks of the whole image, unrolled
             blocks_n = -(-(oh * ow) // most)
             size, extra = divmod(oh * ow, blocks_n)
@@ -160,7 +180,7 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
             r = max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
             nb = r * ow
             offsets = [((b // ow) * sh * wp + (b % ow) * sw) * px for b in range(nb)]
-            body += [f"    for (int64_t k = 0; k < {oh}; k += {r})",
+            body += [f"    for (int64_t k = s0 * {r}; k < s1 * {r}; k += {r})",
                      *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL", offsets, f"k * {ow}",
                                   True)]
         else:  # equal segments of a row, then the remainder
@@ -170,7 +190,7 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
             segments = -(-ow // most)
             nb = -(-ow // segments)
             full, tail = divmod(ow, nb)
-            body += [f"    for (int64_t k = 0; k < {oh}; ++k) {{",
+            body += ["    for (int64_t k = s0; k < s1; ++k) {",
                      f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
                      *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL + j0 * {sw * px}",
                                   [b * sw * px for b in range(nb)], f"k * {ow} + j0",
@@ -197,12 +217,15 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         units_512 = ["  {", *blocks(vectors, pixels), "  }"]
     return lines + [
         "#if GK_PB == 16",
-        f"enum {{ {name}_NU = ({name}_OC + {vectors - 1}) / {vectors} }};",
+        f"enum {{ {name}_NU = ({name}_OC + {vectors - 1}) / {vectors}, {name}_UV = {vectors}, "
+        f"{name}_RS = {row_steps(oh, ow, pixels)}, "
+        f"{name}_RP = {oh * ow // row_steps(oh, ow, pixels)} }};",
         "#else",
-        f"enum {{ {name}_NU = {name}_OC }};",
+        f"enum {{ {name}_NU = {name}_OC, {name}_UV = 1, {name}_RS = {row_steps(oh, ow, 8)}, "
+        f"{name}_RP = {oh * ow // row_steps(oh, ow, 8)} }};",
         "#endif",
         f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
-        f"{st} *restrict on, int64_t gi, int64_t u) {{",
+        f"{st} *restrict on, int64_t gi, int64_t u, int64_t piece, int64_t pieces) {{",
         *CLANG_CONTRACT,
         f"  enum {{ VL = {name}_VL, OC = {name}_OC }};",
         f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",

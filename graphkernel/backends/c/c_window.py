@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 
 from graphkernel.backends.c import onednn_choice
-from graphkernel.backends.c.c_conv_units import NCHW, ConvLayout, channel_block, conv_units
+from graphkernel.backends.c.c_conv_units import (
+    NCHW,
+    ConvLayout,
+    channel_block,
+    conv_units,
+    row_steps,
+)
 from graphkernel.backends.c.c_depthwise import (
     SCRATCH_SLACK,
     PhasePlanes,
@@ -75,6 +81,7 @@ WINDOW_TYPES = """\
 #ifndef GK_WINDOW_TYPES
 #define GK_WINDOW_TYPES
 #include <stdlib.h>
+int omp_get_num_threads(void);
 #if defined(__AVX512F__)
 #define GK_VBYTES 64
 #define GK_PB 16
@@ -290,6 +297,7 @@ class ConvParts:
     macs: int  # multiply-adds per image
     in_size: int  # elements per input image
     out_size: int  # elements per output image
+    epilogue_inside: bool = False  # `image` runs conv_parts' `epilogue` after each unit
 
 
 def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
@@ -325,10 +333,91 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
     return lines
 
 
+def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE) -> str:
+    """How a batch of one shares `conv`'s image over the threads (channel_image), for the
+    plan's schedule notes; `block`: its kernel is a conv block (the epilogue runs per unit)."""
+    x, w = conv.inputs[0].shape, conv.inputs[1].shape
+    g, og = x[1] // w[1], conv.shape[1] // (x[1] // w[1])
+    if og < PIXEL_PATH_CHANNELS:
+        return "a batch of one: the image's channel planes shared over the threads"
+    vectors, pixels = tile.resolved()
+    units = g * -(-og // (channel_block(conv.dtype) * vectors))
+    steps = row_steps(conv.shape[2], conv.shape[3], pixels)
+    return (f"a batch of one: one parallel region per image, the fill then {units} units of "
+            f"{vectors} channel vectors x row pieces (team / gcd(units, team), at most {steps} "
+            "row steps: equal work per thread)"
+            + ("; the epilogue in each unit's work item" if block else ""))
+
+
+def channel_image(name: str, fill: str | None, unit: str, channels: int, groups: int,
+                  og: int, epilogue: str | None) -> list[str]:
+    """The body of an image function of the channel path: the zero-bordered fill (`fill`,
+    input channel blocks 0 to `channels`; None: none), then the image's channel-vector units,
+    each followed by `epilogue` over the channels and rows it wrote (None: no epilogue).
+
+    On the calling thread, or (`par`, a batch of one) in ONE parallel region: the fill shared
+    out, a barrier, then the units, whose epilogue runs in the same work item on the tile
+    just written. At batch 1 a fill, the units and the epilogue as three parallel regions cost
+    three wake-ups of the team and three barriers per convolution, about 160 for ResNet-50's
+    call; the epilogue then also read the whole output back.
+
+    Each unit is split into pieces of its row steps so that the work items (units x pieces)
+    are a multiple of the threads. By units alone, a split of NU units over T threads leaves
+    ceil(NU / T) / (NU / T) - 1 of the time idle (3 threads, 64 channels: two units, a third
+    of the team idle). The fewest pieces that balance (T / gcd(NU, T), at most the row steps)
+    keep each unit's weights in one thread's cache for the longest run; a piece costs one more
+    pass over the unit's weights (taps x channel vectors), against rows x taps multiply-adds."""
+    item = [f"{unit}(xs, wt, on, gi, u, piece, pieces);"]
+    if epilogue is not None:
+        item += [
+            f"{{ const int64_t c0 = gi * {og}LL + u * {name}_UV * {name}_VL;",
+            f"  const int64_t c1 = c0 + {name}_UV * {name}_VL < (gi + 1) * {og}LL ? "
+            f"c0 + {name}_UV * {name}_VL : (gi + 1) * {og}LL;",
+            f"  const int64_t s0 = {name}_RS * piece / pieces, "
+            f"s1 = {name}_RS * (piece + 1) / pieces;",
+            f"  if (s0 < s1) {epilogue}(on, n, args, pre, c0, c1, s0 * {name}_RP, "
+            f"s1 * {name}_RP); }}"]
+    fill_par = [] if fill is None else [
+        "      #pragma omp for schedule(static)",
+        f"      for (int64_t ci = 0; ci < {channels}; ++ci) {fill}(xn, xp, ci);"]
+    fill_one = [] if fill is None else [
+        f"    for (int64_t ci = 0; ci < {channels}; ++ci) {fill}(xn, xp, ci);"]
+    return [
+        "  if (par) {",
+        "    #pragma omp parallel",
+        "    {",
+        "      /* the fewest pieces that give every thread the same number of items */",
+        "      const int64_t team = omp_get_num_threads();",
+        f"      int64_t a = {name}_NU, b = team;",
+        "      while (b) { const int64_t t = a % b; a = b; b = t; }",
+        f"      const int64_t pieces = team / a < {name}_RS ? team / a : {name}_RS;",
+        *fill_par,
+        f"      for (int64_t gi = 0; gi < {groups}; ++gi) {{",
+        "        #pragma omp for schedule(static) nowait",
+        f"        for (int64_t it = 0; it < {name}_NU * pieces; ++it) {{",
+        "          const int64_t u = it / pieces, piece = it % pieces;",
+        *["          " + x for x in item],
+        "        }",
+        "      }",
+        "    }",
+        "  } else {",
+        *fill_one,
+        "    const int64_t pieces = 1, piece = 0;",
+        f"    for (int64_t gi = 0; gi < {groups}; ++gi)",
+        f"      for (int64_t u = 0; u < {name}_NU; ++u) {{",
+        *["        " + x for x in item],
+        "      }",
+        "  }"]
+
+
 def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE,
-               layout: ConvLayout = NCHW) -> ConvParts:
+               layout: ConvLayout = NCHW, epilogue: str | None = None) -> ConvParts:
     """The pieces of `node`'s convolution kernel `name` (a block's too), its channel-vector
-    units with register tile `tile`, reading and writing `layout` (why_not_blocked holds)."""
+    units with register tile `tile`, reading and writing `layout` (why_not_blocked holds).
+    `epilogue`: a block's epilogue (c_conv_block.py), a C function over output channels
+    [c0, c1) and pixels [p0, p1) of an image, that the channel path's image function calls
+    after each unit of work (ConvParts.epilogue_inside); the image call then passes the
+    block's `n`, `args` and `pre` on."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
@@ -363,6 +452,9 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     fill_kind = "none" if in_place else "sample" if pointwise else "pad"
     gh, gw, gsh, gsw = (oh, ow, 1, 1) if pointwise else (hp, wp, sh, sw)
     p = oh * ow
+    epilogue = None if pixels_per_lane else epilogue  # the pixel path's units are channels
+    image_extra = f", int64_t n, void *const *args, const {ct} *restrict pre" \
+        if epilogue is not None else ""
     folded = node.op == "Conv2DFoldedBN"
     params = "w, scale, var" if folded else "w"
     param_decl = f"const {st} *restrict w" + (
@@ -447,8 +539,11 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
                       hp=gh,
                       wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
                       sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
+        *([f"static void {epilogue}({ct} *restrict tile, int64_t n, void *const *args, "
+           f"const {ct} *restrict pre, int64_t c0, int64_t c1, int64_t p0, int64_t p1);"]
+          if epilogue is not None else []),
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
-        f"{st} *restrict on, {ct} *restrict xp, int par) {{",
+        f"{st} *restrict on, {ct} *restrict xp, int par{image_extra}) {{",
         "#if defined(__clang__)",
         "#pragma clang fp contract(fast)",
         "#endif",
@@ -456,7 +551,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         # that threads share when the caller runs one image at a time (`par`: a batch too
         # small to share out).
         *(["  (void)xp;", f"  const {ct} *restrict xs = (const {ct} *)xn;"]
-          if fill_kind == "none" else [
+          if fill_kind == "none" else [f"  const {ct} *restrict xs = xp;"]
+          if not pixels_per_lane else [
               "  if (par) {",
               "    #pragma omp parallel for schedule(static)",
               f"    for (int64_t ci = 0; ci < {c // px}; ++ci) {fill}(xn, xp, ci);",
@@ -464,14 +560,16 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
               f"    for (int64_t ci = 0; ci < {c // px}; ++ci) {fill}(xn, xp, ci);",
               "  }",
               f"  const {ct} *restrict xs = xp;"]),
-        f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
-        "    if (par) {",
-        "      #pragma omp parallel for schedule(static)",
-        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
-        "    } else {",
-        f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
-        "    }",
-        "  }",
+        *(channel_image(name, None if fill_kind == "none" else fill, unit, c // px,
+                        units_groups, og, epilogue) if not pixels_per_lane else [
+            f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
+            "    if (par) {",
+            "      #pragma omp parallel for schedule(static)",
+            f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
+            "    } else {",
+            f"      for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wt, on, gi, u);",
+            "    }",
+            "  }"]),
         "}",
         "#if defined(__GNUC__) && !defined(__clang__)",
         "#pragma GCC pop_options",
@@ -516,10 +614,13 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         f"      wt[{name}_wi(gi, oc, t)] = v;",
         "    }",
         "  }"]
+    extra = ", n, args, pre" if epilogue is not None else ""
     return ConvParts(lines, reads, repack, f"{g * taps}LL * {name}_OC", vt, ct, st,
-                     f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
+                     f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par"
+                     f"{extra});",
                      f"{direct}({{xn}}, {params}, {{on}});", params,
-                     0 if in_place else c * gh * gw, o * p * taps, c * h * wd, o * p)
+                     0 if in_place else c * gh * gw, o * p * taps, c * h * wd, o * p,
+                     epilogue is not None)
 
 
 def _depthwise_channel_parts(name: str, ops: str, geo: DepthwiseGeometry, layout: ConvLayout,
