@@ -222,10 +222,13 @@ def _emit(plan: ExecutionPlan, module: str,
         f"static const int gk_overlaps[] = {{{_c_list(overlaps)}}};",
         *program.definitions(),
         "",
-        *(_AWAKE if awake else ["#define GK_BEFORE_KERNEL(pc) ((void)0)"]),
+        # the choice is a constant beside the tables, so gk_run is the same C for every plan
+        # (a deeper stack's entry compiles the same code: tests/test_compile_depth.py)
+        f"#define GK_AWAKE_PLAN {int(awake)}",
+        *_AWAKE,
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
-        *(["  int gk_awake = 0;"] if awake else []),
+        "  int gk_awake = 0;",
     ]
     if blas is not None:  # the Python runner until the loader hands over numpy's BLAS
         lines.append("  if (gk_sgemm == NULL) Py_RETURN_NOTIMPLEMENTED;")
@@ -270,9 +273,9 @@ def _emit(plan: ExecutionPlan, module: str,
     lines += [
         f"  PyArrayObject *v[{max(total, 1)}] = {{0}};  /* arguments (borrowed), then results */",
         f"  for (int i = 0; i < {nargs}; ++i) v[i] = (PyArrayObject *)args[i];",
-        *(["  gk_awake = gk_awake_begin();"] if awake else []),
+        "  gk_awake = gk_awake_begin();",
         *_RUN_PROGRAM,
-        *(["  if (gk_awake) gk_awake_end();"] if awake else []),
+        "  if (gk_awake) gk_awake_end();",
     ]
     results = [vid[s] for s in plan.outputs]
     if plan.returns_tuple or len(results) != 1:
@@ -288,11 +291,11 @@ def _emit(plan: ExecutionPlan, module: str,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return result;",
         "refuse: __attribute__((unused));  /* the Python runner runs the call again */",
-        *(["  if (gk_awake) gk_awake_end();"] if awake else []),
+        "  if (gk_awake) gk_awake_end();",
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  Py_RETURN_NOTIMPLEMENTED;",
         "fail:",
-        *(["  if (gk_awake) gk_awake_end();"] if awake else []),
+        "  if (gk_awake) gk_awake_end();",
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return NULL;",
         "}",
@@ -472,6 +475,7 @@ int omp_get_max_threads(void);
 static __thread long gk_preempted_seen = -1;  /* the calling thread's count at its last call */
 static __thread int gk_passive_calls = 0;  /* calls left to wait passively after a preemption */
 static int gk_awake_begin(void) {
+  if (!GK_AWAKE_PLAN) return 0;  /* fewer than two kernels: nothing to keep awake */
   if (kmp_get_blocktime == NULL || kmp_set_blocktime == NULL) return 0;
   if (omp_get_max_threads() < 2 || kmp_get_blocktime() != 0) return 0;
   struct rusage ru;
