@@ -21,6 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.backends.c import cblas as numpys_blas
+from graphkernel.backends.c.c_entry_threads import (  # noqa: F401  # two names tests import here
+    AWAKE_BEGIN,
+    AWAKE_END,
+    AWAKE_LOCAL,
+    PASSIVE_CALLS_AFTER_PREEMPTION,
+    awake_between_kernels,
+    awake_definitions,
+)
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude, with_library
 from graphkernel.backends.c.c_range import RangeCall, emit_range, range_call
@@ -91,7 +99,6 @@ def _emit(plan: ExecutionPlan, module: str,
     for s in produced:
         vid[s] = len(vid)
     nbuffers = max(len(plan.buffers), 1)
-    awake = awake_between_kernels(plan)
     lines = [
         "#define PY_SSIZE_T_CLEAN",
         "#include <Python.h>",
@@ -224,11 +231,10 @@ def _emit(plan: ExecutionPlan, module: str,
         "",
         # the choice is a constant beside the tables, so gk_run is the same C for every plan
         # (a deeper stack's entry compiles the same code: tests/test_compile_depth.py)
-        f"#define GK_AWAKE_PLAN {int(awake)}",
-        *_AWAKE,
+        *awake_definitions(plan),
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
-        "  int gk_awake = 0;",
+        AWAKE_LOCAL,
     ]
     if blas is not None:  # the Python runner until the loader hands over numpy's BLAS
         lines.append("  if (gk_sgemm == NULL) Py_RETURN_NOTIMPLEMENTED;")
@@ -273,9 +279,9 @@ def _emit(plan: ExecutionPlan, module: str,
     lines += [
         f"  PyArrayObject *v[{max(total, 1)}] = {{0}};  /* arguments (borrowed), then results */",
         f"  for (int i = 0; i < {nargs}; ++i) v[i] = (PyArrayObject *)args[i];",
-        "  gk_awake = gk_awake_begin();",
+        AWAKE_BEGIN,
         *_RUN_PROGRAM,
-        "  if (gk_awake) gk_awake_end();",
+        AWAKE_END,
     ]
     results = [vid[s] for s in plan.outputs]
     if plan.returns_tuple or len(results) != 1:
@@ -291,11 +297,11 @@ def _emit(plan: ExecutionPlan, module: str,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return result;",
         "refuse: __attribute__((unused));  /* the Python runner runs the call again */",
-        "  if (gk_awake) gk_awake_end();",
+        AWAKE_END,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  Py_RETURN_NOTIMPLEMENTED;",
         "fail:",
-        "  if (gk_awake) gk_awake_end();",
+        AWAKE_END,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return NULL;",
         "}",
@@ -438,60 +444,6 @@ _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
       goto fail;
     }}
   }}""".split("\n")
-
-
-def awake_between_kernels(plan: ExecutionPlan) -> bool:
-    """Whether the entry keeps OpenMP's idle threads awake from one kernel to the next within
-    a call (`_AWAKE`): a plan of two kernels or more, each of which may start a parallel
-    region."""
-    return sum(step.kind is StepKind.KERNEL for step in plan.steps) >= 2
-
-
-# graphkernel's OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE, backends/c/library.py):
-# an idle one sleeps at once, so that a loaded machine's cores go to whoever needs them. Each
-# kernel's parallel region then starts by waking the others: 10-60 us on this project's 2-vCPU
-# VM (an idle virtual CPU wakes through the hypervisor), paid once per kernel. The digits CNN
-# at two threads took 561 us a call, and 415 with its threads spinning between kernels
-# (s9-digits.md). Within a call the entry lets them spin (LLVM libomp's blocktime, 1 ms: the
-# gap between two kernels is microseconds); before the call's last kernel it puts the
-# blocktime back, so that the threads of that kernel's region wait passively after it and
-# sleep between calls as before. Only where the wait is passive (a blocktime of 0: the user
-# chose no other), and only under libomp (GNU libgomp has no such call: the weak symbols stay
-# NULL and the call runs as before). A call that ends early (refused, failed) puts the
-# blocktime back too. Spinning pays only while the threads have their cores: on a machine
-# whose other processes want the cores too (load 11-12 on the 2 vCPUs) the spinning threads lost
-# their turns and the digits CNN took 1000 us against 840 passive. So a call whose thread was
-# preempted (an involuntary context switch since its last call) and the next
-# PASSIVE_CALLS_AFTER_PREEMPTION calls wait passively, as before.
-PASSIVE_CALLS_AFTER_PREEMPTION = 16
-_AWAKE = """#define GK_PASSIVE_CALLS @PASSIVE_CALLS@
-extern int kmp_get_blocktime(void) __attribute__((weak));
-extern void kmp_set_blocktime(int) __attribute__((weak));
-int omp_get_max_threads(void);
-#include <sys/resource.h>
-#ifndef RUSAGE_THREAD
-#define RUSAGE_THREAD 1  /* Linux's; elsewhere getrusage refuses it and the wait stays passive */
-#endif
-static __thread long gk_preempted_seen = -1;  /* the calling thread's count at its last call */
-static __thread int gk_passive_calls = 0;  /* calls left to wait passively after a preemption */
-static int gk_awake_begin(void) {
-  if (!GK_AWAKE_PLAN) return 0;  /* fewer than two kernels: nothing to keep awake */
-  if (kmp_get_blocktime == NULL || kmp_set_blocktime == NULL) return 0;
-  if (omp_get_max_threads() < 2 || kmp_get_blocktime() != 0) return 0;
-  struct rusage ru;
-  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
-  if (ru.ru_nivcsw != gk_preempted_seen) {  /* another task took this core since last time */
-    if (gk_preempted_seen >= 0) gk_passive_calls = GK_PASSIVE_CALLS;
-    gk_preempted_seen = ru.ru_nivcsw;
-  }
-  if (gk_passive_calls > 0) { --gk_passive_calls; return 0; }
-  kmp_set_blocktime(1);
-  return 1;
-}
-static void gk_awake_end(void) { kmp_set_blocktime(0); }
-#define GK_BEFORE_KERNEL(pc) \\
-  do { if (gk_awake && (pc) == GK_LAST_KERNEL) { gk_awake_end(); gk_awake = 0; } } while (0)
-""".replace("@PASSIVE_CALLS@", str(PASSIVE_CALLS_AFTER_PREEMPTION)).split("\n")
 
 
 def _c_list(numbers: Iterable[int]) -> str:

@@ -1,0 +1,91 @@
+"""Keeping OpenMP's idle threads awake between the kernels of one call: the compiled entry's C
+for it (backends/c/c_entry.py puts it before `gk_run`) and its Python side (whether a plan gets
+it, and the note the backend records on the plan for reports).
+
+The entry's program loop calls `GK_BEFORE_KERNEL(pc)` before each kernel; `gk_run` holds
+`gk_awake` (AWAKE_LOCAL), begins before the program (AWAKE_BEGIN) and ends on every way out
+(AWAKE_END). GK_AWAKE_PLAN is a constant beside the entry's tables, so gk_run is the same C for
+every plan (tests/test_compile_depth.py).
+"""
+from __future__ import annotations
+
+from graphkernel.runtime.plan import ExecutionPlan, StepKind
+
+
+def awake_between_kernels(plan: ExecutionPlan) -> bool:
+    """Whether the entry keeps OpenMP's idle threads awake from one kernel to the next within
+    a call (`_AWAKE`): a plan of two kernels or more, each of which may start a parallel
+    region."""
+    return sum(step.kind is StepKind.KERNEL for step in plan.steps) >= 2
+
+
+# graphkernel's OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE, backends/c/library.py):
+# an idle one sleeps at once, so that a loaded machine's cores go to whoever needs them. Each
+# kernel's parallel region then starts by waking the others: 10-60 us on this project's 2-vCPU
+# VM (an idle virtual CPU wakes through the hypervisor), paid once per kernel. The digits CNN
+# at two threads took 561 us a call, and 415 with its threads spinning between kernels
+# (s9-digits.md). Within a call the entry lets them spin (LLVM libomp's blocktime, 1 ms: the
+# gap between two kernels is microseconds); before the call's last kernel it puts the
+# blocktime back, so that the threads of that kernel's region wait passively after it and
+# sleep between calls as before. Only where the wait is passive (a blocktime of 0: the user
+# chose no other), and only under libomp (GNU libgomp has no such call: the weak symbols stay
+# NULL and the call runs as before). A call that ends early (refused, failed) puts the
+# blocktime back too. Spinning pays only while the threads have their cores: on a machine
+# whose other processes want the cores too (load 11-12 on the 2 vCPUs) the spinning threads lost
+# their turns and the digits CNN took 1000 us against 840 passive. So a call whose thread was
+# preempted (an involuntary context switch since its last call) and the next
+# PASSIVE_CALLS_AFTER_PREEMPTION calls wait passively, as before.
+PASSIVE_CALLS_AFTER_PREEMPTION = 16
+_AWAKE = """#define GK_PASSIVE_CALLS @PASSIVE_CALLS@
+extern int kmp_get_blocktime(void) __attribute__((weak));
+extern void kmp_set_blocktime(int) __attribute__((weak));
+int omp_get_max_threads(void);
+#include <sys/resource.h>
+#ifndef RUSAGE_THREAD
+#define RUSAGE_THREAD 1  /* Linux's; elsewhere getrusage refuses it and the wait stays passive */
+#endif
+static __thread long gk_preempted_seen = -1;  /* the calling thread's count at its last call */
+static __thread int gk_passive_calls = 0;  /* calls left to wait passively after a preemption */
+static int gk_awake_begin(void) {
+  if (!GK_AWAKE_PLAN) return 0;  /* fewer than two kernels: nothing to keep awake */
+  if (kmp_get_blocktime == NULL || kmp_set_blocktime == NULL) return 0;
+  if (omp_get_max_threads() < 2 || kmp_get_blocktime() != 0) return 0;
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  if (ru.ru_nivcsw != gk_preempted_seen) {  /* another task took this core since last time */
+    if (gk_preempted_seen >= 0) gk_passive_calls = GK_PASSIVE_CALLS;
+    gk_preempted_seen = ru.ru_nivcsw;
+  }
+  if (gk_passive_calls > 0) { --gk_passive_calls; return 0; }
+  kmp_set_blocktime(1);
+  return 1;
+}
+static void gk_awake_end(void) { kmp_set_blocktime(0); }
+#define GK_BEFORE_KERNEL(pc) \\
+  do { if (gk_awake && (pc) == GK_LAST_KERNEL) { gk_awake_end(); gk_awake = 0; } } while (0)
+""".replace("@PASSIVE_CALLS@", str(PASSIVE_CALLS_AFTER_PREEMPTION)).split("\n")
+
+
+def awake_definitions(plan: ExecutionPlan) -> list[str]:
+    """The C before `gk_run`: the plan's choice as a constant, then `_AWAKE`."""
+    return [f"#define GK_AWAKE_PLAN {int(awake_between_kernels(plan))}", *_AWAKE]
+
+
+AWAKE_LOCAL = "  int gk_awake = 0;"
+AWAKE_BEGIN = "  gk_awake = gk_awake_begin();"
+AWAKE_END = "  if (gk_awake) gk_awake_end();"
+
+# What reports say (CompiledCell.summary's `threads:` line, ExecutionPlan.run_notes)
+ENTRY_NOTE = ("the compiled entry keeps OpenMP's idle threads spinning from one kernel to the "
+              "next within a call (else each kernel's parallel region wakes them: 10-60 us on a "
+              "VM), asleep again from the last kernel on; under LLVM libomp, where the wait is "
+              f"passive, and not for {PASSIVE_CALLS_AFTER_PREEMPTION} calls after the calling "
+              "thread was preempted (spinning threads lose their turns on a busy machine)")
+
+
+def threads_note(plan: ExecutionPlan, entry: bool) -> str | None:
+    """The backend's thread decision for `plan` as built (`entry`: it has a compiled entry),
+    for ExecutionPlan.run_notes["threads"]; None when the threads are left as they were."""
+    if entry and awake_between_kernels(plan):
+        return ENTRY_NOTE
+    return None
