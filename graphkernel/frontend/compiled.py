@@ -237,18 +237,9 @@ class CompiledCell:
                 lines.append(f"  {reason}")
         if self.report.recompiled_because:
             lines.append(f"recompiled because {self.report.recompiled_because}")
-        # here, not at the top: a warm cache hit imports no entry generator (test_warm_imports)
-        from graphkernel.backends.c.c_entry import (
-            PASSIVE_CALLS_AFTER_PREEMPTION,
-            awake_between_kernels,
-        )
-        if self.entry is not None and awake_between_kernels(self.plan):
-            lines.append("threads: the compiled entry keeps OpenMP's idle threads spinning from "
-                         "one kernel to the next within a call (else each kernel's parallel "
-                         "region wakes them: 10-60 us on a VM), asleep again from the last "
-                         "kernel on; under LLVM libomp, where the wait is passive, and not "
-                         f"for {PASSIVE_CALLS_AFTER_PREEMPTION} calls after the calling thread "
-                         "was preempted (spinning threads lose their turns on a busy machine)")
+        # the backend's decisions as it recorded them when it built this (backends/c:
+        # c_entry_threads.py for `threads`)
+        lines += [f"{topic}: {note}" for topic, note in self.executable.run_notes.items()]
         for warning in self.warnings:
             lines.append(f"warning: {warning}")
         lines.append("stages: " + ", ".join(self.stages))

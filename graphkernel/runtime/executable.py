@@ -55,6 +55,9 @@ class Executable:
     # kernel name -> its source in the backend's language, for reports (none: the backend's
     # kernels have no source text); a backend may write it when first read
     kernel_sources: Mapping[str, str] = field(default_factory=dict)
+    # What the backend decided, when it built this, about how a call runs as a whole, by topic
+    # ("threads": OpenMP's idle threads between kernels), for reports (summary() prints each)
+    run_notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
