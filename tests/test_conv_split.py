@@ -7,19 +7,15 @@ here: the generated C and the plan's schedule note say so; fused, unfused and nu
 1 and 2, over channel counts of one, two and three units and a part unit, small images (one
 row step) and large ones (rows and row segments), strides, 1x1, a pool after the block, a
 residual, float32 and float64."""
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from thread_child import run_at_threads
 
 import graphkernel
 from graphkernel import Tensor, nn
 from graphkernel.frontend.compile import CompileOptions
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON = CompileOptions(enable_graph_kernel=True)
 
 
@@ -110,13 +106,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_fused_unfused_and_numpy_agree_at_each_thread_count(threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               PYTHONPATH=ROOT)
-    done = subprocess.run([sys.executable, "-c", _CHILD, ROOT], env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    result = json.loads(line[len("RESULT "):])
+    result = run_at_threads(_CHILD, threads, timeout=900)
     assert len(result) == 12
     for case, (dtype, fused, unfused) in result.items():
         # float64: the BatchNorms keep float32 parameters, which the fold and numpy's

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from cells import ON, Fn, needs_openmp
+from thread_child import run_at_threads
 
 import graphkernel
 from graphkernel.backends.c import c_gemm
@@ -122,13 +123,7 @@ print("RESULT " + json.dumps(out))
 @needs_openmp
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_split_products_match_numpy_at_each_thread_count(threads):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               PYTHONPATH=ROOT)
-    done = subprocess.run([sys.executable, "-c", _CHILD, ROOT], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    result = json.loads(line[len("RESULT "):])
+    result = run_at_threads(_CHILD, threads)
     # float32 sums of k products of unit normals, against float64: well inside 1e-3
     for name, (error, _) in result.items():
         assert error < 1e-3, (name, threads, error)
