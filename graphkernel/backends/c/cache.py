@@ -11,14 +11,12 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import math
 import os
 import pwd
 import shutil
 import stat
 import subprocess
 import tempfile
-import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,17 +25,17 @@ import numpy as np
 
 from graphkernel._version import __version__
 from graphkernel.backends.c import elf
+from graphkernel.backends.c.cache_trim import (  # noqa: F401  # names callers know here
+    COMPILE_TIMEOUT,
+    DEFAULT_MAX_BYTES,
+    LIBRARY_SUFFIX,
+    STALE_SECONDS,
+    is_key,
+    max_bytes,
+    trim,
+)
 from graphkernel.errors import CacheError, CompileError, ToolchainError
 
-LIBRARY_SUFFIX = ".so"
-# After each build the cache is trimmed to this size, least recently used libraries first;
-# GRAPHKERNEL_CACHE_MAX_MB overrides it.
-DEFAULT_MAX_BYTES = 1 << 30
-COMPILE_TIMEOUT = 600  # seconds
-# A temporary or lock file this much older than any build can take was left by a killed
-# process: trimming removes it.
-STALE_SECONDS = 2 * COMPILE_TIMEOUT
-_KEY_CHARS = frozenset("0123456789abcdef")
 # Errors that say a folder cannot take a new file (as opposed to a broken compiler).
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
                  errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EEXIST, errno.ENOTEMPTY)
@@ -340,7 +338,7 @@ def install(folder: str, key: str, data: bytes) -> str:
     """Place a library built elsewhere (a trusted export's prebuilt one) under `key`, written
     atomically with its checksum like a build; an intact library already there is kept. When
     `folder` cannot take it, it goes to this process's temporary cache, as a build would."""
-    if len(key) != 32 or not set(key) <= _KEY_CHARS:
+    if not is_key(key):
         raise CacheError(f"not a cache key: {key!r:.40}")
     try:
         return _install_in(folder, key, data)
@@ -380,22 +378,6 @@ def _install_in(folder: str, key: str, data: bytes) -> str:
     return lib
 
 
-def max_bytes() -> int:
-    """The cache's size limit: $GRAPHKERNEL_CACHE_MAX_MB (megabytes) or DEFAULT_MAX_BYTES."""
-    text = os.environ.get("GRAPHKERNEL_CACHE_MAX_MB")
-    if not text:
-        return DEFAULT_MAX_BYTES
-    try:
-        megabytes = float(text)
-    except ValueError:
-        megabytes = math.nan
-    if not (math.isfinite(megabytes) and megabytes >= 0):
-        raise CacheError(f"GRAPHKERNEL_CACHE_MAX_MB={text!r} is not a size in megabytes (a "
-                         "finite number, 0 or more; the default is "
-                         f"{DEFAULT_MAX_BYTES >> 20})")
-    return int(megabytes * (1 << 20))
-
-
 _stamp: list[str] = []
 
 
@@ -417,86 +399,6 @@ def code_stamp() -> str:
                             h.update(f"{item.path} {info.st_size} {info.st_mtime_ns}\0".encode())
         _stamp.append(h.hexdigest())
     return _stamp[0]
-
-
-def is_key(text: str) -> bool:
-    """A cache key: 32 lowercase hex digits (safe as a file name and a C identifier)."""
-    return _is_key(text)
-
-
-# ---------------------------------------------------------------------------------------------
-# Trimming
-
-def _is_key(text: str) -> bool:
-    return len(text) == 32 and set(text) <= _KEY_CHARS
-
-
-def _remove_stale(folder: str, name: str, now: float) -> None:
-    """Remove a build's temporary file or a lock file left by a killed process."""
-    path = os.path.join(folder, name)
-    try:
-        info = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return
-    if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < STALE_SECONDS:
-        return
-    if not name.endswith(".lock"):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return
-    try:  # a lock file is removed only by whoever holds it (see _key_lock)
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-            os.unlink(path)
-    except OSError:
-        pass  # held by a live builder, or gone
-    finally:
-        os.close(fd)
-
-
-def trim(folder: str, limit: int, keep: str = "") -> list[str]:
-    """Remove the least recently used libraries until the cache holds at most `limit` bytes
-    (never `keep`, the one just built); return the keys removed. A process that loaded a
-    removed library keeps it; one about to load it finds it gone and rebuilds. Temporary and
-    lock files older than STALE_SECONDS (left by killed builds) are removed too."""
-    entries = []
-    now = time.time()
-    for name in os.listdir(folder):
-        key, dot, rest = name.partition(".")
-        if _is_key(key) and dot and rest not in ("so", "so.sha256"):
-            _remove_stale(folder, name, now)  # <key>.<random>.c, .tmp.so, .lock
-            continue
-        if name.startswith("toolchain.json.") and name.endswith(".tmp"):
-            _remove_stale(folder, name, now)
-            continue
-        if rest != "so" or not _is_key(key):
-            continue
-        paths = [os.path.join(folder, key + ext)
-                 for ext in (LIBRARY_SUFFIX, LIBRARY_SUFFIX + ".sha256")]
-        try:
-            info = os.stat(paths[0])
-            size = info.st_size + sum(os.stat(p).st_size for p in paths[1:]
-                                      if os.path.exists(p))
-        except OSError:
-            continue  # removed meanwhile by another process
-        entries.append((info.st_mtime, key, size, paths))
-    total = sum(e[2] for e in entries)
-    removed = []
-    for _, key, size, paths in sorted(entries):
-        if total <= limit:
-            break
-        if key == keep:
-            continue
-        for path in paths:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        total -= size
-        removed.append(key)
-    return removed
 
 
 # ---------------------------------------------------------------------------------------------
