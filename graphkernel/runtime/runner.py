@@ -50,6 +50,16 @@ class LoadedKernels(Protocol):
     entry_module: Any  # its module (`run`, `call`, `seed`), or None
 
 
+class KeepAwake(Protocol):
+    """A backend's bracket keeping its threads awake between the kernels of one call (each
+    kernel's parallel region otherwise wakes sleeping workers): `begin()` before the steps,
+    True when it did; `end()` before the last kernel (its threads then sleep after it)."""
+
+    def begin(self) -> bool: ...
+
+    def end(self) -> None: ...
+
+
 class Runner:
     """Runs one plan. `load` binds its generated kernels once the library is built."""
 
@@ -82,6 +92,10 @@ class Runner:
         self.bind_versions(self._version_words)
         self._functions: dict[str, Any] = {}
         self.step_fns: list[StepFn] = []
+        # Set by the backend once its kernels are loaded (None: threads left as they are)
+        self.keep_awake: KeepAwake | None = None
+        kernels = [i for i, step in enumerate(plan.steps) if step.kind is StepKind.KERNEL]
+        self._last_kernel = kernels[-1] if kernels else 0
         self.prefaulting: threading.Thread | None = None
         self._prefault_lock = threading.Lock()
         if not any(step.kind is StepKind.KERNEL for step in plan.steps):
@@ -181,12 +195,25 @@ class Runner:
             slots[s] = array
         for s, array in zip(plan.weights, weights):
             slots[s] = array
-        for fn, dead in zip(self.step_fns, plan.release):
+        awake = self.keep_awake
+        if awake is not None and awake.begin():
+            last = self._last_kernel
+            try:
+                self._steps(slots, 0, last)
+            finally:
+                awake.end()  # before the last kernel: its threads sleep after it
+            self._steps(slots, last, len(self.step_fns))
+        else:
+            self._steps(slots, 0, len(self.step_fns))
+        return [np.array(slots[s]) if copy else slots[s]
+                for s, copy in zip(plan.outputs, plan.copy_out)]
+
+    def _steps(self, slots: list[Any], start: int, stop: int) -> None:
+        """Steps `start` to `stop` (exclusive) of one call."""
+        for fn, dead in zip(self.step_fns[start:stop], self.plan.release[start:stop]):
             fn(slots)
             for s in dead:  # the value's last reader ran: its buffer may serve a later step
                 slots[s] = None
-        return [np.array(slots[s]) if copy else slots[s]
-                for s, copy in zip(plan.outputs, plan.copy_out)]
 
     def profile(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray],
                 repeats: int) -> list[float]:

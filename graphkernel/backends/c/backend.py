@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
-from graphkernel.backends.c.c_entry_threads import threads_note
+from graphkernel.backends.c.c_entry_threads import runner_keep_awake, threads_note
 from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL, gemm_call, library_shape
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.cblas import hand_blas_to
@@ -265,7 +265,10 @@ class CBackend:
             notes.append("the prebuilt library is not the one these kernels build (its source "
                          "differs): not used, compiled here")
         run_notes = {}
-        threads = threads_note(plan, library is not None and library.entry is not None)
+        if library is not None:  # the Python runner's steps keep the threads awake too
+            runner.keep_awake = runner_keep_awake(plan)
+        threads = threads_note(plan, library is not None and library.entry is not None,
+                               runner.keep_awake is not None)
         if threads is not None:
             run_notes["threads"] = threads
         return Executable(plan, runner, library, notes, sources, run_notes)

@@ -9,6 +9,13 @@ every plan (tests/test_compile_depth.py).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
+import resource
+import threading
+
+from graphkernel.backends.c import toolchain
 from graphkernel.runtime.plan import ExecutionPlan, StepKind
 
 
@@ -83,9 +90,73 @@ ENTRY_NOTE = ("the compiled entry keeps OpenMP's idle threads spinning from one 
               "thread was preempted (spinning threads lose their turns on a busy machine)")
 
 
-def threads_note(plan: ExecutionPlan, entry: bool) -> str | None:
-    """The backend's thread decision for `plan` as built (`entry`: it has a compiled entry),
-    for ExecutionPlan.run_notes["threads"]; None when the threads are left as they were."""
+def threads_note(plan: ExecutionPlan, entry: bool, runner: bool = False) -> str | None:
+    """The backend's thread decision for `plan` as built (`entry`: it has a compiled entry;
+    `runner`: the Python runner got the bracket, `runner_keep_awake`), for
+    Executable.run_notes["threads"]; None when the threads are left as they were."""
     if entry and awake_between_kernels(plan):
         return ENTRY_NOTE
-    return None
+    return RUNNER_NOTE if runner else None
+
+
+# The Python runner (runtime/runner.py) runs plans the entry does not take (a training step's
+# transposed views, Python-only steps): the same bracket around a call's kernels, through
+# ctypes on the libomp the kernels link. ~2-3 us a call against a wake-up per kernel.
+RUNNER_NOTE = ("the Python runner keeps OpenMP's idle threads spinning from one kernel to the "
+               "next within a call, asleep again from the last kernel on; under LLVM libomp, "
+               f"where the wait is passive, and not for {PASSIVE_CALLS_AFTER_PREEMPTION} calls "
+               "after the calling thread was preempted")
+
+
+class RunnerKeepAwake:
+    """`begin()` before a call's first step: True when it set libomp's blocktime to 1 ms
+    (the checks `gk_awake_begin` makes); then `end()` before the call's last kernel, and on
+    any way out. The preemption count is the calling thread's, as the entry's `__thread`."""
+
+    def __init__(self, libomp: ctypes.CDLL) -> None:
+        self._get = libomp.kmp_get_blocktime
+        self._get.restype, self._get.argtypes = ctypes.c_int, []
+        self._set = libomp.kmp_set_blocktime
+        self._set.restype, self._set.argtypes = None, [ctypes.c_int]
+        self._threads = libomp.omp_get_max_threads
+        self._threads.restype, self._threads.argtypes = ctypes.c_int, []
+        self._state = threading.local()
+
+    def begin(self) -> bool:
+        if self._threads() < 2 or self._get() != 0:
+            return False
+        state = self._state
+        preempted = resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+        seen = getattr(state, "seen", -1)
+        if preempted != seen:  # another task took this core since the thread's last call
+            if seen >= 0:
+                state.passive = PASSIVE_CALLS_AFTER_PREEMPTION
+            state.seen = preempted
+        passive = getattr(state, "passive", 0)
+        if passive > 0:
+            state.passive = passive - 1
+            return False
+        self._set(1)
+        return True
+
+    def end(self) -> None:
+        self._set(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _libomp_keep_awake() -> RunnerKeepAwake | None:
+    tc = toolchain.detect()
+    if tc is None or not tc.openmp or not tc.openmp_lib or \
+            not hasattr(resource, "RUSAGE_THREAD"):
+        return None  # GNU libgomp has no blocktime to set; RUSAGE_THREAD is Linux's
+    try:  # the runtime the kernels already loaded, not another copy
+        libomp = ctypes.CDLL(os.path.join(tc.openmp_lib, "libomp.so"), mode=os.RTLD_NOLOAD)
+        return RunnerKeepAwake(libomp)
+    except (OSError, AttributeError):
+        return None
+
+
+def runner_keep_awake(plan: ExecutionPlan) -> RunnerKeepAwake | None:
+    """The Python runner's bracket for `plan` once its kernels are loaded; None where the
+    threads are left as they were (fewer than two kernels, GNU libgomp, no OpenMP)."""
+    return _libomp_keep_awake() if awake_between_kernels(plan) else None
