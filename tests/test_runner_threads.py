@@ -221,3 +221,41 @@ def test_the_runners_threads_sleep_once_a_call_not_once_a_kernel():
     # without the bracket the workers slept after each of the call's parallel kernels
     passive = [n for on, n, _ in rows if not on]
     assert min(calm) <= 2 < min(passive), (calm, passive)
+
+
+_WARM = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
+import numpy as np
+import graphkernel
+from graphkernel import Tensor
+from cells import ON
+from test_runner_threads import Net  # (test_digits_threads imports c_entry itself)
+cell = Net(16, 4, 3)
+cell.set_train(False)
+x = np.random.default_rng(0).standard_normal((2, 16, 4, 4)).astype(np.float32)
+exe = graphkernel.compile(cell, Tensor(x), options=ON)
+lines = [l for l in exe.summary().splitlines() if l.startswith("threads:")]
+print(json.dumps({"cache": exe.report.compile_cache, "entry": exe.entry is not None,
+                  "threads": lines,
+                  "c_entry": "graphkernel.backends.c.c_entry" in sys.modules}))
+"""
+
+
+@pytest.mark.skipif(detect() is None, reason="needs a C compiler")
+def test_a_warm_hit_prints_the_recorded_decision_without_the_entry_writer(cache_folder):
+    """summary() prints what the backend recorded when it built the executable: on a warm
+    hit too, where no entry writer (backends/c/c_entry.py) is imported to derive it."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _WARM, ROOT], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["cache"].startswith("miss") and warm["cache"].startswith("hit")
+    assert cold["c_entry"] and not warm["c_entry"]
+    assert warm["entry"] and cold["entry"]
+    assert len(warm["threads"]) == 1 and warm["threads"] == cold["threads"]
+    assert warm["threads"][0].startswith("threads: the compiled entry keeps")
