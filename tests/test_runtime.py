@@ -324,31 +324,32 @@ def test_parameters_own_their_arrays():
 
 def test_unfused_ops_run_one_kernel_each(rng):
     """Fusion off: a composite op (GeLU), an elementwise op without a numpy ufunc (Erf) and one
-    with (Add) run as one generated kernel each, so the plan has the compiled entry; a
-    reduction stays a numpy call."""
+    with (Add) run as one generated kernel each, and so does a sum (single_op.py
+    `COPIES_AS_KERNEL`); another reduction (ReduceMax) stays a numpy call, and its plan then has
+    no compiled entry."""
     class Ops(nn.Cell):
         def __init__(self):
             super().__init__()
             self.gelu, self.erf, self.add = P.GeLU(approximate="none"), P.Erf(), P.Add()
-            self.sum = P.ReduceSum(keep_dims=True)
+            self.sum, self.max = P.ReduceSum(keep_dims=True), P.ReduceMax(keep_dims=True)
 
         def construct(self, x):
             y = self.add(self.erf(self.gelu(x)), 1.0)
-            return y, self.sum(y, 1)
+            return y, self.sum(y, 1), self.max(y, 0)
     x = rng.standard_normal((64, 48)).astype(np.float32)
     off = graphkernel.compile(Ops(), x, options=CompileOptions(enable_graph_kernel=False))
     assert [(k.op_names, k.backend) for k in off.kernels] == [
         (["GeLU"], "native"), (["Erf"], "native"), (["Add"], "native"),
-        (["ReduceSum"], "library")]
-    assert [n.op for n in off.graph.nodes] == ["GeLU", "Erf", "Add", "ReduceSum"]
+        (["ReduceSum"], "native"), (["ReduceMax"], "library")]
+    assert [n.op for n in off.graph.nodes] == ["GeLU", "Erf", "Add", "ReduceSum", "ReduceMax"]
     from graphkernel.runtime.reference import run_reference_graph
     want = run_reference_graph(off.graph, [x])
     for got, ref in zip(off.run_arrays(x), want):
         np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-5)
     assert off.entry is None  # the numpy step: the Python runner
-    alone = graphkernel.compile(Fn(lambda v: P.Add()(P.Erf()(v), 1.0)), x,
+    alone = graphkernel.compile(Fn(lambda v: P.ReduceSum()(P.Add()(P.Erf()(v), 1.0), 1)), x,
                                 options=CompileOptions(enable_graph_kernel=False))
-    assert alone.kernel_count == 2 and alone.entry is not None
+    assert alone.kernel_count == 3 and alone.entry is not None
 
 
 class TwoProducts(nn.Cell):

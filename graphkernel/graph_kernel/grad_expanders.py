@@ -287,14 +287,23 @@ def conv_backprop_input(b: Builder, dout: Value, w: Value, input_size: Any,
                 continue
             cols.append(_phase_conv(b, dout, w, ah, aw, c, o, g,
                                     (lead_h, trail_h, lead_w, trail_w)))
-        rows.append(cols[0] if sw == 1 else b("Stack", *cols, axis=4))
+        rows.append(cols[0] if sw == 1 else _stack(b, cols, 4))
     if sh == 1 and sw == 1:
         return rows[0]
-    full = b("Stack", *rows, axis=3) if sh > 1 else rows[0]  # (N, C, Mh, [sh,] Mw, [sw])
+    full = _stack(b, rows, 3) if sh > 1 else rows[0]  # (N, C, Mh, [sh,] Mw, [sw])
     full = b("Reshape", full, shape=(n, c, mh * sh, mw * sw))
     if (mh * sh, mw * sw) == (h, wd):
         return full
     return b("StridedSlice", full, begin=(0, 0, 0, 0), end=(n, c, h, wd), strides=(1, 1, 1, 1))
+
+
+def _stack(b: Builder, parts: list[Value], axis: int) -> Value:
+    """Stack as a Concat of the parts with a unit axis inserted: a Concat fuses with the
+    Reshape after it or runs as a generated kernel, where a lone Stack stayed a numpy step
+    and kept the training step off the compiled entry (backends/c/c_entry.py)."""
+    shape = tuple(parts[0].shape)
+    unit = shape[:axis] + (1,) + shape[axis:]
+    return b("Concat", *(b("Reshape", p, shape=unit) for p in parts), axis=axis)
 
 
 def _pointwise_input_product(b: Builder, dout: Value, w: Value, shape: tuple[int, ...]
