@@ -58,11 +58,11 @@ def test_a_large_float32_product_runs_on_the_packed_kernel(rng: Any) -> None:
     np.testing.assert_allclose(got, np.maximum(a @ b.T, 0), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("what", ["float64", "small", "batch"])
+@pytest.mark.parametrize("what", ["float64", "small", "batch", "wide"])
 def test_products_outside_the_rule_keep_blas(what: str, rng: Any) -> None:
     dtype = np.float64 if what == "float64" else np.float32
     shapes = {"float64": [(300, 256), (256, 100)], "small": [(64, 64), (64, 64)],
-              "batch": [(4, 300, 256), (4, 256, 100)]}[what]
+              "batch": [(4, 300, 256), (4, 256, 100)], "wide": [(100, 256), (256, 300)]}[what]
     a, b = (rng.standard_normal(s).astype(dtype) for s in shapes)
     op = P.BatchMatMul() if what == "batch" else P.MatMul()
     exe = graphkernel.compile(Fn(lambda a, b: P.ReLU()(op(a, b))), a, b, options=ON)
@@ -86,7 +86,7 @@ def test_the_threshold_turns_the_kernel_off(rng: Any, monkeypatch: pytest.Monkey
 # past the last whole panel (one past 16, one under), k past PACKED_KC's block and not a
 # multiple of 16 (the transposed pack's edge), every layout
 CASES = [(1027, 800, 1000, False, True), (333, 256, 100, False, False),
-         (250, 1000, 50, True, False), (97, 781, 209, True, True), (4000, 40, 40, False, True)]
+         (250, 1000, 50, True, False), (297, 781, 209, True, True), (4000, 40, 40, False, True)]
 
 _CHILD = r"""
 import json, sys

@@ -200,10 +200,15 @@ static float *gk_pk_buffer(size_t floats) {
 def packed_product(call: GemmCall) -> bool:
     """Whether a product runs on the packed-B kernel: float32, one GEMM (no batch axis), split
     over threads (not held to one: `GemmCall.one_thread`), at least PACKED_PRODUCT_MIN_MNK
-    multiply-adds for the least value of a dynamic row count."""
+    multiply-adds for the least value of a dynamic row count, and at least as many rows as
+    columns: the products BLAS's split cuts by rows (c_gemm.py `_split_rows`), each chunk
+    packing all of B again. A wider product is cut by columns there, each chunk packing only
+    A again, and at two threads this kernel took 4-18% more CPU than that split (1024 x 3072
+    x 768, 1024 x 1024 x 256)."""
     rows = call.m.coef if isinstance(call.m, SymSize) else call.m  # a dynamic one's least
     return PACKED_PRODUCT_MIN_MNK > 0 and not call.double and not call.batch and \
-        not call.one_thread and rows * call.n * call.k >= PACKED_PRODUCT_MIN_MNK
+        not call.one_thread and rows * call.n * call.k >= PACKED_PRODUCT_MIN_MNK and \
+        (isinstance(call.m, SymSize) or call.m >= call.n)
 
 
 def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str]) -> list[str]:
