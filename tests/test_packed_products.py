@@ -3,7 +3,8 @@ threads packs B once into 32-column panels shared by every thread, then hands ou
 The results are numpy's at 2 and 3 threads (each in a process of its own: OpenMP reads
 OMP_NUM_THREADS once) in every operand layout, at sizes past every block and tile edge (rows
 past the last 12- and 4-row strip, columns past the last panel and its first 16, k past the
-k block and the 16 x 16 transposes); one thread keeps BLAS's one call; the choice is named."""
+k block and the 16 x 16 transposes), and over a dynamic batch of rows; one thread keeps BLAS's
+one call; the choice is named."""
 from __future__ import annotations
 
 import json
@@ -114,6 +115,30 @@ for m, k, n, ta, tb in json.loads(sys.argv[2]):
     want = np.maximum((a64.T if ta else a64) @ (b64.T if tb else b64), 0)
     out.append([float(np.abs(got - want).max() / np.abs(want).max()),
                 packed_product(gemm_call(exe.plan, step))])
+# a dynamic row count: a batch of sequences times a matrix (rows 128 N), batches 3, 1 and 0
+from graphkernel import nn
+from graphkernel.frontend import context
+context.set_context(enable_graph_kernel=True)
+
+class Seq(nn.Cell):
+    def construct(self, a, b):
+        return P.ReLU()(P.MatMul()(a, b))
+
+net = Seq()
+net.set_inputs(Tensor(shape=[None, 128, 300], dtype=graphkernel.float32),
+               Tensor(shape=[300, 200], dtype=graphkernel.float32))
+b = rng.standard_normal((300, 200)).astype(np.float32)
+for batch in (3, 1, 0):
+    a = rng.standard_normal((batch, 128, 300)).astype(np.float32)
+    got = net(Tensor(a), Tensor(b)).asnumpy()
+    want = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0)
+    exe = next(iter(net._compiled.values()))
+    (step,) = [s for s in exe.plan.steps if s.op == "MatMul"]
+    call = gemm_call(exe.plan, step)
+    assert call is not None and call.symbols and exe.executable.runner.entry is not None
+    assert got.shape == want.shape
+    error = float(np.abs(got - want).max() / np.abs(want).max()) if batch else 0.0
+    out.append([error, packed_product(call)])
 print("RESULT " + json.dumps(out))
 """
 
@@ -127,7 +152,7 @@ def test_packed_products_match_numpy_in_every_layout(threads: int) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line[len("RESULT "):])
-    assert len(result) == len(CASES)
-    for case, (error, packed) in zip(CASES, result):
+    assert len(result) == len(CASES) + 3  # and the dynamic rows' three batches
+    for case, (error, packed) in zip(CASES + [(None, 128, 300, 200)] * 3, result):
         assert packed, case  # each case is one the kernel takes
         assert error < 1e-5, (case, threads, error)
