@@ -163,3 +163,15 @@ def test_thread_steps_wait_variants_are_passive_or_a_bounded_spin():
     assert wait_variant("spin:20000") == {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "20000"}
     with pytest.raises(SystemExit, match="neither"):
         wait_variant("spin:lots")
+
+
+def test_thread_steps_children_run_without_openblas_coretype(monkeypatch):
+    """The probe's processes run as the bench's do (bench/cli.py): OPENBLAS_CORETYPE=Haswell,
+    set on some machines, held numpy's OpenBLAS to AVX2 kernels on an AVX-512 host."""
+    from bench.thread_steps import bench_environ
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = bench_environ()
+    assert "OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env
+    assert env["OMP_NUM_THREADS"] == "2"
