@@ -34,6 +34,15 @@ from typing import Any
 MARK = "THREAD-STEPS "
 
 
+def bench_environ() -> dict[str, str]:
+    """This process's environment as the bench runs (bench/cli.py): without OPENBLAS_CORETYPE
+    and OPENBLAS_L2_SIZE, which some machines set for old OpenBLAS builds (OPENBLAS_CORETYPE=
+    Haswell held numpy's OpenBLAS 0.3.31 to AVX2 kernels on the AVX-512 EPYC host: ~115
+    GFLOP/s a thread against ~215)."""
+    from bench.cli import REMOVE
+    return {k: v for k, v in os.environ.items() if k not in REMOVE}
+
+
 def thread_times() -> dict[int, int]:
     """Each thread of this process: its CPU time so far in nanoseconds."""
     out = {}
@@ -275,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         ab(args)
         return
     for n in args.threads.split(","):
-        env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=args.blas_threads or n,
+        env = dict(bench_environ(), OMP_NUM_THREADS=n,
+                   OPENBLAS_NUM_THREADS=args.blas_threads or n,
                    OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         out = subprocess.run([sys.executable, "-m", "bench.thread_steps", args.model,
                               "--calls", str(args.calls), "--inner"] +
@@ -337,7 +347,7 @@ def ab(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             for n in args.threads.split(","):
                 for v, extra in variants.items():
-                    env = dict(os.environ, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
+                    env = dict(bench_environ(), OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
                                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
                     env.pop("GOMP_SPINCOUNT", None)
                     env.update(extra)

@@ -10,11 +10,19 @@ from cells import Fn
 
 import graphkernel
 from graphkernel import Tensor, nn
-from graphkernel.backends.c import blas_choice, tuning
+from graphkernel.backends.c import blas_choice, c_gemm_packed, tuning
 from graphkernel.backends.c.blas_choice import Choice, GemmLibrary, GemmShape, choose
 from graphkernel.graph_kernel.flags import parse_flags
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
+
+
+@pytest.fixture(autouse=True)
+def blas_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """graphkernel's packed-B kernel off: these products are BLAS libraries' to choose
+    (tests/test_packed_products.py tests that kernel)."""
+    monkeypatch.setattr(c_gemm_packed, "PACKED_PRODUCT_MIN_MNK", 0)
+
 
 OPENBLAS = GemmLibrary("openblas", "0.3.31", 1, 2, int64=True)
 MKL = GemmLibrary("mkl", "2026.2", 3, 4, int64=False)

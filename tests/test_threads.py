@@ -17,7 +17,7 @@ from cells import ON, Fn, needs_openmp
 from thread_child import run_at_threads
 
 import graphkernel
-from graphkernel.backends.c import c_gemm
+from graphkernel.backends.c import c_gemm, c_gemm_packed
 from graphkernel.backends.c.c_gemm import gemm_call, parallel_batch, thread_shape
 from graphkernel.ops import operations as P
 
@@ -37,7 +37,8 @@ def _product(m: int, k: int, n: int, rng):
 
 
 @needs_openmp
-def test_a_split_product_hands_out_panel_chunks_as_threads_come_free(rng):
+def test_a_split_product_hands_out_panel_chunks_as_threads_come_free(rng, monkeypatch):
+    monkeypatch.setattr(c_gemm_packed, "PACKED_PRODUCT_MIN_MNK", 0)  # BLAS's split, not ours
     exe, call = _product(300, 256, 100, rng)
     assert not call.one_thread
     source = exe.executable.library.source
@@ -157,3 +158,15 @@ def test_thread_steps_wait_variants_are_passive_or_a_bounded_spin():
     assert wait_variant("spin:20000") == {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "20000"}
     with pytest.raises(SystemExit, match="neither"):
         wait_variant("spin:lots")
+
+
+def test_thread_steps_children_run_without_openblas_coretype(monkeypatch):
+    """The probe's processes run as the bench's do (bench/cli.py): OPENBLAS_CORETYPE=Haswell,
+    set on some machines, held numpy's OpenBLAS to AVX2 kernels on an AVX-512 host."""
+    from bench.thread_steps import bench_environ
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = bench_environ()
+    assert "OPENBLAS_CORETYPE" not in env and "OPENBLAS_L2_SIZE" not in env
+    assert env["OMP_NUM_THREADS"] == "2"

@@ -37,6 +37,7 @@ from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_entry_threads import runner_keep_awake, threads_note
 from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL, gemm_call, library_shape
+from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
@@ -364,8 +365,9 @@ def _workspace_bytes(spec: KernelSpec) -> int:
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _MODULE = re.compile(r"gk_[0-9a-f]{24}")
-# blas_choice.GemmLibrary.label: a name and a version; or the entry's own small-product kernel
-_GEMM_LABEL = re.compile(r"(openblas|mkl) [0-9A-Za-z.+_-]{1,40}|" + re.escape(SMALL_PRODUCT_LABEL))
+# blas_choice.GemmLibrary.label: a name and a version; or one of the entry's own kernels
+_GEMM_LABEL = re.compile(r"(openblas|mkl) [0-9A-Za-z.+_-]{1,40}|" + re.escape(SMALL_PRODUCT_LABEL)
+                         + "|" + re.escape(PACKED_PRODUCT_LABEL))
 MKL_LABEL = "mkl "
 
 

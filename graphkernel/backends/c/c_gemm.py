@@ -25,6 +25,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from graphkernel.backends.c.c_gemm_packed import (
+    PACKED_PRODUCT,
+    PACKED_PRODUCT_LABEL,
+    emit_packed,
+    packed_product,
+)
 from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import Dim, SymSize
@@ -344,11 +350,11 @@ static void gk_small_sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, cons
 
 
 def prelude(int64: bool, small_products: bool = False) -> list[str]:
-    """The entry's BLAS declarations; with graphkernel's small-product kernel where some
-    product runs on it (`small_product`)."""
+    """The entry's BLAS declarations; with graphkernel's own product kernels where some
+    product runs on one (library "graphkernel": `small_product`, c_gemm_packed.py)."""
     text = PRELUDE.replace("BLASINT", "int64_t" if int64 else "int")
-    return (text + ("\n#include <string.h>\n" + SMALL_PRODUCT if small_products else "")
-            ).split("\n")
+    own = "\n#include <string.h>\n" + SMALL_PRODUCT + PACKED_PRODUCT
+    return (text + (own if small_products else "")).split("\n")
 
 
 def small_product(call: GemmCall) -> bool:
@@ -396,6 +402,15 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     idle workers spin (its exec_blas and the workers' wait loop) while the other pool's
     threads want the cores, and a loaded machine deschedules the worker the caller then
     spins on (docs/perf-notes.md, "One thread pool")."""
+    if call.library == "graphkernel" and not small_product(call):  # c_gemm_packed.py
+        import dataclasses
+        blas = ["  " + line for line in emit_gemm(dataclasses.replace(call, library="openblas"),
+                                                   data)]
+        return ["  {",
+                f"    const float *gk_A = (const float *){data[call.a.slot]} + {call.a.offset};",
+                f"    const float *gk_B = (const float *){data[call.b.slot]} + {call.b.offset};",
+                f"    float *gk_C = (float *){data[call.c.slot]} + {call.c.offset};",
+                *emit_packed(call, "gk_A", "gk_B", "gk_C", _c(call.m), blas), "  }"]
     ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
     if call.library == "mkl":  # sequential: no threads of its own to hold
         fn = fn.replace("gk_", "gk_mkl_")
@@ -515,6 +530,9 @@ def with_library(call: GemmCall, step: Step) -> GemmCall:
     if small_product(call):  # no library's call packs such sizes fast (SMALL_PRODUCT_MAX_SIDE)
         step.attrs["gemm_library"] = SMALL_PRODUCT_LABEL
         return dataclasses.replace(call, library="graphkernel")
+    if packed_product(call):  # packs B once for all its threads (c_gemm_packed.py)
+        step.attrs["gemm_library"] = PACKED_PRODUCT_LABEL
+        return dataclasses.replace(call, library="graphkernel")
     shape = library_shape(call)
     if shape is None:  # its shape is known per call only: numpy's OpenBLAS, as without MKL
         return call
@@ -532,7 +550,7 @@ def library_shape(call: GemmCall) -> GemmShape | None:
     chosen for); None for a product BLAS does not run (a small one, our own kernel's) or one
     whose shape is known per call only."""
     from graphkernel.backends.c.blas_choice import GemmShape, openmp_threads
-    if small_product(call) or call.symbols:
+    if small_product(call) or packed_product(call) or call.symbols:
         return None
     m, n, k = thread_shape(call, openmp_threads())
     return GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
