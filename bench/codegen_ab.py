@@ -3,15 +3,19 @@ each setting, its calls alternated, each step's (and each whole call's) thread C
 thread, the minimum over the calls. On a shared, loaded host the minimum of interleaved calls
 moves ~1% between runs where process-by-process means moved 10-30%.
 
-    python -m bench.codegen_ab MODEL [--calls N] [--whole] A B
+    python -m bench.codegen_ab MODEL [--calls N] [--whole] [--swap] A B
 
 A and B: comma-separated module settings, `module:NAME=python literal` (empty: as the code
 is), applied while that side compiles, e.g.
-`graphkernel.backends.c.conv_tile:DEFAULT_VECTORS=4`. Each side has its own kernel cache folder
-under $GRAPHKERNEL_CACHE_DIR (or the system's temporary folder), so the two never share a
-kernel. MODEL: as bench/thread_steps.py builds it (resnet18_b1, resnet50_b1, suite:mlp, ...).
+`graphkernel.backends.c.conv_tile:DEFAULT_VECTORS=4`. Each side compiles cold, into a new kernel
+cache folder of its own (removed after): a warm build finds its library from the plan record,
+whose key knows graphkernel's files but not a setting changed in memory, so a reused folder
+would run whatever that setting made there before. MODEL: as bench/thread_steps.py builds it
+(resnet18_b1, resnet50_b1, suite:mlp, ...).
 Per step or whole calls: the steps run one by one on the Python runner, as
 `Runner.profile` does; --whole times the compiled call (the C entry) instead.
+
+--swap compiles B first (to check that the order of the builds does not matter).
 """
 from __future__ import annotations
 
@@ -42,16 +46,20 @@ def apply(spec: str) -> list[tuple[Any, str, Any]]:
 
 def build(model: str, spec: str, tag: str) -> tuple[Any, list[Any]]:
     from bench import thread_steps
-    root = os.environ.get("GRAPHKERNEL_CACHE_DIR") or tempfile.gettempdir()
-    os.environ["GRAPHKERNEL_CACHE_DIR"] = os.path.join(root, f"codegen-ab-{tag}")
+    root = os.environ.get("GRAPHKERNEL_CACHE_DIR")
     old = apply(spec)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, \
+                tempfile.TemporaryDirectory(prefix=f"codegen-ab-{tag}-") as cache:
+            os.environ["GRAPHKERNEL_CACHE_DIR"] = cache  # cold: see the module's doc
             fn, args = thread_steps._build(model, tmp)
     finally:
         for mod, name, value in old:
             setattr(mod, name, value)
-        os.environ["GRAPHKERNEL_CACHE_DIR"] = root
+        if root is None:
+            os.environ.pop("GRAPHKERNEL_CACHE_DIR", None)
+        else:
+            os.environ["GRAPHKERNEL_CACHE_DIR"] = root
     fn(*args)
     fn(*args)  # warm: pools, first-touch pages
     return fn, args
@@ -86,10 +94,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("b")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--whole", action="store_true", help="whole compiled calls, not steps")
+    ap.add_argument("--swap", action="store_true", help="compile B first (see the doc)")
     args = ap.parse_args(argv)
-    sides = {"A": build(args.model, args.a, "A"), "B": build(args.model, args.b, "B")}
+    order = ("B", "A") if args.swap else ("A", "B")
+    sides = {tag: build(args.model, args.a if tag == "A" else args.b, tag) for tag in order}
     print(f"# {args.model}, one thread, {args.calls} calls a side alternating; "
-          f"A [{args.a}] B [{args.b}]")
+          f"A [{args.a}] B [{args.b}]; compiled first: {order[0]}")
     if args.whole:
         times: dict[str, list[float]] = {"A": [], "B": []}
         for i in range(args.calls):
