@@ -98,3 +98,47 @@ def test_conv_bn_relu_residual_blocks_match_numpy(dtype, c, hw, stride, batch, r
     blocked = [k for k, v in layouts.items() if v.startswith("blocked")]
     # conv1's and conv2's results go blocked exactly when c fills blocks; conv3's is the output
     assert len(blocked) == (2 if c % block == 0 else 0), layouts
+
+
+class WideBlock(nn.Cell):
+    """Two 3x3 convolutions of `c` channels with BN and ReLU, the second's result a graph
+    output: at c=256 each has 2.25 MiB of float32 weights (c_conv_units.PREFETCH_MIN_BYTES)."""
+
+    def __init__(self, c, dtype):
+        super().__init__()
+        self.c1 = nn.Conv2d(c, c, 3, pad_mode="pad", padding=1, has_bias=False, dtype=dtype)
+        self.c2 = nn.Conv2d(c, c, 3, stride=2, pad_mode="pad", padding=1, has_bias=False,
+                            dtype=dtype)
+        self.b1, self.b2 = nn.BatchNorm2d(c, dtype=dtype), nn.BatchNorm2d(c, dtype=dtype)
+        self.relu = nn.ReLU()
+
+    def construct(self, x):
+        return self.relu(self.b2(self.c2(self.relu(self.b1(self.c1(x))))))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c,prefetched", [(256, True), (64, False)])
+def test_large_weights_prefetch_and_match_numpy(dtype, c, prefetched, rng):
+    from graphkernel.backends.c.c_conv_units import PREFETCH_MIN_BYTES
+    assert (c * c * 9 * 4 >= PREFETCH_MIN_BYTES) == prefetched
+    graphkernel.set_seed(5)
+    net = WideBlock(c, dtype)
+    randomize(net, rng, dtype)
+    x = rng.standard_normal((1, c, 7, 6)).astype(dtype)
+    exe = graphkernel.compile(net, Tensor(x), options=ON)
+    got = exe(Tensor(x)).asnumpy()
+    p = {name: v.asnumpy().astype(np.float64) for name, v in net.parameters_and_names()}
+
+    def bn(y, k):
+        shape = (1, -1, 1, 1)
+        return (y - p[f"b{k}.moving_mean"].reshape(shape)) / np.sqrt(
+            p[f"b{k}.moving_variance"].reshape(shape) + EPS) * \
+            p[f"b{k}.gamma"].reshape(shape) + p[f"b{k}.beta"].reshape(shape)
+
+    y = np.maximum(bn(conv(x, p["c1.weight"], 1, 1), 1), 0)
+    want = np.maximum(bn(conv(y, p["c2.weight"], 2, 1), 2), 0)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=0, atol=TOL[dtype] * scale)
+    sources = [k.source for k in exe.kernels if k.source and "Conv2D" in k.name]
+    assert len(sources) == 2
+    assert all(("__builtin_prefetch" in s) == prefetched for s in sources)
