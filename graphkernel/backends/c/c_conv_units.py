@@ -21,6 +21,17 @@ FLAT_PIXELS = 64
 # (16 taps) 0.70, 16->96 at 112 0.85, 32->144 at 56 0.67, 144->32 at 56 0.86, 96->576 at 14
 # (96 taps, 7-pixel segments) 1.10; 3x3 64ch at 56x56 (576 taps) was 1.03-1.06 (s5-digits).
 SEGMENT_BY_PIXEL_TAPS = 64
+# A convolution with at least PREFETCH_MIN_BYTES of weights prefetches each unit's weight
+# vectors PREFETCH_TAPS taps ahead. At batch 1 those weights (9.4 MB for a 512->512 3x3) stream
+# from memory once per call (ResNet-18's 46 MB exceed the caches), and with the hardware
+# prefetcher alone the 7x7 layers ran at ~77% of the 56x56 layers' rate. One thread, calls
+# alternated in one process (bench/codegen_ab.py), 32 taps ahead against none, every conv:
+# ResNet-18 b1 0.969x (the other order: none 1.041x), its 7x7 steps 0.84-0.97x, 28x28 0.97-0.99x,
+# 56x56 (147 KB of weights) 0.99-1.03x; ResNet-50 b1 0.978x (none 1.010x median); the digits
+# CNN (18 KB a unit) 1.03x, hence the floor. Past a unit's last tap the prefetches read nothing
+# useful, and a prefetch never faults.
+PREFETCH_TAPS = 32
+PREFETCH_MIN_BYTES = 512 << 10
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,8 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
     def pixel_block(step: int, nb: int, base: str, offsets: list[int], out: str,
                     by_pixel: bool) -> list[str]:
         accs = [f"acc{u}" for u in range(step)]
+        ahead = PREFETCH_TAPS if o * taps * (8 if ct == "double" else 4) >= PREFETCH_MIN_BYTES \
+            else 0
         table = ", ".join(str(v) for v in offsets)
         block = [f"{{  /* {nb} pixels */",
                  f"  static const int32_t po[{nb}] = {{{table}}};",
@@ -110,6 +123,8 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
                  + " ".join(f"{a}[b] = ({vt}){{0}};" for a in accs) + " }",
                  f"  for (int64_t t = 0; t < {taps}; ++t) {{",
                  *[f"    const {vt} w{u} = wg[t * {step} + {u}];" for u in range(step)],
+                 *([f"    __builtin_prefetch(&wg[(t + {ahead}) * {step} + {u}], 0, 2);"
+                    for u in range(step)] if ahead else []),
                  f"    const {ct} *xt = xt0 + {name}_taps[t];",
                  f"    for (int64_t b = 0; b < {nb}; ++b) {{",
                  f"      const {ct} v = xt[po[b]];",
