@@ -152,6 +152,8 @@ class Depthwise(nn.Cell):
     ((1, 576, 7, 7), 5, 1, 1),  # MobileNetV3's small-map 5x5: channel-vectored
     ((3, 40, 14, 14), 5, 1, 1),  # 196 pixels: channel-vectored, 40 channels (not whole blocks)
     ((1, 19, 9, 11), 5, 1, 2),  # 99 pixels, dilation: channel-vectored
+    ((2, 20, 3, 4), 5, 1, 1),  # no interior column: every column a border one
+    ((1, 16, 12, 21), 5, 1, 1),  # interior 17: two groups of 8 and a group of 1
     ((3, 40, 14, 14), 3, 1, 1),  # 9 taps: the pixel path
     ((2, 24, 28, 28), 5, 2, 1),  # strided: the pixel path
     ((2, 24, 15, 15), 5, 1, 1),  # 225 pixels: the pixel path
