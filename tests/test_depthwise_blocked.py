@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel import Tensor, nn
+from graphkernel import Tensor, nn, ops
 from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS, CHANNEL_VECTOR_TAPS
 from graphkernel.frontend.compile import CompileOptions
 
@@ -174,3 +174,43 @@ def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
     else:
         assert f"depthwise pixel path (vectors along pixels over phase planes): {oh * ow}" \
             in described
+
+
+class SqueezeExcite(nn.Cell):
+    """MobileNetV3's block shape: expand 1x1 (blocked), depthwise kxk, squeeze-and-excitation
+    (mean over the map, 1x1, ReLU, 1x1, HardSigmoid, times the map), project 1x1."""
+
+    def __init__(self, c, e, k, stride, dtype):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, pad_mode="pad", padding=1, has_bias=True, dtype=dtype)
+        self.expand = nn.Conv2d(c, e, 1, has_bias=True, dtype=dtype)
+        self.dw = nn.Conv2d(e, e, k, stride=stride, pad_mode="pad", padding=k // 2, group=e,
+                            has_bias=True, dtype=dtype)
+        self.fc1 = nn.Conv2d(e, 8, 1, has_bias=True, dtype=dtype)
+        self.fc2 = nn.Conv2d(8, e, 1, has_bias=True, dtype=dtype)
+        self.project = nn.Conv2d(e, c, 1, has_bias=True, dtype=dtype)
+        self.relu = nn.ReLU()
+        self.hswish = nn.HSwish()
+        self.hsigmoid = nn.HSigmoid()
+        self.mean = ops.ReduceMean(keep_dims=True)
+
+    def construct(self, x):
+        y = self.hswish(self.dw(self.hswish(self.expand(self.relu(self.stem(x))))))
+        s = self.hsigmoid(self.fc2(self.relu(self.fc1(self.mean(y, (2, 3))))))
+        return self.project(y * s)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("e,hw,k,stride", [(48, 13, 5, 1), (48, 17, 3, 2), (32, 9, 5, 1)])
+def test_depthwise_before_squeeze_excite_writes_planes(dtype, e, hw, k, stride, rng):
+    """The depthwise kernel reads its input blocked and writes planes for the SE's readers
+    (through an L1 tile transposed in registers where the plane fits, pixels past a whole
+    number of blocks lane by lane)."""
+    graphkernel.set_seed(14)
+    net = SqueezeExcite(16, e, k, stride, dtype)
+    net.set_train(False)
+    x = Tensor(rng.standard_normal((2, 3, hw, hw + 2)).astype(dtype))
+    exe = run_three(net, x, dtype)
+    notes = layouts(exe)
+    assert any(v.startswith("NCHW: read by ReduceMean") for v in notes.values()), notes
+    assert "depthwise channel-vectored (vectors along a channel block" in exe.plan.describe()
