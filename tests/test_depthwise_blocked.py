@@ -201,7 +201,8 @@ class SqueezeExcite(nn.Cell):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("e,hw,k,stride", [(48, 13, 5, 1), (48, 17, 3, 2), (32, 9, 5, 1)])
+@pytest.mark.parametrize("e,hw,k,stride", [(48, 13, 5, 1), (48, 17, 3, 2), (32, 9, 5, 1),
+                                         (32, 40, 3, 1)])  # 40 x 42: tiles of 10 rows
 def test_depthwise_before_squeeze_excite_writes_planes(dtype, e, hw, k, stride, rng):
     """The depthwise kernel reads its input blocked and writes planes for the SE's readers
     (through an L1 tile transposed in registers where the plane fits, pixels past a whole

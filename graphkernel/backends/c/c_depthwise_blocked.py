@@ -28,7 +28,7 @@ CHANNEL_VECTOR_TAPS = 25
 # Output pixels of a row's interior that go together (their accumulators in registers while
 # the taps go by: one weight load feeds this many multiply-adds).
 INTERIOR_PIXELS = 8
-# Elements of a unit's output tile (the whole plane of a channel block) for an NCHW output:
+# Elements of a unit's output tile (whole output rows of a channel block) for an NCHW output:
 # 32 KiB of float, within L1 beside the input's rows.
 TILE_ELEMENTS = 8192
 
@@ -122,17 +122,20 @@ def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: Depthw
                 f"    for (int64_t q = 0; q < {plane}; ++q) xb[q * {bk} + l] = ({ct})src[q];",
                 "  }",
                 "}"]
-    # NCHW output: the unit's blocks go into a tile of the whole output plane (when it fits
-    # L1) and leave as one contiguous run per channel; storing each pixel's lanes into B
-    # planes took the unit 1.5x its time with a blocked output (240 channels, 5x5, 14x14).
-    tiled = not output_blocked and g.oh * g.ow * bk <= TILE_ELEMENTS and st == ct
+    # NCHW output: the unit's blocks go into a tile of `rows` output rows (the most that
+    # divide the map and fit L1) and leave as one contiguous run per channel; storing each
+    # pixel's lanes into B planes took the unit 1.5x its time with a blocked output (240
+    # channels, 5x5, 14x14).
+    rows = max((r for r in range(1, g.oh + 1)
+                if g.oh % r == 0 and r * g.ow * bk <= TILE_ELEMENTS), default=0)
+    tiled = not output_blocked and rows > 0 and st == ct
     if output_blocked:
         store = ([f"  *({bv} *)(on + ((u * {g.oh} + i) * {g.ow} + (j)) * {bk}LL) = (acc);"]
                  if st == ct else
                  [f"  for (int64_t l = 0; l < {bk}; ++l) "
                   f"on[((u * {g.oh} + i) * {g.ow} + (j)) * {bk}LL + l] = ({st})(acc)[l];"])
-    elif tiled:  # blocks into the L1 tile; its planes are copied out after the last row
-        store = [f"  *({bv} *)(tile + (i * {g.ow} + (j)) * {bk}LL) = (acc);"]
+    elif tiled:  # blocks into the L1 tile; its planes leave after its last row
+        store = [f"  *({bv} *)(tile + ((i - i0) * {g.ow} + (j)) * {bk}LL) = (acc);"]
     else:
         store = [f"  for (int64_t l = 0; l < lanes; ++l) "
                  f"on[(u * {bk} + l) * {g.oh * g.ow}LL + i * {g.ow} + (j)] = ({st})(acc)[l];"]
@@ -194,8 +197,10 @@ def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: Depthw
         "  (void)lanes;",
         f"  const {src_t} *restrict xb = xp + u * {plane * bk}LL;",
         f"  const {bv} *restrict wb = wt + u * {g.taps}LL;",
-        *([f"  {ct} tile[{g.oh * g.ow * bk}] __attribute__((aligned(64)));"] if tiled else []),
-        f"  for (int64_t i = 0; i < {g.oh}; ++i) {{",
+        *([f"  {ct} tile[{rows * g.ow * bk}] __attribute__((aligned(64)));",
+           f"  for (int64_t i0 = 0; i0 < {g.oh}; i0 += {rows}) {{",
+           f"  for (int64_t i = i0; i < i0 + {rows}; ++i) {{"] if tiled else
+          ["  {", f"  for (int64_t i = 0; i < {g.oh}; ++i) {{"]),
         *row_bounds,
         *[f"    {name}_PIXEL({j});" for j in range(jl)],
         # The interior: every column tap inside, INTERIOR_PIXELS pixels a step, then the
@@ -205,7 +210,9 @@ def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: Depthw
         *(["    {", *group(str(jl + full), rest), "    }"] if rest else []),
         *[f"    {name}_PIXEL({j});" for j in range(jr, g.ow)],
         "  }",
-        *(_tile_out(name, bv, ct, st, bk, g.oh * g.ow) if tiled else []),
+        *(_tile_out(name, bv, ct, st, bk, rows * g.ow, g.oh * g.ow,
+                     f"i0 * {g.ow}LL") if tiled else []),
+        "  }",
         "}",
         f"#undef {name}_PIXEL"]
     repack = [f"  for (int64_t cb = 0; cb < {nb}; ++cb)",
@@ -219,8 +226,10 @@ def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: Depthw
     return lines, repack
 
 
-def _tile_out(name: str, bv: str, ct: str, st: str, bk: int, pixels: int) -> list[str]:
-    """The unit's tile (pixels x bk lanes) out to its lanes' planes: bk pixels at a time
+def _tile_out(name: str, bv: str, ct: str, st: str, bk: int, pixels: int, plane: int,
+              base: str) -> list[str]:
+    """The unit's tile (`pixels` x bk lanes, from pixel `base` of the plane) out to its
+    lanes' planes (`plane` pixels apart): bk pixels at a time
     transposed in registers (a swap of row and lane bit h for each bit: log2(bk) rounds of
     two-vector shuffles), one vector store per lane; the last pixels lane by lane."""
     it = "int32_t" if ct == "float" else "int64_t"
@@ -239,13 +248,13 @@ def _tile_out(name: str, bv: str, ct: str, st: str, bk: int, pixels: int) -> lis
                       f"      r{i} = __builtin_shuffle(a, b, ({mt}){{{lo}}});",
                       f"      r{i + h} = __builtin_shuffle(a, b, ({mt}){{{hi}}}); }}"]
         h //= 2
-    lines += [f"    {st} *restrict o = on + u * {bk * pixels}LL + q;",
-              *[f"    if ({p} < lanes) *({bv} *)(o + {p * pixels}LL) = r{p};"
+    lines += [f"    {st} *restrict o = on + u * {bk * plane}LL + {base} + q;",
+              *[f"    if ({p} < lanes) *({bv} *)(o + {p * plane}LL) = r{p};"
                 for p in range(bk)],
               "  }",
               "  for (int64_t l = 0; l < lanes; ++l)",
               f"    for (int64_t q = {pixels // bk * bk}; q < {pixels}; ++q)",
-              f"      on[(u * {bk} + l) * {pixels}LL + q] = ({st})tile[q * {bk} + l];"]
+              f"      on[(u * {bk} + l) * {plane}LL + {base} + q] = ({st})tile[q * {bk} + l];"]
     return lines
 
 
