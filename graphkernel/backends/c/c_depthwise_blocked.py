@@ -3,7 +3,9 @@ vectors run along a channel block's B channels (the blocked layout's run of a pi
 multiply-add per tap per output pixel, the weights repacked per block as [block][tap][lane].
 Borders go by tap bounds (the taps of a row or column that fall outside the input are not
 visited), so a blocked input is read in place with no zero-bordered scratch; an NCHW input is
-first gathered into a blocked scratch of the image (no border either).
+first gathered into a blocked scratch of the image (no border either). An NCHW output goes
+through an L1 tile of output rows, 16 pixels at a time transposed in registers into runs of
+each channel's plane.
 
 The pixel path (c_depthwise.py) runs its vectors along a plane's pixels instead; it cannot read
 or write the blocked layout, and at small maps it fills few lanes (a 7-wide output's row block
