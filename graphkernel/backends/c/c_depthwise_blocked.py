@@ -119,9 +119,20 @@ def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: Depthw
                 "int64_t ci) {",
                 f"  const int64_t lanes = {g.c} - ci * {bk} < {bk} ? {g.c} - ci * {bk} : {bk};",
                 f"  {ct} *restrict xb = xp + ci * {plane * bk}LL;",
+                # bk pixels of bk planes at a time, transposed in registers (a lane-by-lane
+                # gather stored one element per pixel); the last pixels lane by lane.
+                *([_mask_type(name, ct, bk),
+                   f"  const {st} *restrict planes = xn + ci * {bk * plane}LL;",
+                   f"  for (int64_t q0 = 0; q0 < {plane // bk * bk}; q0 += {bk}) {{",
+                   *[f"    {bv} r{p} = {p} < lanes ? *(const {bv} *)(planes + "
+                     f"{p * plane}LL + q0) : ({bv}){{0}};" for p in range(bk)],
+                   *_transpose(name, bv, bk),
+                   *[f"    *({bv} *)(xb + (q0 + {p}) * {bk}LL) = r{p};" for p in range(bk)],
+                   "  }"] if st == ct else []),
                 "  for (int64_t l = 0; l < lanes; ++l) {",
                 f"    const {st} *restrict src = xn + (ci * {bk} + l) * {plane}LL;",
-                f"    for (int64_t q = 0; q < {plane}; ++q) xb[q * {bk} + l] = ({ct})src[q];",
+                f"    for (int64_t q = {plane // bk * bk if st == ct else 0}; q < {plane}; ++q) "
+                f"xb[q * {bk} + l] = ({ct})src[q];",
                 "  }",
                 "}"]
     # NCHW output: the unit's blocks go into a tile of `rows` output rows (the most that
@@ -234,22 +245,10 @@ def _tile_out(name: str, bv: str, ct: str, st: str, bk: int, pixels: int, plane:
     lanes' planes (`plane` pixels apart): bk pixels at a time
     transposed in registers (a swap of row and lane bit h for each bit: log2(bk) rounds of
     two-vector shuffles), one vector store per lane; the last pixels lane by lane."""
-    it = "int32_t" if ct == "float" else "int64_t"
-    mt = f"{name}_mask"
-    lines = [f"  typedef {it} {mt} __attribute__((vector_size({bk} * sizeof({it}))));",
+    lines = [_mask_type(name, ct, bk),
              f"  for (int64_t q = 0; q < {pixels // bk * bk}; q += {bk}) {{",
-             *[f"    {bv} r{p} = *({bv} *)(tile + (q + {p}) * {bk}LL);" for p in range(bk)]]
-    h = bk // 2
-    while h:
-        lo = ", ".join(str(bk + k - h if k & h else k) for k in range(bk))
-        hi = ", ".join(str(bk + k if k & h else k + h) for k in range(bk))
-        for i in range(bk):
-            if i & h:
-                continue
-            lines += [f"    {{ const {bv} a = r{i}, b = r{i + h};",
-                      f"      r{i} = __builtin_shuffle(a, b, ({mt}){{{lo}}});",
-                      f"      r{i + h} = __builtin_shuffle(a, b, ({mt}){{{hi}}}); }}"]
-        h //= 2
+             *[f"    {bv} r{p} = *({bv} *)(tile + (q + {p}) * {bk}LL);" for p in range(bk)],
+             *_transpose(name, bv, bk)]
     lines += [f"    {st} *restrict o = on + u * {bk * plane}LL + {base} + q;",
               *[f"    if ({p} < lanes) *({bv} *)(o + {p * plane}LL) = r{p};"
                 for p in range(bk)],
@@ -355,3 +354,26 @@ def depthwise_channel_parts(name: str, ops: str, geo: DepthwiseGeometry, layout:
                      f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
                      f"{direct}({{xn}}, {params}, {{on}});", params, scratch,
                      g.c * p * g.taps, g.c * g.h * g.wd, g.c * p)
+
+
+def _mask_type(name: str, ct: str, bk: int) -> str:
+    it = "int32_t" if ct == "float" else "int64_t"
+    return f"  typedef {it} {name}_mask __attribute__((vector_size({bk} * sizeof({it}))));"
+
+
+def _transpose(name: str, bv: str, bk: int) -> list[str]:
+    """C transposing the bk x bk matrix in vectors r0..r{bk-1} (row p, lane l) in place: for
+    each bit h of the index, the rows' and lanes' bit h swap (two-vector shuffles)."""
+    lines: list[str] = []
+    h = bk // 2
+    while h:
+        lo = ", ".join(str(bk + k - h if k & h else k) for k in range(bk))
+        hi = ", ".join(str(bk + k if k & h else k + h) for k in range(bk))
+        for i in range(bk):
+            if i & h:
+                continue
+            lines += [f"    {{ const {bv} a = r{i}, b = r{i + h};",
+                      f"      r{i} = __builtin_shuffle(a, b, ({name}_mask){{{lo}}});",
+                      f"      r{i + h} = __builtin_shuffle(a, b, ({name}_mask){{{hi}}}); }}"]
+        h //= 2
+    return lines
