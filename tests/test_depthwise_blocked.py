@@ -9,7 +9,7 @@ import pytest
 
 import graphkernel
 from graphkernel import Tensor, nn, ops
-from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS, CHANNEL_VECTOR_TAPS
+from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS
 from graphkernel.frontend.compile import CompileOptions
 
 ON = CompileOptions(enable_graph_kernel=True)
@@ -154,9 +154,10 @@ class Depthwise(nn.Cell):
     ((1, 19, 9, 11), 5, 1, 2),  # 99 pixels, dilation: channel-vectored
     ((2, 20, 3, 4), 5, 1, 1),  # no interior column: every column a border one
     ((1, 16, 12, 21), 5, 1, 1),  # interior 17: two groups of 8 and a group of 1
-    ((3, 40, 14, 14), 3, 1, 1),  # 9 taps: the pixel path
-    ((2, 24, 28, 28), 5, 2, 1),  # strided: the pixel path
+    ((3, 40, 14, 14), 3, 1, 1),  # 9 taps, 196 pixels: channel-vectored
+    ((2, 24, 28, 28), 5, 2, 1),  # strided to 14x14: channel-vectored
     ((2, 24, 15, 15), 5, 1, 1),  # 225 pixels: the pixel path
+    ((2, 24, 30, 31), 3, 2, 1),  # strided to 15x16: the pixel path
 ])
 def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
     shape, k, stride, dilation = geometry
@@ -169,7 +170,7 @@ def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
     oh = (shape[2] + 2 * dilation * (k // 2) - dilation * (k - 1) - 1) // stride + 1
     ow = (shape[3] + 2 * dilation * (k // 2) - dilation * (k - 1) - 1) // stride + 1
     described = exe.plan.describe()
-    if oh * ow <= CHANNEL_VECTOR_PIXELS and k * k >= CHANNEL_VECTOR_TAPS and stride == 1:
+    if oh * ow <= CHANNEL_VECTOR_PIXELS:
         assert f"depthwise channel-vectored: {oh * ow} output pixels" in described
     else:
         assert f"depthwise pixel path (vectors along pixels over phase planes): {oh * ow}" \

@@ -19,14 +19,14 @@ from graphkernel.backends.c.c_conv_units import ConvLayout
 from graphkernel.backends.c.c_depthwise import CLANG_CONTRACT
 from graphkernel.backends.c.c_text import c_comment
 
-# An NCHW depthwise convolution of stride 1, at least this many taps and at most this many
-# output pixels runs channel-vectored (gathering its input into blocks and scattering its
-# output to planes), any other on the pixel path. One thread, conv + ReLU6, channel/pixel time
-# (/work/briefs/out/s9-dwblock.md): 5x5 at 7x7 0.36-0.41, at 10x10 0.86, at 14x14 0.88-0.91;
-# 3x3 at 7x7 1.21-1.43, at 14x14 1.59; 5x5 stride 2 to 7x7 1.22-1.33, to 14x14 2.12 (the
-# gather of the larger input and too few taps to pay for it).
+# An NCHW depthwise convolution of at most this many output pixels runs channel-vectored
+# (its input gathered into blocks and its output back to planes, both through register
+# transposes), any other on the pixel path. One thread, conv + ReLU6, batch 8, channel/pixel
+# time (/work/briefs/out/s10-mbv3.md): 3x3 at 7x7 0.65, at 14x14 0.6-0.8, 3x3 stride 2 to
+# 7x7 0.7-0.9, 5x5 stride 2 to 14x14 0.7-0.8, 3x3 at 20x20 0.7-1.0; 3x3 at 28x28 1.04, 3x3
+# stride 2 to 28x28 0.9 at batch 8 but 1.0-1.2 at batch 1. (Before the transposes the taps
+# and the stride decided too: s9-dwblock.md.)
 CHANNEL_VECTOR_PIXELS = 196
-CHANNEL_VECTOR_TAPS = 25
 # Output pixels of a row's interior that go together (their accumulators in registers while
 # the taps go by: one weight load feeds this many multiply-adds).
 INTERIOR_PIXELS = 8
@@ -78,14 +78,14 @@ def depthwise_form(pixels: int, taps: int, strided: bool, input_blocked: bool,
     if input_blocked or output_blocked:
         return True, "depthwise channel-vectored (vectors along a channel block, taps bounded " \
                      "at the borders): it reads or writes the blocked layout"
-    if pixels <= CHANNEL_VECTOR_PIXELS and taps >= CHANNEL_VECTOR_TAPS and not strided:
+    if pixels <= CHANNEL_VECTOR_PIXELS:
         return True, f"depthwise channel-vectored: {pixels} output pixels (at most " \
-                     f"{CHANNEL_VECTOR_PIXELS}), {taps} taps (at least {CHANNEL_VECTOR_TAPS}), " \
-                     "stride 1 (the pixel path fills few lanes there)"
+                     f"{CHANNEL_VECTOR_PIXELS}), {taps} taps, stride " \
+                     f"{'over 1' if strided else '1'} (the pixel path fills few lanes there)"
     return False, f"depthwise pixel path (vectors along pixels over phase planes): {pixels} " \
-                  f"output pixels, {taps} taps, stride {'over 1' if strided else '1'} (the " \
-                  f"channel-vectored form pays its gather under {CHANNEL_VECTOR_TAPS} taps, " \
-                  f"over {CHANNEL_VECTOR_PIXELS} pixels or strided)"
+                  f"output pixels, {taps} taps, stride {'over 1' if strided else '1'} (over " \
+                  f"{CHANNEL_VECTOR_PIXELS} pixels the channel-vectored form's gather and " \
+                  "transposes cost more than the pixel path's partly filled vectors save)"
 
 
 def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: DepthwiseGeometry,
