@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import graphkernel
-from graphkernel import Tensor, nn
-from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS, CHANNEL_VECTOR_TAPS
+from graphkernel import Tensor, nn, ops
+from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS
 from graphkernel.frontend.compile import CompileOptions
 
 ON = CompileOptions(enable_graph_kernel=True)
@@ -152,9 +152,12 @@ class Depthwise(nn.Cell):
     ((1, 576, 7, 7), 5, 1, 1),  # MobileNetV3's small-map 5x5: channel-vectored
     ((3, 40, 14, 14), 5, 1, 1),  # 196 pixels: channel-vectored, 40 channels (not whole blocks)
     ((1, 19, 9, 11), 5, 1, 2),  # 99 pixels, dilation: channel-vectored
-    ((3, 40, 14, 14), 3, 1, 1),  # 9 taps: the pixel path
-    ((2, 24, 28, 28), 5, 2, 1),  # strided: the pixel path
+    ((2, 20, 3, 4), 5, 1, 1),  # no interior column: every column a border one
+    ((1, 16, 12, 21), 5, 1, 1),  # interior 17: two groups of 8 and a group of 1
+    ((3, 40, 14, 14), 3, 1, 1),  # 9 taps, 196 pixels: channel-vectored
+    ((2, 24, 28, 28), 5, 2, 1),  # strided to 14x14: channel-vectored
     ((2, 24, 15, 15), 5, 1, 1),  # 225 pixels: the pixel path
+    ((2, 24, 30, 31), 3, 2, 1),  # strided to 15x16: the pixel path
 ])
 def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
     shape, k, stride, dilation = geometry
@@ -167,8 +170,49 @@ def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
     oh = (shape[2] + 2 * dilation * (k // 2) - dilation * (k - 1) - 1) // stride + 1
     ow = (shape[3] + 2 * dilation * (k // 2) - dilation * (k - 1) - 1) // stride + 1
     described = exe.plan.describe()
-    if oh * ow <= CHANNEL_VECTOR_PIXELS and k * k >= CHANNEL_VECTOR_TAPS and stride == 1:
+    if oh * ow <= CHANNEL_VECTOR_PIXELS:
         assert f"depthwise channel-vectored: {oh * ow} output pixels" in described
     else:
         assert f"depthwise pixel path (vectors along pixels over phase planes): {oh * ow}" \
             in described
+
+
+class SqueezeExcite(nn.Cell):
+    """MobileNetV3's block shape: expand 1x1 (blocked), depthwise kxk, squeeze-and-excitation
+    (mean over the map, 1x1, ReLU, 1x1, HardSigmoid, times the map), project 1x1."""
+
+    def __init__(self, c, e, k, stride, dtype):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, pad_mode="pad", padding=1, has_bias=True, dtype=dtype)
+        self.expand = nn.Conv2d(c, e, 1, has_bias=True, dtype=dtype)
+        self.dw = nn.Conv2d(e, e, k, stride=stride, pad_mode="pad", padding=k // 2, group=e,
+                            has_bias=True, dtype=dtype)
+        self.fc1 = nn.Conv2d(e, 8, 1, has_bias=True, dtype=dtype)
+        self.fc2 = nn.Conv2d(8, e, 1, has_bias=True, dtype=dtype)
+        self.project = nn.Conv2d(e, c, 1, has_bias=True, dtype=dtype)
+        self.relu = nn.ReLU()
+        self.hswish = nn.HSwish()
+        self.hsigmoid = nn.HSigmoid()
+        self.mean = ops.ReduceMean(keep_dims=True)
+
+    def construct(self, x):
+        y = self.hswish(self.dw(self.hswish(self.expand(self.relu(self.stem(x))))))
+        s = self.hsigmoid(self.fc2(self.relu(self.fc1(self.mean(y, (2, 3))))))
+        return self.project(y * s)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("e,hw,k,stride", [(48, 13, 5, 1), (48, 17, 3, 2), (32, 9, 5, 1),
+                                         (32, 40, 3, 1)])  # 40 x 42: tiles of 10 rows
+def test_depthwise_before_squeeze_excite_writes_planes(dtype, e, hw, k, stride, rng):
+    """The depthwise kernel reads its input blocked and writes planes for the SE's readers
+    (through an L1 tile transposed in registers where the plane fits, pixels past a whole
+    number of blocks lane by lane)."""
+    graphkernel.set_seed(14)
+    net = SqueezeExcite(16, e, k, stride, dtype)
+    net.set_train(False)
+    x = Tensor(rng.standard_normal((2, 3, hw, hw + 2)).astype(dtype))
+    exe = run_three(net, x, dtype)
+    notes = layouts(exe)
+    assert any(v.startswith("NCHW: read by ReduceMean") for v in notes.values()), notes
+    assert "depthwise channel-vectored (vectors along a channel block" in exe.plan.describe()

@@ -46,7 +46,7 @@ from graphkernel.backends.c.c_depthwise import (
 )
 from graphkernel.backends.c.c_depthwise_blocked import (
     DepthwiseGeometry,
-    channel_units,
+    depthwise_channel_parts,
     depthwise_form,
     is_plain_depthwise,
 )
@@ -477,10 +477,10 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         if layout.output_blocked else f"(ch * {oh} + i) * {ow} + j"
     fill, unit = f"{name}_fill", f"{name}_unit"
     if channel_vectored:
-        return _depthwise_channel_parts(
+        return ConvParts(*depthwise_channel_parts(
             name, ops, DepthwiseGeometry(c, h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
             layout if layout != NCHW else ConvLayout(block=channel_block(x.dtype)),
-            direct, param_decl, params, scale, in_index, out_index, folded, vt, ct, st)
+            direct, param_decl, params, scale, in_index, out_index, folded, vt, ct, st))
     units_groups = 1 if pixels_per_lane else g
     if pixels_per_lane:  # scratch in stride phases (PhasePlanes): every tap reads a run
         planes = PhasePlanes(hp, wp, sh, sw)
@@ -621,79 +621,3 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
                      f"{direct}({{xn}}, {params}, {{on}});", params,
                      0 if in_place else c * gh * gw, o * p * taps, c * h * wd, o * p,
                      epilogue is not None)
-
-
-def _depthwise_channel_parts(name: str, ops: str, geo: DepthwiseGeometry, layout: ConvLayout,
-                             direct: str, param_decl: str, params: str, scale: str,
-                             in_index: str, out_index: str, folded: bool, vt: str, ct: str,
-                             st: str) -> ConvParts:
-    """A plain depthwise convolution's parts with channel-vectored units (c_depthwise_blocked):
-    the input read in place when it is blocked in the compute type, else gathered into a
-    blocked scratch; the output written as `layout` says."""
-    g, bk = geo, layout.block
-    nb = -(-g.c // bk)
-    in_place = layout.input_blocked and st == ct
-    fill, unit, image = f"{name}_fill", f"{name}_unit", f"{name}_image"
-    statics, repack = channel_units(name, fill, unit, ct, st, geo, bk,
-                                    input_blocked=layout.input_blocked,
-                                    output_blocked=layout.output_blocked, scale=scale)
-    p = g.oh * g.ow
-    lines = [
-        f"/* {c_comment(name)}: {c_comment(ops)}, depthwise channel-vectored */",
-        f"enum {{ {name}_VL = GK_VBYTES / (int)sizeof({ct}) }};",
-        f"static void {direct}(const {st} *restrict xn, {param_decl}, {st} *restrict on) {{",
-        f"  for (int64_t ch = 0; ch < {g.c}; ++ch) {{",
-        "    const int64_t gi = ch, ci = 0;",
-        f"    const {ct} s = {scale};",
-        f"    for (int64_t i = 0; i < {g.oh}; ++i)",
-        f"      for (int64_t j = 0; j < {g.ow}; ++j) {{",
-        f"        {ct} acc = 0;",
-        f"        for (int64_t a = 0; a < {g.kh}; ++a)",
-        f"          for (int64_t b = 0; b < {g.kw}; ++b) {{",
-        f"            const int64_t r = i * {g.sh} + a * {g.dh} - {g.pt}, "
-        f"q = j * {g.sw} + b * {g.dw} - {g.pl};",
-        f"            if (r < 0 || r >= {g.h} || q < 0 || q >= {g.wd}) continue;",
-        f"            acc += ({ct})xn[{in_index}] *",
-        f"                   (({ct})w[(ch * {g.kh} + a) * {g.kw} + b] * s);",
-        "          }",
-        f"        on[{out_index}] = ({st})acc;",
-        "      }",
-        "  }",
-        "}",
-        "#if defined(__GNUC__) && !defined(__clang__)",
-        "#pragma GCC push_options",
-        '#pragma GCC optimize("fp-contract=fast")',
-        "#endif",
-        *statics,
-        f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
-        f"{st} *restrict on, {ct} *restrict xp, int par) {{",
-        *(["  (void)xp;", f"  const {ct} *restrict xs = (const {ct} *)xn;"] if in_place else [
-            "  if (par) {",
-            "    #pragma omp parallel for schedule(static)",
-            f"    for (int64_t ci = 0; ci < {nb}; ++ci) {fill}(xn, xp, ci);",
-            "  } else {",
-            f"    for (int64_t ci = 0; ci < {nb}; ++ci) {fill}(xn, xp, ci);",
-            "  }",
-            f"  const {ct} *restrict xs = xp;"]),
-        f"  const {name}_bv *restrict wb = (const {name}_bv *)wt;",
-        "  if (par) {",
-        "    #pragma omp parallel for schedule(static)",
-        f"    for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wb, on, 0, u);",
-        "  } else {",
-        f"    for (int64_t u = 0; u < {name}_NU; ++u) {unit}(xs, wb, on, 0, u);",
-        "  }",
-        "}",
-        "#if defined(__GNUC__) && !defined(__clang__)",
-        "#pragma GCC pop_options",
-        "#endif"]
-    reads = [f"  const {st} *restrict x = (const {st} *)args[0];",
-             f"  const {st} *restrict w = (const {st} *)args[1];"]
-    if folded:
-        reads += [f"  const {st} *restrict scale = (const {st} *)args[2];",
-                  f"  const {st} *restrict var = (const {st} *)args[3];"]
-    scratch = 0 if in_place else nb * bk * g.h * g.wd
-    return ConvParts(lines, reads, repack,
-                     f"({nb * bk * g.taps}LL + {name}_VL - 1) / {name}_VL", vt, ct, st,
-                     f"{image}({{xn}}, wt, {{on}}, {'NULL' if in_place else 'xp'}, gk_par);",
-                     f"{direct}({{xn}}, {params}, {{on}});", params, scratch,
-                     g.c * p * g.taps, g.c * g.h * g.wd, g.c * p)
