@@ -70,8 +70,9 @@ def test_products_outside_the_rule_keep_blas(what: str, rng: Any) -> None:
     (step,) = [s for s in exe.plan.steps if s.op in ("MatMul", "BatchMatMul")]
     assert step.attrs.get("gemm_library") != PACKED_PRODUCT_LABEL
     assert "gk_pk_rows(" not in exe.executable.library.source
+    # float32 sums of 256 terms of ~16 in magnitude, in BLAS's order per thread chunk: 1e-4
     np.testing.assert_allclose(exe(Tensor(a), Tensor(b)).asnumpy(), np.maximum(a @ b, 0),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_the_threshold_turns_the_kernel_off(rng: Any, monkeypatch: pytest.MonkeyPatch) -> None:

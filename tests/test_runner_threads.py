@@ -1,14 +1,14 @@
 """OpenMP's threads between the kernels of one call on the Python runner (runtime/runner.py
 `keep_awake`, backends/c/c_entry_threads.py `RunnerKeepAwake`).
 
-A plan the compiled entry does not take (a training step: its transposed views are numpy's)
-runs its steps from Python; each kernel's parallel region woke the sleeping workers (13-59 us on
-a loaded 2-vCPU VM). The runner now brackets a call's steps as the entry does: the threads may
-spin from its first step on and are put back to sleep before its last kernel, also when a step
-fails. Checked here: the bracket's calls and their place among the steps (any OpenMP runtime:
-a stand-in bracket), the results (numpy-checked, the same with and without it), and under LLVM's
-libomp, in a process of its own with two threads, that a call not preempted sleeps the workers
-about once, not once per kernel."""
+A plan the compiled entry does not take (a step of a kind it has no C for, a result aliasing an
+argument) runs its steps from Python; each kernel's parallel region woke the sleeping workers
+(13-59 us on a loaded 2-vCPU VM). The runner now brackets a call's steps as the entry does: the
+threads may spin from its first step on and are put back to sleep before its last kernel, also
+when a step fails. Checked here: the bracket's calls and their place among the steps (any
+OpenMP runtime: a stand-in bracket), the results (numpy-checked, the same with and without it),
+and under LLVM's libomp, in a process of its own with two threads, that a call not preempted
+sleeps the workers about once, not once per kernel."""
 from __future__ import annotations
 
 import json
@@ -41,6 +41,16 @@ class Net(nn.Cell):
 
     def construct(self, x):
         return self.fc(self.flat(self.body(x)))
+
+
+@pytest.fixture
+def runner_only(monkeypatch, tmp_path):
+    """Compile without the entry, as for a plan it refuses: CNN training steps now run on the
+    entry, so the runner's own path is reached by refusing it here (a cache of the test's own,
+    so that no entry built before is found warm)."""
+    import graphkernel.backends.c.backend as backend
+    monkeypatch.setattr(backend, "_entry_source", lambda plan: None)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def train_step(channels: int, size: int, depth: int, like: nn.Cell | None = None) -> nn.Cell:
@@ -84,13 +94,14 @@ def _counting(runner) -> list[int]:
 
 
 @pytest.mark.parametrize("channels,size,batch", [(8, 6, 3), (16, 8, 5)])
-def test_the_runner_ends_the_bracket_before_the_last_kernel(channels, size, batch, rng):
+def test_the_runner_ends_the_bracket_before_the_last_kernel(channels, size, batch, rng,
+                                                             runner_only):
     x = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
     y = rng.integers(0, 10, batch).astype(np.int32)
     step = train_step(channels, size, 3)
     unfused = graphkernel.compile(train_step(channels, size, 3, like=step), x, y, options=OFF)
     fused = graphkernel.compile(step, x, y, options=ON)
-    assert fused.entry is None  # the training step runs on the Python runner
+    assert fused.entry is None  # the step runs on the Python runner
     runner = fused.executable.runner
     kernels = sum(s.kind.value == "kernel" for s in fused.plan.steps)
     assert kernels >= 2
@@ -108,7 +119,7 @@ def test_the_runner_ends_the_bracket_before_the_last_kernel(channels, size, batc
     assert len(bracket.ends) == 3
 
 
-def test_a_failing_step_still_ends_the_bracket(rng):
+def test_a_failing_step_still_ends_the_bracket(rng, runner_only):
     x = rng.standard_normal((2, 8, 6, 6)).astype(np.float32)
     y = rng.integers(0, 10, 2).astype(np.int32)
     fused = graphkernel.compile(train_step(8, 6, 2), x, y, options=ON)
@@ -124,7 +135,7 @@ def test_a_failing_step_still_ends_the_bracket(rng):
     assert bracket.begins == 1 and len(bracket.ends) == 1
 
 
-def test_with_and_without_the_bracket_the_steps_agree_bit_for_bit(rng):
+def test_with_and_without_the_bracket_the_steps_agree_bit_for_bit(rng, runner_only):
     x = rng.standard_normal((4, 8, 6, 6)).astype(np.float32)
     y = rng.integers(0, 10, 4).astype(np.int32)
     outs = []
@@ -139,7 +150,7 @@ def test_with_and_without_the_bracket_the_steps_agree_bit_for_bit(rng):
         assert a.tobytes() == b.tobytes()
 
 
-def test_the_summary_says_what_the_backend_decided(rng):
+def test_the_summary_says_what_the_backend_decided(rng, runner_only):
     x = rng.standard_normal((2, 8, 6, 6)).astype(np.float32)
     y = rng.integers(0, 10, 2).astype(np.int32)
     fused = graphkernel.compile(train_step(8, 6, 2), x, y, options=ON)
@@ -161,6 +172,8 @@ import numpy as np
 import graphkernel
 from cells import ON
 from test_runner_threads import train_step
+import graphkernel.backends.c.backend as backend
+backend._entry_source = lambda plan: None  # as the runner_only fixture: a plan the entry refuses
 
 def sleeps(skip):
     total = 0
@@ -202,11 +215,12 @@ print("RESULT " + json.dumps({"kernels": sum(s.kind.value == "kernel" for s in e
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
 @pytest.mark.skipif(detect() is None or not detect().openmp_lib,
                     reason="the threads stay awake under LLVM's libomp only")
-def test_the_runners_threads_sleep_once_a_call_not_once_a_kernel():
+def test_the_runners_threads_sleep_once_a_call_not_once_a_kernel(tmp_path):
     from graphkernel.backends.c.c_entry_threads import PASSIVE_CALLS_AFTER_PREEMPTION
     env = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("OMP_WAIT_POLICY", None)
     env.pop("KMP_BLOCKTIME", None)
+    env["GRAPHKERNEL_CACHE_DIR"] = str(tmp_path / "cache")  # no entry found warm
     done = subprocess.run([sys.executable, "-c", _CHILD, ROOT], env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
