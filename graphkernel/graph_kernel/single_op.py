@@ -19,7 +19,7 @@ from graphkernel.ir.opset import PatternKind, get_op
 
 # Ops that copy or compute anyway as numpy steps (a transposed copy a kernel reads, a
 # concatenation, a sum), but as such steps keep the whole plan off the compiled entry: then
-# the Python runner runs every product on BLAS's own threads beside the kernels' OpenMP pool,
+# the Python runner runs every product on BLAS's own threads beside the kernels' own pool,
 # two pools on the cores (docs/perf-notes.md, "One thread pool"). A training step's filter
 # gradients and the network's mean pool left such ops alone: ResNet-50's step at two threads
 # took 2.2-2.6 s of CPU a call on the Python runner, 0.8 s on the entry.

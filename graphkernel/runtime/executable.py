@@ -56,7 +56,7 @@ class Executable:
     # kernels have no source text); a backend may write it when first read
     kernel_sources: Mapping[str, str] = field(default_factory=dict)
     # What the backend decided, when it built this, about how a call runs as a whole, by topic
-    # ("threads": OpenMP's idle threads between kernels), for reports (summary() prints each)
+    # ("threads": the kernels' idle threads between kernels), for reports (summary() prints each)
     run_notes: dict[str, str] = field(default_factory=dict)
 
     @property
