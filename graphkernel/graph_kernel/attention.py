@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphkernel.graph_kernel.index_maps import MAPPABLE, IndexMap, apply, dense
 from graphkernel.graph_kernel.library_views import LibraryViews, StridedView
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opset import OPS, get_op
@@ -26,6 +27,10 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # that computes the head (a worker thread's stack is a few MiB): above this, three steps.
 MAX_HEAD_BYTES = 512 * 1024
 ROWS = 8  # query rows per block of scores (backends/c/c_attention.py's register tile)
+# q, k or v computed by a fused group of layout ops and one Add (a head split with its bias)
+# is added up by the attention step as it loads (`_sum_of_views`); False: those groups keep
+# steps of their own (an A/B switch: bench/codegen_ab.py, the tests).
+FOLD_SUMS = True
 
 
 def static_shape(value: Value) -> tuple[int, ...]:
@@ -43,6 +48,10 @@ class Operand:
     value: Value
     offset: int
     strides: tuple[int, ...]
+    # Read as value + addend, element by element: q, k or v computed by a fused group of
+    # layout ops and one Add (the head split of a projection with its bias) that the step
+    # computes as it loads (`_sum_of_views`).
+    addend: Operand | None = None
 
 
 @dataclass(frozen=True)
@@ -62,16 +71,27 @@ class AttentionBlock:
     out: Operand
     transpose: tuple[bool, bool, bool]  # q, k, v as stored: transposed last two axes
     divides: bool = False  # the scores are divided by `scale`, not multiplied
+    folded: tuple[Node, ...] = ()  # the groups whose sums q, k or v are (Operand.addend)
 
     @property
     def members(self) -> tuple[Node, ...]:
-        return (self.scores, self.softmax, self.context)
+        return self.folded + (self.scores, self.softmax, self.context)
+
+    def added_text(self) -> str:
+        """What the step adds up as it loads q, k and v, for its notes ("" when nothing)."""
+        return "" if not self.folded else \
+            f"; q, k, v added up as loaded ({', '.join(g.name for g in self.folded)})"
+
+    @property
+    def addends(self) -> list[Operand]:
+        return [op.addend for op in (self.q, self.k, self.v) if op.addend is not None]
 
     @property
     def reads(self) -> list[Value]:
-        """The step's inputs, in argv order: q, k, v, then the mask if any."""
+        """The step's inputs, in argv order: q, k, v, the mask if any, then the addends of
+        q, k and v that have one."""
         return [self.q.value, self.k.value, self.v.value] + \
-            ([self.mask] if self.mask is not None else [])
+            ([self.mask] if self.mask is not None else []) + [a.value for a in self.addends]
 
     @property
     def sizes(self) -> tuple[int, int, int, int, int]:
@@ -92,6 +112,58 @@ def _dense(value: Value) -> Operand:
 
 def _viewed(value: Value, view: StridedView | None) -> Operand:
     return _dense(value) if view is None else Operand(view.buffer, view.offset, view.strides)
+
+
+def _chain_to_input(value: Value, sub: Graph, inside: set[int]) -> tuple[list[Node], Value] | None:
+    """The layout ops (single-input, mappable) from an input of `sub` to `value`, and that
+    input; None when `value` is anything else. The nodes passed are added to `inside`."""
+    chain: list[Node] = []
+    current = value
+    while not any(current is x for x in sub.inputs):
+        if not isinstance(current, Node) or current.subgraph is not None or \
+                current.op not in MAPPABLE:
+            return None
+        chain.insert(0, current)
+        inside.add(current.uid)
+        current = current.inputs[0]
+    return chain, current
+
+
+def _sum_of_views(value: Value, reader: Node, users: dict[int, list[Node]],
+                  results: set[int]) -> tuple[Operand, Node] | None:
+    """`value` as the sum of two strided reads, where a fused group read by `reader` alone
+    computes it as Add(layout ops of one input, layout ops of another): a projection's head
+    split with its bias (Reshape, Transpose; BroadcastTo, Reshape, Transpose; Add). The step
+    then adds the two as it loads q, k or v, and the group runs no step. None otherwise."""
+    if not isinstance(value, Node) or value.subgraph is None or \
+            _only_reader(value, users, results) is not reader:
+        return None
+    sub = value.subgraph
+    out = sub.outputs[0] if len(sub.outputs) == 1 else None
+    if not isinstance(out, Node) or out.op != "Add" or len(out.inputs) != 2 or \
+            out.subgraph is not None:
+        return None
+    inside = {out.uid}
+    operands: list[Operand] = []
+    for side in out.inputs:
+        found = _chain_to_input(side, sub, inside)
+        if found is None:
+            return None
+        chain, source = found
+        outer = value.inputs[next(i for i, x in enumerate(sub.inputs) if x is source)]
+        if not is_static(tuple(source.shape)) or tuple(side.shape) != tuple(out.shape) or \
+                source.dtype != out.dtype or isinstance(outer, Constant) and outer.is_scalar:
+            return None
+        mapped: IndexMap | None = dense(source)
+        for node in chain:
+            mapped = apply(node, mapped) if mapped is not None else None
+        if mapped is None:
+            return None
+        operands.append(Operand(outer, mapped.offset, mapped.strides))
+    if inside != {n.uid for n in sub.nodes}:
+        return None  # the group computes something else besides
+    first, second = operands
+    return Operand(first.value, first.offset, first.strides, second), value
 
 
 def _only_reader(value: Node, users: dict[int, list[Node]], results: set[int]) -> Node | None:
@@ -218,15 +290,24 @@ def _block(context: Node, users: dict[int, list[Node]], results: set[int],
     if 0 in c_ops:
         return "the probabilities are read through a view"
     result_view = getattr(c_views, "result", None)
+    operands: list[Operand] = []
+    folded: list[Node] = []
+    for reader, at, mine in ((scores, 0, s_ops), (scores, 1, s_ops), (context, 1, c_ops)):
+        value = reader.inputs[at]
+        summed = None if not FOLD_SUMS or at in mine else \
+            _sum_of_views(value, reader, users, results)
+        if summed is None:
+            operands.append(_viewed(value, mine.get(at)))
+        else:
+            operands.append(summed[0])
+            folded.append(summed[1])
+    q_op, k_op, v_op = operands
     block = AttentionBlock(
-        scores, probs, context, scale, mask,
-        _viewed(scores.inputs[0], s_ops.get(0)), _viewed(scores.inputs[1], s_ops.get(1)),
-        _viewed(context.inputs[1], c_ops.get(1)),
-        _viewed(context, result_view),
+        scores, probs, context, scale, mask, q_op, k_op, v_op, _viewed(context, result_view),
         (bool(s_attrs["transpose_a"]), not s_attrs["transpose_b"], bool(c_attrs["transpose_b"])),
-        divides)
+        divides, tuple(folded))
     _, rows, keys, d, dv = block.sizes
-    if (d * keys + ROWS * keys + keys * dv) * dtype.itemsize > MAX_HEAD_BYTES:
+    if (d * keys + ROWS * keys + keys * dv + ROWS * d) * dtype.itemsize > MAX_HEAD_BYTES:
         return f"one head's keys, values and a block of scores exceed {MAX_HEAD_BYTES >> 10} KiB"
     return block
 
@@ -250,5 +331,6 @@ def attention_blocks(graph: Graph, views: Mapping[int, LibraryViews]
             continue
         found[node.uid] = block
         node.notes[NOTE] = (f"one attention step with {block.scores.name} and "
-                            f"{block.softmax.name}: head by head, scores kept in cache")
+                            f"{block.softmax.name}: head by head, scores kept in cache"
+                            f"{block.added_text()}")
     return found, refused

@@ -143,7 +143,8 @@ def lower(graph: Graph, target: LoweringTarget) -> Graph:
             block_ = attention[node.uid]
             node.lowering = Lowering(
                 KernelKind.ATTENTION, f"{block_.scores.name}, {block_.softmax.name}, "
-                f"{node.name}: head by head, scores kept in cache", attention=block_)
+                f"{node.name}: head by head, scores kept in cache{block_.added_text()}",
+                attention=block_)
         elif node.uid in in_attention:
             node.lowering = Lowering(KernelKind.IN_ATTENTION,
                                      f"computed in {in_attention[node.uid].context.name}'s "

@@ -231,7 +231,9 @@ def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SE
             mine = views.get(node.uid)
             folded_out = [n.op for n in _flat(mine.result.folded)] \
                 if mine is not None and mine.result is not None else []
-            ops = (*folded_in, attention.scores.op,
+            added = [op for g in attention.folded if g.subgraph is not None
+                     for op in _flat_op_names(g.subgraph)]  # q, k, v's head splits + bias
+            ops = (*folded_in, *added, attention.scores.op,
                    *_flat_op_names(attention.softmax.subgraph), node.op, *folded_out)
             moved = bytes_of(tuple(v.tensor_type for v in attention.reads)) + \
                 bytes_of((attention.out.value.tensor_type,))

@@ -42,17 +42,53 @@ def _mask_strides(block: AttentionBlock) -> tuple[tuple[int, ...], int, int]:
     return tuple(strides[:-2]), strides[-2], strides[-1]
 
 
+def _pair(op: Operand, transposed: bool) -> tuple[int, int]:
+    """(row stride, column stride) of `op`'s matrices as the product reads them."""
+    return (op.strides[-1], op.strides[-2]) if transposed else (op.strides[-2], op.strides[-1])
+
+
+def _pack_kt(keys: int, d: int, lanes: int, element: str) -> list[str]:
+    """The C that packs K^T (d x keys, dense) from `element` (K's (j, e) element): blocks of
+    `lanes` keys, each with a constant inner bound (the last one the remainder)."""
+    whole, rest = keys // lanes * lanes, keys % lanes
+    blocks = ([f"    for (int64_t j0 = 0; j0 < {whole}; j0 += {lanes}) {{"] if whole else []) + \
+        ([f"    {{ const int64_t j0 = {whole};"] if rest else [])
+    return [line for head, width in zip(blocks, [lanes] * bool(whole) + [rest] * bool(rest))
+            for line in (head,
+                         f"      for (int64_t e = 0; e < {d}; ++e)",
+                         f"        for (int64_t j = j0; j < j0 + {width}; ++j) "
+                         f"kt[e * {keys} + j] = {element};",
+                         "    }")]
+
+
 def emit_attention_kernel(block: AttentionBlock, name: str) -> KernelSource:
-    """The C of an attention block; argv: q, k, v, the mask if any, then the context's buffer."""
+    """The C of an attention block; argv: q, k, v, the mask if any, the addends of q, k and v
+    that have one (AttentionBlock.reads), then the context's buffer."""
     dtype = block.scores.tensor_type.dtype
     t, f = _C_TYPES[dtype]
     lanes = 64 // dtype.itemsize
     nb, rows, keys, d, dv = block.sizes
     batch = static_shape(block.scores)[:-2]
     tq, tk, tv = block.transpose
-    q_s, q_d = block.q.strides[-1:-3:-1] if tq else block.q.strides[-2:]
-    k_t, k_d = block.k.strides[-1:-3:-1] if tk else block.k.strides[-2:]
-    v_t, v_j = block.v.strides[-1:-3:-1] if tv else block.v.strides[-2:]
+    q_s, q_d = _pair(block.q, tq)
+    k_t, k_d = _pair(block.k, tk)
+    v_t, v_j = _pair(block.v, tv)
+    qa, ka, va = block.q.addend, block.k.addend, block.v.addend
+    # each addend's argv position and its name in the C
+    arg = 4 if block.mask is not None else 3
+    add_args: dict[str, int] = {}
+    for label, op in (("qa", qa), ("ka", ka), ("va", va)):
+        if op is not None:
+            add_args[label] = arg
+            arg += 1
+    out_arg = arg
+
+    def plus(label: str, op: Operand | None, transposed: bool, row: str, col: str) -> str:
+        """` + label_h[...]`: the addend's element at (row, col) of the head, or nothing."""
+        if op is None:
+            return ""
+        rs, cs = _pair(op, transposed)
+        return f" + {label}h[{row} * {rs} + {col} * {cs}]"
     o_s, o_j = block.out.strides[-2:]
     scale = "" if block.scale is None else \
         f" {'/' if block.divides else '*'} ({np.array(block.scale, dtype).item()!r}{f})"
@@ -65,7 +101,7 @@ def emit_attention_kernel(block: AttentionBlock, name: str) -> KernelSource:
     vec = f"{name}_v"
     tile = f"{name}_tile"
     mnk = nb * rows * keys * (d + dv)
-    v_dense = v_j == 1  # V's rows read in place; else packed
+    v_dense = v_j == 1 and va is None  # V's rows read in place; else packed
     v_ld = v_t if v_dense else dv
     out_direct = o_j == 1
     lines = [
@@ -130,7 +166,9 @@ def emit_attention_kernel(block: AttentionBlock, name: str) -> KernelSource:
         f"  const {t} *restrict v = (const {t} *)args[2];",
         *([f"  const {t} *restrict mask = (const {t} *)args[3];"] if block.mask is not None
           else []),
-        f"  {t} *restrict out = ({t} *)args[{4 if block.mask is not None else 3}];",
+        *[f"  const {t} *restrict {label} = (const {t} *)args[{at}];"
+          for label, at in add_args.items()],
+        f"  {t} *restrict out = ({t} *)args[{out_arg}];",
         f"  #pragma omp parallel for schedule(static) if ({mnk} >= {PARALLEL_BATCH_MIN_MNK})",
         f"  for (int64_t n = 0; n < {nb}; ++n) {{",
         f"    {t} kt[{d * keys}], scores[{ROWS * keys}];",
@@ -139,19 +177,28 @@ def emit_attention_kernel(block: AttentionBlock, name: str) -> KernelSource:
         f"    const {t} *kh = k + ({_batch_offset(block.k, batch, 'n')});",
         f"    const {t} *vh = v + ({_batch_offset(block.v, batch, 'n')});",
         f"    {t} *oh = out + ({_batch_offset(block.out, batch, 'n')});",
+        *[f"    const {t} *{label}h = {label} + ({_batch_offset(op, batch, 'n')});"
+          for label, op in (("qa", qa), ("ka", ka), ("va", va)) if op is not None],
         f"    const {t} *vr = vh;" if v_dense else f"    {t} vp[{keys * dv}], *vr = vp;",
-        # K^T (D x T) and V (T x Dv) packed dense, row by row of the copy (writes in order)
-        f"    for (int64_t e = 0; e < {d}; ++e)",
-        f"      for (int64_t j = 0; j < {keys}; ++j) kt[e * {keys} + j] = "
-        f"kh[j * {k_t} + e * {k_d}];",
+        *([f"    {t} qp[{ROWS * d}];"] if qa is not None else []),
+        # K^T (D x T) packed dense, `lanes` keys at a time (their rows stay in L1 across e;
+        # one e at a time over all keys read a strided K 1.2x slower in the encoder's step),
+        # V (T x Dv) row by row; an addend is added here, once per element, as its fused
+        # group did (one rounding)
+        *_pack_kt(keys, d, lanes, f"kh[j * {k_t} + e * {k_d}]{plus('ka', ka, tk, 'j', 'e')}"),
         *([] if v_dense else [
             f"    for (int64_t j = 0; j < {keys}; ++j)",
             f"      for (int64_t e = 0; e < {dv}; ++e) vp[j * {dv} + e] = "
-            f"vh[j * {v_t} + e * {v_j}];"]),
+            f"vh[j * {v_t} + e * {v_j}]{plus('va', va, tv, 'j', 'e')};"]),
         f"    for (int64_t s0 = 0; s0 < {rows}; s0 += {ROWS}) {{",
         f"      const int nr = {rows} - s0 < {ROWS} ? (int)({rows} - s0) : {ROWS};",
-        f"      {name}_product(nr, {keys}, {d}, qh + s0 * {q_s}, {q_s}, {q_d}, kt, {keys}, "
-        f"scores, {keys});",
+        *(["      for (int r = 0; r < nr; ++r)",
+           f"        for (int64_t e = 0; e < {d}; ++e) qp[r * {d} + e] = "
+           f"qh[(s0 + r) * {q_s} + e * {q_d}]{plus('qa', qa, tq, '(s0 + r)', 'e')};",
+           f"      {name}_product(nr, {keys}, {d}, qp, {d}, 1, kt, {keys}, scores, {keys});"]
+          if qa is not None else
+          [f"      {name}_product(nr, {keys}, {d}, qh + s0 * {q_s}, {q_s}, {q_d}, kt, {keys}, "
+           f"scores, {keys});"]),
         "      for (int r = 0; r < nr; ++r) {",
         f"        {t} *srow = scores + r * {keys};",
         *([f"        const {t} *mrow = mask + ({_batch_offset(mask_op, batch, 'n')})"
