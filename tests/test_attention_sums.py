@@ -3,7 +3,8 @@
 group of layout ops and one Add) runs no kernel of its own. The encoder layer at sizes the
 kernel does not special-case (sequences past no whole vector, 3 and 5 heads, head sizes of
 88, 64 and 128) matches numpy and the plan that keeps those groups as steps, with three kernels
-fewer; a group that something else reads too keeps its step. (Each head split moves over 1 MiB
+fewer; an exporter's ONNX block, whose k is stored transposed, matches ONNX Runtime; a group
+that something else reads too keeps its step. (Each head split moves over 1 MiB
 here: smaller ones are launched as one kernel by parallel fusion, a group of three results
 that the step does not take.)"""
 from __future__ import annotations
@@ -95,3 +96,31 @@ def test_a_sum_read_elsewhere_keeps_its_step(rng: Any) -> None:
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(ctx, (e / e.sum(-1, keepdims=True)) @ want_q, rtol=1e-5,
                                atol=1e-5)
+
+
+def test_an_onnx_encoder_block_reads_k_transposed_with_its_bias(
+        rng: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exporter's block (tests/onnx_models.py): MatMul, Add of the bias, Reshape, then
+    Transpose to [b, h, d, s] for k, so the step reads k transposed, bias included."""
+    pytest.importorskip("onnxruntime")
+    from onnx_models import encoder_block, onnxruntime_outputs
+
+    from graphkernel import nn
+    from graphkernel.frontend import context
+    made = encoder_block(rng, seq=131, hidden=264, heads=3)
+    made.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 8  # static: one plan
+    x = rng.standard_normal((8, 131, 264)).astype(np.float32)
+    context.set_context(enable_graph_kernel=True)
+    outs = []
+    for fold in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(attention, "FOLD_SUMS", fold)
+            cell = nn.GraphCell(graphkernel.load(made))
+            outs.append(cell(graphkernel.Tensor(x)).asnumpy())
+            (step,) = attention_steps(cell.compiled)
+            assert len(step.reads) == (6 if fold else 3)
+            assert step.lowering.attention.transpose[1]  # k stored as [b, h, d, s]
+    expected, = onnxruntime_outputs(made, {"x": x})
+    scale = float(np.abs(expected).max())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5 * scale)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-4, atol=1e-4 * scale)
