@@ -13,9 +13,13 @@ import ctypes.util
 import functools
 import glob
 import os
+import sysconfig
 
 LOADER_CACHE = "/etc/ld.so.cache"
-DEFAULT_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64")
+# The loader's own folders, Debian's multiarch ones too (ld.so searches them without its cache).
+_ARCH = sysconfig.get_config_var("MULTIARCH") or ""
+DEFAULT_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64") + \
+    ((f"/lib/{_ARCH}", f"/usr/lib/{_ARCH}") if _ARCH else ())
 
 
 def _loader_may_see(name: str) -> bool:
