@@ -246,6 +246,10 @@ def _compile_table(results: dict[str, Any], labels: dict[str, str]) -> list[str]
     rows.append("")
     rows.append("Imports not included. " + " ".join(
         f"{labels.get(k, k)}: {v}." for k, v in ct.get("notes", {}).items()))
+    if ct.get("removed_environment"):
+        rows.append("Probe processes ran without " + ", ".join(
+            f"{k}={v}" for k, v in ct["removed_environment"].items()) + " (Python's bytecode "
+            "cache written, as a user's process writes it).")
     errors = [(wk, k, r[c]["error"]) for wk, row in ct["workloads"].items()
               for k, r in row.items() for c in ("cold", "warm") if r.get(c) and
               "error" in r[c]]

@@ -45,13 +45,14 @@ def test_the_cost_model_gives_each_machine_its_own_defaults():
     assert xeon.parallel_threshold == 1 << 14
     assert xeon.stream_min_bytes == 32 * MIB  # half of 60 MiB, to a power of two
     assert xeon.prefetch_min_bytes == 2 * MIB  # its L2
-    assert xeon.window_parallel_min_macs == 1 << 20  # 2 x 2 us / 0.5 x 100 G MAC/s = 800 k
+    # 2 x 2 us / 0.5 x 100 G MAC/s at a quarter of the peak = 200 k
+    assert xeon.window_parallel_min_macs == 1 << 18
     assert xeon.vector_width is None  # 512-bit FMAs pay: the toolchain's 512
     vm, why_vm = derive(EPYC_VM)
     assert vm.parallel_threshold == 1 << 20  # 800,000 elements: forks cost 40x more here
     assert vm.stream_min_bytes == 16 * MIB
     assert vm.prefetch_min_bytes == MIB
-    assert vm.window_parallel_min_macs == 1 << 24  # 18.4 M
+    assert vm.window_parallel_min_macs == 1 << 22  # 4.6 M
     assert vm.vector_width is None
     assert why_xeon["parallel_threshold"] == "calibrated: copy 12.0 GB/s, fork/join 2.0 us"
     assert why_vm["vector_width"] == "calibrated: 512-bit FMA 1.00x the 256-bit rate"

@@ -132,7 +132,7 @@ def test_context_changes_and_set_train_leave_the_last_graph(rng) -> None:
 
 def test_a_graph_without_entry_leaves_no_last_call(rng) -> None:
     # a lone ReduceMax stays a numpy step with fusion off (a lone ReduceSum is a kernel:
-    # graph_kernel/single_op.py COPIES_AS_KERNEL): no C entry
+    # declared `kernel_alone`, graph_kernel/single_op.py): no C entry
     net = Fn(lambda a: ops.ReduceMax()(a * 2.0, 1))
     x = rng.standard_normal((4, 6)).astype(np.float32)
     context.set_context(enable_graph_kernel=False)

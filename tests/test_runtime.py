@@ -324,8 +324,8 @@ def test_parameters_own_their_arrays():
 
 def test_unfused_ops_run_one_kernel_each(rng):
     """Fusion off: a composite op (GeLU), an elementwise op without a numpy ufunc (Erf) and one
-    with (Add) run as one generated kernel each, and so does a sum (single_op.py
-    `COPIES_AS_KERNEL`); another reduction (ReduceMax) stays a numpy call, and its plan then has
+    with (Add) run as one generated kernel each, and so does a sum (declared `kernel_alone`,
+    single_op.py); another reduction (ReduceMax) stays a numpy call, and its plan then has
     no compiled entry."""
     class Ops(nn.Cell):
         def __init__(self):

@@ -1,9 +1,9 @@
 """A fused CNN training step runs as one compiled entry call (backends/c/c_entry.py): the lone
 ops its gradients leave (a strided convolution's input gradient interleaving its stride phases,
 the transposes the filter gradients read, a mean pool's sum) are generated kernels, not numpy
-steps (graph_kernel/single_op.py `COPIES_AS_KERNEL`; grad_expanders.py `_stack`). On the Python
-runner its products ran on BLAS's own threads beside the kernels' pool. Against the unfused
-step and numpy, at odd shapes."""
+steps (ops declared `kernel_alone`, graph_kernel/single_op.py; grad_expanders.py `_stack`).
+On the Python runner its products ran on BLAS's own threads beside the kernels' pool. Against
+the unfused step and numpy, at odd shapes."""
 import numpy as np
 import pytest
 from cells import OFF, ON, Fn

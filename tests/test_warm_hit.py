@@ -236,7 +236,8 @@ def test_the_wheels_onednn_is_named_without_asking_the_loader(
     """Which oneDNN a convolution's stored timing belongs to is asked on every compile of a
     convolutional model, warm ones too: ctypes.util.find_library runs ldconfig and the C
     compiler (40-50 ms, most of the digits CNN's warm start), so the loader is asked only when
-    the environment's own lib/ holds no oneDNN with headers."""
+    the environment's own lib/ holds no oneDNN with headers (and then cheaply:
+    loader_search.py, tests/test_loader_search.py)."""
     from graphkernel.backends.c import onednn
     asked: list[str] = []
     elsewhere = _onednn_prefix(tmp_path / "system", (3, 1, 0))
@@ -245,7 +246,7 @@ def test_the_wheels_onednn_is_named_without_asking_the_loader(
         asked.append(name)
         return elsewhere
 
-    monkeypatch.setattr(onednn.ctypes.util, "find_library", find_library)
+    monkeypatch.setattr(onednn.loader_search, "find_library", find_library)
     monkeypatch.setattr(onednn, "_state", {})
     _onednn_prefix(tmp_path / "env", (3, 13, 2))
     monkeypatch.setattr(onednn.sys, "prefix", str(tmp_path / "env"))

@@ -6,7 +6,7 @@ expansion as one loop nest instead of numpy op by op, and an elementwise or broa
 (ufuncs included) runs its C template. A ufunc would be as fast per element, but only a plan
 of generated kernels gets the compiled entry (backends/c/c_entry.py): a small unfused graph then
 costs one C call, not a Python step per op. A lone Transpose, Concat or ReduceSum runs as its
-loop nest too (`COPIES_AS_KERNEL`); MatMul and other views stay numpy calls.
+loop nest too (`OpDef.kernel_alone`, declared on the op); MatMul and views stay numpy calls.
 The unfused baseline in reports and the bench then differs from the fused graph by fusion
 alone, not by Python-level references or a Python runner.
 """
@@ -17,13 +17,12 @@ from graphkernel.graph_kernel.schedule import NotSchedulable, Schedule, analyze,
 from graphkernel.ir.graph import Graph, Input, Node, output_types
 from graphkernel.ir.opset import PatternKind, get_op
 
-# Ops that copy or compute anyway as numpy steps (a transposed copy a kernel reads, a
-# concatenation, a sum), but as such steps keep the whole plan off the compiled entry: then
-# the Python runner runs every product on BLAS's own threads beside the kernels' own pool,
-# two pools on the cores (docs/perf-notes.md, "One thread pool"). A training step's filter
-# gradients and the network's mean pool left such ops alone: ResNet-50's step at two threads
-# took 2.2-2.6 s of CPU a call on the Python runner, 0.8 s on the entry.
-COPIES_AS_KERNEL = frozenset({"Transpose", "Concat", "ReduceSum"})
+# Ops declared `kernel_alone` (Transpose, Concat, ReduceSum) copy or compute anyway as numpy
+# steps, but as such steps keep the whole plan off the compiled entry: then the Python runner
+# runs every product on BLAS's own threads beside the kernels' own pool, two pools on the
+# cores (docs/perf-notes.md, "One thread pool"). A training step's filter gradients and the
+# network's mean pool left such ops alone: ResNet-50's step at two threads took 2.2-2.6 s of
+# CPU a call on the Python runner, 0.8 s on the entry.
 
 
 def runs_as_kernel(node: Node) -> bool:
@@ -36,7 +35,7 @@ def runs_as_kernel(node: Node) -> bool:
     # Elementwise and broadcasting ops, ufuncs included: a ufunc call is as fast per element,
     # but a plan of generated kernels only gets the compiled entry (backends/c/c_entry.py), so a
     # small unfused graph pays one C call instead of a Python step per op.
-    if node.op in COPIES_AS_KERNEL:
+    if opdef.kernel_alone:
         return fusible_op(node.op)
     return opdef.kind <= PatternKind.BROADCAST and fusible_op(node.op)
 

@@ -174,6 +174,11 @@ class OpDef:
     window: Window | None = None
     # Runs as its numpy reference unfused; expanded into basic ops when fusing.
     composite: bool = False
+    # Alone (outside any fused group) it still moves or sums every element (a transposed
+    # copy, a concatenation, a sum), so it runs as a generated loop nest of its own rather
+    # than a numpy step, which would keep the whole plan off the compiled entry
+    # (graph_kernel/single_op.py). Views, products and windows are not.
+    kernel_alone: bool = False
     # An op of the IR itself (GetItem), not callable from the frontend.
     structural: bool = False
     variadic: bool = False

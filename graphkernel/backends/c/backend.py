@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import warnings
@@ -248,13 +249,13 @@ class CBackend:
         for spec in specs:  # which library runs each convolution kernel, and why
             conv = _convolution_of(spec)
             if conv is not None:
-                from graphkernel.backends.c.c_window import conv_library, image_split_note
+                from graphkernel.backends.c.c_window import conv_library
                 tuned = plan.schedule_notes.get(spec.name)
                 library_ = conv_library(conv)
-                split = "" if library_.onednn is not None else "; " + image_split_note(
+                split = "" if library_.onednn is not None else "; " + images_note(
                     conv, spec.kind is KernelKind.CONV_BLOCK,
-                    _tile_of(choices[spec.name].knobs.apply(config)
-                             if spec.name in choices else config))
+                    choices[spec.name].knobs.apply(config) if spec.name in choices
+                    else config)
                 plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
                     f"convolution on {library_.why}{split}"
         if library is not None:
@@ -333,6 +334,26 @@ def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
 
 def _tile_of(config: CConfig) -> ConvTile:
     return ConvTile(config.conv_channel_vectors, config.conv_pixels)
+
+
+def images_note(conv: Node, block: bool, config: CConfig) -> str:
+    """Where a convolution kernel's images run (c_images.image_loop), for the plan's schedule
+    notes: on threads from `window_parallel_min_macs` multiply-adds a call, else on the calling
+    thread; a batch of one shares its image out (c_window.image_split_note) on the same rule.
+    `block`: the kernel is a conv block."""
+    from graphkernel.backends.c.c_window import image_split_note
+    threshold = config.window_parallel_min_macs
+    n = conv.inputs[0].shape[0]
+    per_image = math.prod(conv.shape[1:]) * math.prod(conv.inputs[1].shape[1:])
+    if not isinstance(n, int):
+        return (f"a dynamic batch: its images on threads from window_parallel_min_macs "
+                f"{threshold} multiply-adds a call ({per_image} an image)")
+    macs = n * per_image
+    if n == 1 and macs >= threshold:
+        return image_split_note(conv, block, _tile_of(config))
+    where = "on threads" if n > 1 and macs >= threshold else "on the calling thread"
+    return (f"{'a batch of one' if n == 1 else f'{n} images'} {where} ({macs} multiply-adds, "
+            f"window_parallel_min_macs {threshold})")
 
 
 def _convolution_of(spec: KernelSpec) -> Node | None:

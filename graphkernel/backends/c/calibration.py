@@ -70,6 +70,12 @@ BYTES_PER_ELEMENT = 8  # a bandwidth-bound element: a float32 read and one writt
 # prefer-vector-width=256 made chain8 2.3x, bias+GeLU 1.4x and Softmax 1.4x slower in
 # one-thread CPU time, alternating A/B in one run.
 NARROW_BELOW = 0.9
+# A convolution near the threshold runs at this share of the FMA peak: such convolutions are
+# small (few channels, small images) and far from it. The digits CNN's three (batch 256, 8x8,
+# 1-16-32 channels) ran at 21%, 30% and 62% of the 252 GFLOP/s measured on a Zen 5 EPYC; at
+# the peak rate the model kept the first (2.4 M multiply-adds, 90 us on one thread) on one
+# thread, and at two threads the call took 307 us against 249 with it on threads.
+WINDOW_SHARE_OF_PEAK = 0.25
 # Streaming stores above this share of the last-level cache: such an output does not stay in
 # cache for the next kernel anyway, so its read-for-ownership is wasted.
 STREAM_SHARE_OF_LLC = 0.5
@@ -193,8 +199,9 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     - parallel_threshold: elements of a bandwidth-bound loop (BYTES_PER_ELEMENT each) whose
       one-thread time t = n * 8 / copy_bw, split over THREADS, saves t (1 - 1/THREADS) >
       PAYOFF * fork/join.
-    - window_parallel_min_macs: the same for a convolution's multiply-adds at the best FMA
-      rate (a MAC is 2 flops): an understatement of its time, so the threshold errs high.
+    - window_parallel_min_macs: the same for a convolution's multiply-adds at
+      WINDOW_SHARE_OF_PEAK of the best FMA rate (a MAC is 2 flops): at the peak itself the
+      threshold kept small convolutions that pay on threads on one thread.
     - stream_min_bytes: STREAM_SHARE_OF_LLC of the last-level cache.
     - prefetch_min_bytes: the L2 size: a smaller input is in a core's cache already.
     - vector_width: 256 where 512-bit FMAs run below NARROW_BELOW of the 256-bit rate;
@@ -224,10 +231,11 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     else:
         sources["prefetch_min_bytes"] = "default, the cache sizes are unknown"
     best_fma = max(cal.fma_flops_256, cal.fma_flops_512 or 0.0)
-    macs = PAYOFF * fork / gain * best_fma / 2
+    macs = PAYOFF * fork / gain * best_fma * WINDOW_SHARE_OF_PEAK / 2
     values["window_parallel_min_macs"] = _power_of_two(macs, "window_parallel_min_macs")
-    sources["window_parallel_min_macs"] = (f"calibrated: FMA {best_fma / 1e9:.1f} GFLOP/s, "
-                                           f"fork/join {fork * 1e6:.1f} us")
+    sources["window_parallel_min_macs"] = (f"calibrated: FMA {best_fma / 1e9:.1f} GFLOP/s "
+                                           f"(a convolution at {WINDOW_SHARE_OF_PEAK:.0%} of "
+                                           f"it), fork/join {fork * 1e6:.1f} us")
     if cal.fma_flops_512 is None:
         sources["vector_width"] = "default, no 512-bit FMA measured"
     else:

@@ -15,7 +15,6 @@ engine is made. Its threads are TBB's, as many as the CPUs this process may run 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import glob
 import os
 import sys
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from graphkernel.backends.c import cache, toolchain
+from graphkernel.backends.c import cache, loader_search, toolchain
 from graphkernel.errors import CacheError
 
 SHIM_SOURCE = os.path.join(os.path.dirname(__file__), "onednn_shim.c")
@@ -80,10 +79,10 @@ _lock = threading.Lock()
 
 def _libdnnl_paths() -> Iterator[str]:
     """Where the `onednn` wheel puts libdnnl (the environment's lib/), then the loader's. The
-    loader is asked only when the wheel's did not serve: ctypes.util.find_library runs
-    ldconfig and the C compiler (40-50 ms, most of a warm start of a convolutional model)."""
+    loader is asked only when the wheel's did not serve, and once per process, without
+    running ldconfig and the C compiler where it cannot see libdnnl (loader_search.py)."""
     yield from sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so.*")))
-    found = ctypes.util.find_library("dnnl")
+    found = loader_search.find_library("dnnl")
     if found:
         yield found
 

@@ -127,7 +127,7 @@ def _concat_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> Value
 declare(OpDef(name="Concat", kind=PatternKind.INJECTIVE, inputs=("xs",), infer=_concat_infer,
               reference=lambda *xs, axis=0: np.concatenate(xs, axis=axis),
               init_attrs=(("axis", 0),), variadic=True, functional=("concat", "cat"),
-              grad=_concat_grad))
+              grad=_concat_grad, kernel_alone=True))
 
 
 def _stack_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:

@@ -119,7 +119,7 @@ _REDUCE_ATTRS: dict[str, Any] = dict(init_attrs=(("keep_dims", False),),
                                      call_attrs=(("axis", ()),))
 declare(OpDef(name="ReduceSum", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.sum), reduction=Reduction(ReductionKind.SUM, 0),
-              accepts=NUMBERS, grad=_sum_grad, **_REDUCE_ATTRS))
+              accepts=NUMBERS, grad=_sum_grad, kernel_alone=True, **_REDUCE_ATTRS))
 declare(OpDef(name="ReduceProd", kind=PatternKind.REDUCE, inputs=("x",), infer=_reduce_infer,
               reference=_reduce_ref(np.prod), reduction=Reduction(ReductionKind.PRODUCT, 1),
               accepts=NUMBERS, grad=_prod_grad, **_REDUCE_ATTRS))

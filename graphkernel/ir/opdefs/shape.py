@@ -63,7 +63,8 @@ def _transpose_grad(b: Any, n: Any, dy: Any, attrs: dict[str, Any]) -> list[Any]
 
 declare(OpDef(name="Transpose", kind=PatternKind.INJECTIVE, inputs=("x",),
               infer=_transpose_infer, reference=lambda x, perm: np.transpose(x, perm),
-              call_attrs=(("perm", None),), grad=_transpose_grad, int_tuple_attrs=("perm",)))
+              call_attrs=(("perm", None),), grad=_transpose_grad, int_tuple_attrs=("perm",),
+              kernel_alone=True))
 
 
 def _expand_dims_infer(types: tuple[TensorType, ...], attrs: dict[str, Any]) -> ValueType:
