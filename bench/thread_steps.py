@@ -13,7 +13,10 @@ are counted too. Process CPU and wall are per call.
 
 MODEL: bert2, bert12 (the bench's BERT-base layers, bench/real.py `bert_base_row`),
 onnx_bert_b8 / onnx_gpt2_b8 (transformers' BertModel / GPT2Model through ONNX),
-resnet18_b1 / resnet50_b1 (or _b8: inference, 224x224), resnet50_train_b2 / _b4, or a
+resnet18_b1 / resnet50_b1 / mobilenetv2_b8 (or _b1 / _b8: inference, 224x224),
+onnx_mobilenetv3_b1 / onnx_resnet18_b1 (or _b8: the bench's ONNX export, `--openvino` too;
+the graphkernel.nn CNNs go to OpenVINO through torch's export of the same weights),
+resnet50_train_b2 / _b4, or a
 main-suite workload by its key prefixed `suite:` (bench/workloads.py `full_suite`, the first
 key that starts with what follows: `suite:mlp` the MLP block, `suite:encoder`, `suite:bert`).
 Each thread count runs in a new process (OMP_NUM_THREADS is read once per process).
@@ -101,12 +104,36 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         context.set_context(enable_graph_kernel=True)  # the import fuses as the context says
         compiled = nn.GraphCell(graphkernel.load(fixed)).compiled
         return compiled, [graphkernel.Tensor(a) for a in sets[0]]
-    if model.startswith(("resnet18_b", "resnet50_b")):  # inference, 224x224 (cnn_row's)
-        from bench.real_models import gk_cnn
+    if model.startswith(("onnx_mobilenetv3_b", "onnx_resnet18_b")):  # onnx_model_row's export
+        import torch
+
+        from bench.real_models import randomise_torch_batchnorm, torch_cnn
+        from bench.real_systems import fix_batch, torch_export
+        from graphkernel import nn
+        name, batch = model.split("_")[1], int(model.rsplit("b", 1)[1])
+        torch.manual_seed(0)
+        tnet = torch_cnn(name, gk_padding=False)
+        randomise_torch_batchnorm(tnet)
+        x = _sets([(batch, 3, 224, 224)], 1)[0]
+        path, fixed = os.path.join(tmp, "net.onnx"), os.path.join(tmp, "net_fixed.onnx")
+        torch_export(tnet, x, ["x"], path, dynamic_batch=True, opset=17)
+        fix_batch(path, batch, fixed)
+        from graphkernel.frontend import context
+        context.set_context(enable_graph_kernel=True)
+        compiled = nn.GraphCell(graphkernel.load(fixed)).compiled
+        return compiled, [graphkernel.Tensor(a) for a in x]
+    if model.startswith(("resnet18_b", "resnet50_b", "mobilenetv2_b")):  # cnn_row's, 224x224
+        from bench.real_models import gk_cnn, gk_params, load_into_torch, torch_cnn
+        from bench.real_systems import torch_export
         batch = int(model.rsplit("b", 1)[1])
         x = _sets([(batch, 3, 224, 224)], 1)[0]
         net = gk_cnn(model.split("_")[0])
         net.set_train(False)
+        if os.environ.get("THREAD_STEPS_ONNX"):  # --openvino: the same weights through ONNX
+            tnet = torch_cnn(model.split("_")[0])
+            load_into_torch(tnet, gk_params(net))
+            torch_export(tnet, x, ["x"], os.path.join(tmp, "net_fixed.onnx"),
+                         dynamic_batch=False)
         exe = graphkernel.compile(net, *x, options=CompileOptions(enable_graph_kernel=True))
         return exe, [graphkernel.Tensor(a) for a in x]
     if model.startswith("resnet50_train_b"):
@@ -140,6 +167,7 @@ def beside_openvino(model: str, calls: int, rounds: int) -> dict[str, Any]:
 
     from bench.peers import OPENVINO_CONFIG
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    os.environ["THREAD_STEPS_ONNX"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         fn, args = _build(model, tmp)
         compiled = ov.Core().compile_model(os.path.join(tmp, "net_fixed.onnx"), "CPU",

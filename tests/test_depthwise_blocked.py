@@ -3,13 +3,14 @@ MobileNetV2-style inverted residual blocks the 1x1 expand -> depthwise -> 1x1 pr
 stays in the blocked channel layout (kernel counts, layout notes, the lowering's form note),
 and fused, unfused and numpy agree on random inputs: channels that are and are not multiples of
 the block, batch 1 and 3, strides 1 and 2, 3x3 and 5x5, dilation, float16/32/64. Small NCHW
-maps take the channel-vectored form, larger ones the pixel path, and both match numpy."""
+maps and 25 taps or more take the channel-vectored form, larger maps of fewer taps the pixel
+path, and both match numpy."""
 import numpy as np
 import pytest
 
 import graphkernel
 from graphkernel import Tensor, nn, ops
-from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS
+from graphkernel.backends.c.c_depthwise_blocked import CHANNEL_VECTOR_PIXELS, CHANNEL_VECTOR_TAPS
 from graphkernel.frontend.compile import CompileOptions
 
 ON = CompileOptions(enable_graph_kernel=True)
@@ -156,7 +157,10 @@ class Depthwise(nn.Cell):
     ((1, 16, 12, 21), 5, 1, 1),  # interior 17: two groups of 8 and a group of 1
     ((3, 40, 14, 14), 3, 1, 1),  # 9 taps, 196 pixels: channel-vectored
     ((2, 24, 28, 28), 5, 2, 1),  # strided to 14x14: channel-vectored
-    ((2, 24, 15, 15), 5, 1, 1),  # 225 pixels: the pixel path
+    ((2, 24, 15, 15), 5, 1, 1),  # 225 pixels, 25 taps: channel-vectored
+    ((1, 40, 29, 31), 5, 1, 1),  # 899 pixels, 25 taps: channel-vectored
+    ((2, 24, 33, 35), 7, 2, 1),  # 49 taps, strided to 17x18: channel-vectored
+    ((2, 24, 15, 15), 3, 1, 1),  # 225 pixels, 9 taps: the pixel path
     ((2, 24, 30, 31), 3, 2, 1),  # strided to 15x16: the pixel path
 ])
 def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
@@ -172,6 +176,8 @@ def test_nchw_depthwise_form_by_map_size(dtype, geometry, rng):
     described = exe.plan.describe()
     if oh * ow <= CHANNEL_VECTOR_PIXELS:
         assert f"depthwise channel-vectored: {oh * ow} output pixels" in described
+    elif k * k >= CHANNEL_VECTOR_TAPS:
+        assert f"depthwise channel-vectored: {k * k} taps" in described
     else:
         assert f"depthwise pixel path (vectors along pixels over phase planes): {oh * ow}" \
             in described

@@ -27,6 +27,12 @@ from graphkernel.backends.c.c_text import c_comment
 # stride 2 to 28x28 0.9 at batch 8 but 1.0-1.2 at batch 1. (Before the transposes the taps
 # and the stride decided too: s9-dwblock.md.)
 CHANNEL_VECTOR_PIXELS = 196
+# An NCHW depthwise convolution of at least this many taps runs channel-vectored at any map
+# size. Zen 5, one thread, conv + ReLU6, 5 alternating rounds, channel/pixel time
+# (/work/briefs/out/s11-mbv3se.md): 5x5 at 20x20 0.45, at 28x28 0.77 (batch 1) / 0.85 (batch
+# 8), at 56x56 0.72, 5x5 stride 2 from 56x56 0.63, 7x7 at 28x28 0.55. 3x3 stays by size:
+# 20x20 0.88 but 28x28 1.05 and stride 2 to 28x28 1.15.
+CHANNEL_VECTOR_TAPS = 25
 # Output pixels of a row's interior that go together (their accumulators in registers while
 # the taps go by: one weight load feeds this many multiply-adds).
 INTERIOR_PIXELS = 8
@@ -82,10 +88,15 @@ def depthwise_form(pixels: int, taps: int, strided: bool, input_blocked: bool,
         return True, f"depthwise channel-vectored: {pixels} output pixels (at most " \
                      f"{CHANNEL_VECTOR_PIXELS}), {taps} taps, stride " \
                      f"{'over 1' if strided else '1'} (the pixel path fills few lanes there)"
+    if taps >= CHANNEL_VECTOR_TAPS:
+        return True, f"depthwise channel-vectored: {taps} taps (at least " \
+                     f"{CHANNEL_VECTOR_TAPS}), {pixels} output pixels (the taps' multiply-adds " \
+                     "outweigh the gather and transposes)"
     return False, f"depthwise pixel path (vectors along pixels over phase planes): {pixels} " \
                   f"output pixels, {taps} taps, stride {'over 1' if strided else '1'} (over " \
-                  f"{CHANNEL_VECTOR_PIXELS} pixels the channel-vectored form's gather and " \
-                  "transposes cost more than the pixel path's partly filled vectors save)"
+                  f"{CHANNEL_VECTOR_PIXELS} pixels and under {CHANNEL_VECTOR_TAPS} taps the " \
+                  "channel-vectored form's gather and transposes cost more than the pixel " \
+                  "path's partly filled vectors save)"
 
 
 def channel_units(name: str, fill: str, unit: str, ct: str, st: str, geo: DepthwiseGeometry,
