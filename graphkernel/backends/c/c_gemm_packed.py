@@ -64,8 +64,10 @@ PREPACK_CONSTANT_B = True
 # split, each chunk of which packs only A.
 PREPACKED_WIDE = True
 # With B prepacked, one OpenMP thread runs the kernel too (rather than BLAS's one call, which
-# packs B again each call).
-PREPACKED_ONE_THREAD = True
+# packs B again each call) where k and n are at least this: BERT-base's products (768, 3072)
+# and the MLP's (1024, 4096) took 4% less CPU so, GPT-2-small-b8's ONNX export (hidden 256)
+# 7% more. None: BLAS's one call always.
+PREPACKED_ONE_THREAD: int | None = 512
 # Block of k a tile of C accumulates over before it is stored (B's block kc x 256 stays in L2).
 PACKED_KC = 768
 PACKED_NC = 256  # columns of B (8 panels) a row strip runs across while its A block is in L1
@@ -314,7 +316,8 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
     else:
         # header words (int64): [0] the source's version word (NULL: not kept, repack), [3]
         # the version packed, [6] the source's address then, [9] nonzero once packed
-        one = "1" if PREPACKED_ONE_THREAD else "omp_get_max_threads() > 1"
+        one = "1" if PREPACKED_ONE_THREAD is not None and \
+            min(call.k, call.n) >= PREPACKED_ONE_THREAD else "omp_get_max_threads() > 1"
         head = [f"    int64_t *gk_h = (int64_t *){workspace};",
                 f"    float *gk_Bp = {one} ? (float *)((char *){workspace} + "
                 f"{WORKSPACE_HEADER_BYTES}) : NULL;",
