@@ -10,6 +10,11 @@ free; a chunk reads A in place (broadcast scalars: either layout) and keeps a 12
 in 24 AVX-512 registers over a block of k. On one thread the product keeps BLAS's one call,
 which packs once too (`emit_packed`).
 
+Where B is a constant or a weight no step writes, its panels are kept between calls in a
+workspace (`prepacked_bytes`, PREPACK_CONSTANT_B): packed on the first call and when the
+weight's version moves. Such a product also runs here when it is wider than tall, split by
+column panels (`gk_pk_cols`), and on one thread where k and n are large enough.
+
 The kernel needs AVX-512 (`__AVX512F__`, as -march=native compiles the entry) and OpenMP;
 elsewhere, or when the pack buffer cannot be allocated, the product's BLAS lines run instead.
 """
