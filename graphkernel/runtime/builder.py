@@ -3,7 +3,7 @@ every node becomes the step its lowering names; kernels are backend-neutral spec
 (`KernelSpec`) that the backend builds (backends/)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -164,13 +164,15 @@ def _bytes_moved(node: Node) -> int:
 
 
 def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SETTINGS,
-               workspace_bytes: Callable[[KernelSpec], int] | None = None
+               workspace_bytes: Callable[[KernelSpec], int] | None = None,
+               product_workspace: Callable[[Sequence[Slot], Step], int] | None = None
                ) -> tuple[ExecutionPlan, list[str]]:
     """The plan of `graph`, lowered (graph_kernel/lower.py): each node becomes the step its
     `Node.lowering` names; kernels are backend-neutral specs a backend builds. Returns the plan
     and warnings for the user (groups that run op by op). `workspace_bytes`: the backend's
     size of the data a convolution kernel keeps between calls (its repacked weights; 0: none),
-    each given a WORKSPACE slot."""
+    each given a WORKSPACE slot; `product_workspace`: likewise for a matrix product whose B is a
+    constant or a weight the plan does not write (B packed once, kept between calls)."""
     assert graph.lowered_for is not None, "plan_graph takes a lowered graph"
     b = _PlanBuilder(graph)
     notes: list[str] = []
@@ -310,6 +312,8 @@ def plan_graph(graph: Graph, name: str, settings: PlanSettings = DEFAULT_PLAN_SE
                             (), overwrites=(target,), bytes_moved=2 * weight.tensor_type.nbytes))
     if workspace_bytes is not None:
         _add_workspaces(b, workspace_bytes, {target for _, target in assigned})
+    if product_workspace is not None:
+        _add_product_workspaces(b, product_workspace, {target for _, target in assigned})
     slots = tuple(b.slots)
     inputs = tuple(b.slot_of[i.uid] for i in graph.inputs if i.kind == "input")
     weights = tuple(weight_slots.values())
@@ -348,6 +352,29 @@ def _add_workspaces(b: _PlanBuilder, workspace_bytes: Callable[[KernelSpec], int
         b.steps[i] = replace(step, reads=step.reads + (slot,),
                              overwrites=step.overwrites + (slot,),
                              kernel=replace(spec, workspace=True))
+
+
+def _add_product_workspaces(b: _PlanBuilder,
+                            product_workspace: Callable[[Sequence[Slot], Step], int],
+                            written: set[int]) -> None:
+    """A WORKSPACE slot `<product>.prepacked_B` for each matrix product the backend keeps B
+    packed for, read after its two operands: only where B is a constant or a weight no step
+    writes, so its contents are always kept (recomputed when the weight's version moves)."""
+    for i, step in enumerate(b.steps):
+        if step.kind is not StepKind.LIBRARY or step.op != "MatMul" or len(step.reads) != 2:
+            continue
+        source = b.slots[step.reads[1]]
+        if not (source.role is SlotRole.CONSTANT or
+                source.role is SlotRole.WEIGHT and source.index not in written):
+            continue
+        nbytes = product_workspace(b.slots, step)
+        if nbytes <= 0:
+            continue
+        slot = b._new(f"{step.name}.prepacked_B", TensorType((nbytes,), np.dtype(np.uint8)),
+                      SlotRole.WORKSPACE)
+        b.slots[slot] = replace(b.slots[slot], workspace=Workspace((source.index,), True))
+        b.steps[i] = replace(step, reads=step.reads + (slot,),
+                             overwrites=step.overwrites + (slot,))
 
 
 # step name -> (node, its group, its schedule)

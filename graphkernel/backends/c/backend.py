@@ -31,14 +31,19 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
 from graphkernel.backends.c.c_entry_threads import runner_keep_awake, threads_note
-from graphkernel.backends.c.c_gemm import SMALL_PRODUCT_LABEL, gemm_call, library_shape
-from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL
+from graphkernel.backends.c.c_gemm import (
+    SMALL_PRODUCT_LABEL,
+    gemm_call,
+    gemm_call_of,
+    library_shape,
+)
+from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL, prepacked_bytes
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.cblas import hand_blas_to
 from graphkernel.backends.c.config import CConfig
@@ -61,7 +66,7 @@ from graphkernel.ir.opset import Window, get_op
 from graphkernel.ir.serialize import code_text, graph_to_data
 from graphkernel.runtime.builder import plan_graph
 from graphkernel.runtime.executable import Executable
-from graphkernel.runtime.plan import ExecutionPlan, KernelSpec, StepKind
+from graphkernel.runtime.plan import ExecutionPlan, KernelSpec, Slot, Step, StepKind
 from graphkernel.runtime.runner import Runner
 
 _warned_no_compiler = False
@@ -201,7 +206,7 @@ class CBackend:
             tune_conv_libraries([n for n in graph.nodes if n.lowering is not None and
                                  n.lowering.kind is KernelKind.WINDOW and
                                  get_op(n.op).window is Window.CONVOLUTION], tuning_level)
-        plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes)
+        plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes, _prepacked_bytes)
         if tuning_level > 0:  # each product's library, timed (else stored: c_gemm.with_library)
             blas_choice.tune(_product_shapes(plan), tuning_level)
         # buffers readied while gcc runs
@@ -382,6 +387,14 @@ def _workspace_bytes(spec: KernelSpec) -> int:
     if spec.block is not None:
         return workspace_bytes(spec.block.conv, library_choice=False)
     return workspace_bytes(spec.node)
+
+
+def _prepacked_bytes(slots: Sequence[Slot], step: Step) -> int:
+    """A product's workspace of B's panels packed once (c_gemm_packed.py `prepacked_bytes`;
+    0: none). Only the compiled entry reads it: a product's step function of the Python runner
+    reads its two operands alone."""
+    call = gemm_call_of(slots, step)
+    return 0 if call is None else prepacked_bytes(call)
 
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")

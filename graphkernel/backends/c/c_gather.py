@@ -56,9 +56,12 @@ def gather_call(plan: ExecutionPlan, step: Step) -> GatherCall | None:
     if ids.type.dtype not in _INDEX_TYPES:
         return None
     computed = ids.role is SlotRole.VALUE
-    if computed and (plan.written_weights or
-                     any(slot.role is SlotRole.WORKSPACE for slot in plan.slots)):
-        return None  # a refusal after earlier steps would have them run twice
+    # a refusal after earlier steps would have them run twice; a kept workspace (repacked
+    # weights) is only refreshed by them, from the same weights
+    if computed and (plan.written_weights or any(
+            slot.role is SlotRole.WORKSPACE and not (slot.workspace and slot.workspace.kept)
+            for slot in plan.slots)):
+        return None
     shape = tuple(table.type.shape)
     axis = step.attrs["axis"] % len(shape)
     return GatherCall(params, indices, out, math.prod(shape[:axis]), shape[axis],

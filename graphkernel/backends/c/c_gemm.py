@@ -20,21 +20,22 @@ product keeps numpy's OpenBLAS (the library choice times static shapes).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from graphkernel.backends.c.c_gemm_packed import (
-    PACKED_PRODUCT,
     PACKED_PRODUCT_LABEL,
     emit_packed,
     packed_product,
+    packed_source,
 )
 from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import Dim, SymSize
-from graphkernel.runtime.plan import ExecutionPlan, Step
+from graphkernel.runtime.plan import ExecutionPlan, Slot, SlotRole, Step
 
 if TYPE_CHECKING:  # blas_choice imports the tuner: loaded where a product is written
     from graphkernel.backends.c.blas_choice import GemmShape
@@ -86,6 +87,9 @@ class GemmCall:
     # whose cblas_?gemm runs it (blas_choice.py): "openblas", "mkl"; or "graphkernel", the
     # entry's own small-product kernel (`small_product`)
     library: str = "openblas"
+    # The WORKSPACE slot holding B packed once for the packed-B kernel (c_gemm_packed.py
+    # `prepacked_bytes`), kept between calls while B (a constant or a weight) is unchanged
+    prepacked: int | None = None
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -156,12 +160,21 @@ def _numbers(*values: object) -> bool:
 
 def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
     """The BLAS call of a MatMul/BatchMatMul step, or None when BLAS cannot take it as is."""
+    return gemm_call_of(plan.slots, step)
+
+
+def gemm_call_of(slots: Sequence[Slot], step: Step) -> GemmCall | None:
+    """`gemm_call` from the plan's slots (the plan builder asks before the plan is made:
+    c_gemm_packed.py `prepacked_bytes`)."""
     if not get_op(step.op).gemm or not step.pooled:
         return None
     dtype = step.out_types[0].dtype
     if dtype not in (np.float32, np.float64):
         return None
-    types = [plan.slots[s].type for s in (*step.reads, *step.writes)]
+    prepacked = step.reads[2] if len(step.reads) > 2 else None  # builder._add_workspaces
+    if prepacked is not None and slots[prepacked].role is not SlotRole.WORKSPACE:
+        return None
+    types = [slots[s].type for s in (*step.reads[:2], *step.writes)]
     if any(t.dtype != dtype for t in types):
         return None
     views = dict(step.attrs.get("read_views", {}))
@@ -171,7 +184,7 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
         if k in views:
             offset, shape, strides = views[k]
         else:
-            offset, shape = 0, tuple(plan.slots[slot].type.shape)
+            offset, shape = 0, tuple(slots[slot].type.shape)
             strides = _contiguous(shape)
         if strides is None or not _numbers(offset, tuple(strides)):
             return None
@@ -188,7 +201,7 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
     (target,) = step.writes
     write_view = step.attrs.get("write_view")
     if write_view is None:
-        c_shape = tuple(plan.slots[target].type.shape)
+        c_shape = tuple(slots[target].type.shape)
         contiguous = _contiguous(c_shape)
         if contiguous is None:
             return None
@@ -226,7 +239,7 @@ def gemm_call(plan: ExecutionPlan, step: Step) -> GemmCall | None:
                     Matrix(step.reads[0], a_off, a_batch, *a_layout),
                     Matrix(step.reads[1], b_off, b_batch, *b_layout),
                     Matrix(target, 0, tuple(c_batch), *c_layout),
-                    dtype == np.float64, step.blas_threads == 1)
+                    dtype == np.float64, step.blas_threads == 1, prepacked=prepacked)
 
 
 # The entry's BLAS: function pointers set once the module is loaded (`set_blas`). BLASINT is
@@ -353,7 +366,7 @@ def prelude(int64: bool, small_products: bool = False) -> list[str]:
     """The entry's BLAS declarations; with graphkernel's own product kernels where some
     product runs on one (library "graphkernel": `small_product`, c_gemm_packed.py)."""
     text = PRELUDE.replace("BLASINT", "int64_t" if int64 else "int")
-    own = "\n#include <string.h>\n" + SMALL_PRODUCT + PACKED_PRODUCT
+    own = "\n#include <string.h>\n" + SMALL_PRODUCT + packed_source()
     return (text + (own if small_products else "")).split("\n")
 
 
@@ -410,7 +423,8 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
                 f"    const float *gk_A = (const float *){data[call.a.slot]} + {call.a.offset};",
                 f"    const float *gk_B = (const float *){data[call.b.slot]} + {call.b.offset};",
                 f"    float *gk_C = (float *){data[call.c.slot]} + {call.c.offset};",
-                *emit_packed(call, "gk_A", "gk_B", "gk_C", _c(call.m), blas), "  }"]
+                *emit_packed(call, "gk_A", "gk_B", "gk_C", _c(call.m), blas,
+                             None if call.prepacked is None else data[call.prepacked]), "  }"]
     ctype, fn = ("double", "gk_dgemm") if call.double else ("float", "gk_sgemm")
     if call.library == "mkl":  # sequential: no threads of its own to hold
         fn = fn.replace("gk_", "gk_mkl_")

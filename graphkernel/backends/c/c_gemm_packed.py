@@ -10,6 +10,11 @@ free; a chunk reads A in place (broadcast scalars: either layout) and keeps a 12
 in 24 AVX-512 registers over a block of k. On one thread the product keeps BLAS's one call,
 which packs once too (`emit_packed`).
 
+Where B is a constant or a weight no step writes, its panels are kept between calls in a
+workspace (`prepacked_bytes`, PREPACK_CONSTANT_B): packed on the first call and when the
+weight's version moves. Such a product also runs here when it is wider than tall, split by
+column panels (`gk_pk_cols`), and on one thread where k and n are large enough.
+
 The kernel needs AVX-512 (`__AVX512F__`, as -march=native compiles the entry) and OpenMP;
 elsewhere, or when the pack buffer cannot be allocated, the product's BLAS lines run instead.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from graphkernel.ir.types import Dim, SymSize
+from graphkernel.runtime.plan import WORKSPACE_HEADER_BYTES
 
 
 class GemmCall(Protocol):
@@ -41,6 +47,8 @@ class GemmCall(Protocol):
     def b(self) -> Any: ...
     @property
     def c(self) -> Any: ...
+    @property
+    def prepacked(self) -> int | None: ...
 
 # Products with at least this many multiply-adds run on the packed-B kernel (float32, one GEMM,
 # no batch axis): below it a product is a small fraction of a millisecond, where BLAS's call is
@@ -51,9 +59,27 @@ PACKED_PRODUCT_MIN_MNK = 1 << 22
 # PRODUCT_CHUNKS_PER_THREAD) at no cost.
 PACKED_CHUNKS_PER_THREAD = 4
 PACKED_PRODUCT_LABEL = "graphkernel packed-B kernel"
+# A product whose B is a constant or a weight no step of the plan writes keeps B's panels in a
+# workspace (runtime/plan.py Workspace, a slot named `<product>.prepacked_B`): packed on the
+# first call, again only when the weight's version word or array changes (never for a
+# constant). Memory: B's size again, its columns rounded up to 32. False: packed every call.
+PREPACK_CONSTANT_B = True
+# With B prepacked, a product with fewer rows than columns runs on the kernel too (split by
+# rows over the threads: no chunk packs anything); without, such products keep BLAS's column
+# split, each chunk of which packs only A.
+PREPACKED_WIDE = True
+# With B prepacked, one OpenMP thread runs the kernel too (rather than BLAS's one call, which
+# packs B again each call) where k and n are at least this: BERT-base's products (768, 3072)
+# and the MLP's (1024, 4096) took 4% less CPU so, GPT-2-small-b8's ONNX export (hidden 256)
+# 7% more. None: BLAS's one call always.
+PREPACKED_ONE_THREAD: int | None = 512
 # Block of k a tile of C accumulates over before it is stored (B's block kc x 256 stays in L2).
 PACKED_KC = 768
 PACKED_NC = 256  # columns of B (8 panels) a row strip runs across while its A block is in L1
+# A product with fewer rows than columns (static) splits over threads by column panels
+# (gk_pk_cols): by rows, every chunk read all of B again (4 chunks a thread: MLP's 16 MiB
+# weight streamed 8 times a call at two threads)
+PACKED_WIDE_BY_COLUMNS = True
 
 PACKED_PRODUCT = """#if defined(__AVX512F__) && defined(_OPENMP)
 #include <immintrin.h>
@@ -88,7 +114,23 @@ static inline __attribute__((always_inline)) void gk_pk_tile(
   }
 }
 
-/* Rows lo..hi of C = A B, B packed (`gk_pk_pack`): 12-row strips, then 4- and 1-row ones. */
+/* Rows i..i + rows of C, columns j0..j1 (panels), over one block of k. */
+static inline __attribute__((always_inline)) void gk_pk_strip(
+    const int rows, int64_t i, int64_t j0, int64_t j1, int64_t n, int64_t k, int64_t k0,
+    int64_t kc, int acc, const float *A, int64_t ra, int64_t da, const float *Bp, float *C,
+    int64_t ldc) {
+  for (int64_t j = j0; j < j1; j += 32) {
+    const int64_t left = n - j;
+    const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ?
+      (__mmask16)((1u << (left - 16)) - 1) : 0;
+    gk_pk_tile(rows, kc, A + i * ra + k0 * da, ra, da, Bp + (j / 32) * k * 32 + k0 * 32,
+               C + i * ldc + j, ldc, acc, m0, m1);
+  }
+}
+
+/* Rows lo..hi of C = A B, B packed (`gk_pk_pack`): 12-row strips, then 4- and 1-row ones;
+   each panel runs down the strips (the panel stays in L2, A's rows stream). */
 static void gk_pk_rows(int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra,
                        int64_t da, const float *Bp, float *C, int64_t ldc) {
   for (int64_t j0 = 0; j0 < n; j0 += GK_PK_NC) {
@@ -97,19 +139,37 @@ static void gk_pk_rows(int64_t lo, int64_t hi, int64_t n, int64_t k, const float
       const int64_t kc = k - k0 < GK_PK_KC ? k - k0 : GK_PK_KC;
       const int acc = k0 > 0;
       for (int64_t j = j0; j < j1; j += 32) {
-        const int64_t left = n - j;
-        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-        const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ?
-          (__mmask16)((1u << (left - 16)) - 1) : 0;
-        const float *bp = Bp + (j / 32) * k * 32 + k0 * 32;
         int64_t i = lo;
         for (; i + 12 <= hi; i += 12)
-          gk_pk_tile(12, kc, A + i * ra + k0 * da, ra, da, bp, C + i * ldc + j, ldc, acc, m0, m1);
+          gk_pk_strip(12, i, j, j + 32, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
         for (; i + 4 <= hi; i += 4)
-          gk_pk_tile(4, kc, A + i * ra + k0 * da, ra, da, bp, C + i * ldc + j, ldc, acc, m0, m1);
+          gk_pk_strip(4, i, j, j + 32, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
         for (; i < hi; ++i)
-          gk_pk_tile(1, kc, A + i * ra + k0 * da, ra, da, bp, C + i * ldc + j, ldc, acc, m0, m1);
+          gk_pk_strip(1, i, j, j + 32, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
       }
+    }
+  }
+}
+
+/* Columns jlo..jhi (whole panels but the last) of C = A B, every row, B packed: blocks of
+   GK_PK_NC columns (in L2), each 12-row strip of A (in L1) run across a block's panels. For a
+   product wider than tall, split over threads by columns: each thread reads only its own
+   panels of B, and A (the smaller) again. */
+static void gk_pk_cols(int64_t jlo, int64_t jhi, int64_t m, int64_t n, int64_t k,
+                       const float *A, int64_t ra, int64_t da, const float *Bp, float *C,
+                       int64_t ldc) {
+  for (int64_t j0 = jlo; j0 < jhi; j0 += GK_PK_NC) {
+    const int64_t j1 = j0 + GK_PK_NC < jhi ? j0 + GK_PK_NC : jhi;
+    for (int64_t k0 = 0; k0 < k; k0 += GK_PK_KC) {
+      const int64_t kc = k - k0 < GK_PK_KC ? k - k0 : GK_PK_KC;
+      const int acc = k0 > 0;
+      int64_t i = 0;
+      for (; i + 12 <= m; i += 12)
+        gk_pk_strip(12, i, j0, j1, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
+      for (; i + 4 <= m; i += 4)
+        gk_pk_strip(4, i, j0, j1, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
+      for (; i < m; ++i)
+        gk_pk_strip(1, i, j0, j1, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
     }
   }
 }
@@ -194,54 +254,112 @@ static float *gk_pk_buffer(size_t floats) {
 #pragma GCC pop_options
 #endif
 #endif
-""".replace("GK_PK_KC", str(PACKED_KC)).replace("GK_PK_NC", str(PACKED_NC))
+"""
+
+
+def packed_source() -> str:
+    """The kernel's C, with this module's block sizes (read when an entry is written)."""
+    return PACKED_PRODUCT.replace("GK_PK_KC", str(PACKED_KC)).replace("GK_PK_NC", str(PACKED_NC))
 
 
 def packed_product(call: GemmCall) -> bool:
     """Whether a product runs on the packed-B kernel: float32, one GEMM (no batch axis), split
     over threads (not held to one: `GemmCall.one_thread`), at least PACKED_PRODUCT_MIN_MNK
-    multiply-adds for the least value of a dynamic row count, and at least as many rows as
-    columns: the products BLAS's split cuts by rows (c_gemm.py `_split_rows`), each chunk
-    packing all of B again. A wider product is cut by columns there, each chunk packing only
-    A again, and at two threads this kernel took 4-18% more CPU than that split (1024 x 3072
-    x 768, 1024 x 1024 x 256)."""
+    multiply-adds for the least value of a dynamic row count, and, unless B is prepacked
+    (`GemmCall.prepacked`, PREPACKED_WIDE), at least as many rows as columns: the products
+    BLAS's split cuts by rows (c_gemm.py `_split_rows`), each chunk packing all of B again. A
+    wider product is cut by columns there, each chunk packing only A again, and at two
+    threads this kernel packing B per call took 4-18% more CPU than that split (1024 x 3072 x
+    768, 1024 x 1024 x 256)."""
+    return _packed_rule(call, call.prepacked is not None)
+
+
+def _packed_rule(call: GemmCall, prepacked: bool) -> bool:
     rows = call.m.coef if isinstance(call.m, SymSize) else call.m  # a dynamic one's least
     return PACKED_PRODUCT_MIN_MNK > 0 and not call.double and not call.batch and \
         not call.one_thread and rows * call.n * call.k >= PACKED_PRODUCT_MIN_MNK and \
-        (isinstance(call.m, SymSize) or call.m >= call.n)
+        (isinstance(call.m, SymSize) or call.m >= call.n or
+         prepacked and PREPACKED_WIDE)
 
 
-def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str]) -> list[str]:
+def prepacked_bytes(call: GemmCall) -> int:
+    """Bytes of the workspace that keeps the product's B packed between calls (the plan
+    builder asks, runtime/builder.py, for a product whose B is a constant or an unwritten
+    weight): the header, then B's 32-column panels; 0 when the product would not run on the
+    packed kernel (or PREPACK_CONSTANT_B is off)."""
+    if not PREPACK_CONSTANT_B or not _packed_rule(call, True):
+        return 0
+    return WORKSPACE_HEADER_BYTES + (call.n + 31) // 32 * call.k * 32 * 4
+
+
+def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
+                workspace: str | None = None) -> list[str]:
     """C lines of one packed-B product (inside the entry's block that declares its operands):
     `a`, `b`, `c` the operands' pointer expressions, `m` the row count; `blas` the lines of the
     same product on BLAS, run where the kernel is not compiled (no AVX-512, no OpenMP), on one
     thread (one BLAS call packs once too, and OpenBLAS's kernel was 2-5% faster than this one
-    there) or where the pack buffer cannot be had."""
+    there) or where the pack buffer cannot be had. `workspace`: the pointer to the product's
+    prepacked-B workspace (`prepacked_bytes`; its header as runtime/plan.py lays it out), whose
+    panels are packed only when stale; one thread then runs the kernel too
+    (PREPACKED_ONE_THREAD)."""
     ra, da = ("1", str(call.a.ld)) if call.a.trans else (str(call.a.ld), "1")
     n, k, panels = call.n, call.k, (call.n + 31) // 32
-    rows = (f"gk_pk_rows(gk_lo, gk_hi, {n}, {k}, {a}, {ra}, {da}, gk_Bp, {c}, "
-            f"{call.c.ld});")
+    by_cols = PACKED_WIDE_BY_COLUMNS and not isinstance(call.m, SymSize) and call.m < call.n
+    if by_cols:  # chunks of whole panels, every row
+        rows = (f"gk_pk_cols(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, {n}, {k}, "
+                f"{a}, {ra}, {da}, gk_Bp, {c}, {call.c.ld});")
+    else:
+        rows = (f"gk_pk_rows(gk_lo, gk_hi, {n}, {k}, {a}, {ra}, {da}, gk_Bp, {c}, "
+                f"{call.c.ld});")
     pack = f"gk_pk_pack(gk_p, gk_p + 1, {n}, {k}, {b}, {call.b.ld}, {int(call.b.trans)}, gk_Bp);"
+    if workspace is None:
+        head = ["    float *gk_Bp = omp_get_max_threads() > 1 ? "
+                f"gk_pk_buffer((size_t){panels * k * 32}) : NULL;",
+                "    if (gk_Bp != NULL) {",
+                "      const int gk_stale = 1;"]
+        tail: list[str] = []
+    else:
+        # header words (int64): [0] the source's version word (NULL: not kept, repack), [3]
+        # the version packed, [6] the source's address then, [9] nonzero once packed
+        one = "1" if PREPACKED_ONE_THREAD is not None and \
+            min(call.k, call.n) >= PREPACKED_ONE_THREAD else "omp_get_max_threads() > 1"
+        head = [f"    int64_t *gk_h = (int64_t *){workspace};",
+                f"    float *gk_Bp = {one} ? (float *)((char *){workspace} + "
+                f"{WORKSPACE_HEADER_BYTES}) : NULL;",
+                "    if (gk_Bp != NULL) {",
+                "      const int64_t *gk_word = (const int64_t *)(intptr_t)gk_h[0];",
+                "      const int64_t gk_seen = gk_word != NULL ? *gk_word : 0;",
+                "      const int gk_stale = gk_word == NULL || gk_h[9] == 0 || "
+                f"gk_h[3] != gk_seen || gk_h[6] != (int64_t)(intptr_t){b};"]
+        tail = [f"      if (gk_stale) {{ gk_h[3] = gk_seen; gk_h[6] = (int64_t)(intptr_t){b}; "
+                "gk_h[9] = 1; }"]
     return ["#if defined(__AVX512F__) && defined(_OPENMP)",
-            "    float *gk_Bp = omp_get_max_threads() > 1 ? "
-            f"gk_pk_buffer((size_t){panels * k * 32}) : NULL;",
-            "    if (gk_Bp != NULL) {",
+            *head,
             f"      const int64_t gk_m = {m};",
             "      #pragma omp parallel",
             "      {",
-            "        #pragma omp for schedule(static)",
-            f"        for (int64_t gk_p = 0; gk_p < {panels}; ++gk_p) {pack}",
+            "        if (gk_stale) {",
+            "          #pragma omp for schedule(static)",
+            f"          for (int64_t gk_p = 0; gk_p < {panels}; ++gk_p) {pack}",
+            "        }",
             "        const int64_t gk_parts = omp_get_num_threads();",
             f"        const int64_t gk_chunks = gk_parts * {PACKED_CHUNKS_PER_THREAD};",
-            "        const int64_t gk_each = ((gk_m + gk_chunks - 1) / gk_chunks + 11) "
-            "/ 12 * 12;  /* whole 12-row strips */",
+            *(["        const int64_t gk_side = "
+               f"{panels};  /* whole panels of 32 columns */",
+               "        const int64_t gk_each = (gk_side + gk_chunks - 1) / gk_chunks;"]
+              if by_cols else
+              ["        const int64_t gk_side = gk_m;",
+               "        const int64_t gk_each = ((gk_m + gk_chunks - 1) / gk_chunks + 11) "
+               "/ 12 * 12;  /* whole 12-row strips */"]),
             "        #pragma omp for schedule(dynamic, 1)",
             "        for (int64_t gk_chunk = 0; gk_chunk < gk_chunks; ++gk_chunk) {",
-            "          const int64_t gk_lo = gk_chunk * gk_each < gk_m ? "
-            "gk_chunk * gk_each : gk_m;",
-            "          const int64_t gk_hi = gk_lo + gk_each < gk_m ? gk_lo + gk_each : gk_m;",
+            "          const int64_t gk_lo = gk_chunk * gk_each < gk_side ? "
+            "gk_chunk * gk_each : gk_side;",
+            "          const int64_t gk_hi = gk_lo + gk_each < gk_side ? gk_lo + gk_each : "
+            "gk_side;",
             f"          if (gk_hi > gk_lo) {rows}",
             "        }",
             "      }",
+            *tail,
             "    } else {", *blas, "    }",
             "#else", *blas, "#endif"]
