@@ -13,9 +13,10 @@ are counted too. Process CPU and wall are per call.
 
 MODEL: bert2, bert12 (the bench's BERT-base layers, bench/real.py `bert_base_row`),
 onnx_bert_b8 / onnx_gpt2_b8 (transformers' BertModel / GPT2Model through ONNX),
-resnet18_b1 / resnet50_b1 (or _b8: inference, 224x224), resnet50_train_b2 / _b4, or a
-main-suite workload by its key prefixed `suite:` (bench/workloads.py `full_suite`, the first
-key that starts with what follows: `suite:mlp` the MLP block, `suite:encoder`, `suite:bert`).
+resnet18_b1 / resnet50_b1 / mobilenetv2_b1 (or _b8: inference, 224x224),
+resnet50_train_b2 / _b4, or a main-suite workload by its key prefixed `suite:`
+(bench/workloads.py `full_suite`, the first key that starts with what follows: `suite:mlp` the
+MLP block, `suite:encoder`, `suite:bert`).
 Each thread count runs in a new process (OMP_NUM_THREADS is read once per process).
 Prints a table; `--json` prints one JSON object per thread count.
 """
@@ -101,7 +102,7 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         context.set_context(enable_graph_kernel=True)  # the import fuses as the context says
         compiled = nn.GraphCell(graphkernel.load(fixed)).compiled
         return compiled, [graphkernel.Tensor(a) for a in sets[0]]
-    if model.startswith(("resnet18_b", "resnet50_b")):  # inference, 224x224 (cnn_row's)
+    if model.startswith(("resnet18_b", "resnet50_b", "mobilenetv2_b")):  # inference, 224x224
         from bench.real_models import gk_cnn
         batch = int(model.rsplit("b", 1)[1])
         x = _sets([(batch, 3, 224, 224)], 1)[0]

@@ -148,7 +148,9 @@ class CBackend:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
                                    ConvTile(config.conv_channel_vectors, config.conv_pixels),
-                                   *_layout_of(spec.node))
+                                   *_layout_of(spec.node),
+                                   store_epilogue=None if config.conv_store_epilogue is None
+                                   else bool(config.conv_store_epilogue))
         if kind is KernelKind.WINDOW:
             blocked, block = _layout_of(spec.node)
             layout = ConvLayout(spec.node.inputs[0].uid in blocked, spec.node.uid in blocked,

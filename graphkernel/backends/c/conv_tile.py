@@ -67,5 +67,14 @@ class ConvTile:
         return self.resolved()[1]
 
 
+def check_store_epilogue(value: object) -> str | None:
+    """Why `value` is not a conv block's epilogue placement a kernel may take, or None: None
+    (c_conv_block.store_epilogue_rule decides), 0 (a second pass over each unit's output) or
+    1 (in the units' stores, on the accumulators)."""
+    if value is not None and (type(value) is not int or value not in (0, 1)):
+        return f"conv_store_epilogue is {value!r:.40}; it is None, 0 or 1"
+    return None
+
+
 RULE_TILE = ConvTile()  # the rule's tile, the untuned default
 CONV_TILE = ("conv_channel_vectors", "conv_pixels")  # CConfig's (and Knobs') fields for it
