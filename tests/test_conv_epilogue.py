@@ -171,3 +171,6 @@ def test_epilogue_in_the_stores_or_after_matches_numpy(dtype, store, hw, stride,
     oh, ow = [(d + 2 - 3) // stride + 1 for d in hw]
     expected = {None: int(oh * ow > FLAT_PIXELS), 0: 0, 1: 2}[store]
     assert sum("gk_acc" in s for s in sources) == expected, (store, hw)
+    # and the plan's schedule notes say so
+    notes = [n for n in exe.executable.plan.schedule_notes.values() if "convolution on" in n]
+    assert sum("epilogue in each unit's stores" in n for n in notes) == expected, notes

@@ -149,8 +149,7 @@ class CBackend:
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
                                    ConvTile(config.conv_channel_vectors, config.conv_pixels),
                                    *_layout_of(spec.node),
-                                   store_epilogue=None if config.conv_store_epilogue is None
-                                   else bool(config.conv_store_epilogue))
+                                   store_epilogue=_store_choice(config))
         if kind is KernelKind.WINDOW:
             blocked, block = _layout_of(spec.node)
             layout = ConvLayout(spec.node.inputs[0].uid in blocked, spec.node.uid in blocked,
@@ -253,10 +252,11 @@ class CBackend:
                 from graphkernel.backends.c.c_window import conv_library, image_split_note
                 tuned = plan.schedule_notes.get(spec.name)
                 library_ = conv_library(conv)
+                chosen = choices[spec.name].knobs.apply(config) if spec.name in choices \
+                    else config
                 split = "" if library_.onednn is not None else "; " + image_split_note(
-                    conv, spec.kind is KernelKind.CONV_BLOCK,
-                    _tile_of(choices[spec.name].knobs.apply(config)
-                             if spec.name in choices else config))
+                    conv, spec.kind is KernelKind.CONV_BLOCK, _tile_of(chosen),
+                    _in_stores(spec, chosen))
                 plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
                     f"convolution on {library_.why}{split}"
         if library is not None:
@@ -335,6 +335,19 @@ def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
 
 def _tile_of(config: CConfig) -> ConvTile:
     return ConvTile(config.conv_channel_vectors, config.conv_pixels)
+
+
+def _store_choice(config: CConfig) -> bool | None:
+    """CConfig.conv_store_epilogue as emit_conv_block takes it (None: the rule)."""
+    return None if config.conv_store_epilogue is None else bool(config.conv_store_epilogue)
+
+
+def _in_stores(spec: KernelSpec, config: CConfig) -> bool:
+    """Whether a conv block's kernel applies its epilogue in the units' stores."""
+    if spec.kind is not KernelKind.CONV_BLOCK or spec.block is None:
+        return False
+    from graphkernel.backends.c.c_conv_block import epilogue_in_stores
+    return epilogue_in_stores(spec.block, _layout_of(spec.node)[0], _store_choice(config))
 
 
 def _convolution_of(spec: KernelSpec) -> Node | None:

@@ -214,6 +214,15 @@ def store_epilogue_rule(conv: Node) -> bool:
     return taps <= STORE_EPILOGUE_MAX_TAPS and math.prod(conv.shape[2:]) > FLAT_PIXELS
 
 
+def epilogue_in_stores(block: ConvBlock, blocked: frozenset[int],
+                       store_epilogue: bool | None) -> bool:
+    """Whether `block`'s kernel applies its epilogue in the units' stores: its result lies
+    blocked (in `blocked`, no pool), and `store_epilogue` (None: `store_epilogue_rule`)."""
+    out_blocked = block.last.uid in blocked and block.pool is None
+    return out_blocked and (store_epilogue_rule(block.conv) if store_epilogue is None
+                            else store_epilogue)
+
+
 def _store_epilogue(conv: Node, block: ConvBlock, blocked: frozenset[int], channel_block: int,
                     inputs: list[str]) -> StoreEpilogue:
     """The block's epilogue on each value a unit stores, in registers: the per-channel
@@ -263,9 +272,8 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
     # `store_epilogue` or the rule: c_conv_units.StoreEpilogue), else after each unit of work,
     # on the rows and channels it just wrote, in the units' parallel region
     # (c_window.channel_image).
-    in_store = store_epilogue_rule(conv) if store_epilogue is None else store_epilogue
     store = _store_epilogue(conv, block, tile_blocked, channel_block, inputs) \
-        if in_store and out_blocked else None
+        if epilogue_in_stores(block, blocked, store_epilogue) else None
     parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs}, tile,
                        layout, f"{name}_epilogue", store)
     reads = block.reads

@@ -334,9 +334,11 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
     return lines
 
 
-def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE) -> str:
+def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE,
+                     in_stores: bool = False) -> str:
     """How a batch of one shares `conv`'s image over the threads (channel_image), for the
-    plan's schedule notes; `block`: its kernel is a conv block (the epilogue runs per unit)."""
+    plan's schedule notes; `block`: its kernel is a conv block (the epilogue runs per unit),
+    `in_stores`: in the units' stores (c_conv_block.epilogue_in_stores)."""
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
     g, og = x[1] // w[1], conv.shape[1] // (x[1] // w[1])
     if og < PIXEL_PATH_CHANNELS:
@@ -347,7 +349,8 @@ def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE) -> str
     return (f"a batch of one: one parallel region per image, the fill then {units} units of "
             f"{vectors} channel vectors x row pieces (team / gcd(units, team), at most {steps} "
             "row steps: equal work per thread)"
-            + ("; the epilogue in each unit's work item" if block else ""))
+            + ("; the epilogue in each unit's stores" if block and in_stores else
+               "; the epilogue in each unit's work item" if block else ""))
 
 
 def channel_image(name: str, fill: str | None, unit: str, channels: int, groups: int,
