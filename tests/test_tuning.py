@@ -210,7 +210,7 @@ def _edit(field: str, value: object, knob: bool = False):
     (_edit("conv_channel_vectors", 9), "knob conv_channel_vectors is 9; it is None or an int "
      "from 1 to 4"),
     (_edit("conv_pixels", "12 }; system(\"id\"); {"), "knob conv_pixels is '12 }"),
-    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to 26"),
+    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to 27"),
     (lambda text: _edit("conv_pixels", 12)(_edit("conv_channel_vectors", 4)(text)),
      "knob conv_pixels 12 with 4 channel vectors does not fit 32 vector registers"),
     # a conv block's epilogue placement: None, 0 or 1

@@ -11,13 +11,21 @@ register file. It applies to the 512-bit code (AVX-512: 32 vector registers); th
 The untuned default is a rule on the register file, not a measured constant: two channel
 vectors (each broadcast feeds two multiply-adds, so the loads stay under the multiply-adds) and
 as many pixels as then fit (`fit_pixels`), with RESERVED_REGISTERS left for the compiler's
-temporaries. A tile that does not fit would spill accumulators to the stack every tap."""
+temporaries. A tile that does not fit would spill accumulators to the stack every tap.
+On Zen 5 a 3 x 8 tile took 1.03x the rule's 2 x 12 (ResNet-18 b1); on the Zen 4 host before
+it 4 x 7 took 1.09x and 1 x 26 1.75x: the rule keeps two channel vectors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 VECTOR_REGISTERS = 32  # AVX-512's zmm0-31
-RESERVED_REGISTERS = 4
+# Three spare: 2 x 13 (gcc keeps the tap loop free of spills; the spills it makes are in the
+# stores after it). On Zen 5 (one thread, bench/codegen_ab.py, against 4 spare: 2 x 12) the
+# images of at most FLAT_PIXELS take 4 blocks of 12-13 pixels where they took 5 of 9-10:
+# ResNet-18 b1 steps 0.983 (the other order 0.985; its 7x7 layers 0.92-0.98), ResNet-50 b1
+# 0.988 (the 7x7 stage 0.91-0.96), MobileNetV2 b1 0.984 (rows of 112: 13-pixel segments);
+# rows of 56, 28 and 14 split as before.
+RESERVED_REGISTERS = 3
 DEFAULT_VECTORS = 2
 MAX_VECTORS = 4
 
