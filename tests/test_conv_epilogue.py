@@ -142,3 +142,35 @@ def test_large_weights_prefetch_and_match_numpy(dtype, c, prefetched, rng):
     sources = [k.source for k in exe.kernels if k.source and "Conv2D" in k.name]
     assert len(sources) == 2
     assert all(("__builtin_prefetch" in s) == prefetched for s in sources)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("store", [None, 0, 1])
+@pytest.mark.parametrize("hw,stride", [((13, 11), 1), ((15, 9), 2), ((9, 29), 1)])
+def test_epilogue_in_the_stores_or_after_matches_numpy(dtype, store, hw, stride, rng):
+    """The conv block's epilogue on the accumulators as the units store them or as a pass
+    after each unit (CConfig.conv_store_epilogue, a tuning knob; None: the rule, in the stores
+    for conv1's 45 taps over more than FLAT_PIXELS outputs, after for conv2's 288): the same
+    results within the tolerance, and the stores carry the epilogue exactly where chosen."""
+    from graphkernel.backends.c.c_conv_units import FLAT_PIXELS
+    from graphkernel.backends.c.config import CConfig
+    graphkernel.set_seed(13)
+    net = ConvBNReLU(5, 32, 24, stride, dtype)
+    randomize(net, rng, dtype)
+    x = rng.standard_normal((2, 5, *hw)).astype(dtype)
+    options = CompileOptions(enable_graph_kernel=True,
+                             backend_config=CConfig(conv_store_epilogue=store))
+    exe = graphkernel.compile(net, Tensor(x), options=options)
+    want = reference(net, x, stride)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(exe(Tensor(x)).asnumpy().astype(np.float64), want, rtol=0,
+                               atol=TOL[dtype] * scale)
+    sources = [k.source for k in exe.kernels if k.source and "Conv2D" in k.name]
+    assert len(sources) == 3
+    # conv1's and conv2's outputs are blocked (32 channels), conv3's (the result) NCHW
+    oh, ow = [(d + 2 - 3) // stride + 1 for d in hw]
+    expected = {None: int(oh * ow > FLAT_PIXELS), 0: 0, 1: 2}[store]
+    assert sum("gk_acc" in s for s in sources) == expected, (store, hw)
+    # and the plan's schedule notes say so
+    notes = [n for n in exe.executable.plan.schedule_notes.values() if "convolution on" in n]
+    assert sum("epilogue in each unit's stores" in n for n in notes) == expected, notes

@@ -140,7 +140,7 @@ def _tuned_once(records: str) -> tuple[str, dict]:
 @needs_cc
 def test_a_stored_choice_is_reused_without_measuring(records, monkeypatch):
     path, record = _tuned_once(records)
-    assert record["cpu_model"] == tuning.cpu_model() and record["version"] == 2
+    assert record["cpu_model"] == tuning.cpu_model() and record["version"] == 3
     assert os.path.basename(path) == record["key"] + ".json"
 
     def no_measuring(*args, **kwargs):
@@ -187,7 +187,7 @@ def _edit(field: str, value: object, knob: bool = False):
     (lambda text: text[:len(text) // 2], "not JSON \\(truncated or corrupt\\)"),
     (lambda text: "", "not JSON"),
     (_edit("cpu_model", "Another CPU 9000"), "measured on another CPU \\('Another CPU 9000'"),
-    (_edit("version", 1), "version 1; this graphkernel reads version 2"),
+    (_edit("version", 1), "version 1; this graphkernel reads version 3"),
     (_edit("key", "0" * 32), "recorded for another kernel or toolchain"),
     (_edit("format", "something else"), "not a graphkernel tuning record"),
     (lambda text: "[1, 2]", "not a graphkernel tuning record"),
@@ -210,9 +210,12 @@ def _edit(field: str, value: object, knob: bool = False):
     (_edit("conv_channel_vectors", 9), "knob conv_channel_vectors is 9; it is None or an int "
      "from 1 to 4"),
     (_edit("conv_pixels", "12 }; system(\"id\"); {"), "knob conv_pixels is '12 }"),
-    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to 26"),
+    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to 27"),
     (lambda text: _edit("conv_pixels", 12)(_edit("conv_channel_vectors", 4)(text)),
      "knob conv_pixels 12 with 4 channel vectors does not fit 32 vector registers"),
+    # a conv block's epilogue placement: None, 0 or 1
+    (_edit("conv_store_epilogue", 2), "knob conv_store_epilogue is 2; it is None, 0 or 1"),
+    (_edit("conv_store_epilogue", True), "knob conv_store_epilogue is True"),
     (lambda text: text + " " * (1 << 16), "larger than 65536 bytes"),
 ])
 def test_a_bad_record_falls_back_to_the_defaults_with_its_reason(records, edit, reason):
@@ -283,6 +286,10 @@ def test_a_convolution_tries_register_tiles_that_fit():
     assert (None, 16) not in tiles and (4, 8) not in tiles  # 2 x 16 and 4 x 8 would spill
     plain = {(k.conv_channel_vectors, k.conv_pixels) for k in tuning.candidates(default, 2)}
     assert plain == {(None, None)}
+    # the epilogue placement too, for convolutions alone
+    assert {k.conv_store_epilogue for k in tuning.candidates(default, 1, convolution=True)} \
+        == {None, 0, 1}
+    assert {k.conv_store_epilogue for k in tuning.candidates(default, 2)} == {None}
     with pytest.raises(ContextError, match="conv_pixels 16 with 2 channel vectors does not fit"):
         CConfig(conv_pixels=16)
 

@@ -270,6 +270,38 @@ def test_random_pools_match_the_reference_with_nan_and_infinity(kind, rng):
         np.testing.assert_array_equal(out, off)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_wide_max_pools_take_rows_first_and_match_the_reference(dtype, rng):
+    """Rows of at least POOL_ROW_MIN_OUTPUTS outputs: a MaxPool of several window rows takes
+    the maximum down the rows, then across (c_pool.SEPARABLE_MAX); odd widths, strides 1-3,
+    windows 2-4 (one window row: the plain row form), padded and not, NaN and infinities,
+    against the reference and the unfused plan."""
+    from graphkernel.backends.c.c_pool import pool_parts
+    for _ in range(6):
+        kernel = (int(rng.integers(1, 5)), int(rng.integers(2, 5)))
+        stride = (int(rng.integers(1, 4)), int(rng.integers(1, 3)))
+        mode = str(rng.choice(["valid", "same"]))
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 5)),
+                 int(rng.integers(kernel[0], 23)), int(rng.integers(16 * stride[1] + 3, 71)))
+        x = rng.standard_normal(shape).astype(dtype)
+        flat = x.reshape(-1)
+        picks = rng.integers(0, flat.size, 6)
+        flat[picks[:2]], flat[picks[2:4]], flat[picks[4:]] = np.nan, np.inf, -np.inf
+        attrs = dict(kernel_size=kernel, strides=stride, pad_mode=mode)
+        prim = P.MaxPool(**attrs)
+        exe = compiled(lambda a, f=prim: f(a), x)
+        assert native_ops(exe) == [("MaxPool",)]
+        node = next(n for n in exe.graph.nodes if n.op == "MaxPool")
+        source = "\n".join(pool_parts(node, "probe", {**get_op("MaxPool").attr_defaults,
+                                                       **node.attrs})[0])
+        assert ("vm[q]" in source) == (kernel[0] > 1), (shape, attrs)
+        out = exe.run_arrays(x)[0]
+        want = reference("MaxPool", x, **attrs)
+        np.testing.assert_array_equal(out, want, err_msg=str((shape, attrs)))
+        off = compiled(lambda a, f=prim: f(a), x, options=OFF).run_arrays(x)[0]
+        np.testing.assert_array_equal(out, off)
+
+
 class ConvPool(nn.Cell):
     def __init__(self) -> None:
         super().__init__()

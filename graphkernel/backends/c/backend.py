@@ -154,7 +154,8 @@ class CBackend:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
                                    ConvTile(config.conv_channel_vectors, config.conv_pixels),
-                                   *_layout_of(spec.node))
+                                   *_layout_of(spec.node),
+                                   store_epilogue=_store_choice(config))
         if kind is KernelKind.WINDOW:
             blocked, block = _layout_of(spec.node)
             layout = ConvLayout(spec.node.inputs[0].uid in blocked, spec.node.uid in blocked,
@@ -257,10 +258,10 @@ class CBackend:
                 from graphkernel.backends.c.c_window import conv_library
                 tuned = plan.schedule_notes.get(spec.name)
                 library_ = conv_library(conv)
+                chosen = choices[spec.name].knobs.apply(config) if spec.name in choices \
+                    else config
                 split = "" if library_.onednn is not None else "; " + images_note(
-                    conv, spec.kind is KernelKind.CONV_BLOCK,
-                    choices[spec.name].knobs.apply(config) if spec.name in choices
-                    else config)
+                    conv, spec.kind is KernelKind.CONV_BLOCK, chosen, _in_stores(spec, chosen))
                 plan.schedule_notes[spec.name] = (f"{tuned}; " if tuned else "") + \
                     f"convolution on {library_.why}{split}"
         if library is not None:
@@ -341,11 +342,11 @@ def _tile_of(config: CConfig) -> ConvTile:
     return ConvTile(config.conv_channel_vectors, config.conv_pixels)
 
 
-def images_note(conv: Node, block: bool, config: CConfig) -> str:
+def images_note(conv: Node, block: bool, config: CConfig, in_stores: bool = False) -> str:
     """Where a convolution kernel's images run (c_images.image_loop), for the plan's schedule
     notes: on threads from `window_parallel_min_macs` multiply-adds a call, else on the calling
     thread; a batch of one shares its image out (c_window.image_split_note) on the same rule.
-    `block`: the kernel is a conv block."""
+    `block`: the kernel is a conv block; `in_stores`: its epilogue runs in the units' stores."""
     from graphkernel.backends.c.c_window import image_split_note
     threshold = config.window_parallel_min_macs
     n = conv.inputs[0].shape[0]
@@ -355,10 +356,23 @@ def images_note(conv: Node, block: bool, config: CConfig) -> str:
                 f"{threshold} multiply-adds a call ({per_image} an image)")
     macs = n * per_image
     if n == 1 and macs >= threshold:
-        return image_split_note(conv, block, _tile_of(config))
+        return image_split_note(conv, block, _tile_of(config), in_stores)
     where = "on threads" if n > 1 and macs >= threshold else "on the calling thread"
     return (f"{'a batch of one' if n == 1 else f'{n} images'} {where} ({macs} multiply-adds, "
             f"window_parallel_min_macs {threshold})")
+
+
+def _store_choice(config: CConfig) -> bool | None:
+    """CConfig.conv_store_epilogue as emit_conv_block takes it (None: the rule)."""
+    return None if config.conv_store_epilogue is None else bool(config.conv_store_epilogue)
+
+
+def _in_stores(spec: KernelSpec, config: CConfig) -> bool:
+    """Whether a conv block's kernel applies its epilogue in the units' stores."""
+    if spec.kind is not KernelKind.CONV_BLOCK or spec.block is None:
+        return False
+    from graphkernel.backends.c.c_conv_block import epilogue_in_stores
+    return epilogue_in_stores(spec.block, _layout_of(spec.node)[0], _store_choice(config))
 
 
 def _convolution_of(spec: KernelSpec) -> Node | None:

@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from graphkernel.backends.c.c_conv_units import NCHW, ConvLayout
+from graphkernel.backends.c.c_conv_units import FLAT_PIXELS, NCHW, ConvLayout, StoreEpilogue
 from graphkernel.backends.c.c_images import image_loop
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
 from graphkernel.backends.c.c_pool import pool_parts
-from graphkernel.backends.c.c_text import C_COMPUTE, c_comment, literal
+from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.c_window import (
     WINDOW_TYPES,
     conv_parts,
@@ -45,6 +45,15 @@ from graphkernel.ir.opset import PatternKind, Window, get_op
 
 NOTE = CONV_BLOCK_NOTE  # on each convolution: what joined it, or why nothing did
 STACK_BYTES = 48 << 10  # per scratch array on a thread's stack (OpenMP threads have >= 2 MiB)
+# The epilogue runs on the accumulators as the convolution's units store them
+# (c_conv_units.StoreEpilogue), not as a pass over what each unit wrote, for convolutions of
+# at most this many taps (input channels x kernel pixels) a unit and more than FLAT_PIXELS
+# output pixels (`store_epilogue_rule`); tuning may choose either way per kernel. The pass's
+# cost per output is fixed and the convolution's grows with the taps: ResNet-50 b1 on Zen 5,
+# one thread, conv steps in registers / second pass: 1x1s of 64 taps 0.90-0.95, of 128
+# 0.94-0.97, of 256 0.96-1.04, of 512-1024 0.98-1.02, 3x3s (576+) 0.98-1.02, 1x1s at 7x7
+# 1.02-1.05.
+STORE_EPILOGUE_MAX_TAPS = 128
 
 
 def conv_blocks(graph: Graph) -> dict[int, ConvBlock]:
@@ -132,10 +141,12 @@ class _Plan:
 
 
 def _epilogue_plan(conv: Node, epilogue: Node, blocked: frozenset[int] = frozenset(),
-                   block: int = 16) -> tuple[_Plan | None, str | None]:
+                   block: int = 16, conv_ref: str | None = None
+                   ) -> tuple[_Plan | None, str | None]:
     """The epilogue over a tile, or the reason it cannot run over one. `blocked`: the uids of
     the convolution and of the inputs of its shape that lie in the blocked channel layout
-    (`block` channels to a pixel's run): element (o, p) at `idx`, else at o * P + p."""
+    (`block` channels to a pixel's run): element (o, p) at `idx`, else at o * P + p.
+    `conv_ref`: the C name of the convolution's value (default: its element of `tile`)."""
     sub = epilogue.subgraph
     assert sub is not None
     ct = C_COMPUTE[conv.dtype]
@@ -144,7 +155,8 @@ def _epilogue_plan(conv: Node, epilogue: Node, blocked: frozenset[int] = frozens
     ref: dict[int, tuple[str, str]] = {}  # value uid -> (kind, C text)
     for k, (inner, outer) in enumerate(zip(sub.inputs, epilogue.inputs)):
         if outer is conv:
-            ref[inner.uid] = ("full", "tile[idx]" if conv.uid in blocked else "tile[o * P + p]")
+            ref[inner.uid] = ("full", conv_ref or (
+                "tile[idx]" if conv.uid in blocked else "tile[o * P + p]"))
             continue
         plan.inputs[k] = len(conv.inputs) + others.index(outer)
         kind = _kind(inner, conv)
@@ -195,15 +207,56 @@ def _epilogue_plan(conv: Node, epilogue: Node, blocked: frozenset[int] = frozens
 
 # -- the kernel ------------------------------------------------------------------------------
 
+def store_epilogue_rule(conv: Node) -> bool:
+    """Whether the untuned block of `conv` applies its epilogue in the units' stores (where its
+    output is blocked): STORE_EPILOGUE_MAX_TAPS."""
+    taps = math.prod(conv.inputs[1].shape[1:])
+    return taps <= STORE_EPILOGUE_MAX_TAPS and math.prod(conv.shape[2:]) > FLAT_PIXELS
+
+
+def epilogue_in_stores(block: ConvBlock, blocked: frozenset[int],
+                       store_epilogue: bool | None) -> bool:
+    """Whether `block`'s kernel applies its epilogue in the units' stores: its result lies
+    blocked (in `blocked`, no pool), and `store_epilogue` (None: `store_epilogue_rule`)."""
+    out_blocked = block.last.uid in blocked and block.pool is None
+    return out_blocked and (store_epilogue_rule(block.conv) if store_epilogue is None
+                            else store_epilogue)
+
+
+def _store_epilogue(conv: Node, block: ConvBlock, blocked: frozenset[int], channel_block: int,
+                    inputs: list[str]) -> StoreEpilogue:
+    """The block's epilogue on each value a unit stores, in registers: the per-channel
+    values from `pre` ([j][o]: a run of channels is a vector), a residual read where the value
+    goes. Against a second pass over each unit's output (in cache, just written) it saves a
+    load and a store per element; ResNet-18 b1's blocks spent ~5% of their time there."""
+    plan, problem = _epilogue_plan(conv, block.epilogue, blocked, channel_block, "gk_acc")
+    assert plan is not None, problem
+    ct, st = C_COMPUTE[conv.dtype], C_STORAGE[conv.dtype]
+    o, p = conv.shape[1], conv.shape[2] * conv.shape[3]
+
+    def element(value: str, dest: str, oe: str, pe: str, idx: str) -> list[str]:
+        return ["{", f"  const int64_t o = {oe}, p = {pe}, idx = {idx};",
+                "  (void)o; (void)p; (void)idx;", f"  const {ct} gk_acc = {value};",
+                *[f"  const {ct} {local} = pre[{j} * O + o];"
+                  for j, (local, _) in enumerate(plan.pre)],
+                *[f"  const {ct} {local} = {text};" for local, text in plan.full],
+                f"  {dest} = ({st}){plan.result};", "}"]
+    return StoreEpilogue(f", int64_t n, void *const *args, const {ct} *restrict pre",
+                         ", n, args, pre",
+                         (f"  enum {{ O = {o}, P = {p} }};", *inputs,
+                          "  (void)n; (void)args; (void)pre;"), element)
+
+
 def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile = RULE_TILE,
-                    blocked: frozenset[int] = frozenset(), channel_block: int = 16
-                    ) -> KernelSource:
+                    blocked: frozenset[int] = frozenset(), channel_block: int = 16,
+                    store_epilogue: bool | None = None) -> KernelSource:
     """One kernel for the block; argv: `block.reads`, the workspace of its repacked weights
     (c_window.workspace_bytes), the result, then the batch size when it is dynamic. `tile`:
     the register tile of the convolution's units (conv_tile.py). `blocked`: the uids of its
     reads and result in the blocked channel layout (graph_kernel/conv_layout.py), blocks of
     `channel_block` channels; the convolution's own result is blocked when the block's is
-    (a pool, which reads planes, keeps the tile NCHW)."""
+    (a pool, which reads planes, keeps the tile NCHW). `store_epilogue`: whether blocked output
+    gets the epilogue in the units' stores (None: `store_epilogue_rule`)."""
     conv, pool = block.conv, block.pool
     out_blocked = block.last.uid in blocked and pool is None
     tile_blocked = blocked | {conv.uid} if out_blocked else blocked - {conv.uid}
@@ -211,12 +264,18 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
     assert plan is not None, problem
     layout = ConvLayout(conv.inputs[0].uid in blocked, out_blocked, channel_block) \
         if blocked else NCHW
-    # The channel path's image runs the epilogue after each unit of work, on the rows and
-    # channels it just wrote, in the units' parallel region (c_window.channel_image).
-    parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs}, tile,
-                       layout, f"{name}_epilogue")
-    ct, st = parts.ct, parts.st
     o = conv.shape[1]
+    ct, st = C_COMPUTE[conv.dtype], C_STORAGE[conv.dtype]
+    inputs = [f"  const {st} *restrict in{k} = (const {st} *)args[{a}];"
+              for k, a in plan.inputs.items()]
+    # The channel path's image runs the epilogue in the units as they store (blocked output,
+    # `store_epilogue` or the rule: c_conv_units.StoreEpilogue), else after each unit of work,
+    # on the rows and channels it just wrote, in the units' parallel region
+    # (c_window.channel_image).
+    store = _store_epilogue(conv, block, tile_blocked, channel_block, inputs) \
+        if epilogue_in_stores(block, blocked, store_epilogue) else None
+    parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs}, tile,
+                       layout, f"{name}_epilogue", store)
     reads = block.reads
     n = conv.inputs[0].shape[0]
     # argv: the reads, the workspace holding the repacked weights, the result, the sizes
@@ -230,8 +289,6 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
     npre = max(len(plan.pre), 1)
     epilogue_after = "" if parts.epilogue_inside else \
         f" {name}_epilogue_image(tile, n, args, pre, gk_par);"
-    inputs = [f"  const {st} *restrict in{k} = (const {st} *)args[{a}];"
-              for k, a in plan.inputs.items()]
     # The epilogue over channels [c0, c1) and pixels [p0, p1) of one image's tile, in place;
     # per-channel values from `pre`.
     lines += [f"/* {c_comment(name)}: {c_comment(block.epilogue.name)} over each image */",
@@ -261,7 +318,7 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
         channel = [f"    {ct} lanes[{npre}][{bk}];",
                    f"    for (int64_t l = 0; l < {bk}; ++l)",
                    f"      for (int64_t j = 0; j < {npre}; ++j) "
-                   f"lanes[j][l] = pre[(ob * {bk} + l) * {npre} + j];",
+                   f"lanes[j][l] = pre[j * O + ob * {bk} + l];",
                    f"    const int64_t l0 = c0 > ob * {bk} ? c0 - ob * {bk} : 0;",
                    f"    const int64_t l1 = c1 - ob * {bk} < {bk} ? c1 - ob * {bk} : {bk};",
                    f"    if (l0 == 0 && l1 == {bk}) {{",
@@ -271,7 +328,7 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
                    "    }"]
         loop = f"    for (int64_t ob = c0 / {bk}; ob * {bk} < c1; ++ob) {{"
     else:
-        channel = [f"    const {ct} {local} = pre[o * {npre} + {j}];"
+        channel = [f"    const {ct} {local} = pre[{j} * O + o];"
                    for j, (local, _) in enumerate(plan.pre)]
         channel += ["    #pragma omp simd", "    for (int64_t p = p0; p < p1; ++p) {"]
         if any(v.uid in tile_blocked for v in block.epilogue.inputs):  # a blocked residual
@@ -305,7 +362,7 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
               f"  enum {{ O = {o} }};",
               "  for (int64_t o = 0; o < O; ++o) {"]
     for j, (local, text) in enumerate(plan.pre):
-        lines += [f"    const {ct} {local} = {text};", f"    pre[o * {npre} + {j}] = {local};"]
+        lines += [f"    const {ct} {local} = {text};", f"    pre[{j} * O + o] = {local};"]
     lines.append("  }")
     xn, dst = f"x + n * {parts.in_size}LL", f"out + n * {out_size}LL"
     image = parts.image + epilogue_after

@@ -3,6 +3,7 @@ with the weights' repack and the image loop; the depthwise pixel path is c_depth
 the layout its input and output lie in (graph_kernel/conv_layout.py decides which)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,24 @@ class ConvLayout:
 
 
 NCHW = ConvLayout()
+
+
+@dataclass(frozen=True)
+class StoreEpilogue:
+    """A conv block's epilogue (c_conv_block.py) applied to each output value in registers as
+    its unit stores it, where a second pass would read back what the unit just wrote. A unit
+    sums all its taps (every input channel) before it stores, so what it stores is final.
+
+    `params`: the unit's extra C parameters; `args`: the arguments a call passes for them;
+    `decls`: the unit's first lines (its residual inputs bound, the sizes the expressions
+    use); `element(value, dest, o, p, idx)`: the lines that store the epilogue of `value`
+    (output channel `o`, pixel `p` of the image, blocked index `idx`, C expressions) to
+    `dest`."""
+
+    params: str
+    args: str
+    decls: tuple[str, ...]
+    element: Callable[[str, str, str, str, str], list[str]]
 
 
 def channel_block(dtype: np.dtype) -> int:
@@ -99,7 +118,8 @@ def planes_by_whole_vector(step: int, nb: int, st: str, og: int, plane: int, out
 
 
 def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
-                fill_kind: str, layout: ConvLayout, *, c: int, h: int, wd: int, hp: int,
+                fill_kind: str, layout: ConvLayout, *, store: StoreEpilogue | None = None,
+                c: int, h: int, wd: int, hp: int,
                 wp: int, pt: int, pl: int, cg: int, og: int, o: int, taps: int, oh: int,
                 ow: int, sh: int, sw: int, fsh: int, fsw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
@@ -129,6 +149,10 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         rows, cols, row_step, col_step, pt, pl = oh, ow, fsh, fsw, 0, 0
     px = layout.block if layout.input_blocked else 1
     bk = layout.block
+    # Stored through the epilogue only where the output is blocked: each accumulator's lanes
+    # are then one run of channels, so per-channel values and a residual are vector loads
+    # (to NCHW planes the lane-by-lane stores with the epilogue took the stem 3.4x the time).
+    assert store is None or layout.output_blocked, "a store epilogue needs blocked output"
     lines = [] if fill_kind == "none" else [
         f"static inline void {fill}(const {st} *restrict xn, {ct} *restrict xp, int64_t ci) {{",
         f"  for (int64_t i = 0; i < {rows}; ++i) {{",
@@ -164,13 +188,26 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
                  "  }"]
         by_channel = []
         if layout.output_blocked:  # each pixel's lanes are one run of the output (o % B == 0)
-            by_blocks = [f"  for (int64_t b = 0; b < {nb}; ++b) {{"]
+            # Unrolled, so that each accumulator stays a register (a loop over b indexes the
+            # accumulator arrays, which then live on the stack).
+            by_blocks = [f"  #pragma GCC unroll {nb}", f"  for (int64_t b = 0; b < {nb}; ++b) {{"]
             for u in range(step):
                 by_blocks += [
-                    f"    const int64_t c{u} = (oc + {u}) * VL;",
-                    f"    {st} *restrict at{u} = on + ((c{u} / {bk}) * {oh * ow}LL + {out} + b)"
-                    f" * {bk} + c{u} % {bk};",
-                    f"    for (int64_t l = 0; l < VL; ++l) at{u}[l] = ({st})acc{u}[b][l];"]
+                    f"    const int64_t ch{u} = (oc + {u}) * VL;",
+                    f"    const int64_t i{u} = ((ch{u} / {bk}) * {oh * ow}LL + {out} + b)"
+                    f" * {bk} + ch{u} % {bk};",
+                    f"    {st} *restrict at{u} = on + i{u};"]
+                if store is None:
+                    by_blocks.append(
+                        f"    for (int64_t l = 0; l < VL; ++l) at{u}[l] = ({st})acc{u}[b][l];")
+                else:  # the lanes are one run of channels: vectors of `pre` and residuals
+                    # (the accumulator copied out first: indexed lane by lane in the loop,
+                    # gcc kept every accumulator of the block on the stack)
+                    by_blocks += [f"    const {vt} a{u} = acc{u}[b];",
+                                  "    #pragma omp simd", "    for (int64_t l = 0; l < VL; ++l)",
+                                  *["      " + x for x in store.element(
+                                      f"a{u}[l]", f"at{u}[l]", f"ch{u} + l",
+                                      f"{out} + b", f"i{u} + l")]]
             by_blocks.append("  }")
             return ["      " + line for line in block + by_blocks + ["}"]]
         for u in range(step):
@@ -272,8 +309,10 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         f"{name}_RP = {oh * ow // row_steps(oh, ow, 8)} }};",
         "#endif",
         f"static void {unit}(const {ct} *restrict xp, const {vt} *restrict wt, "
-        f"{st} *restrict on, int64_t gi, int64_t u, int64_t piece, int64_t pieces) {{",
+        f"{st} *restrict on, int64_t gi, int64_t u, int64_t piece, int64_t pieces"
+        f"{'' if store is None else store.params}) {{",
         *CLANG_CONTRACT,
+        *(store.decls if store is not None else ()),
         f"  enum {{ VL = {name}_VL, OC = {name}_OC }};",
         f"  const {ct} *restrict xg = xp + gi * {cg * hp * wp}LL;",
         "#if GK_PB == 16",

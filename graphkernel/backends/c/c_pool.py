@@ -140,6 +140,8 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
             for j in range(lo, hi):
                 inside[j] += 1
     counted = not is_max and full is None
+    if is_max and kh > 1 and SEPARABLE_MAX:
+        return _max_plane_separable(plane, st, ct, inf, geo, h, wd, columns)
     counts = [] if not counted else [
         f"  static const {ct} cols[{ow}] = {{{', '.join(str(n) for n in inside)}}};"]
     return [
@@ -157,6 +159,46 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
         *columns,
         "    }",
         f"    for (int64_t j = 0; j < {ow}; ++j) o[i * {ow} + j] = ({st})({result});",
+        "  }",
+        "}",
+    ]
+
+
+# A MaxPool of several window rows takes the maximum down the window's rows first (each a
+# contiguous run of the row, whole vectors), then across the columns of that one row: the
+# strided loads of a stride-2 window (a permute per vector) run once per window column
+# instead of once per window element. The maximum is the same value in any order (NaN wins
+# either way).
+SEPARABLE_MAX = True
+
+
+def _max_plane_separable(plane: str, st: str, ct: str, inf: str, geo: dict[str, Any], h: int,
+                         wd: int, columns: list[str]) -> list[str]:
+    """One channel's MaxPool plane, row by row: the maximum down the window's rows inside the
+    image into `vm` (one value per input column), then `columns` (the row form's loops over
+    the window's columns) read `vm` as their row."""
+    (kh, _), (sh, _) = geo["kernel"], geo["stride"]
+    (pt, _), _ = geo["pads"]
+    oh, ow = geo["out"]
+    return [
+        f"static void {plane}(const {st} *restrict xc, {st} *restrict o) {{",
+        f"  {ct} acc[{ow}], vm[{wd}];",
+        f"  for (int64_t i = 0; i < {oh}; ++i) {{",
+        f"    for (int64_t q = 0; q < {wd}; ++q) vm[q] = -{inf};",
+        f"    for (int64_t a = 0; a < {kh}; ++a) {{",
+        f"      const int64_t r = i * {sh} + a - {pt};",
+        f"      if (r < 0 || r >= {h}) continue;",
+        f"      const {st} *restrict src = xc + r * {wd}LL;",
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {wd}; ++q) {{",
+        f"        const {ct} v = ({ct})src[q];",
+        "        vm[q] = (v > vm[q] || v != v) ? v : vm[q];",
+        "      }",
+        "    }",
+        f"    for (int64_t j = 0; j < {ow}; ++j) acc[j] = -{inf};",
+        f"    const {ct} *restrict row = vm;",
+        *[line[2:] for line in columns],
+        f"    for (int64_t j = 0; j < {ow}; ++j) o[i * {ow} + j] = ({st})acc[j];",
         "  }",
         "}",
     ]

@@ -35,6 +35,7 @@ from graphkernel.backends.c import onednn_choice
 from graphkernel.backends.c.c_conv_units import (
     NCHW,
     ConvLayout,
+    StoreEpilogue,
     channel_block,
     conv_units,
     row_steps,
@@ -333,9 +334,11 @@ def _conv(node: Node, name: str, attrs: dict[str, Any], threshold: int,
     return lines
 
 
-def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE) -> str:
+def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE,
+                     in_stores: bool = False) -> str:
     """How a batch of one shares `conv`'s image over the threads (channel_image), for the
-    plan's schedule notes; `block`: its kernel is a conv block (the epilogue runs per unit)."""
+    plan's schedule notes; `block`: its kernel is a conv block (the epilogue runs per unit),
+    `in_stores`: in the units' stores (c_conv_block.epilogue_in_stores)."""
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
     g, og = x[1] // w[1], conv.shape[1] // (x[1] // w[1])
     if og < PIXEL_PATH_CHANNELS:
@@ -346,11 +349,12 @@ def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE) -> str
     return (f"a batch of one: one parallel region per image, the fill then {units} units of "
             f"{vectors} channel vectors x row pieces (team / gcd(units, team), at most {steps} "
             "row steps: equal work per thread)"
-            + ("; the epilogue in each unit's work item" if block else ""))
+            + ("; the epilogue in each unit's stores" if block and in_stores else
+               "; the epilogue in each unit's work item" if block else ""))
 
 
 def channel_image(name: str, fill: str | None, unit: str, channels: int, groups: int,
-                  og: int, epilogue: str | None) -> list[str]:
+                  og: int, epilogue: str | None, stored: str | None = None) -> list[str]:
     """The body of an image function of the channel path: the zero-bordered fill (`fill`,
     input channel blocks 0 to `channels`; None: none), then the image's channel-vector units,
     each followed by `epilogue` over the channels and rows it wrote (None: no epilogue).
@@ -366,9 +370,12 @@ def channel_image(name: str, fill: str | None, unit: str, channels: int, groups:
     ceil(NU / T) / (NU / T) - 1 of the time idle (3 threads, 64 channels: two units, a third
     of the team idle). The fewest pieces that balance (T / gcd(NU, T), at most the row steps)
     keep each unit's weights in one thread's cache for the longest run; a piece costs one more
-    pass over the unit's weights (taps x channel vectors), against rows x taps multiply-adds."""
-    item = [f"{unit}(xs, wt, on, gi, u, piece, pieces);"]
-    if epilogue is not None:
+    pass over the unit's weights (taps x channel vectors), against rows x taps multiply-adds.
+
+    `stored`: the units apply the epilogue as they store (c_conv_units.StoreEpilogue), these
+    the further arguments of their call; `epilogue` then does not run after them."""
+    item = [f"{unit}(xs, wt, on, gi, u, piece, pieces{stored or ''});"]
+    if epilogue is not None and stored is None:
         item += [
             f"{{ const int64_t c0 = gi * {og}LL + u * {name}_UV * {name}_VL;",
             f"  const int64_t c1 = c0 + {name}_UV * {name}_VL < (gi + 1) * {og}LL ? "
@@ -411,13 +418,16 @@ def channel_image(name: str, fill: str | None, unit: str, channels: int, groups:
 
 
 def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE,
-               layout: ConvLayout = NCHW, epilogue: str | None = None) -> ConvParts:
+               layout: ConvLayout = NCHW, epilogue: str | None = None,
+               store: StoreEpilogue | None = None) -> ConvParts:
     """The pieces of `node`'s convolution kernel `name` (a block's too), its channel-vector
     units with register tile `tile`, reading and writing `layout` (why_not_blocked holds).
     `epilogue`: a block's epilogue (c_conv_block.py), a C function over output channels
     [c0, c1) and pixels [p0, p1) of an image, that the channel path's image function calls
     after each unit of work (ConvParts.epilogue_inside); the image call then passes the
-    block's `n`, `args` and `pre` on."""
+    block's `n`, `args` and `pre` on. `store`: the same epilogue applied in the units' registers
+    as they store (c_conv_units.StoreEpilogue), not after them; `epilogue` (the C function)
+    then serves the slow loop alone."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
@@ -453,6 +463,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     gh, gw, gsh, gsw = (oh, ow, 1, 1) if pointwise else (hp, wp, sh, sw)
     p = oh * ow
     epilogue = None if pixels_per_lane else epilogue  # the pixel path's units are channels
+    store = store if epilogue is not None else None
     image_extra = f", int64_t n, void *const *args, const {ct} *restrict pre" \
         if epilogue is not None else ""
     folded = node.op == "Conv2DFoldedBN"
@@ -535,7 +546,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         "#endif",
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
-          conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, layout, c=c, h=h, wd=wd,
+          conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, layout, store=store, c=c,
+                      h=h, wd=wd,
                       hp=gh,
                       wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
                       sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
@@ -561,7 +573,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
               "  }",
               f"  const {ct} *restrict xs = xp;"]),
         *(channel_image(name, None if fill_kind == "none" else fill, unit, c // px,
-                        units_groups, og, epilogue) if not pixels_per_lane else [
+                        units_groups, og, epilogue, store and store.args)
+          if not pixels_per_lane else [
             f"  for (int64_t gi = 0; gi < {units_groups}; ++gi) {{",
             "    if (par) {",
             "      #pragma omp parallel for schedule(static)",

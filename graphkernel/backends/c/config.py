@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from graphkernel.backends.c import c_loops
 from graphkernel.backends.c.c_loops import LoopBlocking
-from graphkernel.backends.c.conv_tile import check_conv_tile
+from graphkernel.backends.c.conv_tile import check_conv_tile, check_store_epilogue
 from graphkernel.errors import ContextError
 from graphkernel.runtime.plan import PlanSettings
 
@@ -29,7 +29,8 @@ class CConfig:
             check_blocking({name: getattr(self, name) for name in BLOCKING_RANGES})
         if problem is not None:
             raise ContextError(f"CConfig: {problem}")
-        problem = check_conv_tile(self.conv_channel_vectors, self.conv_pixels)
+        problem = check_conv_tile(self.conv_channel_vectors, self.conv_pixels) or \
+            check_store_epilogue(self.conv_store_epilogue)
         if problem is not None:
             raise ContextError(f"CConfig: {problem}")
 
@@ -63,10 +64,14 @@ class CConfig:
     row_block: int = c_loops.ROW_BLOCK
     column_block: int = c_loops.COLUMN_BLOCK
     # A convolution's register tile in 512-bit code: channel vectors x pixels of accumulators
-    # per unit of work (backends/c/conv_tile.py; None: the register file's rule, 2 x 12). Set
+    # per unit of work (backends/c/conv_tile.py; None: the register file's rule, 2 x 13). Set
     # per kernel by tuning; checked here, as they reach the C text.
     conv_channel_vectors: int | None = None
     conv_pixels: int | None = None
+    # Where a conv block's epilogue runs on blocked output (backends/c/c_conv_block.py): None
+    # the rule (`store_epilogue_rule`: in the units' stores for few taps), 0 a second pass over
+    # each unit's output, 1 in the stores. Set per kernel by tuning.
+    conv_store_epilogue: int | None = None
     # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
     plan: PlanSettings = field(default_factory=PlanSettings)
 

@@ -11,13 +11,21 @@ register file. It applies to the 512-bit code (AVX-512: 32 vector registers); th
 The untuned default is a rule on the register file, not a measured constant: two channel
 vectors (each broadcast feeds two multiply-adds, so the loads stay under the multiply-adds) and
 as many pixels as then fit (`fit_pixels`), with RESERVED_REGISTERS left for the compiler's
-temporaries. A tile that does not fit would spill accumulators to the stack every tap."""
+temporaries. A tile that does not fit would spill accumulators to the stack every tap.
+On Zen 5 a 3 x 8 tile took 1.03x the rule's 2 x 12 (ResNet-18 b1); on the Zen 4 host before
+it 4 x 7 took 1.09x and 1 x 26 1.75x: the rule keeps two channel vectors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 VECTOR_REGISTERS = 32  # AVX-512's zmm0-31
-RESERVED_REGISTERS = 4
+# Three spare: 2 x 13 (gcc keeps the tap loop free of spills; the spills it makes are in the
+# stores after it). On Zen 5 (one thread, bench/codegen_ab.py, against 4 spare: 2 x 12) the
+# images of at most FLAT_PIXELS take 4 blocks of 12-13 pixels where they took 5 of 9-10:
+# ResNet-18 b1 steps 0.983 (the other order 0.985; its 7x7 layers 0.92-0.98), ResNet-50 b1
+# 0.988 (the 7x7 stage 0.91-0.96), MobileNetV2 b1 0.984 (rows of 112: 13-pixel segments);
+# rows of 56, 28 and 14 split as before.
+RESERVED_REGISTERS = 3
 DEFAULT_VECTORS = 2
 MAX_VECTORS = 4
 
@@ -65,6 +73,15 @@ class ConvTile:
         its spare registers with more pixels made MobileNetV2's 32->16 1x1 at 112x112 (one
         channel vector, 24 pixels a block) 3.3x slower."""
         return self.resolved()[1]
+
+
+def check_store_epilogue(value: object) -> str | None:
+    """Why `value` is not a conv block's epilogue placement a kernel may take, or None: None
+    (c_conv_block.store_epilogue_rule decides), 0 (a second pass over each unit's output) or
+    1 (in the units' stores, on the accumulators)."""
+    if value is not None and (type(value) is not int or value not in (0, 1)):
+        return f"conv_store_epilogue is {value!r:.40}; it is None, 0 or 1"
+    return None
 
 
 RULE_TILE = ConvTile()  # the rule's tile, the untuned default

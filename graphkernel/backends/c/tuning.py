@@ -11,7 +11,8 @@ loops (backends/c/c_loops.py `LoopBlocking`): how far ahead it prefetches
 rows per chunk a row reduction pipelines (`row_pipeline_rows`, 0: not pipelined), the elements
 per float block sum of a row (`row_block`) and the lanes per column-reduction block
 (`column_block`), and, for a convolution, the register tile of its units
-(`conv_channel_vectors` x `conv_pixels`, conv_tile.py). `Knobs` holds one kernel's values of
+(`conv_channel_vectors` x `conv_pixels`, conv_tile.py) and, for a conv block, whether its
+epilogue runs in the units' stores (`conv_store_epilogue`). `Knobs` holds one kernel's values of
 them. Tuning emits a kernel under each candidate setting, drops the candidates whose C is the
 same text as one already kept (a knob the kernel does not use), builds every remaining variant
 into one library, and times each variant inside the real plan on random inputs
@@ -68,13 +69,14 @@ from graphkernel.backends.c.config import (
     check_blocking,
     check_vector_width,
 )
-from graphkernel.backends.c.conv_tile import CONV_TILE, check_conv_tile
+from graphkernel.backends.c.conv_tile import CONV_TILE, check_conv_tile, check_store_epilogue
 from graphkernel.backends.c.shared_kernels import structural_key
 from graphkernel.graph_kernel.lower import KernelKind
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 
 RECORD_FORMAT = "graphkernel-tuning"
-RECORD_VERSION = 2  # 2: the block sizes and the conv register tile joined the knobs
+RECORD_VERSION = 3  # 2: the block sizes and the conv register tile joined the knobs; 3: the
+# conv block's epilogue placement
 FOLDER = "tuning"
 # A threshold no kernel reaches: the knob is off for this kernel.
 NEVER = 1 << 62
@@ -103,6 +105,9 @@ CHOICES: dict[str, tuple[int | None, ...]] = {
     # code runs (`conv_tile_choices`); pairs that do not fit the registers are not tried.
     "conv_channel_vectors": (1, 3, 4),
     "conv_pixels": (8, 16),
+    # A conv block's epilogue on blocked output (c_conv_block.py): a second pass over each
+    # unit's output / in the units' stores (the rule picks by taps; neither wins everywhere).
+    "conv_store_epilogue": (0, 1),
 }
 _TILE = CONV_TILE
 _OPTIONAL = {"stream_min_bytes", "prefetch_min_bytes"}  # None allowed: never
@@ -187,6 +192,9 @@ class Knobs:
     # a convolution's register tile (conv_tile.py; None: the register file's rule)
     conv_channel_vectors: int | None = None
     conv_pixels: int | None = None
+    # a conv block's epilogue placement (None: c_conv_block.store_epilogue_rule; 0 a second
+    # pass, 1 in the units' stores)
+    conv_store_epilogue: int | None = None
 
     @classmethod
     def of(cls, config: CConfig) -> Knobs:
@@ -207,6 +215,8 @@ class Knobs:
 def _shown(name: str, value: int | None) -> str:
     if name in _TILE:  # a register tile's side; None: the register file's rule
         return "rule" if value is None else str(value)
+    if name == "conv_store_epilogue":
+        return "rule" if value is None else "in stores" if value else "second pass"
     if name in BLOCKING_RANGES:  # a size; rows per pipelined chunk 0: not pipelined
         return "off" if name == "row_pipeline_rows" and value == 0 else str(value)
     return "never" if value is None or value == NEVER else \
@@ -295,6 +305,11 @@ def read_record(path: str, key: str) -> tuple[Knobs | None, str | None]:
             if problem is not None:
                 return None, f"knob {problem}"
             continue
+        if name == "conv_store_epilogue":
+            problem = check_store_epilogue(value)
+            if problem is not None:
+                return None, f"knob {problem}"
+            continue
         if value is None and name in _OPTIONAL:
             continue
         if type(value) is not int or not 0 <= value <= NEVER:
@@ -321,10 +336,11 @@ def candidates(default: Knobs, level: int, calibrated: int | None = None,
     with fewer knobs away from the defaults first (the time budget may end the list).
     `calibrated`: a threads threshold from this machine's rates
     (`MachineRates.parallel_threshold`), tried beside always and never. `convolution`: the
-    kernel is a window kernel, whose register tile is tried too (tiles that do not fit the
-    registers are left out)."""
+    kernel is a window kernel, whose register tile and (a conv block's) epilogue placement are
+    tried too (tiles that do not fit the registers are left out)."""
     choices = dict(CHOICES, vector_width=vector_choices())
     choices.update(conv_tile_choices() if convolution else {name: () for name in _TILE})
+    choices["conv_store_epilogue"] = CHOICES["conv_store_epilogue"] if convolution else ()
     if calibrated is not None:
         choices["parallel_threshold"] = (calibrated,) + CHOICES["parallel_threshold"]
     names = [n for n in CHOICES if relevant is None or n in relevant]
