@@ -358,8 +358,11 @@ def images_note(conv: Node, block: bool, config: CConfig, in_stores: bool = Fals
     if n == 1 and macs >= threshold:
         return image_split_note(conv, block, _tile_of(config), in_stores)
     where = "on threads" if n > 1 and macs >= threshold else "on the calling thread"
+    # the split note says where a conv block's epilogue runs; the others say it here
+    epilogue = ("; the epilogue in each unit's stores" if block and in_stores else
+                "; the epilogue in each unit's work item" if block else "")
     return (f"{'a batch of one' if n == 1 else f'{n} images'} {where} ({macs} multiply-adds, "
-            f"window_parallel_min_macs {threshold})")
+            f"window_parallel_min_macs {threshold}){epilogue}")
 
 
 def _store_choice(config: CConfig) -> bool | None:

@@ -10,7 +10,6 @@ every plan (tests/test_compile_depth.py).
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import resource
 import threading
@@ -143,15 +142,22 @@ class RunnerKeepAwake:
         self._set(0)
 
 
-@functools.lru_cache(maxsize=1)
+_found_keep_awake: list[RunnerKeepAwake] = []  # the bracket, once libomp was found loaded
+
+
 def _libomp_keep_awake() -> RunnerKeepAwake | None:
+    # Only a found bracket is kept: a miss (libomp not loaded yet, or a test's toolchain without
+    # it) must not stand for the rest of the process.
+    if _found_keep_awake:
+        return _found_keep_awake[0]
     tc = toolchain.detect()
     if tc is None or not tc.openmp or not tc.openmp_lib or \
             not hasattr(resource, "RUSAGE_THREAD"):
         return None  # GNU libgomp has no blocktime to set; RUSAGE_THREAD is Linux's
     try:  # the runtime the kernels already loaded, not another copy
         libomp = ctypes.CDLL(os.path.join(tc.openmp_lib, "libomp.so"), mode=os.RTLD_NOLOAD)
-        return RunnerKeepAwake(libomp)
+        _found_keep_awake.append(RunnerKeepAwake(libomp))
+        return _found_keep_awake[0]
     except (OSError, AttributeError):
         return None
 
