@@ -38,10 +38,13 @@ def awake_between_kernels(plan: ExecutionPlan) -> bool:
 # NULL and the call runs as before). A call that ends early (refused, failed) puts the
 # blocktime back too. Spinning pays only while the threads have their cores: on a machine
 # whose other processes want the cores too (load 11-12 on the 2 vCPUs) the spinning threads lost
-# their turns and the digits CNN took 1000 us against 840 passive. So a call whose thread was
-# preempted (an involuntary context switch since its last call) and the next
-# PASSIVE_CALLS_AFTER_PREEMPTION calls wait passively, as before.
-PASSIVE_CALLS_AFTER_PREEMPTION = 16
+# their turns and the digits CNN took 1000 us against 840 passive. So the call after the
+# calling thread was preempted (an involuntary context switch since its last call) waits
+# passively, as before. One call, not more: at 16 a quiet 2-vCPU host, where a stray
+# preemption comes every few calls, kept ResNet-18 b1 passive most of the time (10.0 ms a call
+# against 8.35 at 1 and 8.27 never passive; ResNet-50 b1 22.5 against 19.4), while at load
+# ~1 one call already ties never-passive (perf-notes, "Spinning after a preemption").
+PASSIVE_CALLS_AFTER_PREEMPTION = 1
 _AWAKE = """#define GK_PASSIVE_CALLS @PASSIVE_CALLS@
 extern int kmp_get_blocktime(void) __attribute__((weak));
 extern void kmp_set_blocktime(int) __attribute__((weak));
@@ -82,10 +85,12 @@ AWAKE_BEGIN = "  gk_awake = gk_awake_begin();"
 AWAKE_END = "  if (gk_awake) gk_awake_end();"
 
 # What reports say (CompiledCell.summary's `threads:` line, ExecutionPlan.run_notes)
+_PASSIVE_SPAN = ("the call after" if PASSIVE_CALLS_AFTER_PREEMPTION == 1
+                 else f"{PASSIVE_CALLS_AFTER_PREEMPTION} calls after")
 ENTRY_NOTE = ("the compiled entry keeps OpenMP's idle threads spinning from one kernel to the "
               "next within a call (else each kernel's parallel region wakes them: 10-60 us on a "
               "VM), asleep again from the last kernel on; under LLVM libomp, where the wait is "
-              f"passive, and not for {PASSIVE_CALLS_AFTER_PREEMPTION} calls after the calling "
+              f"passive, and not for {_PASSIVE_SPAN} the calling "
               "thread was preempted (spinning threads lose their turns on a busy machine)")
 
 
@@ -103,8 +108,8 @@ def threads_note(plan: ExecutionPlan, entry: bool, runner: bool = False) -> str 
 # ctypes on the libomp the kernels link. ~2-3 us a call against a wake-up per kernel.
 RUNNER_NOTE = ("the Python runner keeps OpenMP's idle threads spinning from one kernel to the "
                "next within a call, asleep again from the last kernel on; under LLVM libomp, "
-               f"where the wait is passive, and not for {PASSIVE_CALLS_AFTER_PREEMPTION} calls "
-               "after the calling thread was preempted")
+               f"where the wait is passive, and not for {_PASSIVE_SPAN} the calling thread "
+               "was preempted")
 
 
 class RunnerKeepAwake:
