@@ -119,6 +119,25 @@ def test_the_runner_ends_the_bracket_before_the_last_kernel(channels, size, batc
     assert len(bracket.ends) == 3
 
 
+def test_profile_times_the_kernels_inside_the_bracket_as_a_call_runs_them(rng, runner_only):
+    # The tuner (backends/c/tuning.py) and profile_kernels time kernels through
+    # Runner.profile: with the team asleep between kernels each parallel kernel paid a wake-up
+    # a call does not, and the tuner chose one thread for the digits CNN's convolutions.
+    x = rng.standard_normal((3, 8, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 10, 3).astype(np.int32)
+    fused = graphkernel.compile(train_step(8, 6, 3), x, y, options=ON)
+    runner = fused.executable.runner
+    kernels = sum(s.kind.value == "kernel" for s in fused.plan.steps)
+    count = _counting(runner)
+    bracket = Bracket(count)
+    runner.keep_awake = bracket
+    times = fused.profile_kernels(x, y, repeats=4)
+    assert len(times) == len(fused.kernels) and all(t > 0 for t in times)
+    assert bracket.begins == 4
+    # each call's end() came before its last kernel: kernels - 1 run in that call so far
+    assert [e - k * kernels for k, e in enumerate(bracket.ends)] == [kernels - 1] * 4
+
+
 def test_a_failing_step_still_ends_the_bracket(rng, runner_only):
     x = rng.standard_normal((2, 8, 6, 6)).astype(np.float32)
     y = rng.integers(0, 10, 2).astype(np.int32)

@@ -217,12 +217,17 @@ class Runner:
 
     def profile(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray],
                 repeats: int) -> list[float]:
-        """Median seconds of each launching step within a call, over `repeats` calls."""
+        """Median seconds of each launching step within a call, over `repeats` calls. The
+        threads are kept awake between kernels as `run` keeps them (`keep_awake`), so a
+        kernel is timed as it runs in a call: timed with its team asleep, each parallel
+        kernel paid a wake-up that a call does not, and the tuner (backends/c/tuning.py)
+        chose one thread for the small convolutions of the digits CNN, 9% slower a call."""
         plan = self.plan
         if plan.symbols:
             self.bind_sizes(arrays)
         marks = [step.launches_kernel for step in plan.steps]
         samples: list[list[float]] = [[] for _ in range(sum(marks))]
+        last = self._last_kernel
         for _ in range(max(1, repeats)):
             slots = list(self._template)
             for s, array in zip(plan.inputs, arrays):
@@ -230,15 +235,26 @@ class Runner:
             for s, array in zip(plan.weights, weights):
                 slots[s] = array
             index = 0
-            for fn, is_kernel, dead in zip(self.step_fns, marks, plan.release):
-                start = time.perf_counter()
-                fn(slots)
-                elapsed = time.perf_counter() - start
-                for s in dead:
-                    slots[s] = None
-                if is_kernel:
-                    samples[index].append(elapsed)
-                    index += 1
+            awake = self.keep_awake
+            if awake is not None and not awake.begin():
+                awake = None  # begin declined: nothing to end
+            try:
+                for i, (fn, is_kernel, dead) in enumerate(
+                        zip(self.step_fns, marks, plan.release)):
+                    if awake is not None and i == last:
+                        awake.end()  # before the last kernel, as `run`
+                        awake = None
+                    start = time.perf_counter()
+                    fn(slots)
+                    elapsed = time.perf_counter() - start
+                    for s in dead:
+                        slots[s] = None
+                    if is_kernel:
+                        samples[index].append(elapsed)
+                        index += 1
+            finally:
+                if awake is not None:
+                    awake.end()
         return [statistics.median(s) for s in samples]
 
     def bind_sizes(self, arrays: Sequence[np.ndarray]) -> None:

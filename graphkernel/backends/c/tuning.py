@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from graphkernel.backends.c import cache, records, toolchain
+from graphkernel.backends.c.c_entry_threads import runner_keep_awake
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import (
     BLOCKING_RANGES,
@@ -525,6 +526,8 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
                 if i < len(t.variants):
                     functions[t.spec.name] = built[i][t.variants[i][1].name]
             runner.load(_Loaded(functions))
+            # Timed as a call runs them: the threads awake between kernels (Runner.profile)
+            runner.keep_awake = runner_keep_awake(plan)
             times = runner.profile(arrays, weights, REPEATS)
             for kernel, seconds in zip(kernel_of, times):
                 timed = by_name.get(kernel) if kernel is not None else None
