@@ -32,6 +32,12 @@ from graphkernel.backends.c.c_gemm_packed import (
     packed_product,
     packed_source,
 )
+from graphkernel.backends.c.c_gemm_row import (
+    ROW_PRODUCT,
+    ROW_PRODUCT_LABEL,
+    emit_row_product,
+    row_product,
+)
 from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import Dim, SymSize
@@ -366,7 +372,7 @@ def prelude(int64: bool, small_products: bool = False) -> list[str]:
     """The entry's BLAS declarations; with graphkernel's own product kernels where some
     product runs on one (library "graphkernel": `small_product`, c_gemm_packed.py)."""
     text = PRELUDE.replace("BLASINT", "int64_t" if int64 else "int")
-    own = "\n#include <string.h>\n" + SMALL_PRODUCT + packed_source()
+    own = "\n#include <string.h>\n" + SMALL_PRODUCT + packed_source() + ROW_PRODUCT
     return (text + (own if small_products else "")).split("\n")
 
 
@@ -415,6 +421,11 @@ def emit_gemm(call: GemmCall, data: dict[int, str]) -> list[str]:
     idle workers spin (its exec_blas and the workers' wait loop) while the other pool's
     threads want the cores, and a loaded machine deschedules the worker the caller then
     spins on (docs/perf-notes.md, "One thread pool")."""
+    if call.library == "graphkernel" and row_product(call):  # c_gemm_row.py
+        return emit_row_product(
+            call, f"((const float *){data[call.a.slot]} + {call.a.offset})",
+            f"((const float *){data[call.b.slot]} + {call.b.offset})",
+            f"((float *){data[call.c.slot]} + {call.c.offset})")
     if call.library == "graphkernel" and not small_product(call):  # c_gemm_packed.py
         import dataclasses
         blas = ["  " + line for line in emit_gemm(dataclasses.replace(call, library="openblas"),
@@ -541,6 +552,9 @@ def with_library(call: GemmCall, step: Step) -> GemmCall:
     import dataclasses
 
     from graphkernel.backends.c import blas_choice
+    if row_product(call):  # one row: the work is reading W (c_gemm_row.py)
+        step.attrs["gemm_library"] = ROW_PRODUCT_LABEL
+        return dataclasses.replace(call, library="graphkernel")
     if small_product(call):  # no library's call packs such sizes fast (SMALL_PRODUCT_MAX_SIDE)
         step.attrs["gemm_library"] = SMALL_PRODUCT_LABEL
         return dataclasses.replace(call, library="graphkernel")
@@ -564,7 +578,7 @@ def library_shape(call: GemmCall) -> GemmShape | None:
     chosen for); None for a product BLAS does not run (a small one, our own kernel's) or one
     whose shape is known per call only."""
     from graphkernel.backends.c.blas_choice import GemmShape, openmp_threads
-    if small_product(call) or packed_product(call) or call.symbols:
+    if small_product(call) or packed_product(call) or row_product(call) or call.symbols:
         return None
     m, n, k = thread_shape(call, openmp_threads())
     return GemmShape(call.double, m, n, k, call.a.trans, call.b.trans)
