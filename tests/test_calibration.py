@@ -121,7 +121,8 @@ def test_a_measurement_is_stored_and_the_next_process_reads_it(calibrating):
     assert first.config == derive(EPYC_VM)[0]
     with open(calibration.record_path(), encoding="utf-8") as fh:
         record = json.load(fh)
-    assert record["format"] == "graphkernel-calibration" and record["version"] == 1
+    assert record["format"] == "graphkernel-calibration" and \
+            record["version"] == calibration.RECORD_VERSION
     assert record["cpu_model"] == toolchain.cpu_model()
     assert record["rates"] == dataclasses.asdict(EPYC_VM)
     calibration._resolved.clear()  # a new process
@@ -178,7 +179,9 @@ BAD_RECORDS = [
     (lambda text: text[:len(text) // 2], r"not JSON \(truncated or corrupt\)"),
     (lambda text: "[1, 2]", "not a graphkernel calibration record"),
     (_edit("format", "graphkernel-tuning"), "not a graphkernel calibration record"),
-    (_edit("version", 2), "version 2; this graphkernel reads version 1"),
+    (_edit("version", calibration.RECORD_VERSION + 1),
+     f"version {calibration.RECORD_VERSION + 1}; this graphkernel reads version "
+     f"{calibration.RECORD_VERSION}"),
     (_edit("key", "0" * 32), r"recorded for another CPU or toolchain \(its key differs\)"),
     (_edit("cpu_model", "Another CPU 9000"), "measured on another CPU \\('Another CPU 9000'"),
     (_edit("rates", [1, 2]), "it holds no rates"),

@@ -36,7 +36,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from graphkernel.backends.c import blas_choice, cache, calibration, plan_records, toolchain
 from graphkernel.backends.c import cblas as numpys_blas
 from graphkernel.backends.c.c_argmax import emit_argmax_kernel, why_not_argmax_kernel
-from graphkernel.backends.c.c_entry_threads import runner_keep_awake, threads_note
+from graphkernel.backends.c.c_entry_threads import (
+    entry_step_kinds,
+    runner_keep_awake,
+    team_kept_awake,
+    threads_note,
+)
 from graphkernel.backends.c.c_gemm import (
     SMALL_PRODUCT_LABEL,
     gemm_call,
@@ -208,6 +213,12 @@ class CBackend:
                                  n.lowering.kind is KernelKind.WINDOW and
                                  get_op(n.op).window is Window.CONVOLUTION], tuning_level)
         plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes, _prepacked_bytes)
+        thresholds = None
+        # A kernel's fork within a call finds its team spinning; the entry (not the Python
+        # runner) steps back to one thread when other processes take the cores
+        # (c_entry_threads.py, SLOW_STREAK)
+        if team_kept_awake(plan) and entry_step_kinds(plan):
+            config, thresholds = calibration.within_call(config)
         if tuning_level > 0:  # each product's library, timed (else stored: c_gemm.with_library)
             blas_choice.tune(_product_shapes(plan), tuning_level)
         # buffers readied while gcc runs
@@ -273,6 +284,8 @@ class CBackend:
             notes.append("the prebuilt library is not the one these kernels build (its source "
                          "differs): not used, compiled here")
         run_notes = {}
+        if thresholds is not None:
+            run_notes["thread thresholds"] = f"within a call the team is awake: {thresholds}"
         if library is not None:  # the Python runner's steps keep the threads awake too
             runner.keep_awake = runner_keep_awake(plan)
         threads = threads_note(plan, library is not None and library.entry is not None,

@@ -25,9 +25,12 @@ from graphkernel.backends.c.c_entry_threads import (  # noqa: F401  # two names 
     AWAKE_BEGIN,
     AWAKE_END,
     AWAKE_LOCAL,
+    AWAKE_TIMED,
     PASSIVE_CALLS_AFTER_PREEMPTION,
+    THREADS_STATS_METHOD,
     awake_between_kernels,
     awake_definitions,
+    entry_step_kinds,
 )
 from graphkernel.backends.c.c_gather import GatherCall, emit_check, emit_gather, gather_call
 from graphkernel.backends.c.c_gemm import GemmCall, emit_gemm, gemm_call, prelude, with_library
@@ -44,10 +47,7 @@ def entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
     """The entry module's C, given its module name; None when some step is neither a kernel
     nor a product BLAS takes as is (backends/c/c_gemm.py), or a result would alias an argument
     (the Python runner handles those)."""
-    kinds = {s.kind for s in plan.steps}
-    if StepKind.KERNEL not in kinds or any(plan.copy_out):
-        return None
-    if not kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY, StepKind.VIEW}:
+    if not entry_step_kinds(plan):
         return None
     calls = {i: gemm_call(plan, step) or gather_call(plan, step) or range_call(plan, step) or
              reshape_view(plan, step)
@@ -282,6 +282,7 @@ def _emit(plan: ExecutionPlan, module: str,
         AWAKE_BEGIN,
         *_RUN_PROGRAM,
         AWAKE_END,
+        AWAKE_TIMED,
     ]
     results = [vid[s] for s in plan.outputs]
     if plan.returns_tuple or len(results) != 1:
@@ -316,6 +317,7 @@ def _emit(plan: ExecutionPlan, module: str,
         '   "call(fixed, *inputs): Tensors or arrays in, Tensors out; fixed: Parameters, '
         'constants, guards"},',
         '  {"set_tensor_type", gk_set_tensor_type, METH_O, "the class `call` reads and makes"},',
+        THREADS_STATS_METHOD,
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',

@@ -45,44 +45,175 @@ def awake_between_kernels(plan: ExecutionPlan) -> bool:
 # against 8.35 at 1 and 8.27 never passive; ResNet-50 b1 22.5 against 19.4), while at load
 # ~1 one call already ties never-passive (perf-notes, "Spinning after a preemption").
 PASSIVE_CALLS_AFTER_PREEMPTION = 1
+# Cores taken by other processes: a kernel's parallel region waits at its join for a worker that
+# another process's turn keeps off its core, once per region. Within a call the thresholds let
+# small kernels go on threads (calibration.within_call: the awake fork/join), so a plan of many
+# small kernels pays it many times: ONNX MobileNetV3-small b1 took 2.0 ms a call beside one
+# CPU-bound process (1.3 with the passive thresholds) and 13.7 beside two, against 3.0 on one
+# thread. So the entry of a static plan times its calls and runs them in the faster of two
+# modes, on threads or on the calling thread alone (omp_set_num_threads(1)): every
+# `gk_interval` calls it probes the other mode for PROBE_CALLS calls and switches when the best
+# of the probe's last two beat PROBE_MARGIN x the best of the current mode's latest KEEP_CALLS
+# calls (best against best: a mean counts the call after another process's, or another
+# library's, threads held the cores, which a probe's best does not). A probe that keeps the
+# mode doubles the interval (from FIRST_PROBE up to PROBE_MAX), so a quiet host probes rarely;
+# SLOW_STREAK calls in a row on threads each SLOW_FACTOR x the fastest such call probe at once
+# (load that arrives).
+PROBE_CALLS = 3
+KEEP_CALLS = 8
+PROBE_MARGIN = 0.9
+FIRST_PROBE = 32
+PROBE_MAX = 2048
+SLOW_FACTOR = 1.5
+SLOW_STREAK = 2
 _AWAKE = """#define GK_PASSIVE_CALLS @PASSIVE_CALLS@
 extern int kmp_get_blocktime(void) __attribute__((weak));
 extern void kmp_set_blocktime(int) __attribute__((weak));
 int omp_get_max_threads(void);
+void omp_set_num_threads(int);
 #include <sys/resource.h>
+#include <time.h>
 #ifndef RUSAGE_THREAD
 #define RUSAGE_THREAD 1  /* Linux's; elsewhere getrusage refuses it and the wait stays passive */
 #endif
 static __thread long gk_preempted_seen = -1;  /* the calling thread's count at its last call */
 static __thread int gk_passive_calls = 0;  /* calls left to wait passively after a preemption */
+static __thread int gk_alone = 0;  /* the mode calls run in: 0 on threads, 1 alone */
+static __thread int gk_mode = -1;  /* this call's mode; -1: not timed */
+static __thread int gk_probe = 0;  /* calls left of a probe of the other mode */
+static __thread int gk_interval = @FIRST@, gk_countdown = @FIRST@;
+static __thread int gk_slow = 0, gk_team = 0;
+static __thread double gk_t0 = 0, gk_best = 0, gk_probe_best = 0;
+static __thread double gk_last[@KEEP@];  /* the current mode's latest calls, seconds (0: none) */
+static __thread int gk_next = 0;
+static __thread long long gk_calls_alone = 0, gk_probes = 0, gk_switches = 0;
+static double gk_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static double gk_recent(void) {  /* the fastest of the current mode's latest calls */
+  double best = 0;
+  for (int i = 0; i < @KEEP@; ++i)
+    if (gk_last[i] > 0 && (best == 0 || gk_last[i] < best)) best = gk_last[i];
+  return best;
+}
+/* After a call that ran to its end: its time, and the mode of the calls after it. */
+static void gk_awake_timed(void) {
+  if (gk_mode < 0) return;
+  const int mode = gk_mode;
+  const double dt = gk_now() - gk_t0;
+  gk_mode = -1;
+  if (mode != gk_alone) {  /* a probe's call: the first wakes or warms, the others count */
+    if (gk_probe < @PROBE@ - 1 && (gk_probe_best == 0 || dt < gk_probe_best)) gk_probe_best = dt;
+    if (gk_probe > 0) return;
+    ++gk_probes;
+    if (gk_probe_best < @MARGIN@ * gk_recent()) {
+      gk_alone = mode;
+      for (int i = 0; i < @KEEP@; ++i) gk_last[i] = 0;
+      gk_interval = @FIRST@;
+      ++gk_switches;
+    } else {
+      gk_interval = gk_interval * 2 < @PROBE_MAX@ ? gk_interval * 2 : @PROBE_MAX@;
+    }
+    gk_countdown = gk_interval;
+    gk_slow = 0;
+    return;
+  }
+  gk_last[gk_next] = dt;
+  gk_next = (gk_next + 1) % @KEEP@;
+  if (mode == 0) {
+    if (gk_best == 0 || dt < gk_best) gk_best = dt;
+    gk_slow = dt > @SLOW_FACTOR@ * gk_best ? gk_slow + 1 : 0;
+    if (gk_slow >= @STREAK@) gk_countdown = 0;  /* slow on threads now: probe at once */
+  }
+  if (--gk_countdown <= 0) {
+    gk_probe = @PROBE@;
+    gk_probe_best = 0;
+  }
+}
+/* 1: the team spins between kernels (blocktime 1 ms) until the last kernel; 2: the call runs
+   on the calling thread alone; 0: as it was. gk_awake_end(state) undoes it. */
 static int gk_awake_begin(void) {
+  gk_mode = -1;
   if (!GK_AWAKE_PLAN) return 0;  /* fewer than two kernels: nothing to keep awake */
   if (kmp_get_blocktime == NULL || kmp_set_blocktime == NULL) return 0;
-  if (omp_get_max_threads() < 2 || kmp_get_blocktime() != 0) return 0;
+  const int team = omp_get_max_threads();
+  if (team < 2 || kmp_get_blocktime() != 0) return 0;
   struct rusage ru;
   if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
   if (ru.ru_nivcsw != gk_preempted_seen) {  /* another task took this core since last time */
     if (gk_preempted_seen >= 0) gk_passive_calls = GK_PASSIVE_CALLS;
     gk_preempted_seen = ru.ru_nivcsw;
   }
+  int alone = gk_alone;
+  if (GK_TIMED_PLAN) {
+    if (gk_probe > 0) {
+      --gk_probe;
+      alone = !alone;
+    }
+    gk_mode = alone;
+    gk_t0 = gk_now();
+  }
+  if (alone) {
+    ++gk_calls_alone;
+    gk_team = team;
+    omp_set_num_threads(1);
+    return 2;
+  }
   if (gk_passive_calls > 0) { --gk_passive_calls; return 0; }
   kmp_set_blocktime(1);
   return 1;
 }
-static void gk_awake_end(void) { kmp_set_blocktime(0); }
+static void gk_awake_end(int state) {
+  if (state == 2) omp_set_num_threads(gk_team); else kmp_set_blocktime(0);
+}
+static PyObject *gk_threads_stats(PyObject *self, PyObject *unused) {
+  return Py_BuildValue("{s:L,s:L,s:L,s:i,s:d}", "calls_alone", gk_calls_alone, "probes",
+                       gk_probes, "switches", gk_switches, "alone_now", gk_alone,
+                       "recent_call_s", gk_recent());
+}
 #define GK_BEFORE_KERNEL(pc) \\
-  do { if (gk_awake && (pc) == GK_LAST_KERNEL) { gk_awake_end(); gk_awake = 0; } } while (0)
-""".replace("@PASSIVE_CALLS@", str(PASSIVE_CALLS_AFTER_PREEMPTION)).split("\n")
+  do { if (gk_awake == 1 && (pc) == GK_LAST_KERNEL) { gk_awake_end(1); gk_awake = 0; } } while (0)
+""".replace("@PASSIVE_CALLS@", str(PASSIVE_CALLS_AFTER_PREEMPTION)).replace(
+    "@FIRST@", str(FIRST_PROBE)).replace("@KEEP@", str(KEEP_CALLS)).replace(
+    "@PROBE_MAX@", str(PROBE_MAX)).replace(
+    "@PROBE@", str(PROBE_CALLS)).replace("@MARGIN@", repr(PROBE_MARGIN)).replace(
+    "@STREAK@", str(SLOW_STREAK)).replace("@SLOW_FACTOR@", repr(SLOW_FACTOR)).split("\n")
+
+
+def entry_step_kinds(plan: ExecutionPlan) -> bool:
+    """Whether `plan`'s steps are all of kinds the compiled entry runs and no result is copied
+    out (c_entry.py `entry_source`'s first test; answered here without the entry writer, which
+    a warm build does not import)."""
+    kinds = {s.kind for s in plan.steps}
+    return StepKind.KERNEL in kinds and not any(plan.copy_out) and \
+        kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY, StepKind.VIEW}
+
+
+def team_kept_awake(plan: ExecutionPlan) -> bool:
+    """Whether the entry and the runner keep `plan`'s team spinning between its kernels (the
+    fork of a kernel after the first then finds it awake): a plan `awake_between_kernels`
+    under LLVM libomp on Linux (RUSAGE_THREAD), as `gk_awake_begin` requires."""
+    tc = toolchain.detect()
+    return awake_between_kernels(plan) and tc is not None and tc.openmp and \
+        bool(tc.openmp_lib) and hasattr(resource, "RUSAGE_THREAD")
 
 
 def awake_definitions(plan: ExecutionPlan) -> list[str]:
-    """The C before `gk_run`: the plan's choice as a constant, then `_AWAKE`."""
-    return [f"#define GK_AWAKE_PLAN {int(awake_between_kernels(plan))}", *_AWAKE]
+    """The C before `gk_run`: the plan's choices as constants (whether it keeps the team
+    awake; whether its calls are timed: a static plan, each call the same work), then
+    `_AWAKE`."""
+    return [f"#define GK_AWAKE_PLAN {int(awake_between_kernels(plan))}",
+            f"#define GK_TIMED_PLAN {int(not plan.symbols)}", *_AWAKE]
 
 
 AWAKE_LOCAL = "  int gk_awake = 0;"
 AWAKE_BEGIN = "  gk_awake = gk_awake_begin();"
-AWAKE_END = "  if (gk_awake) gk_awake_end();"
+AWAKE_END = "  if (gk_awake) gk_awake_end(gk_awake);"
+AWAKE_TIMED = "  gk_awake_timed();"  # on the way out of a call that ran to its end
+THREADS_STATS_METHOD = ('  {"threads_stats", gk_threads_stats, METH_NOARGS, '
+                        '"calls run on one thread because the cores were taken"},')
 
 # What reports say (CompiledCell.summary's `threads:` line, ExecutionPlan.run_notes)
 _PASSIVE_SPAN = ("the call after" if PASSIVE_CALLS_AFTER_PREEMPTION == 1
@@ -91,7 +222,10 @@ ENTRY_NOTE = ("the compiled entry keeps OpenMP's idle threads spinning from one 
               "next within a call (else each kernel's parallel region wakes them: 10-60 us on a "
               "VM), asleep again from the last kernel on; under LLVM libomp, where the wait is "
               f"passive, and not for {_PASSIVE_SPAN} the calling "
-              "thread was preempted (spinning threads lose their turns on a busy machine)")
+              "thread was preempted (spinning threads lose their turns on a busy machine); "
+              "a static plan's calls run on the calling thread alone while probes of both "
+              "ways find that faster (other processes holding the cores: the entry's "
+              "threads_stats() counts them)")
 
 
 def threads_note(plan: ExecutionPlan, entry: bool, runner: bool = False) -> str | None:

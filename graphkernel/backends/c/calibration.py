@@ -25,23 +25,31 @@ so: tests/conftest.py, for C that does not depend on the machine).
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import math
 import os
 import shutil
-import statistics
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from graphkernel.backends.c import cache, records, toolchain
-from graphkernel.backends.c.c_loops import KernelSource
+from graphkernel.backends.c.calibration_rates import (  # noqa: F401  # re-exported
+    RANGES,
+    Calibration,
+    CalibrationError,
+    cache_sizes,
+    check,
+    copy_rate,
+    fma_rate,
+    fma_source,
+    fork_join_awake_seconds,
+    fork_join_seconds,
+    measure,
+    size_text,
+)
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.conv_tile import (
     CONV_TILE,
@@ -52,7 +60,7 @@ from graphkernel.backends.c.conv_tile import (
 from graphkernel.errors import CacheError, GraphKernelError
 
 RECORD_FORMAT = "graphkernel-calibration"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: fork_join_awake_s
 FOLDER = "calibration"
 ENV = "GRAPHKERNEL_CALIBRATION"
 _OFF = ("off", "0", "no", "false")
@@ -102,61 +110,6 @@ CLAMPS = {"parallel_threshold": (1 << 10, 1 << 24),
           "window_parallel_min_macs": (1 << 14, 1 << 26),
           "column_block": (64, 4096)}
 
-# The range each measured number must fall in to be used (a record's or a fresh measurement's).
-RANGES: dict[str, tuple[float, float]] = {
-    "copy_bytes_per_s": (1e8, 1e13),  # 0.1 GB/s .. 10 TB/s
-    "fma_flops_256": (1e8, 1e13),
-    "fma_flops_512": (1e8, 1e13),
-    "fork_join_s": (1e-8, 1e-2),  # 10 ns .. 10 ms
-    "l1d_bytes": (1 << 10, 1 << 32),
-    "l2_bytes": (1 << 10, 1 << 32),
-    "llc_bytes": (1 << 10, 1 << 32),
-}
-_INTS = {"l1d_bytes", "l2_bytes", "llc_bytes"}
-_OPTIONAL = {"fma_flops_512", "l1d_bytes", "l2_bytes", "llc_bytes"}
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What this machine measured (range-checked: `check`)."""
-
-    copy_bytes_per_s: float  # read + write, past the caches
-    fma_flops_256: float  # one core, 256-bit vectors, 2 flops per FMA lane
-    fma_flops_512: float | None  # the same at 512 bits; None without AVX-512
-    fork_join_s: float  # one empty OpenMP parallel region, median
-    l1d_bytes: int | None  # per core; None when the OS does not say
-    l2_bytes: int | None
-    llc_bytes: int | None  # the last level's, shared
-
-    def describe(self) -> str:
-        wide = "" if self.fma_flops_512 is None else \
-            f", {self.fma_flops_512 / 1e9:.1f} at 512 bits"
-        caches = ", ".join(f"{name} {_size(b)}" for name, b in
-                           (("L1d", self.l1d_bytes), ("L2", self.l2_bytes),
-                            ("LLC", self.llc_bytes)) if b is not None) or "caches unknown"
-        return (f"copy {self.copy_bytes_per_s / 1e9:.1f} GB/s, FMA "
-                f"{self.fma_flops_256 / 1e9:.1f} GFLOP/s at 256 bits{wide}, fork/join "
-                f"{self.fork_join_s * 1e6:.1f} us, {caches}")
-
-
-def check(values: dict[str, Any]) -> str | None:
-    """Why `values` (a record's "rates") are not a Calibration this graphkernel uses, or None."""
-    names = [f.name for f in dataclasses.fields(Calibration)]
-    if sorted(values) != sorted(names):
-        return f"its rates are not exactly {', '.join(names)}"
-    for name in names:
-        value = values[name]
-        if value is None and name in _OPTIONAL:
-            continue
-        kinds = (int,) if name in _INTS else (int, float)
-        low, high = RANGES[name]
-        if type(value) not in kinds or not (math.isfinite(value) and low <= value <= high):
-            kind = "an int" if name in _INTS else "a number"
-            return (f"{name} is {value!r:.40}; it is {kind} from {low:g} to {high:g}"
-                    + (" or null" if name in _OPTIONAL else ""))
-    return None
-
-
 @dataclass(frozen=True)
 class Defaults:
     """CConfig's defaults as resolved on this machine, and where each came from."""
@@ -174,16 +127,9 @@ class Defaults:
             shown = "the register file's rule" if value is None and name in CONV_TILE else \
                 "never" if value is None and name != "vector_width" else \
                 "the toolchain's" if value is None else \
-                _size(value) if name.endswith("_bytes") else f"{value:,}"
+                size_text(value) if name.endswith("_bytes") else f"{value:,}"
             out.append(f"{name} = {shown} ({source})")
         return out
-
-
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def _power_of_two(x: float, name: str) -> int:
@@ -193,8 +139,10 @@ def _power_of_two(x: float, name: str) -> int:
     return int(min(max(1 << max(0, round(math.log2(max(x, 1.0)))), low), high))
 
 
-def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
+def derive(cal: Calibration, within_call: bool = False) -> tuple[CConfig, dict[str, str]]:
     """CConfig's defaults from `cal` by the cost model, and where each came from in words.
+    `within_call`: for a plan whose team stays awake between its kernels (`within_call`), the
+    two thread thresholds from the awake fork/join, where the calibration has one.
 
     - parallel_threshold: elements of a bandwidth-bound loop (BYTES_PER_ELEMENT each) whose
       one-thread time t = n * 8 / copy_bw, split over THREADS, saves t (1 - 1/THREADS) >
@@ -211,9 +159,14 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     - conv_channel_vectors, conv_pixels: the register file's rule (conv_tile.py), left None.
     Thresholds are rounded to a power of two and clamped (CLAMPS)."""
     base = CConfig()
-    fork = cal.fork_join_s
+    # an awake fork timed slower than a sleeping one is a disturbed measurement: not used
+    awake = within_call and cal.fork_join_awake_s is not None and \
+        cal.fork_join_awake_s < cal.fork_join_s
+    fork = cal.fork_join_awake_s if awake and cal.fork_join_awake_s is not None else \
+        cal.fork_join_s
     gain = 1 - 1 / THREADS
-    rates = f"copy {cal.copy_bytes_per_s / 1e9:.1f} GB/s, fork/join {fork * 1e6:.1f} us"
+    rates = f"copy {cal.copy_bytes_per_s / 1e9:.1f} GB/s, fork/join {fork * 1e6:.1f} us" + \
+        (" with the team awake (between a call's kernels)" if awake else "")
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     elements = PAYOFF * fork / gain * cal.copy_bytes_per_s / BYTES_PER_ELEMENT
@@ -222,12 +175,12 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     if cal.llc_bytes is not None:
         values["stream_min_bytes"] = _power_of_two(cal.llc_bytes * STREAM_SHARE_OF_LLC,
                                                    "stream_min_bytes")
-        sources["stream_min_bytes"] = f"calibrated: last-level cache {_size(cal.llc_bytes)}"
+        sources["stream_min_bytes"] = f"calibrated: last-level cache {size_text(cal.llc_bytes)}"
     else:
         sources["stream_min_bytes"] = "default, the cache sizes are unknown"
     if cal.l2_bytes is not None:
         values["prefetch_min_bytes"] = _power_of_two(cal.l2_bytes, "prefetch_min_bytes")
-        sources["prefetch_min_bytes"] = f"calibrated: L2 {_size(cal.l2_bytes)}"
+        sources["prefetch_min_bytes"] = f"calibrated: L2 {size_text(cal.l2_bytes)}"
     else:
         sources["prefetch_min_bytes"] = "default, the cache sizes are unknown"
     best_fma = max(cal.fma_flops_256, cal.fma_flops_512 or 0.0)
@@ -235,7 +188,8 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     values["window_parallel_min_macs"] = _power_of_two(macs, "window_parallel_min_macs")
     sources["window_parallel_min_macs"] = (f"calibrated: FMA {best_fma / 1e9:.1f} GFLOP/s "
                                            f"(a convolution at {WINDOW_SHARE_OF_PEAK:.0%} of "
-                                           f"it), fork/join {fork * 1e6:.1f} us")
+                                           f"it), fork/join {fork * 1e6:.1f} us" +
+                                           (" with the team awake" if awake else ""))
     if cal.fma_flops_512 is None:
         sources["vector_width"] = "default, no 512-bit FMA measured"
     else:
@@ -247,7 +201,7 @@ def derive(cal: Calibration) -> tuple[CConfig, dict[str, str]]:
     if cal.l1d_bytes is not None:
         lanes = cal.l1d_bytes * COLUMN_BLOCK_SHARE_OF_L1D / 4
         values["column_block"] = _power_of_two(lanes, "column_block")
-        sources["column_block"] = f"calibrated: L1d {_size(cal.l1d_bytes)}"
+        sources["column_block"] = f"calibrated: L1d {size_text(cal.l1d_bytes)}"
     else:
         sources["column_block"] = "default, the cache sizes are unknown"
     sources.update(UNCALIBRATED_BLOCKS)
@@ -269,173 +223,6 @@ def _constant_defaults(why: str) -> Defaults:
 
 
 # ---------------------------------------------------------------------------------------------
-# Measuring
-
-# Three kernels, each a unit of its own (the library may compile them apart): an empty parallel
-# region (what a kernel on threads pays before its first element), and FMA loops at 256 and 512
-# bits. CHAINS independent accumulators hide the FMA latency; each step is one FMA per lane (2
-# flops). The FMA kernels take: steps (long), 16 floats in and out, the flops done (a double;
-# 0 when the flags do not build that width).
-_FORK_JOIN = r"""
-void gk_cal_fork_join(void **args) {
-  volatile int *sink = (volatile int *)args[0];
-#pragma omp parallel
-  { if (sink[0] < 0) sink[0] = 0; }
-}
-"""
-# GCC's vector extension rather than <immintrin.h> (which adds 0.5 s to the compile); the
-# kernels are built with -ffp-contract=off, so contraction is asked for per function (GCC's
-# optimize attribute, clang's pragma) to make each step one fused multiply-add.
-_FMA = r"""
-#if GUARD
-typedef float gk_vBITS __attribute__((vector_size(BITS / 8)));
-__attribute__((optimize("fp-contract=fast")))
-void gk_cal_fmaBITS(void **args) {
-#ifdef __clang__
-#pragma clang fp contract(fast)
-#endif
-  long steps = *(const long *)args[0];
-  float *io = (float *)args[1];
-  gk_vBITS acc[12], mul, add;
-  for (int l = 0; l < LANES; ++l) { mul[l] = 0.999999f; add[l] = 1e-7f; }
-  for (int c = 0; c < 12; ++c)
-    for (int l = 0; l < LANES; ++l) acc[c][l] = io[c];
-  for (long i = 0; i < steps; ++i) {
-#pragma GCC unroll 12
-    for (int c = 0; c < 12; ++c) acc[c] = acc[c] * mul + add;
-  }
-  for (int c = 0; c < 12; ++c) io[c] = acc[c][0] + acc[c][LANES - 1];
-  *(double *)args[2] = 2.0 * LANES * 12 * (double)steps;
-}
-#else
-void gk_cal_fmaBITS(void **args) { *(double *)args[2] = 0.0; }
-#endif
-"""
-
-
-def fma_source(bits: int) -> str:
-    """The C of `gk_cal_fma{bits}` (also what `graphkernel doctor` times)."""
-    # 512-bit vectors only where the CPU has them (elsewhere GCC would split them in two)
-    words = {"GUARD": "defined(__AVX512F__)" if bits == 512 else "1", "BITS": str(bits),
-             "LANES": str(bits // 32)}
-    text = _FMA
-    for word, value in words.items():
-        text = text.replace(word, value)
-    return text
-
-
-FMA_STEPS = 50_000  # about 0.1-0.3 ms a run on a current core
-
-
-def _best(run: Callable[[], object], times: int, budget_s: float = 0.0) -> float:
-    """The shortest of `times` runs of `run`, more while under `budget_s` seconds in all (at
-    most 4 x `times`): on a loaded machine the best run is the closest to the hardware's."""
-    best, start, count = float("inf"), time.perf_counter(), 0
-    while count < times or (time.perf_counter() - start < budget_s and count < 4 * times):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-        count += 1
-    return best
-
-
-def _functions() -> dict[str, Any]:
-    """The calibration kernels, built like any kernel (the same flags and OpenMP runtime)."""
-    from graphkernel.backends.c.library import build_library
-    kernels = [KernelSource("gk_cal_fork_join", _FORK_JOIN, [])]
-    kernels += [KernelSource(f"gk_cal_fma{bits}", fma_source(bits), []) for bits in (256, 512)]
-    return build_library(kernels).functions
-
-
-def fma_rate(functions: dict[str, Any], bits: int) -> float | None:
-    """Flops per second of one core at `bits`-bit vector FMAs (best of a few), or None when
-    this machine's flags do not build them. `functions`: name -> a ctypes function taking
-    one pointer (`gk_cal_fma256`, `gk_cal_fma512`)."""
-    steps = ctypes.c_long(FMA_STEPS)
-    io = np.ones(16, dtype=np.float32)
-    flops = ctypes.c_double(0.0)
-    argv = (ctypes.c_void_p * 3)(ctypes.addressof(steps), io.ctypes.data,
-                                 ctypes.addressof(flops))
-    kernel = functions[f"gk_cal_fma{bits}"]
-    kernel(argv)
-    if flops.value <= 0:
-        return None
-    return flops.value / _best(lambda: kernel(argv), 20)
-
-
-def copy_rate(llc_bytes: int | None) -> float:
-    """Bytes read plus written per second by a numpy copy between two arrays that together
-    pass the last-level cache (32 MiB each, or the LLC's size, at most 256 MiB)."""
-    nbytes = min(max(32 << 20, llc_bytes or 0), 256 << 20)
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # pages touched before timing
-    return 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 5, budget_s=0.2)
-
-
-def fork_join_seconds(functions: dict[str, Any]) -> float:
-    """The median time of an empty OpenMP parallel region, after a warm-up."""
-    sink = np.zeros(1, np.int32)
-    argv = (ctypes.c_void_p * 1)(sink.ctypes.data)
-    fork = functions["gk_cal_fork_join"]
-    for _ in range(20):
-        fork(argv)
-    times = []
-    for _ in range(300):
-        t = time.perf_counter()
-        fork(argv)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int | None]:
-    """L1 data, L2 and last-level cache sizes in bytes from sysfs (None where it does not
-    say); values that do not parse are left out, not guessed."""
-    found: dict[int, int] = {}
-    l1d: int | None = None
-    try:
-        entries = sorted(e for e in os.listdir(root) if e.startswith("index"))
-    except OSError:
-        entries = []
-    for entry in entries:
-        def read(name: str, folder: str = os.path.join(root, entry)) -> str:
-            with open(os.path.join(folder, name), encoding="ascii", errors="replace") as fh:
-                return fh.read(64).strip()
-        try:
-            level, kind, size = int(read("level")), read("type"), read("size")
-        except (OSError, ValueError):
-            continue
-        if kind == "Instruction" or not size[:-1].isdigit():
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1])
-        if scale is None:
-            continue
-        nbytes = int(size[:-1]) * scale
-        if level == 1:
-            l1d = nbytes
-        found[level] = max(found.get(level, 0), nbytes)
-    llc = found[max(found)] if found and max(found) >= 2 else None
-    return {"l1d_bytes": l1d, "l2_bytes": found.get(2), "llc_bytes": llc}
-
-
-def measure() -> Calibration:
-    """Measure this machine (bounded: one compiler run, or none when the calibration kernels
-    are in the kernel cache already, and about half a second of timing)."""
-    functions = _functions()
-    caches = cache_sizes()
-    fma256 = fma_rate(functions, 256)
-    fma512 = fma_rate(functions, 512)
-    if fma256 is None:  # built on every CPU: no work done is the kernel's fault
-        raise CalibrationError("the calibration's 256-bit FMA kernel did no work")
-    return Calibration(copy_rate(caches["llc_bytes"]), fma256, fma512,
-                       fork_join_seconds(functions), **caches)
-
-
-class CalibrationError(GraphKernelError):
-    """The machine could not be calibrated (the defaults are CConfig's constants then)."""
-
-
-# ---------------------------------------------------------------------------------------------
 # The record
 
 def toolchain_id() -> str:
@@ -446,7 +233,8 @@ def toolchain_id() -> str:
 
 
 def record_key() -> str:
-    text = "\0".join((toolchain.cpu_model(), toolchain_id()))
+    # the version too: a record of another version's rates is another file, measured anew
+    text = "\0".join((toolchain.cpu_model(), toolchain_id(), f"v{RECORD_VERSION}"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -568,3 +356,27 @@ def seed(cache_folder: str) -> str | None:
 def default_config() -> CConfig:
     """CConfig's defaults on this machine (`resolve`)."""
     return resolve().config
+
+
+def within_call(config: CConfig) -> tuple[CConfig, str | None]:
+    """`config` for the kernels of a plan whose OpenMP team spins between its kernels
+    (c_entry_threads.py): the two thread thresholds (`parallel_threshold`,
+    `window_parallel_min_macs`) derived from the awake fork/join, where `config` holds this
+    machine's calibrated ones (a value the caller chose stays) and the calibration measured
+    it; with the reason in words, or None where nothing changed. A fork of a sleeping team
+    costs a wake-up (44 us on the Zen 5 host), of a spinning one about 1 us: the passive
+    thresholds kept ONNX MobileNetV3-small's small kernels at batch 1 on one thread, 1.12 ms a
+    call against 0.76 with these."""
+    resolved = resolve()
+    cal = resolved.calibration
+    if cal is None or cal.fork_join_awake_s is None:
+        return config, None
+    awake, sources = derive(cal, within_call=True)
+    changes = {name: getattr(awake, name) for name in ("parallel_threshold",
+                                                        "window_parallel_min_macs")
+               if getattr(config, name) == getattr(resolved.config, name)
+               and getattr(awake, name) != getattr(config, name)}
+    if not changes:
+        return config, None
+    why = "; ".join(f"{name} = {value:,} ({sources[name]})" for name, value in changes.items())
+    return dataclasses.replace(config, **changes), why
