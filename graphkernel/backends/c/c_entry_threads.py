@@ -57,17 +57,18 @@ PASSIVE_CALLS_AFTER_PREEMPTION = 1
 # calls (the first call of a probe wakes the team or finds it cold: not counted; on threads
 # with the cores taken a call is now and then as fast as on a quiet host, so one fast call is
 # not enough, and a median leaves out the call after another library's threads held the
-# cores). A probe that keeps the
-# mode doubles the interval (from FIRST_PROBE up to PROBE_MAX), so a quiet host probes rarely;
-# SLOW_STREAK calls in a row on threads each SLOW_FACTOR x the fastest such call probe at once
-# (load that arrives).
+# cores). A probe that keeps the mode doubles the interval (from FIRST_PROBE, or RECHECK after
+# a switch, whose cause may have passed: another library's threads spinning after its call),
+# up to PROBE_MAX, so a quiet host probes rarely; SLOW_STREAK calls in a row on threads each
+# SLOW_FACTOR x the fastest such call probe at once (load that arrives).
 PROBE_CALLS = 3
 KEEP_CALLS = 8
 PROBE_MARGIN = 0.9
 FIRST_PROBE = 32
 PROBE_MAX = 2048
 SLOW_FACTOR = 1.5
-SLOW_STREAK = 2
+SLOW_STREAK = 3
+RECHECK = 8  # calls after a switch before the first probe back
 _AWAKE = """#define GK_PASSIVE_CALLS @PASSIVE_CALLS@
 extern int kmp_get_blocktime(void) __attribute__((weak));
 extern void kmp_set_blocktime(int) __attribute__((weak));
@@ -118,7 +119,7 @@ static void gk_awake_timed(void) {
     if (gk_probe_best < @MARGIN@ * gk_recent()) {
       gk_alone = mode;
       for (int i = 0; i < @KEEP@; ++i) gk_last[i] = 0;
-      gk_interval = @FIRST@;
+      gk_interval = @RECHECK@;  /* soon again: a switch on a passing disturbance undone */
       ++gk_switches;
     } else {
       gk_interval = gk_interval * 2 < @PROBE_MAX@ ? gk_interval * 2 : @PROBE_MAX@;
@@ -188,7 +189,7 @@ static PyObject *gk_threads_stats(PyObject *self, PyObject *unused) {
   do { if (gk_awake == 1 && (pc) == GK_LAST_KERNEL) { gk_awake_end(1); gk_awake = 0; } } while (0)
 """.replace("@PASSIVE_CALLS@", str(PASSIVE_CALLS_AFTER_PREEMPTION)).replace(
     "@FIRST@", str(FIRST_PROBE)).replace("@KEEP@", str(KEEP_CALLS)).replace(
-    "@PROBE_MAX@", str(PROBE_MAX)).replace(
+    "@PROBE_MAX@", str(PROBE_MAX)).replace("@RECHECK@", str(RECHECK)).replace(
     "@PROBE@", str(PROBE_CALLS)).replace("@MARGIN@", repr(PROBE_MARGIN)).replace(
     "@STREAK@", str(SLOW_STREAK)).replace("@SLOW_FACTOR@", repr(SLOW_FACTOR)).split("\n")
 
