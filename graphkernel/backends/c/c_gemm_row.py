@@ -19,29 +19,7 @@ float32 rounding.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from graphkernel.ir.types import Dim
-
-
-class GemmCall(Protocol):
-    """What this file reads of c_gemm.py's GemmCall (which imports this file)."""
-
-    @property
-    def m(self) -> Dim: ...
-    @property
-    def n(self) -> int: ...
-    @property
-    def k(self) -> int: ...
-    @property
-    def batch(self) -> tuple[Dim, ...]: ...
-    @property
-    def double(self) -> bool: ...
-    @property
-    def a(self) -> Any: ...  # c_gemm.Matrix: .trans, .ld
-    @property
-    def b(self) -> Any: ...
-
+from graphkernel.backends.c.c_gemm_packed import GemmCall  # what this file reads of c_gemm's
 
 ROW_PRODUCT_LABEL = "graphkernel row-vector kernel"
 # W of at least this many elements is shared out over OpenMP's threads (16-row chunks); below it
