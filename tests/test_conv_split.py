@@ -1,4 +1,4 @@
-"""A convolution at batch 1 shares one image over the threads (backends/c/c_window.py
+"""A convolution at batch 1 shares one image over the threads (backends/c/c_images.py
 channel_image): one parallel region per image, the fill then the units, each unit split into
 row pieces so that every thread gets the same work (units x pieces a multiple of the team),
 and a block's epilogue run in each unit's work item on the rows and channels it wrote. Checked

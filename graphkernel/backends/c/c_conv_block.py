@@ -271,7 +271,7 @@ def emit_conv_block(block: ConvBlock, name: str, threshold: int, tile: ConvTile 
     # The channel path's image runs the epilogue in the units as they store (blocked output,
     # `store_epilogue` or the rule: c_conv_units.StoreEpilogue), else after each unit of work,
     # on the rows and channels it just wrote, in the units' parallel region
-    # (c_window.channel_image).
+    # (c_images.channel_image).
     store = _store_epilogue(conv, block, tile_blocked, channel_block, inputs) \
         if epilogue_in_stores(block, blocked, store_epilogue) else None
     parts = conv_parts(conv, name, {**get_op(conv.op).attr_defaults, **conv.attrs}, tile,
