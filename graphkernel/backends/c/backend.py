@@ -215,8 +215,7 @@ class CBackend:
         plan, notes = plan_graph(graph, name, config.plan, _workspace_bytes, _prepacked_bytes)
         thresholds = None
         # A kernel's fork within a call finds its team spinning; the entry (not the Python
-        # runner) steps back to one thread when other processes take the cores
-        # (c_entry_threads.py, SLOW_STREAK)
+        # runner) steps back to one thread when its probes find that faster (c_entry_threads)
         if team_kept_awake(plan) and entry_step_kinds(plan):
             config, thresholds = calibration.within_call(config)
         if tuning_level > 0:  # each product's library, timed (else stored: c_gemm.with_library)

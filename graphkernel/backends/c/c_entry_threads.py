@@ -203,13 +203,21 @@ def entry_step_kinds(plan: ExecutionPlan) -> bool:
         kinds <= {StepKind.KERNEL, StepKind.ASSIGN, StepKind.LIBRARY, StepKind.VIEW}
 
 
+def libomp_folder() -> str | None:
+    """The folder of the LLVM libomp the kernels link, where the bracket can work (Linux's
+    RUSAGE_THREAD); None under GNU libgomp (no blocktime to set), without OpenMP, elsewhere."""
+    tc = toolchain.detect()
+    if tc is None or not tc.openmp or not tc.openmp_lib or \
+            not hasattr(resource, "RUSAGE_THREAD"):
+        return None
+    return tc.openmp_lib
+
+
 def team_kept_awake(plan: ExecutionPlan) -> bool:
     """Whether the entry and the runner keep `plan`'s team spinning between its kernels (the
     fork of a kernel after the first then finds it awake): a plan `awake_between_kernels`
     under LLVM libomp on Linux (RUSAGE_THREAD), as `gk_awake_begin` requires."""
-    tc = toolchain.detect()
-    return awake_between_kernels(plan) and tc is not None and tc.openmp and \
-        bool(tc.openmp_lib) and hasattr(resource, "RUSAGE_THREAD")
+    return awake_between_kernels(plan) and libomp_folder() is not None
 
 
 def awake_definitions(plan: ExecutionPlan) -> list[str]:
@@ -301,12 +309,11 @@ def _libomp_keep_awake() -> RunnerKeepAwake | None:
     # it) must not stand for the rest of the process.
     if _found_keep_awake:
         return _found_keep_awake[0]
-    tc = toolchain.detect()
-    if tc is None or not tc.openmp or not tc.openmp_lib or \
-            not hasattr(resource, "RUSAGE_THREAD"):
-        return None  # GNU libgomp has no blocktime to set; RUSAGE_THREAD is Linux's
+    folder = libomp_folder()
+    if folder is None:
+        return None
     try:  # the runtime the kernels already loaded, not another copy
-        libomp = ctypes.CDLL(os.path.join(tc.openmp_lib, "libomp.so"), mode=os.RTLD_NOLOAD)
+        libomp = ctypes.CDLL(os.path.join(folder, "libomp.so"), mode=os.RTLD_NOLOAD)
         _found_keep_awake.append(RunnerKeepAwake(libomp))
         return _found_keep_awake[0]
     except (OSError, AttributeError):

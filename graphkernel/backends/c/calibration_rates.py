@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.backends.c import toolchain
+from graphkernel.backends.c.c_entry_threads import libomp_folder
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.errors import GraphKernelError
 
@@ -197,11 +197,11 @@ def copy_rate(llc_bytes: int | None) -> float:
 def fork_join_awake_seconds(functions: dict[str, Any]) -> float | None:
     """`fork_join_seconds` with LLVM libomp's team spinning between regions (a blocktime of
     1 ms, as c_entry_threads.py keeps it within a call); None under another runtime."""
-    tc = toolchain.detect()
-    if tc is None or not tc.openmp_lib:
+    folder = libomp_folder()  # where the entry can keep a team awake at all
+    if folder is None:
         return None
     try:  # the runtime the calibration kernels loaded
-        libomp = ctypes.CDLL(os.path.join(tc.openmp_lib, "libomp.so"), mode=os.RTLD_NOLOAD)
+        libomp = ctypes.CDLL(os.path.join(folder, "libomp.so"), mode=os.RTLD_NOLOAD)
         get, put = libomp.kmp_get_blocktime, libomp.kmp_set_blocktime
     except (OSError, AttributeError):
         return None
