@@ -1,7 +1,10 @@
 """Kernels planned after a multi-threaded BLAS product of their call (`PlanSettings.
 serial_beside_blas`): their parallel regions carry `if(parallel: gk_parallel_beside_blas())`,
-which keeps the threads only on more than two cores (backends/c/c_text.py). Which kernels get it,
-and that the answers do not change."""
+which keeps the threads only on more than two cores (backends/c/c_text.py), or within a call of
+the compiled entry, whose products leave no BLAS worker spinning (`gk_blas_held`). Which kernels
+get it, that the entry's flag reaches them, and that the answers do not change."""
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -119,3 +122,42 @@ def test_a_batch_of_products_held_to_one_thread_leaves_the_kernels_their_threads
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(exe(Tensor(q), Tensor(k)).asnumpy(), e / e.sum(-1, keepdims=True),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_the_entrys_flag_reaches_kernels_compiled_in_another_unit(tmp_path):
+    # A library is cut into several translation units, each with the prelude
+    # (backends/c/library.py translation_units); the entry sets gk_blas_held for its call and a
+    # kernel of another unit must read that one flag (a static one per unit read a constant 0,
+    # and the kernels after ONNX BERT's products ran on one thread).
+    from graphkernel.backends.c import cache, library, toolchain
+
+    tc = toolchain.detect()
+    if tc is None or not tc.openmp:
+        pytest.skip("no C compiler with OpenMP")
+    prelude = library.translation_unit([], tc.libmvec)
+    kernel = prelude + "int gk_test_ask(void) { return gk_parallel_beside_blas(); }\n"
+    entry = prelude + ("int gk_test_ask(void);\n"
+                       "int gk_test_in_call(void) {\n  gk_blas_held = 1;\n"
+                       "  const int kept = gk_test_ask();\n  gk_blas_held = 0;\n"
+                       "  return kept;\n}\n")
+    whole = entry + kernel
+    key = cache.cache_key(whole, tc.compiler, tc.version, tc.flags, "test", "")
+    lib = ctypes.CDLL(cache.build(str(tmp_path), key, whole, tc.compiler, tc.flags, tc.libs,
+                                  [entry, kernel]))
+    outside = lib.gk_test_ask()  # 1 only on more than two cores
+    assert lib.gk_test_in_call() == 1
+    assert lib.gk_test_ask() == outside  # the call cleared it
+
+
+@blas_threaded
+def test_the_entry_keeps_the_flag_for_its_call_only(rng):
+    x = rng.standard_normal((512, 256)).astype(np.float32)
+    from graphkernel.backends.c.c_entry import entry_source
+
+    exe = graphkernel.compile(Block(1024), x, options=options())
+    writer = entry_source(exe.plan)
+    assert writer is not None
+    text = writer("gk_test_module")
+    assert text.count("gk_blas_held = 1;") == 1
+    # cleared on each way out: the end of the program, refuse and fail
+    assert text.count("gk_blas_held = 0;") == 3

@@ -279,7 +279,9 @@ def _emit(plan: ExecutionPlan, module: str,
         f"  PyArrayObject *v[{max(total, 1)}] = {{0}};  /* arguments (borrowed), then results */",
         f"  for (int i = 0; i < {nargs}; ++i) v[i] = (PyArrayObject *)args[i];",
         AWAKE_BEGIN,
+        *([BLAS_HELD_BEGIN] if KERNELS_KEEP_THREADS_BESIDE_PRODUCTS else []),
         *_RUN_PROGRAM,
+        BLAS_HELD_END,
         AWAKE_END,
         AWAKE_TIMED,
     ]
@@ -297,10 +299,12 @@ def _emit(plan: ExecutionPlan, module: str,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return result;",
         "refuse: __attribute__((unused));  /* the Python runner runs the call again */",
+        BLAS_HELD_END,
         AWAKE_END,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  Py_RETURN_NOTIMPLEMENTED;",
         "fail:",
+        BLAS_HELD_END,
         AWAKE_END,
         f"  for (int i = {nargs}; i < {total}; ++i) Py_XDECREF(v[i]);",
         "  return NULL;",
@@ -393,6 +397,15 @@ class _Program:
             f"#define GK_MOST_OPERANDS {self.most_operands}",
         ]
 
+
+# Within a call every product runs on OpenMP's threads with BLAS held to one (c_gemm.py), so
+# no BLAS worker spins beside the kernels: the kernels planned after a product keep their
+# threads on two cores too (c_text.py `gk_parallel_beside_blas`, set on the calling thread for
+# the call). Off, they ran on one thread there: ONNX BERT-small b8's GeLU and LayerNorm kernels
+# took 7.5% of the call's CPU on the caller while the other thread waited.
+KERNELS_KEEP_THREADS_BESIDE_PRODUCTS = True
+BLAS_HELD_BEGIN = "  gk_blas_held = 1;"
+BLAS_HELD_END = "  gk_blas_held = 0;"
 
 _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
   for (int pc = 0; pc < GK_PROGRAM_LENGTH;) {{

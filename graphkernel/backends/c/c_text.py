@@ -104,10 +104,19 @@ static inline void gk_stream_fence(void) {
    (its parallel regions carry `if(parallel: gk_parallel_beside_blas())`, backends/c/c_emitter.py).
    BLAS's idle workers spin on the other cores for a while after a product; on two cores the
    kernel's second thread then shares a core with one, and two threads ran no faster than one
-   (docs/perf-notes.md, "Beside BLAS"). With more cores the others still add up. */
+   (docs/perf-notes.md, "Beside BLAS"). With more cores the others still add up. Within a call
+   of the compiled entry (c_entry.py) no BLAS worker runs: its products run on OpenMP's threads
+   with BLAS held to one, so `gk_blas_held` (set by the entry for the call, on the calling
+   thread) keeps the threads; only the Python runner's steps run products on BLAS's pool.
+   One variable for the library's translation units (library.py cuts it into several, each with
+   this prelude: a static one per unit was never set where the kernels read it), weak so each
+   unit may define it, hidden so that libraries loaded together keep their own. */
+__thread int gk_blas_held __attribute__((weak, visibility("hidden"))) = 0;
 #if defined(_OPENMP)
 int omp_get_max_threads(void);
-static inline int gk_parallel_beside_blas(void) { return omp_get_max_threads() > 2; }
+static inline int gk_parallel_beside_blas(void) {
+  return gk_blas_held || omp_get_max_threads() > 2;
+}
 #endif
 /* Pairwise summation of block sums (backends/c/c_reduce.py): a binary counter whose level k holds
    the sum of 2^k blocks, so every block passes through at most log2(blocks) additions, in
