@@ -229,3 +229,45 @@ def test_heads_split_from_the_inputs(rng: Any) -> None:
     off = graphkernel.compile(Fn(fn), *xs, options=OFF)
     np.testing.assert_allclose(off(*(Tensor(x) for x in xs)).asnumpy(), got,
                                rtol=2e-5, atol=2e-6)
+
+
+
+def causal_attention(q: Any, k: Any, v: Any, keep: Any) -> Any:
+    """GPT-2's export: an additive mask computed in the graph (a Select of the causal pattern
+    and the padding mask, 0 or -1e9), read by the scores' Add alone."""
+    seq = q.shape[2]
+    allowed = P.LogicalAnd()(Tensor(np.tril(np.ones((seq, seq), np.bool_))), keep)
+    mask = P.Select()(allowed, Tensor(np.float32(0)), Tensor(np.float32(-1e9)))
+    scores = P.Add()(P.Mul()(P.BatchMatMul(transpose_b=True)(q, k), 0.125), mask)
+    return P.BatchMatMul()(P.Softmax(axis=-1)(scores), v)
+
+
+def causal_numpy(q: np.ndarray, k: np.ndarray, v: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    allowed = np.tril(np.ones((q.shape[2], q.shape[2]), np.bool_)) & keep
+    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * 0.125 + np.where(allowed, 0, -1e9)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def test_a_mask_computed_in_the_graph_stays_apart_so_attention_is_one_step(
+        rng: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphkernel.graph_kernel import attention as attention_module
+
+    b, h, n, d = 2, 2, 24, 64
+    q, k, v = (rng.standard_normal((b, h, n, d)).astype(np.float32) for _ in range(3))
+    keep = np.ones((b, 1, 1, n), np.bool_)
+    keep[1, ..., n - 5:] = False  # padding at the end of the second sequence
+    arrays = (q, k, v, keep)
+    exe = graphkernel.compile(Fn(causal_attention), *arrays, options=ON)
+    assert kinds(exe).count(KernelKind.ATTENTION) == 1, exe.summary()
+    # the mask is a kernel of its own, and the report says why it was kept apart
+    assert any("attention scores stays an attention step's" in r.detail for r in exe.reasons)
+    got = exe(*(Tensor(a) for a in arrays)).asnumpy()
+    np.testing.assert_allclose(got, causal_numpy(*arrays), rtol=2e-5, atol=2e-6)
+    # merged (the rule off): three steps, the same results
+    monkeypatch.setattr(attention_module, "KEEP_MASKS_APART", False)
+    monkeypatch.setenv("GRAPHKERNEL_COMPILE_CACHE", "0")  # the same graph, planned again
+    merged = graphkernel.compile(Fn(causal_attention), *arrays, options=ON)
+    assert kinds(merged).count(KernelKind.ATTENTION) == 0
+    np.testing.assert_allclose(merged(*(Tensor(a) for a in arrays)).asnumpy(), got,
+                               rtol=2e-5, atol=2e-6)

@@ -18,7 +18,7 @@ import numpy as np
 from graphkernel.graph_kernel.index_maps import MAPPABLE, IndexMap, apply, dense
 from graphkernel.graph_kernel.library_views import LibraryViews, StridedView
 from graphkernel.ir.graph import Constant, Graph, Node, Value
-from graphkernel.ir.opset import OPS, get_op
+from graphkernel.ir.opset import OPS, PatternKind, get_op
 from graphkernel.ir.types import is_static
 
 NOTE = "attention"  # Node.notes key on a context product: fused with what, or why not
@@ -310,6 +310,52 @@ def _block(context: Node, users: dict[int, list[Node]], results: set[int],
     if (d * keys + ROWS * keys + keys * dv + ROWS * d) * dtype.itemsize > MAX_HEAD_BYTES:
         return f"one head's keys, values and a block of scores exceed {MAX_HEAD_BYTES >> 10} KiB"
     return block
+
+
+# Elementwise steps from a scores product to its softmax that `score_products` follows (a
+# scale, a mask's add or select): more is not attention's shape.
+_SCORE_CHAIN_MAX = 4
+# Clustering keeps a mask's group out of the softmax group over attention's scores
+# (`score_products`, cluster.py); False: it may merge (an A/B switch, the tests).
+KEEP_MASKS_APART = True
+
+
+def score_products(graph: Graph) -> set[int]:
+    """The uids of batched products whose result reaches a Softmax on the last axis through
+    at most _SCORE_CHAIN_MAX elementwise ops (or groups of them), each the only reader of the
+    one before, where a
+    batched product reads that softmax as its first operand: attention's scores, as the graph
+    stands before clustering. Clustering keeps other values' groups (a mask computed from the
+    inputs) out of the group that reads such scores (cluster.py), so that the group is the
+    `softmax(scores [* scale] [+ mask])` an attention step takes."""
+    found: set[int] = set()
+    if not KEEP_MASKS_APART:
+        return found
+    users = graph.users()
+    results = {v.uid for v in graph.results()}
+    for node in graph.nodes:
+        if not _batched_product(node):
+            continue
+        current: Node = node
+        for _ in range(_SCORE_CHAIN_MAX + 1):
+            reader = _only_reader(current, users, results)
+            if reader is None:
+                break
+            # Softmax, or a composite that computes it (a Softmax cell, an expansion)
+            if reader.op == "Softmax" and _last_axis(reader, current) or \
+                    reader.subgraph is not None and len(reader.inputs) == 1 and \
+                    not isinstance(_softmax_pattern(reader), str):
+                context = _only_reader(reader, users, results)
+                if context is not None and _batched_product(context) and \
+                        context.inputs[0] is reader:
+                    found.add(node.uid)
+                break
+            inner = reader.subgraph.nodes if reader.subgraph is not None else [reader]
+            if any(n.subgraph is not None or get_op(n.op).kind != PatternKind.ELEMWISE
+                   for n in inner):  # (a group fused in an earlier stage: elementwise ops)
+                break
+            current = reader
+    return found
 
 
 def attention_blocks(graph: Graph, views: Mapping[int, LibraryViews]

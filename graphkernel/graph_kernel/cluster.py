@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from graphkernel.graph_kernel.attention import score_products
 from graphkernel.graph_kernel.cost_model import DEFAULT_COST_MODEL, CostModel
 from graphkernel.graph_kernel.flags import GraphKernelFlags
 from graphkernel.graph_kernel.index_maps import IndexMap
@@ -242,6 +243,7 @@ class Clusterer:
         self.group_of: dict[int, Group] = {}
         self.reasons: dict[tuple[int, int], FusionReason] = {}
         self.analysis = AnalysisMemo()
+        self.scores = score_products(graph)  # attention's scores products (attention.py)
 
     # -- which nodes may join groups ------------------------------------------------------
     def unit_refusal(self, node: Node) -> tuple[FuseRule, str] | None:
@@ -306,7 +308,7 @@ class Clusterer:
             self._refuse(producer, consumer, FuseRule.CYCLE,
                          "another op outside both depends on the first and feeds the second")
             return
-        kept = self._conv_epilogue_kept(a, b)
+        kept = self._conv_epilogue_kept(a, b) or self._mask_kept(a, b)
         if kept is not None:
             self._refuse(producer, consumer, FuseRule.COST, kept)
             return
@@ -351,6 +353,26 @@ class Clusterer:
         return (f"the pointwise group stays {conv.name}'s block epilogue: its result is "
                 "written for other readers anyway, and the reduction reads it there instead "
                 "of re-reading the convolution's result")
+
+    def _mask_kept(self, a: Group, b: Group) -> str | None:
+        """Why group `a` stays apart from group `b`, which reads attention's scores
+        (attention.py `score_products`) that `a` does not: a mask computed from the inputs
+        (GPT-2's causal select) merged into the softmax group makes it other than the
+        `softmax(scores [* scale] [+ mask])` the attention step takes, and the scores and
+        probabilities then go to memory as three steps. Apart, the mask is a kernel of its own
+        that the attention step reads. None where `b` reads no scores or `a` reads them too."""
+        if not self.scores:
+            return None
+        read_by_b = self._read_scores(b)
+        if not read_by_b or self._read_scores(a):
+            return None
+        name = self.by_uid[min(read_by_b, key=lambda uid: self.pos[uid])].name
+        return (f"the softmax group over {name}'s attention scores stays an attention step's "
+                "(softmax of the scores, scaled, plus a mask read as it is): this group "
+                "computes something else")
+
+    def _read_scores(self, group: Group) -> set[int]:
+        return {v.uid for unit in group.units for v in unit.inputs if v.uid in self.scores}
 
     def _only_read_convolution(self, a: Group) -> Node | None:
         """The convolution outside any group whose result only group `a` reads, if one."""
