@@ -77,6 +77,39 @@ def test_head_split_after_a_bias_add_is_one_kernel(rng):
     assert not [k for k in on.kernels if k.op_names in (["Transpose"], ["Reshape", "Add"])]
 
 
+def tanh_gelu(t):
+    """GPT-2's GeLU: reads its input three times."""
+    inner = (t + P.Pow()(t, 3.0) * 0.044715) * 0.7978845608
+    return t * 0.5 * (P.Tanh()(inner) + 1.0)
+
+
+def test_a_view_sunk_along_several_paths_is_one_view_and_the_bias_joins_the_gelu(rng):
+    # As GPT-2's ONNX export has its MLP: rows [b * s, h] @ W, back to [b, s, 4h], + bias,
+    # the tanh GeLU, and to rows again for the next product. Moving the last reshape up to the
+    # inputs leaves a copy on each of the GeLU's three reads of its input; they are one view,
+    # so the reshape moves on above the bias add: one kernel for the bias and the GeLU, no
+    # kernel of three copies, no broadcast bias written out.
+    x = rng.standard_normal((2, 6, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    w2 = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+
+    def mlp(t, w_, b_, w2_):
+        h = P.Reshape()(P.MatMul()(P.Reshape()(t, (12, 8)), w_), (2, 6, 16)) + b_
+        return P.MatMul()(P.Reshape()(tanh_gelu(h), (12, 16)), w2_)
+
+    on = graphkernel.compile(Fn(mlp), x, w, b, w2, options=ON)
+    native = [k.op_names for k in on.kernels if k.backend == "native"]
+    assert len(native) == 1, on.summary()
+    assert {"Add", "Pow", "Tanh"} <= set(native[0]), on.summary()
+    h = (x.reshape(12, 8).astype(np.float64) @ w + b)
+    g = h * 0.5 * (np.tanh((h + h ** 3 * 0.044715) * 0.7978845608) + 1)
+    np.testing.assert_allclose(on.run_arrays(x, w, b, w2)[0], g @ w2, rtol=1e-4, atol=1e-4)
+    off = graphkernel.compile(Fn(mlp), x, w, b, w2, options=OFF)
+    np.testing.assert_allclose(on.run_arrays(x, w, b, w2)[0], off.run_arrays(x, w, b, w2)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_head_merge_is_one_kernel_writing_in_place(rng):
     ctx = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
     on = fused(lambda t: P.Reshape()(P.Transpose()(t, (0, 2, 1, 3)), (10, 12)), ctx)

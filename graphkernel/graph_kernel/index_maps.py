@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from graphkernel.ir.graph import Constant, Graph, Node, Value
 from graphkernel.ir.opdefs.array import strided_slice_index
@@ -202,12 +202,51 @@ def sink_views(graph: Graph) -> Graph:
         src = view.inputs[0] if view.subgraph is None and (
             view.op in SINKABLE or view.op in SLICES and _unary(view.inputs[0])) else None
         if not isinstance(src, Node) or not _pointwise(src) or src.uid in outputs or \
-                len(users[src.uid]) != 1 or \
                 _strip_ones(src.shape) == _strip_ones(view.shape):  # free where it is
             at += 1
             continue
+        if len(users[src.uid]) != 1:
+            kept = _merge_copies(graph, src, users, outputs)
+            if kept is None:
+                at += 1
+            else:
+                at = graph.nodes.index(kept)
+            continue
         at = _sink(graph, at, src, users, outputs)
     return graph
+
+
+def _same_view(a: Node, b: Node) -> bool:
+    return a.subgraph is None and b.subgraph is None and a.op == b.op and \
+        a.attrs == b.attrs and a.type == b.type and list(a.inputs) == list(b.inputs)
+
+
+def _merge_copies(graph: Graph, src: Node, users: dict[int, list[Node]],
+                  outputs: set[int]) -> Node | None:
+    """Where every reader of `src` is the same view of it, one view instead (the earliest;
+    the others' readers read it), returned; else None. Sinking one view through several
+    readers of a value leaves a copy of it on each path (GPT-2's GeLU reads its input three
+    times): merged, the value has one reader again and the view sinks on above it, so the
+    op that computes it joins the readers' kernel."""
+    readers = list(dict.fromkeys(users[src.uid]))
+    first = readers[0]
+    if len(readers) < 2 or first.op not in SINKABLE or \
+            not all(_same_view(first, r) for r in readers[1:]):
+        return None
+    place = {node.uid: i for i, node in enumerate(graph.nodes)}
+    readers.sort(key=lambda r: place[r.uid])
+    kept, copies = readers[0], readers[1:]
+    gone = {c.uid for c in copies}
+    for copy in copies:
+        for reader in dict.fromkeys(users.pop(copy.uid, [])):
+            reader.inputs = [kept if v is copy else v for v in reader.inputs]
+            users.setdefault(kept.uid, []).append(reader)
+        if copy.uid in outputs:
+            outputs.add(kept.uid)
+    graph.remap_results({uid: kept for uid in gone})
+    graph.nodes = [n for n in graph.nodes if n.uid not in gone]
+    users[src.uid] = [kept]
+    return kept
 
 
 def _sink(graph: Graph, view_at: int, src: Node, users: dict[int, list[Node]],
@@ -231,6 +270,14 @@ def _sink(graph: Graph, view_at: int, src: Node, users: dict[int, list[Node]],
             value = Node("BroadcastTo", [operand], {"shape": tuple(src.shape)},
                          _typed(operand, src.shape), f"{view.name}_broadcast", view.loc)
             added.append(value)
+        elif view.op == "Reshape" and _is_reshape(operand):
+            # A reshape of a reshape is one reshape of the first's input; back to that
+            # input's shape it is the input itself (a view sunk twice through a value read
+            # several times: 3-D to 2-D and back).
+            value = operand.inputs[0]
+            if tuple(value.shape) == tuple(view.shape):
+                new_inputs.append(value)
+                continue
         moved = Node(view.op, [value], view.attrs, _typed(operand, view.shape), view.name,
                      view.loc)
         added.append(moved)
@@ -255,6 +302,15 @@ def _sink(graph: Graph, view_at: int, src: Node, users: dict[int, list[Node]],
     for node in added + [compute]:
         for value in node.inputs:
             users.setdefault(value.uid, []).append(node)
+    # a reshape read through (above) that nothing reads any more goes
+    for operand in dict.fromkeys(src.inputs):
+        if isinstance(operand, Node) and _is_reshape(operand) and not users[operand.uid] and \
+                operand.uid not in outputs:
+            gone = graph.nodes.index(operand)
+            del graph.nodes[gone]
+            at -= gone < at
+            users.get(operand.inputs[0].uid, [operand]).remove(operand)
+            del users[operand.uid]
     del users[src.uid]
     readers = users.pop(view.uid, [])
     for reader in dict.fromkeys(readers):
@@ -264,6 +320,10 @@ def _sink(graph: Graph, view_at: int, src: Node, users: dict[int, list[Node]],
     if view.uid in outputs:
         outputs.add(compute.uid)
     return at
+
+
+def _is_reshape(value: Value) -> TypeGuard[Node]:
+    return isinstance(value, Node) and value.subgraph is None and value.op == "Reshape"
 
 
 def _broadcast_element(value: Value) -> Constant | None:
