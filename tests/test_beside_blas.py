@@ -151,9 +151,9 @@ def test_the_entrys_flag_reaches_kernels_compiled_in_another_unit(tmp_path):
 
 @blas_threaded
 def test_the_entry_keeps_the_flag_for_its_call_only(rng):
-    x = rng.standard_normal((512, 256)).astype(np.float32)
     from graphkernel.backends.c.c_entry import entry_source
 
+    x = rng.standard_normal((512, 256)).astype(np.float32)
     exe = graphkernel.compile(Block(1024), x, options=options())
     writer = entry_source(exe.plan)
     assert writer is not None

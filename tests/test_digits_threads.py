@@ -13,21 +13,17 @@ on a machine whose cores others want lost their turns.) The results stay numpy's
 unfused), and a one-kernel plan is left as it was."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from cells import OFF, ON, needs_openmp
+from thread_child import run_at_threads
 
 import graphkernel
 from graphkernel import Tensor, nn
 from graphkernel.backends.c.c_entry import PASSIVE_CALLS_AFTER_PREEMPTION, awake_between_kernels
 from graphkernel.backends.c.toolchain import detect
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ConvStack(nn.Cell):
@@ -156,14 +152,9 @@ print("RESULT " + json.dumps({"kernels": exe.kernel_count, "sleeps": per_call,
 @pytest.mark.skipif(detect() is None or not detect().openmp_lib,
                     reason="the threads stay awake under LLVM's libomp only")
 def test_threads_sleep_once_a_call_not_once_a_kernel():
-    env = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1", PYTHONPATH=ROOT)
-    env.pop("OMP_WAIT_POLICY", None)
-    env.pop("KMP_BLOCKTIME", None)
-    done = subprocess.run([sys.executable, "-c", _CHILD, ROOT], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    r = json.loads(line[len("RESULT "):])
+    # the libomp defaults (no passive wait forced), as a user's process has them
+    r = run_at_threads(_CHILD, 2, timeout=600, blas_threads=1,
+                       unset=("OMP_WAIT_POLICY", "KMP_BLOCKTIME"))
     assert r["kernels"] == 4
     # A call spins only when its thread was not preempted in the calls just before
     # (c_entry.PASSIVE_CALLS_AFTER_PREEMPTION): those calls sleep the workers about once, after

@@ -231,7 +231,6 @@ def test_heads_split_from_the_inputs(rng: Any) -> None:
                                rtol=2e-5, atol=2e-6)
 
 
-
 def causal_attention(q: Any, k: Any, v: Any, keep: Any) -> Any:
     """GPT-2's export: an additive mask computed in the graph (a Select of the causal pattern
     and the padding mask, 0 or -1e9), read by the scores' Add alone."""

@@ -7,21 +7,19 @@ same two: the entry probes, moves to one thread, and its results stay numpy's; a
 thresholds a call's kernels were emitted with are the awake ones, named in the summary."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from cells import OFF, ON, needs_openmp
+from thread_child import run_at_threads
 
 import graphkernel
 from graphkernel import Tensor, nn
 from graphkernel.backends.c import calibration
 from graphkernel.backends.c.toolchain import detect
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A 2-vCPU VM's measurement: a sleeping team's fork/join 50 us, an awake one's 1 us
 VM = calibration.Calibration(20e9, 115e9, 230e9, 50e-6, 48 << 10, 1 << 20, 32 << 20,
                              fork_join_awake_s=1e-6)
@@ -110,14 +108,9 @@ if __name__ == "__main__":
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity")
                     else True, reason="needs two CPUs")
 def test_with_the_cores_taken_the_calls_move_to_one_thread():
-    env = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="1", PYTHONPATH=ROOT)
-    env.pop("OMP_WAIT_POLICY", None)
-    env.pop("KMP_BLOCKTIME", None)
-    done = subprocess.run([sys.executable, "-c", _CHILD, ROOT], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    r = json.loads(line[len("RESULT "):])
+    # the libomp defaults (no passive wait forced), as a user's process has them
+    r = run_at_threads(_CHILD, 2, timeout=300, blas_threads=1,
+                       unset=("OMP_WAIT_POLICY", "KMP_BLOCKTIME"))
     assert r["same"]
     assert "thread thresholds" in r["notes"], r["notes"]
     stats = r["stats"]

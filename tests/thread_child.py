@@ -11,12 +11,17 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_at_threads(code: str, threads: int, timeout: float = 600) -> Any:
+def run_at_threads(code: str, threads: int, timeout: float = 600,
+                   blas_threads: int | None = None, unset: tuple[str, ...] = ()) -> Any:
     """Run `code` (`python -c`, with the repository root as sys.argv[1] and on PYTHONPATH) with
-    OMP_NUM_THREADS and OPENBLAS_NUM_THREADS at `threads`; it must exit 0 and print one line
+    OMP_NUM_THREADS at `threads` and OPENBLAS_NUM_THREADS at `blas_threads` (default
+    `threads`), without the variables named in `unset`; it must exit 0 and print one line
     `RESULT <json>`, whose value is returned."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+    blas = threads if blas_threads is None else blas_threads
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(blas),
                PYTHONPATH=ROOT)
+    for name in unset:
+        env.pop(name, None)
     done = subprocess.run([sys.executable, "-c", code, ROOT], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

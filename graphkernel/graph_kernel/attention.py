@@ -323,11 +323,10 @@ KEEP_MASKS_APART = True
 def score_products(graph: Graph) -> set[int]:
     """The uids of batched products whose result reaches a Softmax on the last axis through
     at most _SCORE_CHAIN_MAX elementwise ops (or groups of them), each the only reader of the
-    one before, where a
-    batched product reads that softmax as its first operand: attention's scores, as the graph
-    stands before clustering. Clustering keeps other values' groups (a mask computed from the
-    inputs) out of the group that reads such scores (cluster.py), so that the group is the
-    `softmax(scores [* scale] [+ mask])` an attention step takes."""
+    one before, where a batched product reads that softmax as its first operand: attention's
+    scores, as the graph stands before clustering. Clustering keeps other values' groups (a
+    mask computed from the inputs) out of the group that reads such scores (cluster.py), so
+    that the group is the `softmax(scores [* scale] [+ mask])` an attention step takes."""
     found: set[int] = set()
     if not KEEP_MASKS_APART:
         return found
