@@ -206,7 +206,7 @@ def test_a_kernels_key_changes_with_each_thing_its_c_is_written_from() -> None:
              "window_parallel_min_macs": 1, "vector_width": 256,
              "prefetch_distance_bytes": 8192, "pointwise_chunk": 128, "row_pipeline_rows": 8,
              "row_block": 512, "column_block": 256, "conv_channel_vectors": 3, "conv_pixels": 8,
-             "conv_store_epilogue": 1}
+             "conv_store_epilogue": 1, "conv_tap_chunk_bytes": 0}
     plan = {"blas_parallel_min_mnk": None, "serial_beside_blas": False,
             "prefault_buffers": False}
     assert set(knobs) | {"plan"} == {f.name for f in dataclasses.fields(CConfig)}

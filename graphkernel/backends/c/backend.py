@@ -158,17 +158,14 @@ class CBackend:
         if kind is KernelKind.CONV_BLOCK:
             assert spec.block is not None
             return emit_conv_block(spec.block, spec.name, config.window_parallel_min_macs,
-                                   ConvTile(config.conv_channel_vectors, config.conv_pixels),
-                                   *_layout_of(spec.node),
+                                   _tile_of(config), *_layout_of(spec.node),
                                    store_epilogue=_store_choice(config))
         if kind is KernelKind.WINDOW:
             blocked, block = _layout_of(spec.node)
             layout = ConvLayout(spec.node.inputs[0].uid in blocked, spec.node.uid in blocked,
                                 block) if blocked else NCHW
             return emit_window_kernel(spec.node, spec.name, config.window_parallel_min_macs,
-                                      spec.workspace, tile=ConvTile(config.conv_channel_vectors,
-                                                                    config.conv_pixels),
-                                      layout=layout)
+                                      spec.workspace, tile=_tile_of(config), layout=layout)
         if kind is KernelKind.ARGMAX:
             return emit_argmax_kernel(spec.node, spec.name)
         if kind is KernelKind.ATTENTION:
@@ -351,7 +348,8 @@ def _entry_source(plan: ExecutionPlan) -> Callable[[str], str] | None:
 
 
 def _tile_of(config: CConfig) -> ConvTile:
-    return ConvTile(config.conv_channel_vectors, config.conv_pixels)
+    return ConvTile(config.conv_channel_vectors, config.conv_pixels,
+                    config.conv_tap_chunk_bytes)
 
 
 def images_note(conv: Node, block: bool, config: CConfig, in_stores: bool = False) -> str:

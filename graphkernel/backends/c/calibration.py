@@ -91,6 +91,9 @@ STREAM_SHARE_OF_LLC = 0.5
 # float sum) take this share of L1d per reduction: 512 lanes of 4 bytes on a 32 KiB L1d, so
 # that a kernel's few reductions keep theirs in L1 beside the rows they read.
 COLUMN_BLOCK_SHARE_OF_L1D = 1 / 16
+# A 1x1 convolution unit's weights per chunk of taps (c_conv_units.tap_chunk): a third of L1d
+# leaves the rest to the input lines the unit's pixel blocks read (a half ran 12% slower).
+TAP_CHUNK_SHARE_OF_L1D = 1 / 3
 # The block sizes no measured rate predicts keep their constants (c_loops.py), each for a
 # reason: tuning (backends/c/tuning.py) measures them per kernel instead.
 UNCALIBRATED_BLOCKS = {
@@ -155,6 +158,7 @@ def derive(cal: Calibration, within_call: bool = False) -> tuple[CConfig, dict[s
     - vector_width: 256 where 512-bit FMAs run below NARROW_BELOW of the 256-bit rate;
       otherwise the toolchain's (512 on AVX-512).
     - column_block: the lanes whose float accumulators take COLUMN_BLOCK_SHARE_OF_L1D of L1d.
+    - conv_tap_chunk_bytes: TAP_CHUNK_SHARE_OF_L1D of L1d.
     - the other block sizes keep their constants (UNCALIBRATED_BLOCKS says why).
     - conv_channel_vectors, conv_pixels: the register file's rule (conv_tile.py), left None.
     Thresholds are rounded to a power of two and clamped (CLAMPS)."""
@@ -204,6 +208,11 @@ def derive(cal: Calibration, within_call: bool = False) -> tuple[CConfig, dict[s
         sources["column_block"] = f"calibrated: L1d {size_text(cal.l1d_bytes)}"
     else:
         sources["column_block"] = "default, the cache sizes are unknown"
+    if cal.l1d_bytes is not None:
+        values["conv_tap_chunk_bytes"] = int(cal.l1d_bytes * TAP_CHUNK_SHARE_OF_L1D) // 1024 * 1024
+        sources["conv_tap_chunk_bytes"] = f"calibrated: L1d {size_text(cal.l1d_bytes)}"
+    else:
+        sources["conv_tap_chunk_bytes"] = "default, the cache sizes are unknown"
     sources.update(UNCALIBRATED_BLOCKS)
     # A convolution's register tile: a rule on the register file (conv_tile.py), tuned per
     # kernel; nothing measured here changes it.

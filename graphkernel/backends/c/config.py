@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 
 from graphkernel.backends.c import c_loops
 from graphkernel.backends.c.c_loops import LoopBlocking
-from graphkernel.backends.c.conv_tile import check_conv_tile, check_store_epilogue
+from graphkernel.backends.c.conv_tile import (
+    TAP_CHUNK_BYTES,
+    check_conv_tile,
+    check_store_epilogue,
+    check_tap_chunk_bytes,
+)
 from graphkernel.errors import ContextError
 from graphkernel.runtime.plan import PlanSettings
 
@@ -30,7 +35,8 @@ class CConfig:
         if problem is not None:
             raise ContextError(f"CConfig: {problem}")
         problem = check_conv_tile(self.conv_channel_vectors, self.conv_pixels) or \
-            check_store_epilogue(self.conv_store_epilogue)
+            check_store_epilogue(self.conv_store_epilogue) or \
+            check_tap_chunk_bytes(self.conv_tap_chunk_bytes)
         if problem is not None:
             raise ContextError(f"CConfig: {problem}")
 
@@ -72,6 +78,9 @@ class CConfig:
     # the rule (`store_epilogue_rule`: in the units' stores for few taps), 0 a second pass over
     # each unit's output, 1 in the stores. Set per kernel by tuning.
     conv_store_epilogue: int | None = None
+    # A 1x1 convolution's unit walks its pixels over chunks of taps whose weights take at most
+    # this many bytes (c_conv_units.tap_chunk; 0: never chunked). Calibrated from L1d.
+    conv_tap_chunk_bytes: int = TAP_CHUNK_BYTES
     # Settings of the plan the kernels run in (BLAS threads, kernels beside BLAS, prefault).
     plan: PlanSettings = field(default_factory=PlanSettings)
 

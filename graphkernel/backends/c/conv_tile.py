@@ -26,6 +26,10 @@ VECTOR_REGISTERS = 32  # AVX-512's zmm0-31
 # 0.988 (the 7x7 stage 0.91-0.96), MobileNetV2 b1 0.984 (rows of 112: 13-pixel segments);
 # rows of 56, 28 and 14 split as before.
 RESERVED_REGISTERS = 3
+# A 1x1 unit's weights per chunk of taps (c_conv_units.tap_chunk): calibration sets a third of
+# the L1 data cache (calibration.TAP_CHUNK_SHARE_OF_L1D); this where the cache size is unknown.
+TAP_CHUNK_BYTES = 16 << 10
+MAX_TAP_CHUNK_BYTES = 1 << 32
 DEFAULT_VECTORS = 2
 MAX_VECTORS = 4
 
@@ -55,13 +59,17 @@ def check_conv_tile(vectors: object, pixels: object) -> str | None:
 
 @dataclass(frozen=True)
 class ConvTile:
-    """A unit's register tile: `vectors` channel vectors x `pixels` pixels (None: the rule's)."""
+    """A unit's register tile: `vectors` channel vectors x `pixels` pixels (None: the rule's),
+    and `chunk_bytes`, the most bytes of its weights a 1x1 unit walks over its pixels at a time
+    (c_conv_units.tap_chunk; 0: all its taps at once)."""
 
     vectors: int | None = None
     pixels: int | None = None
+    chunk_bytes: int = TAP_CHUNK_BYTES
 
     def __post_init__(self) -> None:
-        problem = check_conv_tile(self.vectors, self.pixels)
+        problem = check_conv_tile(self.vectors, self.pixels) or \
+            check_tap_chunk_bytes(self.chunk_bytes)
         assert problem is None, problem  # CConfig and the tuning records check first
 
     def resolved(self) -> tuple[int, int]:
@@ -73,6 +81,14 @@ class ConvTile:
         its spare registers with more pixels made MobileNetV2's 32->16 1x1 at 112x112 (one
         channel vector, 24 pixels a block) 3.3x slower."""
         return self.resolved()[1]
+
+
+def check_tap_chunk_bytes(value: object) -> str | None:
+    """Why `value` is not a unit's weight bytes per chunk of taps a kernel may take, or None."""
+    if type(value) is not int or not 0 <= value <= MAX_TAP_CHUNK_BYTES:
+        return f"conv_tap_chunk_bytes is {value!r:.40}; it is an int from 0 (never chunked) " \
+               f"to {MAX_TAP_CHUNK_BYTES}"
+    return None
 
 
 def check_store_epilogue(value: object) -> str | None:
