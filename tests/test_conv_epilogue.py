@@ -60,14 +60,19 @@ def conv(x, w, stride, pad):
     return out
 
 
+def batchnorm(p, y, k):
+    """Inference BatchNorm `b{k}` of parameters `p` (float64, by name) over NCHW `y`."""
+    shape = (1, -1, 1, 1)
+    return (y - p[f"b{k}.moving_mean"].reshape(shape)) / np.sqrt(
+        p[f"b{k}.moving_variance"].reshape(shape) + EPS) * \
+        p[f"b{k}.gamma"].reshape(shape) + p[f"b{k}.beta"].reshape(shape)
+
+
 def reference(net, x, stride):
     p = {name: v.asnumpy().astype(np.float64) for name, v in net.parameters_and_names()}
 
     def bn(y, k):
-        shape = (1, -1, 1, 1)
-        return (y - p[f"b{k}.moving_mean"].reshape(shape)) / np.sqrt(
-            p[f"b{k}.moving_variance"].reshape(shape) + EPS) * \
-            p[f"b{k}.gamma"].reshape(shape) + p[f"b{k}.beta"].reshape(shape)
+        return batchnorm(p, y, k)
 
     y = np.maximum(bn(conv(x, p["c1.weight"], stride, 1), 1), 0)
     z = np.maximum(bn(conv(y, p["c2.weight"], 1, 1), 2) + y, 0)
@@ -130,10 +135,7 @@ def test_large_weights_prefetch_and_match_numpy(dtype, c, prefetched, rng):
     p = {name: v.asnumpy().astype(np.float64) for name, v in net.parameters_and_names()}
 
     def bn(y, k):
-        shape = (1, -1, 1, 1)
-        return (y - p[f"b{k}.moving_mean"].reshape(shape)) / np.sqrt(
-            p[f"b{k}.moving_variance"].reshape(shape) + EPS) * \
-            p[f"b{k}.gamma"].reshape(shape) + p[f"b{k}.beta"].reshape(shape)
+        return batchnorm(p, y, k)
 
     y = np.maximum(bn(conv(x, p["c1.weight"], 1, 1), 1), 0)
     want = np.maximum(bn(conv(y, p["c2.weight"], 2, 1), 2), 0)

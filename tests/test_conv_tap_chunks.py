@@ -6,7 +6,7 @@ and 2, batch 1 (an image's units shared over the threads) and 3, the epilogue in
 after, float32 and float64, 512- and 256-bit code, a group's last unit too narrow to chunk."""
 import numpy as np
 import pytest
-from test_conv_epilogue import EPS, TOL, conv, randomize
+from test_conv_epilogue import TOL, batchnorm, conv, randomize
 
 import graphkernel
 from graphkernel import Tensor, nn
@@ -38,16 +38,9 @@ class PointwiseBetween(nn.Cell):
 
 def reference(net, x, stride):
     p = {name: v.asnumpy().astype(np.float64) for name, v in net.parameters_and_names()}
-
-    def bn(y, k):
-        shape = (1, -1, 1, 1)
-        return (y - p[f"b{k}.moving_mean"].reshape(shape)) / np.sqrt(
-            p[f"b{k}.moving_variance"].reshape(shape) + EPS) * \
-            p[f"b{k}.gamma"].reshape(shape) + p[f"b{k}.beta"].reshape(shape)
-
-    y = np.maximum(bn(conv(x, p["c1.weight"], 1, 1), 1), 0)
-    z = np.maximum(bn(conv(y, p["c2.weight"], stride, 0), 2), 0)
-    return np.maximum(bn(conv(z, p["c3.weight"], 1, 1), 3), 0)
+    y = np.maximum(batchnorm(p, conv(x, p["c1.weight"], 1, 1), 1), 0)
+    z = np.maximum(batchnorm(p, conv(y, p["c2.weight"], stride, 0), 2), 0)
+    return np.maximum(batchnorm(p, conv(z, p["c3.weight"], 1, 1), 3), 0)
 
 
 def compiled(net, x, **config):

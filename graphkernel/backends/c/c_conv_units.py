@@ -182,8 +182,9 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         "  }",
         "}"]
 
-    def partial_index(step: int, out: str) -> list[str]:
-        # Where the unit's channel vector u of pixel `out` + b lies in the blocked output.
+    def output_index(step: int, out: str) -> list[str]:
+        # Where the unit's channel vector u of pixel `out` + b lies in the blocked output
+        # (`i{u}`; its first channel `ch{u}`).
         return [line for u in range(step) for line in (
             f"    const int64_t ch{u} = (oc + {u}) * VL;",
             f"    const int64_t i{u} = ((ch{u} / {bk}) * {oh * ow}LL + {out} + b)"
@@ -200,7 +201,7 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         if chunked:  # the sums of the earlier chunks of taps, where the unit left them
             zero = ["  if (kc == 0) {", *zero, "  } else {",
                     f"  #pragma GCC unroll {nb}", f"  for (int64_t b = 0; b < {nb}; ++b) {{",
-                    *partial_index(step, out),
+                    *output_index(step, out),
                     *[f"    __builtin_memcpy(&acc{u}[b], on + i{u}, sizeof({vt}));"
                       for u in range(step)], "  }", "  }"]
         block = [f"{{  /* {nb} pixels */",
@@ -223,13 +224,10 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         if layout.output_blocked:  # each pixel's lanes are one run of the output (o % B == 0)
             # Unrolled, so that each accumulator stays a register (a loop over b indexes the
             # accumulator arrays, which then live on the stack).
-            by_blocks = [f"  #pragma GCC unroll {nb}", f"  for (int64_t b = 0; b < {nb}; ++b) {{"]
+            by_blocks = [f"  #pragma GCC unroll {nb}", f"  for (int64_t b = 0; b < {nb}; ++b) {{",
+                         *output_index(step, out)]
             for u in range(step):
-                by_blocks += [
-                    f"    const int64_t ch{u} = (oc + {u}) * VL;",
-                    f"    const int64_t i{u} = ((ch{u} / {bk}) * {oh * ow}LL + {out} + b)"
-                    f" * {bk} + ch{u} % {bk};",
-                    f"    {st} *restrict at{u} = on + i{u};"]
+                by_blocks.append(f"    {st} *restrict at{u} = on + i{u};")
                 if store is None:
                     by_blocks.append(
                         f"    for (int64_t l = 0; l < VL; ++l) at{u}[l] = ({st})acc{u}[b][l];")
@@ -245,7 +243,7 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
             if chunked:  # sums of a chunk but the last go back to the output unfinished
                 by_blocks = [
                     "  if (kc + 1 < KC) {", f"  #pragma GCC unroll {nb}",
-                    f"  for (int64_t b = 0; b < {nb}; ++b) {{", *partial_index(step, out),
+                    f"  for (int64_t b = 0; b < {nb}; ++b) {{", *output_index(step, out),
                     *[f"    __builtin_memcpy(on + i{u}, &acc{u}[b], sizeof({vt}));"
                       for u in range(step)], "  }", "  } else {", *by_blocks, "  }"]
             return ["      " + line for line in block + by_blocks + ["}"]]
