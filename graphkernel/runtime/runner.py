@@ -74,6 +74,7 @@ class Runner:
         # tuple of the fixed arguments). Each is the module's own function once the first call
         # finished the prefault, a wrapper that finishes it before that.
         self.entry: Any = None
+        self.profiled_in_entry = False  # whether the last `profile` timed the entry's calls
         self.entry_call: Any = None
         self.entry_constants: tuple[np.ndarray, ...] = ()
         self.entry_module: Any = None  # the entry's module (`run`, `call`, `seed`)
@@ -221,7 +222,15 @@ class Runner:
         threads are kept awake between kernels as `run` keeps them (`keep_awake`), so a
         kernel is timed as it runs in a call: timed with its team asleep, each parallel
         kernel paid a wake-up that a call does not, and the tuner (backends/c/tuning.py)
-        chose one thread for the small convolutions of the digits CNN, 9% slower a call."""
+        chose one thread for the small convolutions of the digits CNN, 9% slower a call.
+
+        With the compiled entry loaded, its own calls are timed step by step
+        (`_profile_entry`): the products then run on the kernels a call runs (the packed-B
+        and row-vector ones), where the steps below run them on numpy's BLAS."""
+        timed = self._profile_entry(arrays, weights, repeats)
+        self.profiled_in_entry = timed is not None
+        if timed is not None:
+            return timed
         plan = self.plan
         if plan.symbols:
             self.bind_sizes(arrays)
@@ -256,6 +265,33 @@ class Runner:
                 if awake is not None:
                     awake.end()
         return [statistics.median(s) for s in samples]
+
+    def _profile_entry(self, arrays: Sequence[np.ndarray], weights: Sequence[np.ndarray],
+                       repeats: int) -> list[float] | None:
+        """Median seconds of each launching step over `repeats` calls of the compiled entry,
+        which writes each step's seconds into a vector (c_entry_text.py `profile_into`:
+        the plan's steps but its ASSIGNs, in order); None without an entry, or when it
+        declines these arrays (the steps then run here)."""
+        module, entry = self.entry_module, self.entry
+        if entry is None or module is None or not hasattr(module, "profile_into"):
+            return None
+        plan = self.plan
+        programmed = [step for step in plan.steps if step.kind is not StepKind.ASSIGN]
+        launching = [k for k, step in enumerate(programmed) if step.launches_kernel]
+        seconds = np.full(len(programmed), np.nan)
+        samples: list[np.ndarray] = []
+        module.profile_into(seconds)
+        try:
+            for _ in range(max(1, repeats)):
+                seconds[:] = np.nan
+                if entry(*arrays, *weights, *self.entry_constants) is NotImplemented:
+                    return None
+                samples.append(seconds[launching].copy())
+        finally:
+            module.profile_into(None)
+        if any(np.isnan(s).any() for s in samples):  # a step the program did not time
+            raise AssertionError(f"{plan.name}: the entry timed fewer steps than the plan has")
+        return [float(v) for v in np.median(np.array(samples), axis=0)]
 
     def bind_sizes(self, arrays: Sequence[np.ndarray]) -> None:
         """Read this call's dynamic sizes from its (checked) input arrays."""

@@ -178,8 +178,10 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
                     f"<td class=\"num time\">{us(t)}</td></tr>")
     columns = 12 if training else 11
     if split is not None:
+        gaps = ("the entry's buffer takes and views, the timing" if split.in_entry else
+                "Python dispatch, input checks, timing")
         rows.append(f'<tr class="between"><td></td><td colspan="{columns - 1}">between the '
-                    "kernels: Python dispatch, input checks, timing</td>"
+                    f"kernels: {gaps}</td>"
                     f'<td class="num">{us(split.between)}</td></tr>')
     total_bytes = sum(k.bytes_moved for k in kernels)
     flops = [k.flops for k in kernels]
@@ -195,9 +197,12 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
         how = ("through the graph's compiled entry, one C call that launches every kernel "
                "with no Python in between (and no per-kernel timing inside it)"
                if through_entry else "as <code>run_arrays</code> runs it")
+        steps = ("calls of the compiled entry, each step timed in C inside the call (products "
+                 "on the kernels a call runs)" if split.in_entry else
+                 "step-by-step calls, each kernel dispatched from Python and timed inside the "
+                 "call")
         note = (f'<p class="timenote muted small">Kernel times are means over the middle half '
-                f"of {split.calls} step-by-step calls, each kernel dispatched from Python and "
-                "timed inside the call, so the rows add up to that call. The call as you run "
+                f"of {split.calls} {steps}, so the rows add up to that call. The call as you run "
                 f"it goes {how}: {us_spread(whole)} (median and interquartile range), the time "
                 "the overview and speedup use. Bytes moved: the buffers a kernel reads and "
                 "writes; flops: counted from its ops (a ? where an op has no count); GB/s and "

@@ -44,7 +44,8 @@ class Spread:
 
 @dataclass
 class Breakdown:
-    """One call run step by step (each kernel dispatched from Python), split into its kernels.
+    """One call run step by step, split into its kernels: the compiled entry's own call with
+    each step timed in C (`in_entry`, Runner.profile), else each kernel dispatched from Python.
 
     Every number is a mean over the same calls: the middle half by call time (between its first
     and third quartile, so a stray slow call does not count), hence the kernels plus `between`
@@ -63,6 +64,7 @@ class Breakdown:
     between: float
     calls: int
     fastest: list[float]
+    in_entry: bool = False
 
 
 @dataclass
@@ -155,7 +157,8 @@ def breakdown(exe: Executable, inputs: Sequence[np.ndarray], calls: int,
     per_kernel = [sum(ks[i] for _, ks in middle) / count for i in range(len(exe.kernels))]
     call = sum(c for c, _ in middle) / count
     fastest = [min(ks[i] for _, ks in rows) for i in range(len(exe.kernels))]
-    return Breakdown(call, per_kernel, call - sum(per_kernel), count, fastest)
+    in_entry = bool(getattr(exe.executable.runner, "profiled_in_entry", False))
+    return Breakdown(call, per_kernel, call - sum(per_kernel), count, fastest, in_entry)
 
 
 def copy_bandwidth() -> float:

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphkernel.backends.c import cblas as numpys_blas
-from graphkernel.backends.c.c_entry_text import CALL_SOURCE, POOL_DEPTH, SEED_SOURCE
+from graphkernel.backends.c.c_entry_text import (
+    CALL_SOURCE,
+    POOL_DEPTH,
+    PROFILE_METHOD,
+    PROFILE_SOURCE,
+    SEED_SOURCE,
+)
 from graphkernel.backends.c.c_entry_threads import (  # noqa: F401  # two names tests import here
     AWAKE_BEGIN,
     AWAKE_END,
@@ -231,6 +237,7 @@ def _emit(plan: ExecutionPlan, module: str,
         # the choice is a constant beside the tables, so gk_run is the same C for every plan
         # (a deeper stack's entry compiles the same code: tests/test_compile_depth.py)
         *awake_definitions(plan),
+        *PROFILE_SOURCE.split("\n"),
         "static PyObject *gk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {",
         f"  if (nargs != {nargs}) Py_RETURN_NOTIMPLEMENTED;",
         AWAKE_LOCAL,
@@ -321,6 +328,7 @@ def _emit(plan: ExecutionPlan, module: str,
         'constants, guards"},',
         '  {"set_tensor_type", gk_set_tensor_type, METH_O, "the class `call` reads and makes"},',
         THREADS_STATS_METHOD,
+        PROFILE_METHOD,
         '  {"seed", (PyCFunction)(void (*)(void))gk_seed, METH_FASTCALL,',
         '   "seed(buffer, array): an array (prefaulted) for the pool; False when it is full"},',
         *(['  {"set_blas", (PyCFunction)(void (*)(void))gk_set_blas, METH_FASTCALL,',
@@ -408,6 +416,7 @@ BLAS_HELD_BEGIN = "  gk_blas_held = 1;"
 BLAS_HELD_END = "  gk_blas_held = 0;"
 
 _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
+  Py_ssize_t gk_step = 0;  /* the plan's steps but its ASSIGNs: profile_into's index */
   for (int pc = 0; pc < GK_PROGRAM_LENGTH;) {{
     const int64_t *op = gk_program + pc;
     switch (op[0]) {{
@@ -419,29 +428,35 @@ _RUN_PROGRAM = f"""  void *gk_argv[GK_MOST_OPERANDS];
       break;
     }}
     case {_OP_VIEW}: {{
+      GK_STEP_BEGIN;
       const npy_intp *dims = op[4] >= 0 ? gk_dims + op[4] : gk_dyn + (-1 - op[4]);
       PyArray_Dims gk_shape = {{(npy_intp *)dims, (int)op[3]}};
       v[op[1]] = (PyArrayObject *)PyArray_Newshape(v[op[2]], &gk_shape, NPY_CORDER);
       if (v[op[1]] == NULL) goto fail;
+      GK_STEP_END;
       pc += 5;
       break;
     }}
     case {_OP_KERNEL}: {{
       GK_BEFORE_KERNEL(pc);
+      GK_STEP_BEGIN;
       const int64_t n = op[2], m = op[3 + n];
       for (int64_t i = 0; i < n; ++i) gk_argv[i] = PyArray_DATA(v[op[3 + i]]);
       for (int64_t j = 0; j < m; ++j) gk_argv[n + j] = &gk_size[op[4 + n + j]];
       gk_kernels[op[1]](gk_argv);
+      GK_STEP_END;
       pc += 4 + n + m;
       break;
     }}
     case {_OP_CALL}: {{
+      GK_STEP_BEGIN;
       const int64_t n = op[2], m = op[3 + n];
       for (int64_t i = 0; i < n; ++i) gk_argv[i] = PyArray_DATA(v[op[3 + i]]);
       for (int64_t j = 0; j < m; ++j) gk_argv[n + j] = &gk_size[op[4 + n + j]];
       const int gk_status = gk_steps[op[1]](gk_argv);
       if (gk_status < 0) goto fail;
       if (gk_status > 0) goto refuse;  /* computed indices out of range (c_gather.py) */
+      GK_STEP_END;
       pc += 4 + n + m;
       break;
     }}
