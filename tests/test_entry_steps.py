@@ -381,3 +381,27 @@ def test_views_of_inputs_or_of_other_results_are_still_copied(rng):
     first, second = both.run_arrays(x)
     assert not np.shares_memory(first, second)  # one value returned twice, as two arrays
     np.testing.assert_array_equal(first.reshape(-1), second)
+
+
+def test_graphs_with_the_same_kernels_keep_their_own_entry_modules(rng):
+    """Two graphs whose kernels are the same C but whose entries differ (the arguments
+    swapped) name their entry modules apart (backends/c/library.py, after the kernels' and the
+    entry's source): named after the kernels alone, CPython gave a graph compiled again the
+    other graph's module, its `call` from the other library. Compiled in turns, each graph's
+    runner keeps one module for `run` and `call`, and each answers its own graph."""
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    y = rng.standard_normal((4, 8)).astype(np.float32)
+    graphs = {"a-b": (lambda a, b: P.Exp()(P.Sub()(a, b)), np.exp(x - y)),
+              "b-a": (lambda a, b: P.Exp()(P.Sub()(b, a)), np.exp(y - x))}
+    names = {}
+    for key in ["a-b", "b-a", "a-b", "b-a"]:
+        fn, want = graphs[key]
+        exe = graphkernel.compile(Fn(fn), x, y, options=ON)
+        runner = exe.executable.runner
+        assert [k.name for k in exe.kernels] == ["Fused_Sub_Exp"]
+        module = runner.entry_module
+        names.setdefault(key, module.__name__)
+        assert module.__name__ == names[key]
+        assert runner._entries[0].__self__ is module and module.call.__self__ is module
+        np.testing.assert_allclose(exe(Tensor(x), Tensor(y)).asnumpy(), want, rtol=1e-6)
+    assert names["a-b"] != names["b-a"]

@@ -272,9 +272,13 @@ class Runner:
         which writes each step's seconds into a vector (c_entry_text.py `profile_into`:
         the plan's steps but its ASSIGNs, in order); None without an entry, or when it
         declines these arrays (the steps then run here)."""
-        module, entry = self.entry_module, self.entry
-        if entry is None or module is None or not hasattr(module, "profile_into"):
+        if self.entry is None or self._entries is None:
             return None
+        entry = self._entries[0]
+        module: Any = getattr(entry, "__self__", None)  # `run`'s own module: its C runs
+        if module is None or not hasattr(module, "profile_into"):
+            return None
+        self.finish_prefault()
         plan = self.plan
         programmed = [step for step in plan.steps if step.kind is not StepKind.ASSIGN]
         launching = [k for k, step in enumerate(programmed) if step.launches_kernel]

@@ -136,6 +136,9 @@ class LibrarySource:
     mark_text: str
 
 
+_MODULE_STAND_IN = "gk_module_name_to_come"
+
+
 def library_source(kernels: list[KernelSource], entry: Callable[[str], str] | None = None,
                    mark: Callable[[], str] | None = None) -> LibrarySource:
     """The C of one library of `kernels`, with the CPython entry `entry` writes given its
@@ -152,9 +155,14 @@ def library_source(kernels: list[KernelSource], entry: Callable[[str], str] | No
     module = None
     entry_text = None
     if entry is not None and tc.python_includes:
-        # The module's name must be known inside its source: name it after the kernels' source.
-        module = "gk_" + hashlib.sha256(source.encode()).hexdigest()[:24]
-        entry_text = _glue_optimised(entry(module))
+        # The module's name must be known inside its source: name it after the kernels' source
+        # and the entry's, written with a stand-in name first. After the kernels alone, two
+        # graphs whose kernels are the same but whose entries differ (NetBasicFuse and
+        # NetCompositeFuse in the lab) named their modules alike, and CPython, which keeps a
+        # module built this way by its name, gave one graph's module the other's functions.
+        text = entry(_MODULE_STAND_IN)
+        module = "gk_" + hashlib.sha256((source + text).encode()).hexdigest()[:24]
+        entry_text = _glue_optimised(text.replace(_MODULE_STAND_IN, module))
         source += "\n" + entry_text
         flags = flags + tuple(f"-I{d}" for d in tc.python_includes)
     marked = None if mark is None else mark()
