@@ -35,7 +35,11 @@ RULE_TITLES = {
 
 
 def us(seconds: float | None) -> str:
-    return "&ndash;" if seconds is None else f"{seconds * 1e6:,.1f}&nbsp;&micro;s"
+    """Microseconds to 0.1, or to 0.01 below one (a kernel timed inside the compiled entry can
+    take a few tens of nanoseconds)."""
+    if seconds is None:
+        return "&ndash;"
+    return f"{seconds * 1e6:,.{2 if seconds < 1e-6 else 1}f}&nbsp;&micro;s"
 
 
 def us_spread(spread: Spread | None) -> str:
@@ -178,7 +182,8 @@ def kernel_table(kernels: Sequence[KernelInfo], split: Breakdown | None, whole: 
                     f"<td class=\"num time\">{us(t)}</td></tr>")
     columns = 12 if training else 11
     if split is not None:
-        gaps = ("the entry's buffer takes and views, the timing" if split.in_entry else
+        gaps = ("the entry's argument checks, buffer takes and views, the timing"
+                if split.in_entry else
                 "Python dispatch, input checks, timing")
         rows.append(f'<tr class="between"><td></td><td colspan="{columns - 1}">between the '
                     f"kernels: {gaps}</td>"
