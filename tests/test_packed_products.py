@@ -52,7 +52,11 @@ def test_a_large_float32_product_runs_on_the_packed_kernel(rng: Any) -> None:
     # chunks handed out as threads come free; BLAS's call kept for one thread
     assert source.count("gk_pk_pack(gk_p, gk_p + 1, 100, 256, gk_B, 256, 1, gk_Bp);") == 1
     assert "gk_pk_buffer((size_t)32768)" in source
-    assert "gk_pk_rows(gk_lo, gk_hi, 100, 256, gk_A, 256, 1, gk_Bp, gk_C, 100);" in source
+    # A's rows contiguous: the instance for that layout, its row stride the one argument
+    assert "gk_pk_rows_r(gk_lo, gk_hi, 100, 256, gk_A, 256, gk_Bp, gk_C, 100);" in source
+    # chunk c: strips c U / chunks to (c + 1) U / chunks (PACKED_EVEN_CHUNKS)
+    assert "const int64_t gk_units = (gk_m + 11) / 12, gk_unit = 12, gk_side = gk_m;" in source
+    assert "gk_lo = gk_unit * (gk_chunk * gk_units / gk_chunks);" in source
     assert "omp_get_max_threads() > 1 ?" in source
     assert source.count("gk_sgemm(101, 111, 112,") >= 1
     got = exe(Tensor(a), Tensor(b)).asnumpy()
@@ -69,7 +73,7 @@ def test_products_outside_the_rule_keep_blas(what: str, rng: Any) -> None:
     exe = graphkernel.compile(Fn(lambda a, b: P.ReLU()(op(a, b))), a, b, options=ON)
     (step,) = [s for s in exe.plan.steps if s.op in ("MatMul", "BatchMatMul")]
     assert step.attrs.get("gemm_library") != PACKED_PRODUCT_LABEL
-    assert "gk_pk_rows(" not in exe.executable.library.source
+    assert "gk_pk_rows_r(gk_lo" not in exe.executable.library.source
     # float32 sums of 256 terms of ~16 in magnitude, in BLAS's order per thread chunk: 1e-4
     np.testing.assert_allclose(exe(Tensor(a), Tensor(b)).asnumpy(), np.maximum(a @ b, 0),
                                rtol=1e-4, atol=1e-4)
@@ -81,14 +85,16 @@ def test_the_threshold_turns_the_kernel_off(rng: Any, monkeypatch: pytest.Monkey
     b = rng.standard_normal((256, 100)).astype(np.float32)
     exe = _compile(a, b)
     assert _step(exe).attrs.get("gemm_library") != PACKED_PRODUCT_LABEL
-    assert "gk_pk_rows(" not in exe.executable.library.source
+    assert "gk_pk_rows_r(gk_lo" not in exe.executable.library.source
 
 
 # (m, k, n, transpose_a, transpose_b): rows past the last 12-row strip (and 4-row one), columns
 # past the last whole panel (one past 16, one under), k past PACKED_KC's block and not a
-# multiple of 16 (the transposed pack's edge), every layout
+# multiple of 16 (the transposed pack's edge), every layout; 30 rows: 3 strips, fewer than the
+# chunks (some chunks empty)
 CASES = [(1027, 800, 1000, False, True), (333, 256, 100, False, False),
-         (250, 1000, 50, True, False), (297, 781, 209, True, True), (4000, 40, 40, False, True)]
+         (250, 1000, 50, True, False), (297, 781, 209, True, True), (4000, 40, 40, False, True),
+         (30, 4700, 30, True, False)]
 
 _CHILD = r"""
 import json, sys

@@ -64,7 +64,7 @@ def test_the_plan_names_the_prepacked_weight(rng: Any) -> None:
     assert f"{step.name}.prepacked_B" in text and f"blas='{PACKED_PRODUCT_LABEL}'" in text
     source = exe.executable.library.source
     assert "gk_h[9] = 1;" in source  # packed when stale only
-    assert "gk_pk_cols(" in source  # 200 rows < 300 columns: split by column panels
+    assert "gk_pk_cols_r(32 * gk_lo" in source  # 200 rows < 300 columns: split by column panels
     assert "gk_pk_buffer((size_t)" not in source  # no per-call pack buffer
 
 

@@ -58,6 +58,9 @@ PACKED_PRODUCT_MIN_MNK = 1 << 22
 # late (descheduled) thread's share can be cut finer than BLAS's chunks (c_gemm.py
 # PRODUCT_CHUNKS_PER_THREAD) at no cost.
 PACKED_CHUNKS_PER_THREAD = 4
+# Chunks even to a unit (a 12-row strip, a 32-column panel); False: each chunk rounded up to
+# whole strips, the last one short (the old split).
+PACKED_EVEN_CHUNKS = True
 PACKED_PRODUCT_LABEL = "graphkernel packed-B kernel"
 # A product whose B is a constant or a weight no step of the plan writes keeps B's panels in a
 # workspace (runtime/plan.py Workspace, a slot named `<product>.prepacked_B`): packed on the
@@ -131,8 +134,9 @@ static inline __attribute__((always_inline)) void gk_pk_strip(
 
 /* Rows lo..hi of C = A B, B packed (`gk_pk_pack`): 12-row strips, then 4- and 1-row ones;
    each panel runs down the strips (the panel stays in L2, A's rows stream). */
-static void gk_pk_rows(int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra,
-                       int64_t da, const float *Bp, float *C, int64_t ldc) {
+static inline __attribute__((always_inline)) void gk_pk_rows_of(
+    int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra, int64_t da,
+    const float *Bp, float *C, int64_t ldc) {
   for (int64_t j0 = 0; j0 < n; j0 += GK_PK_NC) {
     const int64_t j1 = j0 + GK_PK_NC < n ? j0 + GK_PK_NC : n;
     for (int64_t k0 = 0; k0 < k; k0 += GK_PK_KC) {
@@ -155,9 +159,9 @@ static void gk_pk_rows(int64_t lo, int64_t hi, int64_t n, int64_t k, const float
    GK_PK_NC columns (in L2), each 12-row strip of A (in L1) run across a block's panels. For a
    product wider than tall, split over threads by columns: each thread reads only its own
    panels of B, and A (the smaller) again. */
-static void gk_pk_cols(int64_t jlo, int64_t jhi, int64_t m, int64_t n, int64_t k,
-                       const float *A, int64_t ra, int64_t da, const float *Bp, float *C,
-                       int64_t ldc) {
+static inline __attribute__((always_inline)) void gk_pk_cols_of(
+    int64_t jlo, int64_t jhi, int64_t m, int64_t n, int64_t k, const float *A, int64_t ra,
+    int64_t da, const float *Bp, float *C, int64_t ldc) {
   for (int64_t j0 = jlo; j0 < jhi; j0 += GK_PK_NC) {
     const int64_t j1 = j0 + GK_PK_NC < jhi ? j0 + GK_PK_NC : jhi;
     for (int64_t k0 = 0; k0 < k; k0 += GK_PK_KC) {
@@ -172,6 +176,28 @@ static void gk_pk_cols(int64_t jlo, int64_t jhi, int64_t m, int64_t n, int64_t k
         gk_pk_strip(1, i, j0, j1, n, k, k0, kc, acc, A, ra, da, Bp, C, ldc);
     }
   }
+}
+
+/* The entry's products call these, one instance per layout of A: rows contiguous (`_r`, da 1)
+   or columns (`_c`, ra 1). With both of A's strides left to the call (one function for every
+   product of the entry, which gcc does not specialise), the tile kept a pointer per row of A,
+   more than the registers left beside 24 accumulators, and reloaded two from the stack every
+   step of k; with one stride a constant 1, one pointer and the row offsets do. */
+__attribute__((unused)) static void gk_pk_rows_r(
+    int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra, const float *Bp,
+    float *C, int64_t ldc) { gk_pk_rows_of(lo, hi, n, k, A, ra, 1, Bp, C, ldc); }
+__attribute__((unused)) static void gk_pk_rows_c(
+    int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t da, const float *Bp,
+    float *C, int64_t ldc) { gk_pk_rows_of(lo, hi, n, k, A, 1, da, Bp, C, ldc); }
+__attribute__((unused)) static void gk_pk_cols_r(
+    int64_t jlo, int64_t jhi, int64_t m, int64_t n, int64_t k, const float *A, int64_t ra,
+    const float *Bp, float *C, int64_t ldc) {
+  gk_pk_cols_of(jlo, jhi, m, n, k, A, ra, 1, Bp, C, ldc);
+}
+__attribute__((unused)) static void gk_pk_cols_c(
+    int64_t jlo, int64_t jhi, int64_t m, int64_t n, int64_t k, const float *A, int64_t da,
+    const float *Bp, float *C, int64_t ldc) {
+  gk_pk_cols_of(jlo, jhi, m, n, k, A, 1, da, Bp, C, ldc);
 }
 
 /* r[i] = row i of a 16 x 16 block in; r[j] = its column j out. */
@@ -302,14 +328,15 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
     prepacked-B workspace (`prepacked_bytes`; its header as runtime/plan.py lays it out), whose
     panels are packed only when stale; one thread then runs the kernel too
     (PREPACKED_ONE_THREAD)."""
-    ra, da = ("1", str(call.a.ld)) if call.a.trans else (str(call.a.ld), "1")
+    # A's one stride that is not 1, and the instance for its layout
+    layout, stride = ("c", call.a.ld) if call.a.trans else ("r", call.a.ld)
     n, k, panels = call.n, call.k, (call.n + 31) // 32
     by_cols = PACKED_WIDE_BY_COLUMNS and not isinstance(call.m, SymSize) and call.m < call.n
     if by_cols:  # chunks of whole panels, every row
-        rows = (f"gk_pk_cols(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, {n}, {k}, "
-                f"{a}, {ra}, {da}, gk_Bp, {c}, {call.c.ld});")
+        rows = (f"gk_pk_cols_{layout}(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, "
+                f"{n}, {k}, {a}, {stride}, gk_Bp, {c}, {call.c.ld});")
     else:
-        rows = (f"gk_pk_rows(gk_lo, gk_hi, {n}, {k}, {a}, {ra}, {da}, gk_Bp, {c}, "
+        rows = (f"gk_pk_rows_{layout}(gk_lo, gk_hi, {n}, {k}, {a}, {stride}, gk_Bp, {c}, "
                 f"{call.c.ld});")
     pack = f"gk_pk_pack(gk_p, gk_p + 1, {n}, {k}, {b}, {call.b.ld}, {int(call.b.trans)}, gk_Bp);"
     if workspace is None:
@@ -344,22 +371,37 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
             "        }",
             "        const int64_t gk_parts = omp_get_num_threads();",
             f"        const int64_t gk_chunks = gk_parts * {PACKED_CHUNKS_PER_THREAD};",
-            *(["        const int64_t gk_side = "
-               f"{panels};  /* whole panels of 32 columns */",
-               "        const int64_t gk_each = (gk_side + gk_chunks - 1) / gk_chunks;"]
-              if by_cols else
-              ["        const int64_t gk_side = gk_m;",
-               "        const int64_t gk_each = ((gk_m + gk_chunks - 1) / gk_chunks + 11) "
-               "/ 12 * 12;  /* whole 12-row strips */"]),
-            "        #pragma omp for schedule(dynamic, 1)",
-            "        for (int64_t gk_chunk = 0; gk_chunk < gk_chunks; ++gk_chunk) {",
-            "          const int64_t gk_lo = gk_chunk * gk_each < gk_side ? "
-            "gk_chunk * gk_each : gk_side;",
-            "          const int64_t gk_hi = gk_lo + gk_each < gk_side ? gk_lo + gk_each : "
-            "gk_side;",
+            *_chunk_bounds(by_cols, panels),
             f"          if (gk_hi > gk_lo) {rows}",
             "        }",
             "      }",
             *tail,
             "    } else {", *blas, "    }",
             "#else", *blas, "#endif"]
+
+
+def _chunk_bounds(by_cols: bool, panels: int) -> list[str]:
+    """The chunk loop's head: `gk_lo`, `gk_hi` of chunk `gk_chunk`, in panels of 32 columns
+    (`by_cols`) or rows. Chunk c takes units (whole panels, or 12-row strips) c U / chunks to
+    (c + 1) U / chunks, sizes one unit apart: rounding each chunk up to whole strips left the
+    last one short, and with chunks handed out in turn the calling thread took 528 of 1024
+    rows, its partner 496 (PACKED_EVEN_CHUNKS False: that split)."""
+    if by_cols:
+        units = [f"        const int64_t gk_units = {panels}, gk_unit = 1, gk_side = {panels};"]
+    else:
+        units = ["        const int64_t gk_units = (gk_m + 11) / 12, gk_unit = 12, "
+                 "gk_side = gk_m;"]
+    head = ["        #pragma omp for schedule(dynamic, 1)",
+            "        for (int64_t gk_chunk = 0; gk_chunk < gk_chunks; ++gk_chunk) {"]
+    if not PACKED_EVEN_CHUNKS:
+        each = "(gk_units + gk_chunks - 1) / gk_chunks * gk_unit"
+        return [*units, *head,
+                f"          const int64_t gk_each = {each};",
+                "          const int64_t gk_lo = gk_chunk * gk_each < gk_side ? "
+                "gk_chunk * gk_each : gk_side;",
+                "          const int64_t gk_hi = gk_lo + gk_each < gk_side ? gk_lo + gk_each : "
+                "gk_side;"]
+    return [*units, *head,
+            "          const int64_t gk_lo = gk_unit * (gk_chunk * gk_units / gk_chunks);",
+            "          const int64_t gk_end = gk_unit * ((gk_chunk + 1) * gk_units / gk_chunks);",
+            "          const int64_t gk_hi = gk_end < gk_side ? gk_end : gk_side;"]
