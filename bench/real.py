@@ -424,6 +424,18 @@ def summarise(res: dict[str, Any]) -> None:
         for k in GK_KEYS:
             if t(k):
                 res[f"{k}_over_best_peer"] = t(k) / peers[best]  # type: ignore[operator]
+        fused = systems.get("gk_fused", {}).get("steady_samples_s")
+        if fused:
+            res["gk_fused_over_best_peer_rounds"] = paired_ratios(
+                fused, systems[best]["steady_samples_s"])
+
+
+def paired_ratios(ours: list[float], theirs: list[float]) -> list[float]:
+    """Round by round, our sample over the peer's taken in the same round (the two a few
+    hundred ms apart at most): the machine's drift from one round to the next, which on a
+    shared host moves both by 10-15%, cancels in each ratio, so their spread is the noise
+    left between two systems timed side by side."""
+    return [float(f"{a / b:.4g}") for a, b in zip(ours, theirs) if b > 0]
 
 
 def _error(exc: BaseException) -> str:

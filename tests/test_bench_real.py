@@ -117,3 +117,23 @@ def test_a_training_step_with_the_wrong_update_is_flagged(tmp_path) -> None:
     # the losses are within rtol of each other; only the change one step made tells them apart
     assert s["gk_fused"]["status"] == "wrong answer" and "loss change" in s["gk_fused"]["error"]
     assert s["gk_unfused"]["status"] == "ok" and abs(s["gk_unfused"]["loss_change"] + 0.5) < 1e-6
+
+
+def test_the_summary_pairs_each_round_with_the_peer_timed_beside_it() -> None:
+    # the machine slows in round 2 for both: medians alone say fused is 7% behind, the rounds
+    # say it was ahead in two of three
+    samples = {"gk_fused": [1.0, 2.0, 1.5], "onnxruntime": [1.05, 2.1, 1.4],
+               "openvino": [1.6, 1.6, 1.6]}
+    res = {"group": "real", "systems": {
+        k: {"label": k, "status": "ok", "steady_median_s": float(np.median(v)),
+            "steady_samples_s": v} for k, v in samples.items()}}
+    real.summarise(res)
+    assert res["best_peer"] == "onnxruntime"
+    assert abs(res["gk_fused_over_best_peer"] - 1.5 / 1.4) < 1e-9
+    assert res["gk_fused_over_best_peer_rounds"] == [0.9524, 0.9524, 1.071]
+    res["name"], res["title"] = "drift", "a stand-in row"
+    text = real_report.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": 3,
+                                 "machine": {}, "versions": {}, "copy_bandwidth": {"gbps": 1.0},
+                                 "openvino_config": {}, "rows": [res]}, "python -m bench --real")
+    assert "| drift | ONNX Runtime | 1400 | 1500 | 1.07x | 0.95x (0.95-1.07), 2/3 at or below |" \
+        in text
