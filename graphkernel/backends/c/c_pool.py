@@ -123,7 +123,7 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
     # the window add values only (a count array beside the sums doubled their loads and
     # stores). The divisor is the same whole number the count reached: the same quotient.
     init = f"acc[j] = -{inf};" if is_max else "acc[j] = 0;"
-    take = "acc[j] = (v > acc[j] || v != v) ? v : acc[j];" if is_max else "acc[j] += v;"
+    take = f"acc[j] = {_max_nan(ct)}(acc[j], v);" if is_max else "acc[j] += v;"
     result = "acc[j]" if is_max else f"acc[j] / (({ct})rows * cols[j])" if full is None \
         else f"acc[j] / ({ct}){full}"
     columns = []
@@ -164,6 +164,11 @@ def _pool_plane_by_row(plane: str, st: str, ct: str, is_max: bool, inf: str,
     ]
 
 
+def _max_nan(ct: str) -> str:
+    """The prelude's branch-free maximum (NaN wins) for compute type `ct` (c_text.py)."""
+    return "gk_max_nan_d" if ct == "double" else "gk_max_nan"
+
+
 # A MaxPool of several window rows takes the maximum down the window's rows first (each a
 # contiguous run of the row, whole vectors), then across the columns of that one row: the
 # strided loads of a stride-2 window (a permute per vector) run once per window column
@@ -192,7 +197,7 @@ def _max_plane_separable(plane: str, st: str, ct: str, inf: str, geo: dict[str, 
         "      #pragma omp simd",
         f"      for (int64_t q = 0; q < {wd}; ++q) {{",
         f"        const {ct} v = ({ct})src[q];",
-        "        vm[q] = (v > vm[q] || v != v) ? v : vm[q];",
+        f"        vm[q] = {_max_nan(ct)}(vm[q], v);",
         "      }",
         "    }",
         f"    for (int64_t j = 0; j < {ow}; ++j) acc[j] = -{inf};",

@@ -189,6 +189,23 @@ static inline float gk_select_bits(bool c, float t, float f) {
   memcpy(&out, &r, 4);
   return out;
 }
+/* The larger of a and v, NaN winning (numpy's maximum), as an integer select: the scalar
+   iterations a vectorised loop leaves at a row's end then take no branch. As a float select
+   gcc branched there, and on a ReLU's output (half zeros) the branches missed: torchvision's
+   stem pool (pads 1, rows of 55 and 56 outputs) took 1.4x its time. */
+static inline float gk_max_nan(float a, float v) {
+  return gk_select_bits((v > a) | (v != v), v, a);
+}
+static inline double gk_max_nan_d(double a, double v) {
+  uint64_t ab, vb;
+  memcpy(&ab, &a, 8);
+  memcpy(&vb, &v, 8);
+  const uint64_t m = 0u - (uint64_t)((v > a) | (v != v));
+  const uint64_t r = (vb & m) | (ab & ~m);
+  double out;
+  memcpy(&out, &r, 8);
+  return out;
+}
 /* exp for arguments known to lie in [-80, 80] (NaN passes): gkm_expf without its clamps
    and its two-step scaling, as erf and tanh below need it (their arguments are bounded by
    their own clamps). Same reduction and polynomial, so the same accuracy. */
