@@ -582,22 +582,3 @@ def test_pointwise_convolution_reads_its_input_in_place(rng):
         assert ("_fill(" in "".join(exe.executable.kernel_sources.values())) == bool(scratch)
         want = reference("Conv2D", x, w, out_channel=16, kernel_size=1, stride=stride)
         np.testing.assert_allclose(exe.run_arrays(x, w)[0], want, rtol=2e-5, atol=2e-5)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_max_pool_rows_keep_nan_in_their_last_outputs(dtype, rng):
-    """The row form's maximum is an integer select (c_text.py gk_max_nan, _d for double), so a
-    row's last outputs, past its whole vectors, take no branch: NaN and infinities there still
-    win as in the reference, torchvision's pads (1, 1) and MindSpore's "same" (0, 1) alike."""
-    x = np.maximum(rng.standard_normal((1, 6, 41, 43)), 0).astype(dtype)  # a ReLU's output
-    x[..., -3:] = np.nan  # the last columns: the loops' scalar ends
-    x[..., 5, -5] = np.inf
-    x[..., 7, 1] = -np.inf
-    for mode in ("same", "pad"):
-        kwargs = {"pad_mode": "pad", "pad": 1} if mode == "pad" else {"pad_mode": "same"}
-        exe = compiled(P.MaxPool(kernel_size=3, strides=2, **kwargs), x)
-        assert native_ops(exe) == [("MaxPool",)]
-        want = reference("MaxPool", x, kernel_size=3, strides=2, **kwargs)
-        got = exe.run_arrays(x)[0]
-        assert got.dtype == dtype and np.isnan(got[..., -1]).all()
-        np.testing.assert_array_equal(got, want)
