@@ -35,10 +35,9 @@ SEED_SOURCE = """static PyObject *gk_seed(PyObject *self, PyObject *const *args,
 # its program's steps (a kernel, a product or gather, a view: the plan's steps but its ASSIGNs,
 # in order) into it; None stops. Runner.profile times a call's steps so: the runner's own
 # steps ran the products on numpy's BLAS, not on the packed or row kernels the entry runs, and
-# the kernels after a product on one thread (beside BLAS's workers). One BERT-base layer, one
-# process, best of 3, entry against steps: its 768 x 768 weight products 2.58-2.72 ms against
-# 2.74-2.90, its GeLU 0.58 against 1.20, its LayerNorms 0.19 and 0.29 against 0.41 and 0.59,
-# all its kernels 33.9 against 37.1. Off, a step costs one test of a pointer.
+# the kernels after a product on one thread (beside BLAS's workers; figures in perf-notes,
+# "`profile_kernels` timed other code than a call runs"). Off, a step costs one test of a
+# pointer.
 PROFILE_SOURCE = """#include <time.h>
 static double *gk_profile = NULL;
 static Py_ssize_t gk_profile_n = 0;
