@@ -69,6 +69,12 @@ PROBE_MAX = 2048
 SLOW_FACTOR = 1.5
 SLOW_STREAK = 3
 RECHECK = 8  # calls after a switch before the first probe back
+# A probe ends early where it cannot win: a counted call not under PROBE_MARGIN x the current
+# mode's median, or a first call alone over HOPELESS_FIRST_ALONE x it (going alone wakes no
+# team, and the caches it finds cold are a fraction of a call). On a quiet host a probe alone
+# costs the calls it runs at a single thread's speed: ResNet-50 b1 took 36-38 ms for each of
+# the probe's three calls against 21 on threads, a 0.35 s call every 32 calls at first.
+HOPELESS_FIRST_ALONE = 1.5
 _AWAKE = """#define GK_PASSIVE_CALLS @PASSIVE_CALLS@
 extern int kmp_get_blocktime(void) __attribute__((weak));
 extern void kmp_set_blocktime(int) __attribute__((weak));
@@ -106,14 +112,27 @@ static double gk_recent(void) {  /* the median of the current mode's latest call
   }
   return n ? kept[n / 2] : 0;
 }
-/* After a call that ran to its end: its time, and the mode of the calls after it. */
-static void gk_awake_timed(void) {
-  if (gk_mode < 0) return;
-  const int mode = gk_mode;
-  const double dt = gk_now() - gk_t0;
-  gk_mode = -1;
+/* The mode of a timed call about to start (1: alone), a probe's calls the other one. */
+static int gk_next_mode(void) {
+  int alone = gk_alone;
+  if (gk_probe > 0) {
+    --gk_probe;
+    alone = !alone;
+  }
+  return alone;
+}
+/* A timed call of `mode` took dt seconds: the mode of the calls after it. */
+static void gk_account(int mode, double dt) {
   if (mode != gk_alone) {  /* a probe's call: the first wakes or warms, the others count */
     if (gk_probe < @PROBE@ - 1 && dt > gk_probe_best) gk_probe_best = dt;  /* the slower */
+    /* A probe that cannot win ends at once: a counted call not under the margin, or a first
+       call alone over @HOPELESS@x the current mode's median (no warming explains that). */
+    if (gk_probe > 0 && (gk_probe_best >= @MARGIN@ * gk_recent() ||
+                         (mode == 1 && gk_probe == @PROBE@ - 1 &&
+                          dt > @HOPELESS@ * gk_recent()))) {
+      gk_probe = 0;
+      if (gk_probe_best < dt) gk_probe_best = dt;
+    }
     if (gk_probe > 0) return;
     ++gk_probes;
     if (gk_probe_best < @MARGIN@ * gk_recent()) {
@@ -140,6 +159,13 @@ static void gk_awake_timed(void) {
     gk_probe_best = 0;
   }
 }
+/* After a call that ran to its end: its time, and the mode of the calls after it. */
+static void gk_awake_timed(void) {
+  if (gk_mode < 0) return;
+  const int mode = gk_mode;
+  gk_mode = -1;
+  gk_account(mode, gk_now() - gk_t0);
+}
 /* 1: the team spins between kernels (blocktime 1 ms) until the last kernel; 2: the call runs
    on the calling thread alone; 0: as it was. gk_awake_end(state) undoes it. */
 static int gk_awake_begin(void) {
@@ -156,10 +182,7 @@ static int gk_awake_begin(void) {
   }
   int alone = gk_alone;
   if (GK_TIMED_PLAN) {
-    if (gk_probe > 0) {
-      --gk_probe;
-      alone = !alone;
-    }
+    alone = gk_next_mode();
     gk_mode = alone;
     gk_t0 = gk_now();
   }
@@ -185,13 +208,34 @@ static PyObject *gk_threads_stats(PyObject *self, PyObject *unused) {
                        gk_probes, "switches", gk_switches, "alone_now", gk_alone,
                        "recent_call_s", gk_recent());
 }
+/* The probes' rules on given call times, no call run (their tests): for each (seconds on
+   threads, seconds alone), the mode the rules pick and the time fed back for it; the modes. */
+static PyObject *gk_threads_replay(PyObject *self, PyObject *calls) {
+  PyObject *seq = PySequence_Fast(calls, "threads_replay takes (threads_s, alone_s) pairs");
+  if (seq == NULL) return NULL;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject *modes = PyList_New(n);
+  for (Py_ssize_t i = 0; modes != NULL && i < n; ++i) {
+    double on, alone;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "dd", &on, &alone)) {
+      Py_CLEAR(modes);
+      break;
+    }
+    const int mode = gk_next_mode();
+    gk_account(mode, mode ? alone : on);
+    PyList_SET_ITEM(modes, i, PyLong_FromLong(mode));
+  }
+  Py_DECREF(seq);
+  return modes;
+}
 #define GK_BEFORE_KERNEL(pc) \\
   do { if (gk_awake == 1 && (pc) == GK_LAST_KERNEL) { gk_awake_end(1); gk_awake = 0; } } while (0)
 """.replace("@PASSIVE_CALLS@", str(PASSIVE_CALLS_AFTER_PREEMPTION)).replace(
     "@FIRST@", str(FIRST_PROBE)).replace("@KEEP@", str(KEEP_CALLS)).replace(
     "@PROBE_MAX@", str(PROBE_MAX)).replace("@RECHECK@", str(RECHECK)).replace(
     "@PROBE@", str(PROBE_CALLS)).replace("@MARGIN@", repr(PROBE_MARGIN)).replace(
-    "@STREAK@", str(SLOW_STREAK)).replace("@SLOW_FACTOR@", repr(SLOW_FACTOR)).split("\n")
+    "@STREAK@", str(SLOW_STREAK)).replace("@SLOW_FACTOR@", repr(SLOW_FACTOR)).replace(
+    "@HOPELESS@", repr(HOPELESS_FIRST_ALONE)).split("\n")
 
 
 def entry_step_kinds(plan: ExecutionPlan) -> bool:
@@ -233,7 +277,9 @@ AWAKE_BEGIN = "  gk_awake = gk_awake_begin();"
 AWAKE_END = "  if (gk_awake) gk_awake_end(gk_awake);"
 AWAKE_TIMED = "  gk_awake_timed();"  # on the way out of a call that ran to its end
 THREADS_STATS_METHOD = ('  {"threads_stats", gk_threads_stats, METH_NOARGS, '
-                        '"calls run on one thread because the cores were taken"},')
+                        '"calls run on one thread because the cores were taken"},\n'
+                        '  {"threads_replay", gk_threads_replay, METH_O, '
+                        '"the probes\' modes for given call times (threads_s, alone_s)"},')
 
 # What reports say (CompiledCell.summary's `threads:` line, ExecutionPlan.run_notes)
 _PASSIVE_SPAN = ("the call after" if PASSIVE_CALLS_AFTER_PREEMPTION == 1
