@@ -36,7 +36,7 @@ from graphkernel.backends.c.c_window import (
     why_not_window_kernel,
 )
 from graphkernel.backends.c.conv_tile import RULE_TILE, ConvTile
-from graphkernel.backends.c.ops import code_for_op
+from graphkernel.backends.c.ops import code_for_op, is_number
 from graphkernel.backends.c.shape_args import kernel_symbols, read_sizes
 from graphkernel.graph_kernel.lower import CONV_BLOCK_NOTE, ConvBlock
 from graphkernel.ir import types as T
@@ -192,7 +192,7 @@ def _epilogue_plan(conv: Node, epilogue: Node, blocked: frozenset[int] = frozens
         if kind == "full" and not kinds <= {"chan", "full"} or \
                 kind != "full" and not kinds <= {kind}:
             return None, f"{node.name} broadcasts other than per channel"
-        template = expression.for_operands(floating=True)
+        template = expression.for_operands(True, [is_number(v) for v in node.inputs])
         suffix = "f" if ct == "float" else ""
         text = f"(({ct}){template.format(*[e for _, e in operands], f=suffix)})"
         defs = plan.full if kind == "full" else plan.pre

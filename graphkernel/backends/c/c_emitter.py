@@ -23,7 +23,7 @@ from graphkernel.backends.c.c_loops import (
 from graphkernel.backends.c.c_reduce import ReductionEmitter
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
 from graphkernel.backends.c.c_views import concat_buffers, tile_buffers, view_buffers
-from graphkernel.backends.c.ops import CExpression, code_for_op, power_by_products
+from graphkernel.backends.c.ops import CExpression, code_for_op, is_number, power_by_products
 from graphkernel.errors import CompileError
 from graphkernel.graph_kernel.schedule import Schedule
 from graphkernel.ir import types as T
@@ -199,7 +199,8 @@ class _Emitter(ReductionEmitter):
         exponent = node.inputs[1] if node.op == "Pow" else None
         if isinstance(exponent, Constant) and exponent.is_scalar:
             expression = power_by_products(exponent.value.item()) or expression
-        template = expression.for_operands(T.is_float(operand_dtypes[-1]))
+        template = expression.for_operands(T.is_float(operand_dtypes[-1]),
+                                           [is_number(v) for v in node.inputs])
         expr = template.format(*operands, f="f" if compute == "float" else "")
         if node.dtype == T.float16 and compute == "double":
             # Cast float64 -> float16 straight from double: through float it rounds twice.
