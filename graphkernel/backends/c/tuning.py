@@ -501,8 +501,7 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
     built = {0: build_library(first).functions}
     runner = Runner(plan, prefault=False)
     rng = np.random.default_rng(0)
-    arrays = [_random(plan.slots[s].type, rng) for s in plan.inputs]
-    weights = [_random(plan.slots[s].type, rng) for s in plan.weights]
+    arrays, weights = random_arrays(plan, rng)
     kernel_of = [step.kernel.name if step.kernel is not None else None
                  for step in plan.kernel_steps()]
     rounds = max(len(t.variants) for t in tunable)
@@ -536,12 +535,16 @@ def _measure(plan: ExecutionPlan, specs: list[KernelSpec], choices: dict[str, Ch
             advance()
 
 
-def _random(tensor_type: Any, rng: np.random.Generator) -> np.ndarray:
-    """An input of `tensor_type`: normal floats, zeros otherwise (valid indices, masks)."""
-    shape, dtype = tuple(tensor_type.shape), np.dtype(tensor_type.dtype)
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    return np.zeros(shape, dtype)
+def random_arrays(plan: ExecutionPlan, rng: np.random.Generator
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Inputs and weights for `plan` to time it on: normal floats, zeros otherwise (valid
+    indices, masks)."""
+    def one(slot: int) -> np.ndarray:
+        tensor_type = plan.slots[slot].type
+        shape, dtype = tuple(tensor_type.shape), np.dtype(tensor_type.dtype)
+        return rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else \
+            np.zeros(shape, dtype)
+    return [one(s) for s in plan.inputs], [one(s) for s in plan.weights]
 
 
 class progress_bar:

@@ -25,7 +25,7 @@ from graphkernel.backends.c.c_entry_threads import runner_keep_awake
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.library import BuiltLibrary, build_library
-from graphkernel.backends.c.tuning import Choice, Knobs, write_record
+from graphkernel.backends.c.tuning import Choice, Knobs, random_arrays, write_record
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 from graphkernel.runtime.runner import Runner
 
@@ -36,17 +36,6 @@ MARGIN = 0.01
 # The knobs that say which threads run a kernel: their effect reaches the kernels after it.
 THREAD_KNOBS = ("parallel_threshold", "window_parallel_min_macs")
 CALLS = 3  # calls per timing
-
-
-def random_arrays(plan: ExecutionPlan, rng: np.random.Generator) -> tuple[list[np.ndarray],
-                                                                           list[np.ndarray]]:
-    """Inputs and weights for `plan`: normal floats, zeros otherwise (valid indices, masks)."""
-    def one(slot: int) -> np.ndarray:
-        tensor_type = plan.slots[slot].type
-        shape, dtype = tuple(tensor_type.shape), np.dtype(tensor_type.dtype)
-        return rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else \
-            np.zeros(shape, dtype)
-    return [one(s) for s in plan.inputs], [one(s) for s in plan.weights]
 
 
 def confirm_tuned(plan: ExecutionPlan, config: CConfig, specs: Sequence[KernelSpec],
