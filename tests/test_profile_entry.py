@@ -45,7 +45,7 @@ def test_profile_times_the_entrys_own_steps_not_numpys_products(monkeypatch, rng
     kinds = [k.backend for k in exe.kernels]
     assert "library" in kinds and "native" in kinds, kinds
     _no_numpy_products(monkeypatch)
-    times = exe.profile_kernels(x, s, repeats=3)
+    times = exe.profile_kernels(x, s, repeats=7)  # a median a loaded host cannot sway
     assert runner.profiled_in_entry
     assert len(times) == len(exe.kernels) and all(t > 0 for t in times)
     products = [t for t, k in zip(times, exe.kernels) if list(k.op_names) == ["MatMul"]]
