@@ -5,7 +5,7 @@ runs it (backends/c/tuning.py chose each kernel's winner by the kernel's own clo
 A kernel's time inside a call is not all that its choice changes. MobileNetV2 at batch 8 on the
 Zen 5 host: tuning runs chose register tiles for its 24-channel convolutions (1.3-1.6x each by
 their own clocks) and one thread for several depthwise ones (1.1-1.3x), and the executables
-built from those choices ran 0.77x to 1.07x the untuned call's speed from one tuning run to the
+built from those choices ran 0.82x to 1.05x the untuned call's speed from one tuning run to the
 next; the whole calls timed through the Python runner's steps had said 1.04x for one of the
 slow ones. So the tuned library is kept only where its calls beat the defaults' (MARGIN);
 otherwise the defaults' library runs and the tuned kernels' records are rewritten to their
