@@ -130,7 +130,9 @@ def _tuned_once(records: str) -> tuple[str, dict]:
     cell = SoftmaxTanh()
     exe = graphkernel.compile(cell, *_inputs(cell), options=_options(level=1))
     notes = list(exe.executable.plan.schedule_notes.values())
-    assert len(notes) == 1 and notes[0].startswith("tuned here: "), notes
+    # a winner the whole calls did not confirm is back at the defaults, its record rewritten
+    assert len(notes) == 1 and (notes[0].startswith("tuned here: ") or
+                                notes[0].startswith("defaults (") and "not kept" in notes[0]), notes
     (name,) = os.listdir(records)
     path = os.path.join(records, name)
     with open(path, encoding="utf-8") as fh:
