@@ -350,7 +350,8 @@ def test_graphkernel_tune_tunes_a_cell_ahead_of_time(records, tmp_path, capsys):
     assert cli.main(["tune", f"{spec}:Net", "--input", "float32[64,96]", "--input",
                      "float32[96]", "--level", "1"]) == 0
     out = capsys.readouterr().out
-    assert "1 generated kernel(s)" in out and "tuned here: " in out, out
+    # a winner the whole calls did not confirm is back at the defaults (_tuned_once)
+    assert "1 generated kernel(s)" in out and ("tuned here: " in out or "not kept" in out), out
     assert len(os.listdir(records)) == 1
     # the next compile of that kernel, with no tuning asked, uses the record
     cell = SoftmaxTanh()
