@@ -189,3 +189,45 @@ def test_every_way_into_the_entry_finishes_the_prefault_in_the_runner(rng):
     checking = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
                       if "prefaulting" in p.read_text() or "finish_prefault(" in p.read_text())
     assert checking == ["runtime/runner.py"], checking
+
+
+def test_pooled_arrays_start_on_a_vector_boundary_in_both_pools(rng, monkeypatch):
+    """Every array either pool makes starts on a 64-byte line (numpy's own start 16 bytes into
+    one, so that each 64-byte vector a kernel loads or stores there would span two lines), and
+    the results are the same values."""
+    from graphkernel.runtime.memory import VECTOR_ALIGNMENT, aligned_empty
+    for shape, dtype in [((3, 5), np.float32), ((1 << 18,), np.float64), ((7,), np.int8),
+                         ((2, 0, 3), np.float32)]:
+        a = aligned_empty(shape, dtype)
+        assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
+        assert a.flags.writeable and (a.ctypes.data % VECTOR_ALIGNMENT == 0 or a.size == 0)
+    x = rng.standard_normal((300, 257)).astype(np.float32)  # rows not a whole line
+    want = (x * 2 + 1) * 3
+    exe = graphkernel.compile(NetBasicFuse(), x, options=ON)  # the compiled entry's pool
+    assert exe.executable.runner.entry_module is not None
+    outs = [exe(Tensor(x)).asnumpy() for _ in range(3)]  # held: each call takes a new one
+    assert len({o.ctypes.data for o in outs}) == 3
+    for out in outs:
+        assert out.ctypes.data % VECTOR_ALIGNMENT == 0
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+    # A result that is a view of a pooled array (MatMulChain's Reshape) refers to the byte
+    # array, not to the pooled array: held, it still keeps that memory from the next calls.
+    w = rng.standard_normal((32, 32)).astype(np.float32) * 0.3
+    xs = x[:32, :32] * 0.3
+    chain = graphkernel.compile(MatMulChain(), xs, w, options=ON)
+    assert chain.executable.runner.entry is not None
+    held = [chain.run_arrays(xs * (i + 1), w) for i in range(4)]
+    for i, (flat, last) in enumerate(held):
+        want_flat, want_last = chain_reference(xs * (i + 1), w)
+        np.testing.assert_allclose(flat, want_flat, rtol=1e-5,
+                                   atol=product_atol(xs * (i + 1), w))
+        np.testing.assert_allclose(last, want_last, rtol=1e-4, atol=1e-6)
+    from graphkernel.backends.c import cblas
+    monkeypatch.setattr(cblas, "cblas", lambda: None)  # MatMulChain on the Python runner
+    chain = graphkernel.compile(MatMulChain(), xs, w, options=ON)
+    assert chain.executable.runner.entry is None
+    held = [chain.run_arrays(xs, w) for _ in range(2)]
+    pooled = [a for b in range(len(chain.executable.runner.pool.buffers))
+              for a in chain.executable.runner.pool.arrays(b)]
+    assert pooled and all(a.ctypes.data % VECTOR_ALIGNMENT == 0 for a in pooled)
+    assert all(r.ctypes.data % VECTOR_ALIGNMENT == 0 for pair in held for r in pair)

@@ -27,6 +27,21 @@ PREFAULT_MIN_BYTES = 64 << 10
 
 Key = tuple[tuple[int, ...], np.dtype]
 
+# Where a pooled array starts: on a 64-byte boundary, a cache line and an AVX-512 vector. numpy
+# starts large arrays 16 bytes into a page (malloc's header), so each vector a kernel loads or
+# stores at a multiple of 64 bytes in would span two lines.
+VECTOR_ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialised C-contiguous array starting on a VECTOR_ALIGNMENT boundary (a view of
+    a byte array a few bytes longer, which it keeps alive as its base)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + VECTOR_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % VECTOR_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
 # madvise(2) advice: fault in every page of a range, writable, without writing to it (Linux 5.14).
 _MADV_POPULATE_WRITE = 23
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -97,6 +112,13 @@ def populate(array: np.ndarray, stop: threading.Event | None = None) -> str:
     return "touch"
 
 
+def _unviewed(array: np.ndarray) -> bool:
+    """Whether no view refers to `array`'s memory: numpy makes a view's base the array that
+    owns the memory, so a view of an `aligned_empty` array refers to its byte array."""
+    # References to the owner: `array`'s base and getrefcount's argument.
+    return array.base is None or sys.getrefcount(array.base) == 2
+
+
 class BufferPool:
     """Arrays per buffer id (each of one shape and dtype), reused when no one else holds them."""
 
@@ -110,10 +132,10 @@ class BufferPool:
         arrays = self._arrays[buffer]
         for array in arrays:
             # References: the list, this loop's name and getrefcount's argument.
-            if sys.getrefcount(array) == 3:
+            if sys.getrefcount(array) == 3 and _unviewed(array):
                 return array
         shape, dtype = self.buffers[buffer]
-        array = np.empty(shape, dtype)
+        array = aligned_empty(shape, dtype)
         if len(arrays) < self._keep:
             arrays.append(array)
         return array
@@ -123,14 +145,14 @@ class BufferPool:
         shape makes room for the new one, so the pool follows the sizes a caller uses."""
         arrays = self._arrays[buffer]
         for k, array in enumerate(arrays):
-            if sys.getrefcount(array) == 3:
+            if sys.getrefcount(array) == 3 and _unviewed(array):
                 if array.shape == shape:
                     return array
                 spare = k
                 break
         else:
             spare = -1
-        array = np.empty(shape, self.buffers[buffer][1])
+        array = aligned_empty(shape, self.buffers[buffer][1])
         if spare >= 0:
             arrays[spare] = array
         elif len(arrays) < self._keep:
@@ -167,7 +189,7 @@ class BufferPool:
                 if stop.is_set():
                     return
                 shape, dtype = self.buffers[b]
-                array = np.empty(shape, dtype)
+                array = aligned_empty(shape, dtype)
                 populate(array, stop)  # stopped part-way, its pages so far are still ready
                 if not self._arrays[b]:
                     self._arrays[b].append(array)

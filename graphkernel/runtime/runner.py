@@ -27,7 +27,7 @@ from graphkernel.ir.opdefs.matmul import matmul_into
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import SymSize, concrete, concrete_attrs, is_static
 from graphkernel.runtime.blas import blas_threads, find_in_background
-from graphkernel.runtime.memory import BufferPool
+from graphkernel.runtime.memory import VECTOR_ALIGNMENT, BufferPool
 from graphkernel.runtime.plan import (
     WORKSPACE_HEADER_BYTES,
     WORKSPACE_SOURCES,
@@ -484,9 +484,9 @@ class Runner:
 
 
 def _aligned_zeros(nbytes: int) -> np.ndarray:
-    """`nbytes` zero bytes starting on a 64-byte boundary (a vector's alignment)."""
-    raw = np.zeros(nbytes + 64, np.uint8)
-    start = -raw.ctypes.data % 64
+    """`nbytes` zero bytes starting on a VECTOR_ALIGNMENT boundary."""
+    raw = np.zeros(nbytes + VECTOR_ALIGNMENT, np.uint8)  # calloc: pages fault in when used
+    start = -raw.ctypes.data % VECTOR_ALIGNMENT
     return raw[start:start + nbytes]
 
 
