@@ -63,7 +63,7 @@ def scripted(monkeypatch, verdicts):
     """whole_call_speed answering `verdicts` in turn; returns the list of libraries asked."""
     asked = []
 
-    def speed(plan, tuned, plain):
+    def speed(plan, tuned, plain, advance=lambda: None):
         asked.append(tuned)
         faster = verdicts[len(asked) - 1]
         return faster, "scripted " + ("faster" if faster else "slower")
@@ -133,8 +133,28 @@ def test_tuned_kernels_that_slow_the_call_go_back_to_their_defaults(records, cho
 
 
 @needs_cc
-def test_whole_calls_are_timed_through_the_compiled_entry(records, chosen):
+def test_whole_calls_are_timed_through_the_compiled_entry(records, chosen, monkeypatch):
+    bars = []
+
+    class shown:  # tuning.progress_bar's part: a bar of `total` steps, `advance` each
+        def __init__(self, total, what, show):
+            self.bar = {"total": total, "what": what, "show": show, "done": 0}
+            bars.append(self.bar)
+
+        def __enter__(self):
+            return lambda: self.bar.update(done=self.bar["done"] + 1)
+
+        def __exit__(self, *exc):
+            pass
+    monkeypatch.setattr(tuning_whole_call, "progress_bar", shown)
     exe, x = compiled(1)
+    # the check shows its progress as the tuning does: a build, then each pass of a race
+    # (a second race, a build and its passes, only where the first lost)
+    (bar,) = bars
+    assert "whole calls" in bar["what"] and bar["show"]
+    races = 2 if bar["done"] > 1 + tuning_whole_call.PASSES else 1
+    assert bar["done"] == 1 + tuning_whole_call.PASSES + (races - 1) * (
+        1 + tuning_whole_call.PASSES) <= bar["total"]
     notes = exe.executable.plan.schedule_notes
     timed = [v for v in notes.values() if "whole calls" in v]
     assert timed, notes

@@ -25,7 +25,13 @@ from graphkernel.backends.c.c_entry_threads import runner_keep_awake
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.library import BuiltLibrary, build_library
-from graphkernel.backends.c.tuning import Choice, Knobs, random_arrays, write_record
+from graphkernel.backends.c.tuning import (
+    Choice,
+    Knobs,
+    progress_bar,
+    random_arrays,
+    write_record,
+)
 from graphkernel.runtime.plan import ExecutionPlan, KernelSpec
 from graphkernel.runtime.runner import Runner
 
@@ -41,35 +47,47 @@ CALLS = 3  # calls per timing
 def confirm_tuned(plan: ExecutionPlan, config: CConfig, specs: Sequence[KernelSpec],
                   choices: dict[str, Choice], kernels: list[KernelSource],
                   library: BuiltLibrary, emit: Callable[[KernelSpec, CConfig], KernelSource],
-                  entry_source: Callable[[str], str] | None
+                  entry_source: Callable[[str], str] | None, progress: bool = True
                   ) -> tuple[BuiltLibrary, dict[str, Choice], list[KernelSource]]:
     """The library, choices and kernels to run: those tuned in this compile where whole calls
     with them are faster; else with the tuned kernels that choose threads at their defaults
     (a thread choice reaches the kernels after it) where that is faster; else the same plan
-    with every tuned kernel at its defaults."""
+    with every tuned kernel at its defaults. `progress`: a progress bar on a terminal, as the
+    tuning's own (tuning.progress_bar)."""
     default = Knobs.of(config)
     tuned = {s.name for s in specs if s.name in choices and choices[s.name].knobs != default
              and choices[s.name].how.startswith("tuned here")}
     if not tuned or library.entry is None:
         return library, choices, kernels
-    plain = [emit(spec, config) if spec.name in tuned else k for spec, k in zip(specs, kernels)]
-    plain_library = build_library(plain, entry_source)
     calm = {n for n in tuned if all(getattr(choices[n].knobs, k) == getattr(default, k)
                                     for k in THREAD_KNOBS)}
-    trials: list[tuple[set[str], list[KernelSource], BuiltLibrary | None]] = \
-        [(tuned, kernels, library)]
-    if calm and calm != tuned:
-        trials.append((calm, [k if s.name not in tuned or s.name in calm else p
-                              for s, k, p in zip(specs, kernels, plain)], None))
-    shown = []
-    for names, candidate, ready in trials:
-        built = ready or build_library(candidate, entry_source)
-        speed = whole_call_speed(plan, built, plain_library)
-        shown.append(("every tuned kernel" if names is tuned else
-                      "the tuned kernels but those choosing threads") + ": " +
-                     ("not timed (no compiled entry)" if speed is None else speed[1]))
-        if speed is not None and speed[0]:
-            return built, _noted(choices, tuned, names, default, "; ".join(shown)), candidate
+    second = bool(calm) and calm != tuned
+    # Shown as the tuning is (TIME_BUDGET_S does not bound it: at most 2 builds and 2 races):
+    # each library build and each pass of a race a step.
+    steps = 1 + PASSES + (1 + PASSES if second else 0)
+    with progress_bar(steps, f"tuning {plan.name}: whole calls, tuned against defaults",
+                      progress) as advance:
+        plain = [emit(spec, config) if spec.name in tuned else k
+                 for spec, k in zip(specs, kernels)]
+        plain_library = build_library(plain, entry_source)
+        advance()
+        trials: list[tuple[set[str], list[KernelSource], BuiltLibrary | None]] = \
+            [(tuned, kernels, library)]
+        if second:
+            trials.append((calm, [k if s.name not in tuned or s.name in calm else p
+                                  for s, k, p in zip(specs, kernels, plain)], None))
+        shown = []
+        for names, candidate, ready in trials:
+            built = ready or build_library(candidate, entry_source)
+            if ready is None:
+                advance()
+            speed = whole_call_speed(plan, built, plain_library, advance)
+            shown.append(("every tuned kernel" if names is tuned else
+                          "the tuned kernels but those choosing threads") + ": " +
+                         ("not timed (no compiled entry)" if speed is None else speed[1]))
+            if speed is not None and speed[0]:
+                return built, _noted(choices, tuned, names, default, "; ".join(shown)), \
+                    candidate
     return plain_library, _noted(choices, tuned, set(), default, "; ".join(shown)), plain
 
 
@@ -90,10 +108,11 @@ def _noted(choices: dict[str, Choice], tuned: set[str], kept: set[str], default:
     return out
 
 
-def whole_call_speed(plan: ExecutionPlan, tuned: BuiltLibrary, plain: BuiltLibrary
-                     ) -> tuple[bool, str] | None:
+def whole_call_speed(plan: ExecutionPlan, tuned: BuiltLibrary, plain: BuiltLibrary,
+                     advance: Callable[[], None] = lambda: None) -> tuple[bool, str] | None:
     """(whether `tuned`'s calls beat `plain`'s (MARGIN), how they compared) for the
-    same random inputs through each library's compiled entry; None without entries."""
+    same random inputs through each library's compiled entry; None without entries.
+    `advance` is called after each pass."""
     arrays, weights = random_arrays(plan, np.random.default_rng(0))
     calls: dict[str, Callable[[], Any]] = {}
     for name, library in (("tuned", tuned), ("plain", plain)):
@@ -114,6 +133,7 @@ def whole_call_speed(plan: ExecutionPlan, tuned: BuiltLibrary, plain: BuiltLibra
             for _ in range(CALLS):
                 call()
             seconds[name].append(time.perf_counter() - start)
+        advance()
     wins = sum(a < b for a, b in zip(seconds["tuned"], seconds["plain"]))
     t, u = statistics.median(seconds["tuned"]), statistics.median(seconds["plain"])
     faster = wins >= PASSES - 1 and t > 0 and u / t >= 1 + MARGIN
