@@ -246,11 +246,12 @@ class CBackend:
                        for spec in specs]
             marked = None if key is None else \
                 functools.partial(_mark, key, specs, choices, plan)
-            library = build_library(kernels, _entry_source(plan), prebuilt, marked)
+            entry = _entry_source(plan)
+            library = build_library(kernels, entry, prebuilt, marked)
             if tuning_level > 0:  # the tuned kernels kept only where whole calls gain
                 from graphkernel.backends.c.tuning_whole_call import confirm_tuned
                 library, choices, kernels = confirm_tuned(plan, config, specs, choices, kernels,
-                                                          library, emit, _entry_source(plan))
+                                                          library, emit, entry)
             sources = {k.name: k.source for k in kernels}
             if key is not None and library.mark is not None:
                 problem = plan_records.write_plan_record(cache.open_folder(), record_key(key), {

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from graphkernel.backends.c.c_entry_threads import runner_keep_awake
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.library import BuiltLibrary, build_library
@@ -117,8 +116,7 @@ def whole_call_speed(plan: ExecutionPlan, tuned: BuiltLibrary, plain: BuiltLibra
     calls: dict[str, Callable[[], Any]] = {}
     for name, library in (("tuned", tuned), ("plain", plain)):
         runner = Runner(plan, prefault=False)
-        runner.load(library)
-        runner.keep_awake = runner_keep_awake(plan)
+        runner.load(library)  # its entry, which keeps its threads awake itself (c_entry_threads)
         # Workspaces (repacked weights) kept between calls, as a user's unchanged weights are.
         runner.bind_versions([np.ones(1, np.int64) for _ in plan.weights])
         if runner.entry is None:
