@@ -282,8 +282,8 @@ def test_a_convolution_tries_register_tiles_that_fit():
     if not tuning.conv_tile_choices()["conv_channel_vectors"]:
         assert tiles == {(None, None)}
         return
-    assert {(None, None), (1, None), (3, None), (4, None), (None, 8), (1, 8), (1, 16),
-            (3, 8)} == tiles
+    assert {(None, None), (1, None), (2, None), (3, None), (4, None), (None, 8), (1, 8),
+            (1, 16), (2, 8), (3, 8)} == tiles
     assert all(check_conv_tile(*tile) is None for tile in tiles)
     assert (None, 16) not in tiles and (4, 8) not in tiles  # 2 x 16 and 4 x 8 would spill
     plain = {(k.conv_channel_vectors, k.conv_pixels) for k in tuning.candidates(default, 2)}

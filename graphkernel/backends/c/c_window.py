@@ -343,7 +343,8 @@ def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE,
     g, og = x[1] // w[1], conv.shape[1] // (x[1] // w[1])
     if og < PIXEL_PATH_CHANNELS:
         return "a batch of one: the image's channel planes shared over the threads"
-    vectors, pixels = tile.resolved()
+    vectors, pixels = unit_tile(conv, {**get_op(conv.op).attr_defaults, **conv.attrs},
+                                tile).resolved()
     units = g * -(-og // (channel_block(conv.dtype) * vectors))
     steps = row_steps(conv.shape[2], conv.shape[3], pixels)
     return (f"a batch of one: one parallel region per image, the fill then {units} units of "
@@ -351,6 +352,21 @@ def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE,
             "row steps: equal work per thread)"
             + ("; the epilogue in each unit's stores" if block and in_stores else
                "; the epilogue in each unit's work item" if block else ""))
+
+
+def unit_tile(conv: Node, attrs: dict[str, Any], tile: ConvTile) -> ConvTile:
+    """`tile` with the rule's channel vectors resolved for `conv` (ConvTile.for_convolution):
+    whether its units read the input in place (a stride-1 1x1 without padding, stored as
+    computed), its output channel vectors a group, its output rows and its taps."""
+    x, w = conv.inputs[0].tensor_type, conv.inputs[1].tensor_type
+    geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
+    og = conv.shape[1] // geo["group"]
+    row = geo["out"][1]
+    in_place = tuple(geo["kernel"]) == (1, 1) and tuple(geo["stride"]) == (1, 1) and \
+        not any(geo["pads"][0] + geo["pads"][1]) and og >= PIXEL_PATH_CHANNELS and \
+        C_STORAGE[x.dtype] == C_COMPUTE[x.dtype]
+    return tile.for_convolution(in_place, -(-og // channel_block(x.dtype)),
+                                row if isinstance(row, int) else 0, math.prod(w.shape[1:]))
 
 
 def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE,
@@ -366,6 +382,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     then serves the slow loop alone."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
+    tile = unit_tile(node, attrs, tile)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
     vt = "gk_vdouble" if ct == "double" else "gk_vfloat"
     _, c, h, wd = x.shape

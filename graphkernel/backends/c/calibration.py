@@ -55,6 +55,8 @@ from graphkernel.backends.c.conv_tile import (
     CONV_TILE,
     DEFAULT_VECTORS,
     VECTOR_REGISTERS,
+    WIDE_POINTWISE_MIN_ROW,
+    WIDE_POINTWISE_VECTORS,
     fit_pixels,
 )
 from graphkernel.errors import CacheError, GraphKernelError
@@ -218,7 +220,9 @@ def derive(cal: Calibration, within_call: bool = False) -> tuple[CConfig, dict[s
     # kernel; nothing measured here changes it.
     for name in CONV_TILE:
         sources[name] = f"rule: {DEFAULT_VECTORS} channel vectors x {fit_pixels(DEFAULT_VECTORS)}" \
-            f" pixels fit {VECTOR_REGISTERS} vector registers; tuned per convolution"
+            f" pixels fit {VECTOR_REGISTERS} vector registers ({WIDE_POINTWISE_VECTORS} x " \
+            f"{fit_pixels(WIDE_POINTWISE_VECTORS)} for a 1x1 read in place, rows of " \
+            f"{WIDE_POINTWISE_MIN_ROW} or more); tuned per convolution"
     config = dataclasses.replace(base, **values)
     ordered = {f.name: sources[f.name] for f in dataclasses.fields(CConfig)
                if f.name in sources}

@@ -13,9 +13,11 @@ vectors (each broadcast feeds two multiply-adds, so the loads stay under the mul
 as many pixels as then fit (`fit_pixels`), with RESERVED_REGISTERS left for the compiler's
 temporaries. A tile that does not fit would spill accumulators to the stack every tap.
 On Zen 5 a 3 x 8 tile took 1.03x the rule's 2 x 12 (ResNet-18 b1); on the Zen 4 host before
-it 4 x 7 took 1.09x and 1 x 26 1.75x: the rule keeps two channel vectors."""
+it 4 x 7 took 1.09x and 1 x 26 1.75x: the rule keeps two channel vectors, but for a pointwise
+convolution read in place with long rows (`rule_vectors`)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 VECTOR_REGISTERS = 32  # AVX-512's zmm0-31
@@ -32,6 +34,30 @@ TAP_CHUNK_BYTES = 16 << 10
 MAX_TAP_CHUNK_BYTES = 1 << 32
 DEFAULT_VECTORS = 2
 MAX_VECTORS = 4
+
+
+# A stride-1 1x1 convolution reads its input in place, and each of its units walks all of it:
+# units of four channel vectors halve that traffic. Zen 5, two threads, ResNet-50's kernels
+# within whole calls (alternated, one process; bit-identical results): output rows of 56 and
+# 28 pixels took 0.60-0.97x the two-vector time at batch 8 (256->64 at 56x56 0.64-0.68x) and
+# 0.51-0.95x at batch 1 (where two threads shared an image's units); rows of 14 and 7 took
+# 1.08-1.15x (an image's input stays in L2 from one unit to the next, and a row of 14 fills
+# four-vector tiles in blocks of 5, 5 and 4), so they keep two; so do few taps, where a
+# unit's stores weigh as much as its multiply-adds (MobileNetV2's 32->192 at 28x28, batch 8,
+# 1.01-1.03x).
+WIDE_POINTWISE_VECTORS = 4
+WIDE_POINTWISE_MIN_ROW = 28
+WIDE_POINTWISE_MIN_TAPS = 64
+
+
+def rule_vectors(reads_in_place: bool, channel_vectors: int, row: int, taps: int) -> int:
+    """The rule's channel vectors a unit for a convolution that reads its input in place (a
+    stride-1 1x1) or not, of `channel_vectors` output channel vectors a group, output rows of
+    `row` pixels and `taps` taps (input channels a group)."""
+    if reads_in_place and channel_vectors % WIDE_POINTWISE_VECTORS == 0 and \
+            row >= WIDE_POINTWISE_MIN_ROW and taps >= WIDE_POINTWISE_MIN_TAPS:
+        return WIDE_POINTWISE_VECTORS
+    return DEFAULT_VECTORS
 
 
 def fit_pixels(vectors: int) -> int:
@@ -75,6 +101,19 @@ class ConvTile:
     def resolved(self) -> tuple[int, int]:
         v = DEFAULT_VECTORS if self.vectors is None else self.vectors
         return v, fit_pixels(v) if self.pixels is None else self.pixels
+
+    def for_convolution(self, reads_in_place: bool, channel_vectors: int, row: int,
+                        taps: int) -> ConvTile:
+        """This tile with the rule's channel vectors taken for one convolution
+        (`rule_vectors`); chosen vectors stay, and so does the rule's two where chosen pixels
+        would not fit the wider unit's registers."""
+        if self.vectors is not None:
+            return self
+        vectors = rule_vectors(reads_in_place, channel_vectors, row, taps)
+        if vectors == DEFAULT_VECTORS or \
+                (self.pixels is not None and self.pixels > fit_pixels(vectors)):
+            return self
+        return dataclasses.replace(self, vectors=vectors)
 
     def partial(self, vectors: int) -> int:
         """Pixels of a unit of fewer channel vectors (a group's last): the tile's own. Filling

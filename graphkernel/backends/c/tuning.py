@@ -103,8 +103,9 @@ CHOICES: dict[str, tuple[int | None, ...]] = {
     "row_block": (512, 2048, 4096),
     "column_block": (128, 256, 1024, 2048),
     # A convolution's register tile (conv_tile.py), where the kernel is one and the 512-bit
-    # code runs (`conv_tile_choices`); pairs that do not fit the registers are not tried.
-    "conv_channel_vectors": (1, 3, 4),
+    # code runs (`conv_tile_choices`); pairs that do not fit the registers are not tried. Two
+    # vectors, the rule's for most, is a different C text where the rule takes four.
+    "conv_channel_vectors": (1, 2, 3, 4),
     "conv_pixels": (8, 16),
     # A conv block's epilogue on blocked output (c_conv_block.py): a second pass over each
     # unit's output / in the units' stores (the rule picks by taps; neither wins everywhere).
