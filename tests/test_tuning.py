@@ -17,6 +17,7 @@ import graphkernel
 from graphkernel import nn
 from graphkernel.backends.c import calibration, toolchain, tuning
 from graphkernel.backends.c.config import BLOCKING_RANGES, CConfig
+from graphkernel.backends.c.conv_tile import MAX_PIXELS
 from graphkernel.backends.c.tuning import NEVER, Knobs
 from graphkernel.errors import ContextError, FlagError
 from graphkernel.graph_kernel.flags import parse_flags
@@ -212,7 +213,8 @@ def _edit(field: str, value: object, knob: bool = False):
     (_edit("conv_channel_vectors", 9), "knob conv_channel_vectors is 9; it is None or an int "
      "from 1 to 4"),
     (_edit("conv_pixels", "12 }; system(\"id\"); {"), "knob conv_pixels is '12 }"),
-    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to 27"),
+    (_edit("conv_pixels", 0), "knob conv_pixels is 0; it is None or an int from 1 to "
+     f"{MAX_PIXELS}"),
     (lambda text: _edit("conv_pixels", 12)(_edit("conv_channel_vectors", 4)(text)),
      "knob conv_pixels 12 with 4 channel vectors does not fit 32 vector registers"),
     # a conv block's epilogue placement: None, 0 or 1

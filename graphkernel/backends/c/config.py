@@ -70,7 +70,7 @@ class CConfig:
     row_block: int = c_loops.ROW_BLOCK
     column_block: int = c_loops.COLUMN_BLOCK
     # A convolution's register tile in 512-bit code: channel vectors x pixels of accumulators
-    # per unit of work (backends/c/conv_tile.py; None: the register file's rule, 2 x 13). Set
+    # per unit of work (backends/c/conv_tile.py; None: the register file's rule, 2 x 14). Set
     # per kernel by tuning; checked here, as they reach the C text.
     conv_channel_vectors: int | None = None
     conv_pixels: int | None = None

@@ -21,13 +21,14 @@ import dataclasses
 from dataclasses import dataclass
 
 VECTOR_REGISTERS = 32  # AVX-512's zmm0-31
-# Three spare: 2 x 13 (gcc keeps the tap loop free of spills; the spills it makes are in the
-# stores after it). On Zen 5 (one thread, bench/codegen_ab.py, against 4 spare: 2 x 12) the
-# images of at most FLAT_PIXELS take 4 blocks of 12-13 pixels where they took 5 of 9-10:
-# ResNet-18 b1 steps 0.983 (the other order 0.985; its 7x7 layers 0.92-0.98), ResNet-50 b1
-# 0.988 (the 7x7 stage 0.91-0.96), MobileNetV2 b1 0.984 (rows of 112: 13-pixel segments);
-# rows of 56, 28 and 14 split as before.
-RESERVED_REGISTERS = 3
+# One spare: 2 x 14, whose tap loop holds 28 accumulators, two weight vectors and the broadcast
+# pixel (31 registers; gcc 12's code for ResNet-18's 3x3s keeps it free of spills). Rows of
+# 56, 28 and 14 then split into whole blocks of 14 where 13 left blocks of 12 and 8, 10 and 8,
+# 7 and 7. Zen 5, two threads, whole calls alternated against three spare (2 x 13): ResNet-18
+# b1 0.989x (its 28x28 and 14x14 3x3s 0.93-0.97x, 56x56 0.98-0.99x), b8 0.994x, ResNet-50 b8
+# 0.986x, b1 0.994x, MobileNetV2 b8 0.991x. Three spare had taken 4 blocks of 12-13 pixels for
+# 7x7 images where four spare (2 x 12) took 5 of 9-10 (ResNet-18 b1 steps 0.983x).
+RESERVED_REGISTERS = 1
 # A 1x1 unit's weights per chunk of taps (c_conv_units.tap_chunk): calibration sets a third of
 # the L1 data cache (calibration.TAP_CHUNK_SHARE_OF_L1D); this where the cache size is unknown.
 TAP_CHUNK_BYTES = 16 << 10
