@@ -1,6 +1,6 @@
-"""One row times a transposed matrix (a classifier at batch 1) on graphkernel's row-vector
-kernel (backends/c/c_gemm_row.py): the compiled entry runs `gk_row_sgemv` instead of a one-row
-BLAS GEMM, on one thread for a small W and over OpenMP's threads for a large one, with numpy's
+"""A row, or a few, times a transposed matrix (a classifier at batch 1 to 8) on graphkernel's
+row-vector kernel (backends/c/c_gemm_row.py): the compiled entry runs `gk_row_sgemv` instead of
+a BLAS GEMM, on one thread for a small W and over OpenMP's threads for a large one, with numpy's
 results, the Python runner's and fusion off's; products of more rows, a batch axis or B not
 transposed stay on BLAS."""
 from __future__ import annotations
@@ -16,6 +16,7 @@ from graphkernel import Tensor
 from graphkernel.backends.c.c_gemm import gemm_call
 from graphkernel.backends.c.c_gemm_row import (
     ROW_PRODUCT_LABEL,
+    ROW_PRODUCT_MAX_ROWS,
     ROW_PRODUCT_PARALLEL_MIN,
     row_parallel,
     row_product,
@@ -38,10 +39,11 @@ def by_runner(exe: Any, *arrays: np.ndarray) -> np.ndarray:
     return ex.runner.run(ex.check_inputs(list(arrays)), exe._weights())[0]
 
 
+@pytest.mark.parametrize("rows", [1, 3, ROW_PRODUCT_MAX_ROWS])
 @pytest.mark.parametrize("k,n", [(37, 5), (512, 1000), (576, 1024), (1000, 77), (16, 4097)])
-def test_a_row_times_a_transposed_matrix_runs_on_the_row_kernel(k: int, n: int,
+def test_a_row_times_a_transposed_matrix_runs_on_the_row_kernel(k: int, n: int, rows: int,
                                                                  rng: Any) -> None:
-    x = rng.standard_normal((1, k)).astype(np.float32)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
     w = rng.standard_normal((n, k)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     exe = graphkernel.compile(Fn(classifier), x, w, b, options=ON)
@@ -81,9 +83,9 @@ def test_a_row_of_a_wider_input_reads_its_own_offset(rng: Any) -> None:
     np.testing.assert_allclose(got, np.maximum(x[1:2] @ w.T, 0), rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("case", ["two rows", "B not transposed", "a batch axis", "float64"])
+@pytest.mark.parametrize("case", ["more rows", "B not transposed", "a batch axis", "float64"])
 def test_other_products_stay_on_blas(case: str, rng: Any) -> None:
-    rows = 2 if case == "two rows" else 1
+    rows = ROW_PRODUCT_MAX_ROWS + 1 if case == "more rows" else 1
     dtype = np.float64 if case == "float64" else np.float32
     x = rng.standard_normal((rows, 256)).astype(dtype)
     if case == "B not transposed":
@@ -109,14 +111,16 @@ def test_other_products_stay_on_blas(case: str, rng: Any) -> None:
     np.testing.assert_allclose(exe(Tensor(x), Tensor(w)).asnumpy(), want, rtol=1e-4, atol=1e-3)
 
 
-def test_a_warm_compile_finds_the_row_products_plan_record(cache_folder: str, rng: Any,
+@pytest.mark.parametrize("rows", [1, ROW_PRODUCT_MAX_ROWS])
+def test_a_warm_compile_finds_the_row_products_plan_record(rows: int, cache_folder: str,
+                                                           rng: Any,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
     """The plan record names the row kernel as the product's library, and a warm compile takes
     it: no kernel's C written again (a record with that label was once refused as not one
     label per product step, so every warm compile of a CNN's classifier wrote its C)."""
     from graphkernel.backends.c import backend
-    x = rng.standard_normal((1, 512)).astype(np.float32)
+    x = rng.standard_normal((rows, 512)).astype(np.float32)
     w = rng.standard_normal((1000, 512)).astype(np.float32)
     b = rng.standard_normal(1000).astype(np.float32)
     cold = graphkernel.compile(Fn(classifier), x, w, b, options=ON)
