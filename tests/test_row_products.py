@@ -110,33 +110,3 @@ def test_other_products_stay_on_blas(case: str, rng: Any) -> None:
     assert source.count("gk_row_sgemv(") == source.count("static void gk_row_sgemv(")
     np.testing.assert_allclose(exe(Tensor(x), Tensor(w)).asnumpy(), want, rtol=1e-4, atol=1e-3)
 
-
-@pytest.mark.parametrize("rows", [1, ROW_PRODUCT_MAX_ROWS])
-def test_a_warm_compile_finds_the_row_products_plan_record(rows: int, cache_folder: str,
-                                                           rng: Any,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    """The plan record names the row kernel as the product's library, and a warm compile takes
-    it: no kernel's C written again (a record with that label was once refused as not one
-    label per product step, so every warm compile of a CNN's classifier wrote its C)."""
-    from graphkernel.backends.c import backend
-    x = rng.standard_normal((rows, 512)).astype(np.float32)
-    w = rng.standard_normal((1000, 512)).astype(np.float32)
-    b = rng.standard_normal(1000).astype(np.float32)
-    cold = graphkernel.compile(Fn(classifier), x, w, b, options=ON)
-    emitted: list[str] = []
-    real_emit = backend.CBackend._emit
-
-    def counted_emit(self: Any, spec: Any, config: Any) -> Any:
-        emitted.append(spec.name)
-        return real_emit(self, spec, config)
-
-    monkeypatch.setattr(backend.CBackend, "_emit", counted_emit)
-    warm = graphkernel.compile(Fn(classifier), x, w, b, options=ON)
-    assert warm.report.compile_cache.startswith("hit")
-    assert emitted == []
-    (step,) = products(warm)
-    assert step.attrs.get("gemm_library") == ROW_PRODUCT_LABEL
-    assert warm.executable.library.path == cold.executable.library.path
-    np.testing.assert_array_equal(warm(Tensor(x), Tensor(w), Tensor(b)).asnumpy(),
-                                  cold(Tensor(x), Tensor(w), Tensor(b)).asnumpy())

@@ -257,3 +257,32 @@ def test_the_wheels_onednn_is_named_without_asking_the_loader(
     monkeypatch.setattr(onednn.sys, "prefix", str(tmp_path / "empty"))
     assert onednn.installed_label() == "onednn 3.1.0"
     assert asked == ["dnnl"]
+
+
+class Classifier(nn.Cell):
+    """relu(x W^T + b): one product on the row-vector kernel (backends/c/c_gemm_row.py)."""
+
+    def construct(self, x: Any, w: Any, b: Any) -> Any:
+        return P.ReLU()(P.BiasAdd()(P.MatMul(transpose_b=True)(x, w), b))
+
+
+@needs_cc
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_plan_record_naming_the_row_kernel_is_taken(emitted: list[str], rng: Any,
+                                                      rows: int) -> None:
+    """A record that names the row-vector kernel as a product's library is one the warm build
+    takes (it was once refused as "not one label per product step", so every warm build of a
+    CNN's classifier wrote its C)."""
+    from graphkernel.backends.c.c_gemm_row import ROW_PRODUCT_LABEL
+    x = rng.standard_normal((rows, 512)).astype(np.float32)
+    w = rng.standard_normal((1000, 512)).astype(np.float32)
+    b = rng.standard_normal(1000).astype(np.float32)
+    cold = graphkernel.compile(Classifier(), x, w, b, options=FUSED)
+    written = len(emitted)
+    assert written
+    warm = graphkernel.compile(Classifier(), x, w, b, options=FUSED)
+    assert len(emitted) == written, f"a warm build wrote C for {emitted[written:]}"
+    assert [s.attrs.get("gemm_library") for s in warm.plan.steps if s.op == "MatMul"] == \
+        [ROW_PRODUCT_LABEL]
+    assert warm.executable.library.path == cold.executable.library.path
+    np.testing.assert_array_equal(warm.run_arrays(x, w, b)[0], cold.run_arrays(x, w, b)[0])
