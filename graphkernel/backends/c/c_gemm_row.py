@@ -98,7 +98,8 @@ def row_parallel(call: GemmCall) -> bool:
 
 def emit_row_product(call: GemmCall, x: str, w: str, y: str) -> list[str]:
     """C lines of one row-vector product inside the entry's `gk_run` (`row_product`): `x`, `w`,
-    `y` the pointer expressions of A's row, B (W^T) and C."""
+    `y` the pointer expressions of A, B (W^T) and C; each chunk of W's rows meets every row of
+    A in turn."""
     n, k, ldw, m = call.n, call.k, call.b.ld, call.m
     lda, ldc = call.a.ld, call.c.ld
     rows = f"for (int64_t gk_i = 0; gk_i < {m}; ++gk_i) "

@@ -343,8 +343,10 @@ def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE,
     g, og = x[1] // w[1], conv.shape[1] // (x[1] // w[1])
     if og < PIXEL_PATH_CHANNELS:
         return "a batch of one: the image's channel planes shared over the threads"
-    vectors, pixels = unit_tile(conv, {**get_op(conv.op).attr_defaults, **conv.attrs},
-                                tile).resolved()
+    xt, wt = conv.inputs[0].tensor_type, conv.inputs[1].tensor_type
+    geo = conv_geometry(TensorType(xt.shape, xt.dtype), TensorType(wt.shape, wt.dtype),
+                        {**get_op(conv.op).attr_defaults, **conv.attrs})
+    vectors, pixels = unit_tile(tile, geo, og, conv.dtype, math.prod(w[1:])).resolved()
     units = g * -(-og // (channel_block(conv.dtype) * vectors))
     steps = row_steps(conv.shape[2], conv.shape[3], pixels)
     return (f"a batch of one: one parallel region per image, the fill then {units} units of "
@@ -354,19 +356,24 @@ def image_split_note(conv: Node, block: bool, tile: ConvTile = RULE_TILE,
                "; the epilogue in each unit's work item" if block else ""))
 
 
-def unit_tile(conv: Node, attrs: dict[str, Any], tile: ConvTile) -> ConvTile:
-    """`tile` with the rule's channel vectors resolved for `conv` (ConvTile.for_convolution):
-    whether its units read the input in place (a stride-1 1x1 without padding, stored as
-    computed), its output channel vectors a group, its output rows and its taps."""
-    x, w = conv.inputs[0].tensor_type, conv.inputs[1].tensor_type
-    geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
-    og = conv.shape[1] // geo["group"]
+def reads_in_place(geo: dict[str, Any], og: int, dtype: np.dtype) -> bool:
+    """Whether a convolution's units read its input itself, no scratch (conv_parts): a stride-1
+    1x1 without padding, of at least PIXEL_PATH_CHANNELS output channels a group, stored as
+    computed."""
+    (pt, pb), (pl, pr) = geo["pads"]
+    return tuple(geo["kernel"]) == (1, 1) and tuple(geo["stride"]) == (1, 1) and \
+        pt == pb == pl == pr == 0 and og >= PIXEL_PATH_CHANNELS and \
+        C_STORAGE[dtype] == C_COMPUTE[dtype]
+
+
+def unit_tile(tile: ConvTile, geo: dict[str, Any], og: int, dtype: np.dtype,
+              taps: int) -> ConvTile:
+    """`tile` with the rule's channel vectors resolved (ConvTile.for_convolution) for a
+    convolution of geometry `geo` (conv_geometry), `og` output channels a group and `taps`
+    taps: whether it reads its input in place, its output channel vectors and rows."""
     row = geo["out"][1]
-    in_place = tuple(geo["kernel"]) == (1, 1) and tuple(geo["stride"]) == (1, 1) and \
-        not any(geo["pads"][0] + geo["pads"][1]) and og >= PIXEL_PATH_CHANNELS and \
-        C_STORAGE[x.dtype] == C_COMPUTE[x.dtype]
-    return tile.for_convolution(in_place, -(-og // channel_block(x.dtype)),
-                                row if isinstance(row, int) else 0, math.prod(w.shape[1:]))
+    return tile.for_convolution(reads_in_place(geo, og, dtype), -(-og // channel_block(dtype)),
+                                row if isinstance(row, int) else 0, taps)
 
 
 def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RULE_TILE,
@@ -382,7 +389,6 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     then serves the slow loop alone."""
     x, w = node.inputs[0].tensor_type, node.inputs[1].tensor_type
     geo = conv_geometry(TensorType(x.shape, x.dtype), TensorType(w.shape, w.dtype), attrs)
-    tile = unit_tile(node, attrs, tile)
     st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
     vt = "gk_vdouble" if ct == "double" else "gk_vfloat"
     _, c, h, wd = x.shape
@@ -411,7 +417,8 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
     # computed: the copy was a pass over the whole input per image, 12% of a 256->64 1x1 at
     # 56x56). `grid`: the scratch's rows, columns and strides the units read with.
     pointwise = kh == kw == 1 and pt == pb == pl == pr == 0 and not pixels_per_lane
-    in_place = pointwise and sh == sw == 1 and st == ct
+    in_place = reads_in_place(geo, og, x.dtype)
+    tile = unit_tile(tile, geo, og, x.dtype, taps)
     fill_kind = "none" if in_place else "sample" if pointwise else "pad"
     gh, gw, gsh, gsw = (oh, ow, 1, 1) if pointwise else (hp, wp, sh, sw)
     p = oh * ow
