@@ -21,7 +21,14 @@ import graphkernel
 from graphkernel import Tensor
 from graphkernel.backends.c import c_gemm_packed
 from graphkernel.backends.c.c_gemm import gemm_call
-from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL, packed_product
+from graphkernel.backends.c.c_gemm_packed import (
+    PACKED_COPIED_A_LABEL,
+    PACKED_PRODUCT_LABEL,
+    copy_rows,
+    copy_stride,
+    packed_product,
+    rows_per_l1_set,
+)
 from graphkernel.ops import operations as P
 
 pytestmark = needs_openmp
@@ -88,13 +95,48 @@ def test_the_threshold_turns_the_kernel_off(rng: Any, monkeypatch: pytest.Monkey
     assert "gk_pk_rows_r(gk_lo" not in exe.executable.library.source
 
 
+def test_rows_of_a_that_share_l1_sets_are_copied_apart(rng: Any) -> None:
+    # rows of A 4 KiB apart all fall in one L1 set: copied 1040 floats apart, 240 rows at a
+    # time; 768 floats apart (3 rows a set) they are read in place
+    a = rng.standard_normal((600, 1024)).astype(np.float32)
+    b = rng.standard_normal((1024, 200)).astype(np.float32)
+    exe = _compile(a, b)
+    assert _step(exe).attrs.get("gemm_library") == PACKED_COPIED_A_LABEL
+    assert f"blas='{PACKED_COPIED_A_LABEL}'" in exe.plan.describe()
+    source = exe.executable.library.source
+    assert "gk_pk_rows_rc(gk_lo, gk_hi, 200, 1024, gk_A, 1024, 1040, 240, gk_Bp, gk_C, 200);" \
+        in source
+    np.testing.assert_allclose(exe(Tensor(a), Tensor(b)).asnumpy(), np.maximum(a @ b, 0),
+                               rtol=1e-4, atol=1e-4)
+    plain = _compile(a[:, :768].copy(), b[:768].copy())
+    assert _step(plain).attrs.get("gemm_library") == PACKED_PRODUCT_LABEL
+    assert "gk_pk_rows_rc(gk_lo" not in plain.executable.library.source
+    # A transposed: each step of k reads one run of 12 floats, nothing to copy
+    at = _compile(a.T.copy(), b, ta=True)
+    assert _step(at).attrs.get("gemm_library") == PACKED_PRODUCT_LABEL
+
+
+def test_the_copy_stride_puts_each_row_of_a_tile_in_a_set_of_its_own() -> None:
+    assert [rows_per_l1_set(4 * k) for k in (768, 512, 1024, 3072, 1000)] == [3, 6, 12, 12, 1]
+    assert copy_stride(3072) == 3088 and copy_stride(1024) == 1040 and copy_stride(100) == 112
+    # rows copied at a time: 240, fewer (whole strips) where they would take over 4 MiB
+    assert copy_rows(3072) == 240 and copy_rows(8192) == 120 and copy_rows(1 << 20) == 12
+    for k in range(1, 5000, 7):
+        stride = copy_stride(k)
+        assert k <= stride < k + 16 * 8 and stride % 16 == 0, k
+        assert rows_per_l1_set(4 * stride) == 1, k
+
+
 # (m, k, n, transpose_a, transpose_b): rows past the last 12-row strip (and 4-row one), columns
 # past the last whole panel (one past 16, one under), k past PACKED_KC's block and not a
 # multiple of 16 (the transposed pack's edge), every layout; 30 rows: 3 strips, fewer than the
 # chunks (some chunks empty)
 CASES = [(1027, 800, 1000, False, True), (333, 256, 100, False, False),
          (250, 1000, 50, True, False), (297, 781, 209, True, True), (4000, 40, 40, False, True),
-         (30, 4700, 30, True, False)]
+         (30, 4700, 30, True, False),
+         # A's rows copied apart (4 KiB and 2 KiB apart): chunks past the 240 rows copied at a
+         # time, with a short last block; k past the k block
+         (2100, 1024, 70, False, True), (500, 512, 300, False, False)]
 
 _CHILD = r"""
 import json, sys
@@ -106,7 +148,7 @@ from graphkernel import Tensor
 from graphkernel.ops import operations as P
 from cells import ON, Fn
 from graphkernel.backends.c.c_gemm import gemm_call
-from graphkernel.backends.c.c_gemm_packed import packed_product
+from graphkernel.backends.c.c_gemm_packed import copies_a, packed_product
 
 rng = np.random.default_rng(11)
 out = []
@@ -120,8 +162,9 @@ for m, k, n, ta, tb in json.loads(sys.argv[2]):
     got = exe(Tensor(a), Tensor(b)).asnumpy()
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = np.maximum((a64.T if ta else a64) @ (b64.T if tb else b64), 0)
+    call = gemm_call(exe.plan, step)
     out.append([float(np.abs(got - want).max() / np.abs(want).max()),
-                packed_product(gemm_call(exe.plan, step))])
+                packed_product(call), copies_a(call)])
 # a dynamic row count: a batch of sequences times a matrix (rows 128 N), batches 3, 1 and 0
 from graphkernel import nn
 from graphkernel.frontend import context
@@ -145,7 +188,7 @@ for batch in (3, 1, 0):
     assert call is not None and call.symbols and exe.executable.runner.entry is not None
     assert got.shape == want.shape
     error = float(np.abs(got - want).max() / np.abs(want).max()) if batch else 0.0
-    out.append([error, packed_product(call)])
+    out.append([error, packed_product(call), copies_a(call)])
 print("RESULT " + json.dumps(out))
 """
 
@@ -160,6 +203,8 @@ def test_packed_products_match_numpy_in_every_layout(threads: int) -> None:
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line[len("RESULT "):])
     assert len(result) == len(CASES) + 3  # and the dynamic rows' three batches
-    for case, (error, packed) in zip(CASES + [(None, 128, 300, 200)] * 3, result):
+    for case, (error, packed, copied) in zip(CASES + [(None, 300, 200, False, False)] * 3,
+                                             result):
         assert packed, case  # each case is one the kernel takes
+        assert copied == (not case[3] and case[1] % 512 == 0), case  # rows 2 or 4 KiB apart
         assert error < 1e-5, (case, threads, error)

@@ -48,7 +48,11 @@ from graphkernel.backends.c.c_gemm import (
     gemm_call_of,
     library_shape,
 )
-from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL, prepacked_bytes
+from graphkernel.backends.c.c_gemm_packed import (
+    PACKED_COPIED_A_LABEL,
+    PACKED_PRODUCT_LABEL,
+    prepacked_bytes,
+)
 from graphkernel.backends.c.c_gemm_row import ROW_PRODUCT_LABEL
 from graphkernel.backends.c.c_loops import KernelSource
 from graphkernel.backends.c.cblas import hand_blas_to
@@ -435,6 +439,7 @@ _MODULE = re.compile(r"gk_[0-9a-f]{24}")
 # blas_choice.GemmLibrary.label: a name and a version; or one of the entry's own kernels
 _GEMM_LABEL = re.compile(r"(openblas|mkl) [0-9A-Za-z.+_-]{1,40}|" + re.escape(SMALL_PRODUCT_LABEL)
                          + "|" + re.escape(PACKED_PRODUCT_LABEL) + "|"
+                         + re.escape(PACKED_COPIED_A_LABEL) + "|"
                          + re.escape(ROW_PRODUCT_LABEL))
 MKL_LABEL = "mkl "
 

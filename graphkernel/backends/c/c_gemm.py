@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from graphkernel.backends.c.c_gemm_packed import (
+    PACKED_COPIED_A_LABEL,
     PACKED_PRODUCT_LABEL,
+    copies_a,
     emit_packed,
     packed_product,
     packed_source,
@@ -559,7 +561,8 @@ def with_library(call: GemmCall, step: Step) -> GemmCall:
         step.attrs["gemm_library"] = SMALL_PRODUCT_LABEL
         return dataclasses.replace(call, library="graphkernel")
     if packed_product(call):  # packs B once for all its threads (c_gemm_packed.py)
-        step.attrs["gemm_library"] = PACKED_PRODUCT_LABEL
+        step.attrs["gemm_library"] = PACKED_COPIED_A_LABEL if copies_a(call) else \
+            PACKED_PRODUCT_LABEL
         return dataclasses.replace(call, library="graphkernel")
     shape = library_shape(call)
     if shape is None:  # its shape is known per call only: numpy's OpenBLAS, as without MKL

@@ -20,6 +20,7 @@ elsewhere, or when the pack buffer cannot be allocated, the product's BLAS lines
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 from graphkernel.ir.types import Dim, SymSize
@@ -83,6 +84,18 @@ PACKED_NC = 256  # columns of B (8 panels) a row strip runs across while its A b
 # (gk_pk_cols): by rows, every chunk read all of B again (4 chunks a thread: MLP's 16 MiB
 # weight streamed 8 times a call at two threads)
 PACKED_WIDE_BY_COLUMNS = True
+# A tile reads 12 rows of A at once. An x86 core's L1d is indexed by the address bits within a
+# 4 KiB page (its way is a page: 32 KiB 8-way, 48 KiB 12-way), so rows a multiple of 4 KiB
+# apart fall in one set and evict each other: BERT-base's down-projection (A 1024 x 3072, rows
+# 12 KiB apart) took 24.2-25.3 ms on the Zen 4 host against 22.2 with A's rows 12352 bytes
+# apart, as fast as its up-projection. Where more than A_ROWS_PER_SET_MAX of a tile's rows share
+# a set, the product copies A_COPY_ROWS rows of A at a time into a thread's buffer, rows
+# `copy_stride` floats apart (22.7 ms, the copy included); other strides run in place.
+L1_WAY_BYTES = 4096
+A_ROWS_PER_SET_MAX = 4
+A_COPY_ROWS = 240  # 20 strips: 240 x 3088 floats, 2.9 MiB a thread at k 3072
+A_COPY_BYTES = 4 << 20  # a thread's copy at most (but one strip): fewer rows at a time past it
+PACKED_COPIED_A_LABEL = PACKED_PRODUCT_LABEL + ", rows of A copied apart"
 
 PACKED_PRODUCT = """#if defined(__AVX512F__) && defined(_OPENMP)
 #include <immintrin.h>
@@ -200,6 +213,38 @@ __attribute__((unused)) static void gk_pk_cols_c(
   gk_pk_cols_of(jlo, jhi, m, n, k, A, 1, da, Bp, C, ldc);
 }
 
+/* As gk_pk_rows_r, A's rows copied first, `at_once` at a time, `sa` floats apart into the
+   calling thread's buffer (rows whose stride puts them in one L1 set: `copies_a`); in place
+   when the buffer cannot be had. */
+static __thread float *gk_pk_abuf = NULL;
+static __thread size_t gk_pk_acap = 0;
+__attribute__((unused)) static void gk_pk_rows_rc(
+    int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra, int64_t sa,
+    int64_t at_once, const float *Bp, float *C, int64_t ldc) {
+  const size_t floats = (size_t)at_once * (size_t)sa;
+  if (floats > gk_pk_acap) {
+    free(gk_pk_abuf);
+    gk_pk_abuf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    gk_pk_acap = gk_pk_abuf != NULL ? floats : 0;
+  }
+  if (gk_pk_abuf == NULL) {
+    gk_pk_rows_of(lo, hi, n, k, A, ra, 1, Bp, C, ldc);
+    return;
+  }
+  const __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
+  for (int64_t i0 = lo; i0 < hi; i0 += at_once) {
+    const int64_t rows = hi - i0 < at_once ? hi - i0 : at_once;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *in = A + (i0 + r) * ra;
+      float *out = gk_pk_abuf + r * sa;
+      int64_t d = 0;
+      for (; d + 16 <= k; d += 16) _mm512_storeu_ps(out + d, _mm512_loadu_ps(in + d));
+      if (d < k) _mm512_mask_storeu_ps(out + d, tail, _mm512_maskz_loadu_ps(tail, in + d));
+    }
+    gk_pk_rows_of(0, rows, n, k, gk_pk_abuf, sa, 1, Bp, C + i0 * ldc, ldc);
+  }
+}
+
 /* r[i] = row i of a 16 x 16 block in; r[j] = its column j out. */
 static inline __attribute__((always_inline)) void gk_pk_tr16(__m512 r[16]) {
   __m512 t[16];
@@ -288,6 +333,41 @@ def packed_source() -> str:
     return PACKED_PRODUCT.replace("GK_PK_KC", str(PACKED_KC)).replace("GK_PK_NC", str(PACKED_NC))
 
 
+def rows_per_l1_set(stride_bytes: int, rows: int = 12) -> int:
+    """The most of `rows` rows `stride_bytes` apart that fall in one L1 set (L1_WAY_BYTES)."""
+    sets = L1_WAY_BYTES // math.gcd(stride_bytes % L1_WAY_BYTES, L1_WAY_BYTES)
+    return -(-rows // min(rows, sets))
+
+
+def copy_stride(k: int) -> int:
+    """The row stride (floats) A's rows are copied to: k rounded up to whole 64-byte lines, then
+    further until a tile's rows fall in sets of their own."""
+    stride = -(-k // 16) * 16
+    while rows_per_l1_set(4 * stride) > 1:
+        stride += 16
+    return stride
+
+
+def copy_rows(k: int) -> int:
+    """Rows of A copied at a time (whole 12-row strips): A_COPY_ROWS, fewer where they would
+    take more than A_COPY_BYTES."""
+    fit = A_COPY_BYTES // (4 * copy_stride(k)) // 12 * 12
+    return max(12, min(A_COPY_ROWS, fit))
+
+
+def _by_columns(call: GemmCall) -> bool:
+    """Whether the product is split over threads by column panels (gk_pk_cols)."""
+    return PACKED_WIDE_BY_COLUMNS and not isinstance(call.m, SymSize) and call.m < call.n
+
+
+def copies_a(call: GemmCall) -> bool:
+    """Whether the packed product copies A's rows apart first (`gk_pk_rows_rc`): A's rows
+    contiguous, split by rows, and a row stride that puts more than A_ROWS_PER_SET_MAX of a
+    tile's 12 rows in one L1 set."""
+    return not call.a.trans and not _by_columns(call) and \
+        rows_per_l1_set(4 * call.a.ld) > A_ROWS_PER_SET_MAX
+
+
 def packed_product(call: GemmCall) -> bool:
     """Whether a product runs on the packed-B kernel: float32, one GEMM (no batch axis), split
     over threads (not held to one: `GemmCall.one_thread`), at least PACKED_PRODUCT_MIN_MNK
@@ -331,10 +411,13 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
     # A's one stride that is not 1, and the instance for its layout
     layout, stride = ("c", call.a.ld) if call.a.trans else ("r", call.a.ld)
     n, k, panels = call.n, call.k, (call.n + 31) // 32
-    by_cols = PACKED_WIDE_BY_COLUMNS and not isinstance(call.m, SymSize) and call.m < call.n
+    by_cols = _by_columns(call)
     if by_cols:  # chunks of whole panels, every row
         rows = (f"gk_pk_cols_{layout}(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, "
                 f"{n}, {k}, {a}, {stride}, gk_Bp, {c}, {call.c.ld});")
+    elif copies_a(call):
+        rows = (f"gk_pk_rows_rc(gk_lo, gk_hi, {n}, {k}, {a}, {stride}, {copy_stride(k)}, "
+                f"{copy_rows(k)}, gk_Bp, {c}, {call.c.ld});")
     else:
         rows = (f"gk_pk_rows_{layout}(gk_lo, gk_hi, {n}, {k}, {a}, {stride}, gk_Bp, {c}, "
                 f"{call.c.ld});")
