@@ -213,21 +213,27 @@ __attribute__((unused)) static void gk_pk_cols_c(
   gk_pk_cols_of(jlo, jhi, m, n, k, A, 1, da, Bp, C, ldc);
 }
 
+/* *buf grown to hold `floats` floats, 64-byte aligned (never shrunk: kept for the next
+   call); NULL, and no capacity, when it cannot be had. Each buffer is a thread's own. */
+static float *gk_pk_grow(float **buf, size_t *cap, size_t floats) {
+  if (floats > *cap) {
+    free(*buf);
+    *buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    *cap = *buf != NULL ? floats : 0;
+  }
+  return *buf;
+}
+
 /* As gk_pk_rows_r, A's rows copied first, `at_once` at a time, `sa` floats apart into the
    calling thread's buffer (rows whose stride puts them in one L1 set: `copies_a`); in place
-   when the buffer cannot be had. */
+   when the buffer cannot be had. A buffer apart from gk_pk_buffer's: there the calling
+   thread holds B's panels. */
 static __thread float *gk_pk_abuf = NULL;
 static __thread size_t gk_pk_acap = 0;
 __attribute__((unused)) static void gk_pk_rows_rc(
     int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra, int64_t sa,
     int64_t at_once, const float *Bp, float *C, int64_t ldc) {
-  const size_t floats = (size_t)at_once * (size_t)sa;
-  if (floats > gk_pk_acap) {
-    free(gk_pk_abuf);
-    gk_pk_abuf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-    gk_pk_acap = gk_pk_abuf != NULL ? floats : 0;
-  }
-  if (gk_pk_abuf == NULL) {
+  if (gk_pk_grow(&gk_pk_abuf, &gk_pk_acap, (size_t)at_once * (size_t)sa) == NULL) {
     gk_pk_rows_of(lo, hi, n, k, A, ra, 1, Bp, C, ldc);
     return;
   }
@@ -308,18 +314,12 @@ static void gk_pk_pack(int64_t p0, int64_t p1, int64_t n, int64_t k, const float
   }
 }
 
-/* The calling thread's pack buffer, grown to `floats` (never shrunk; kept for the next call):
-   NULL when it cannot be had (the product then runs on BLAS). */
+/* The calling thread's pack buffer, grown to `floats`: NULL when it cannot be had (the
+   product then runs on BLAS). */
 static __thread float *gk_pk_buf = NULL;
 static __thread size_t gk_pk_cap = 0;
 static float *gk_pk_buffer(size_t floats) {
-  if (floats > gk_pk_cap) {
-    free(gk_pk_buf);
-    const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
-    gk_pk_buf = aligned_alloc(64, bytes);
-    gk_pk_cap = gk_pk_buf != NULL ? floats : 0;
-  }
-  return gk_pk_buf;
+  return gk_pk_grow(&gk_pk_buf, &gk_pk_cap, floats);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
