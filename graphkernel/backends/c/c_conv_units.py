@@ -33,6 +33,14 @@ SEGMENT_BY_PIXEL_TAPS = 64
 # useful, and a prefetch never faults.
 PREFETCH_TAPS = 32
 PREFETCH_MIN_BYTES = 512 << 10
+# Units leave out the taps that read a padded convolution's zero border (BorderTaps); False
+# sums them as every other tap (bench/codegen_ab.py compares the two). ONNX ResNet-18 b8, one
+# thread, per kernel, against summing them: 3x3s at 7x7 0.83x, 14x14 0.91x, 28x28 0.955x,
+# 56x56 0.988x (the multiply-adds left: 0.819, 0.907, 0.953, 0.976), the call 0.937x.
+SKIP_BORDER_TAPS = True
+# ... for kernels of at most this many taps a channel: ResNet's 7x7 stem (3 channels of 49
+# taps, each kernel row's 7 unrolled) took 1.015-1.061x leaving them out.
+SKIP_MAX_KERNEL_TAPS = 9
 
 
 def tap_chunk(taps: int, bytes_per_tap: int, block: int, budget: int) -> int:
@@ -65,6 +73,57 @@ class ConvLayout:
 
 
 NCHW = ConvLayout()
+
+
+@dataclass(frozen=True)
+class BorderTaps:
+    """A zero-padded convolution's geometry, for which taps of an output pixel read the
+    zero border rather than the image (`valid`): a unit skips those multiply-adds (each adds
+    an exact zero), as oneDNN's convolutions leave out the kernel rows that fall in the
+    padding. A 3x3 with padding 1 at 7x7 sums 81.9% of its 9 taps a pixel over the image
+    (14x14 90.7%, 56x56 97.6%)."""
+
+    kh: int
+    kw: int
+    dh: int
+    dw: int
+    sh: int
+    sw: int
+    pt: int
+    pl: int
+    h: int
+    wd: int
+
+    def valid(self, r: int, c: int) -> tuple[bool, ...]:
+        """Per tap (i, j), row by row, whether output pixel (r, c) reads the image."""
+        return tuple(0 <= r * self.sh + i * self.dh - self.pt < self.h and
+                     0 <= c * self.sw + j * self.dw - self.pl < self.wd
+                     for i in range(self.kh) for j in range(self.kw))
+
+    def cols_valid(self, c: int) -> tuple[bool, ...]:
+        """Per kernel column j, whether output column c reads an image column with it."""
+        return tuple(0 <= c * self.sw + j * self.dw - self.pl < self.wd for j in range(self.kw))
+
+    def row_range(self, k: str) -> list[str]:
+        """C lines that set [i0, i1), the kernel rows with which output row `k` (a C
+        expression) reads image rows."""
+        return [f"  const int64_t r0 = ({k}) * {self.sh} - {self.pt};",
+                f"  const int64_t i0 = r0 >= 0 ? 0 : (-r0 + {self.dh - 1}) / {self.dh};",
+                f"  const int64_t below = {self.h - 1} - r0;",
+                f"  const int64_t i1 = below < 0 ? 0 : below / {self.dh} + 1 < {self.kh} ? "
+                f"below / {self.dh} + 1 : {self.kh};"]
+
+    def inner_rows(self, oh: int) -> range:
+        """The output rows whose every tap reads image rows (a contiguous run, maybe empty)."""
+        rows = [r for r in range(oh) if all(0 <= r * self.sh + i * self.dh - self.pt < self.h
+                                            for i in range(self.kh))]
+        return range(rows[0], rows[-1] + 1) if rows else range(0)
+
+    def inner_cols(self, ow: int) -> range:
+        """The output columns whose every tap reads image columns."""
+        cols = [c for c in range(ow) if all(0 <= c * self.sw + j * self.dw - self.pl < self.wd
+                                            for j in range(self.kw))]
+        return range(cols[0], cols[-1] + 1) if cols else range(0)
 
 
 @dataclass(frozen=True)
@@ -137,7 +196,7 @@ def planes_by_whole_vector(step: int, nb: int, st: str, og: int, plane: int, out
 
 def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile: ConvTile,
                 fill_kind: str, layout: ConvLayout, *, store: StoreEpilogue | None = None,
-                c: int, h: int, wd: int, hp: int,
+                border: BorderTaps | None = None, c: int, h: int, wd: int, hp: int,
                 wp: int, pt: int, pl: int, cg: int, og: int, o: int, taps: int, oh: int,
                 ow: int, sh: int, sw: int, fsh: int, fsw: int) -> list[str]:
     """The per-image pieces a convolution's image function calls: `fill` copies input channel
@@ -161,6 +220,8 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
     most that divide oh), else equal segments of a row. Every output sums its taps in tap
     order on each path (here and in c_depthwise.pixel_units), so results do not depend on the
     path."""
+    border = border if SKIP_BORDER_TAPS and border is not None and \
+        border.kh * border.kw <= SKIP_MAX_KERNEL_TAPS else None
     if fill_kind == "pad":
         rows, cols, row_step, col_step = h, wd, 1, 1
     else:  # "sample" (and "none", which never calls it)
@@ -190,8 +251,66 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
             f"    const int64_t i{u} = ((ch{u} / {bk}) * {oh * ow}LL + {out} + b)"
             f" * {bk} + ch{u} % {bk};")]
 
+    def taps_of_channels(step: int, ahead: int) -> list[str]:
+        # The head of a border-aware block's loop over input channels: the channel's weights
+        # `wc` (its kernel's taps in order, `step` vectors each) and its plane's first tap `xc`.
+        assert border is not None
+        kk = border.kh * border.kw
+        return [f"  for (int64_t ci = 0; ci < {cg}; ++ci) {{",
+                f"    const {vt} *restrict wc = wg + ci * {kk * step}LL;",
+                f"    const {ct} *xc = xt0 + {name}_taps[ci * {kk}];",
+                *([f"    __builtin_prefetch(&wc[{(k + ahead) * step + u}], 0, 2);"
+                   for k in range(kk) for u in range(step)] if ahead else [])]
+
+    def one_tap(step: int, x: str, w: str, pixels: list[int], offsets: list[int],
+                pad: str) -> list[str]:
+        # One tap's multiply-adds over `pixels`, its input at `x` (+ each pixel's offset),
+        # its weight vectors at `w`. The empty asm hides from gcc that two taps read the same
+        # input (pixel b's tap (i, j + 1) is pixel b + 1's (i, j)): it kept those broadcasts in
+        # registers from tap to tap and spilled accumulators to the stack.
+        return [f"{pad}{{", f"{pad}  const {ct} *xk = {x};", f'{pad}  __asm__("" : "+r"(xk));',
+                *[f"{pad}  const {vt} w{u} = {w}[{u}];" for u in range(step)],
+                *[f"{pad}  acc{u}[{b}] += xk[{offsets[b]}] * w{u};"
+                  for b in pixels for u in range(step)], f"{pad}}}"]
+
+    def border_taps(step: int, offsets: list[int], valid: list[tuple[bool, ...]],
+                    ahead: int) -> list[str]:
+        # A block's taps channel by channel, each of the kernel's taps unrolled over just the
+        # pixels that read the image with it (`valid`: per pixel, per tap; constant
+        # displacements from the channel's plane); in tap order, as the table loop, so the
+        # sums are the table loop's.
+        assert border is not None
+        lines = taps_of_channels(step, ahead)
+        for k in range(border.kh * border.kw):
+            pixels = [b for b, v in enumerate(valid) if v[k]]
+            i, j = divmod(k, border.kw)
+            if pixels:
+                lines += one_tap(step, f"xc + {(i * border.dh * wp + j * border.dw) * px}",
+                                 f"(wc + {k * step})", pixels, offsets, "    ")
+        return lines + ["  }"]
+
+    def border_rows(step: int, offsets: list[int], valid: list[tuple[bool, ...]],
+                    ahead: int) -> list[str]:
+        # A block of one output row `k` (a C variable): the kernel rows that read image rows
+        # (BorderTaps.row_range) in a loop, each row's taps unrolled over the pixels whose
+        # columns read the image with it (`valid`: per pixel, per kernel column).
+        assert border is not None
+        lines = [*border.row_range("k"), *taps_of_channels(step, ahead),
+                 "    for (int64_t i = i0; i < i1; ++i) {",
+                 f"      const {vt} *restrict wi = wc + i * {border.kw * step};",
+                 f"      const {ct} *xi = xc + i * {border.dh * wp * px};"]
+        for j in range(border.kw):
+            pixels = [b for b, v in enumerate(valid) if v[j]]
+            if pixels:
+                lines += one_tap(step, f"xi + {j * border.dw * px}", f"(wi + {j * step})",
+                                 pixels, offsets, "      ")
+        return lines + ["    }", "  }"]
+
     def pixel_block(step: int, nb: int, base: str, offsets: list[int], out: str,
-                    by_pixel: bool, chunked: bool = False) -> list[str]:
+                    by_pixel: bool, chunked: bool = False,
+                    coords: list[tuple[int | None, int]] | None = None) -> list[str]:
+        # `coords`: each pixel's (row, column) in the output, where `border` may make some
+        # of its taps read the zero border (the block then skips them: border_taps).
         accs = [f"acc{u}" for u in range(step)]
         ahead = PREFETCH_TAPS if o * taps * (8 if ct == "double" else 4) >= PREFETCH_MIN_BYTES \
             else 0
@@ -204,22 +323,35 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
                     *output_index(step, out),
                     *[f"    __builtin_memcpy(&acc{u}[b], on + i{u}, sizeof({vt}));"
                       for u in range(step)], "  }", "  }"]
-        block = [f"{{  /* {nb} pixels */",
-                 f"  static const int32_t po[{nb}] = {{{table}}};",
-                 f"  const {ct} *xt0 = {base};",
-                 f"  {vt} {', '.join(f'{a}[{nb}]' for a in accs)};",
-                 *zero,
-                 "  for (int64_t t = t0; t < t1; ++t) {" if chunked else
-                 f"  for (int64_t t = 0; t < {taps}; ++t) {{",
-                 *[f"    const {vt} w{u} = wg[t * {step} + {u}];" for u in range(step)],
-                 *([f"    __builtin_prefetch(&wg[(t + {ahead}) * {step} + {u}], 0, 2);"
-                    for u in range(step)] if ahead else []),
-                 f"    const {ct} *xt = xt0 + {name}_taps[t];",
-                 f"    for (int64_t b = 0; b < {nb}; ++b) {{",
-                 f"      const {ct} v = xt[po[b]];",
-                 *[f"      acc{u}[b] += v * w{u};" for u in range(step)],
-                 "    }",
-                 "  }"]
+        at_run = coords is not None and coords[0][0] is None  # the block's row: C's `k`
+        valid = [] if border is None or coords is None else \
+            [border.cols_valid(q) for _, q in coords] if at_run else \
+            [border.valid(r, q) for r, q in coords if r is not None]
+        if any(not all(v) for v in valid) or \
+                (at_run and border is not None and len(border.inner_rows(oh)) < oh):
+            assert not chunked, "a padded convolution's units are not chunked"
+            block = [f"{{  /* {nb} pixels, border taps left out */",
+                     f"  const {ct} *xt0 = {base};",
+                     f"  {vt} {', '.join(f'{a}[{nb}]' for a in accs)};", *zero,
+                     *(border_rows(step, offsets, valid, ahead) if at_run else
+                       border_taps(step, offsets, valid, ahead))]
+        else:
+            block = [f"{{  /* {nb} pixels */",
+                     f"  static const int32_t po[{nb}] = {{{table}}};",
+                     f"  const {ct} *xt0 = {base};",
+                     f"  {vt} {', '.join(f'{a}[{nb}]' for a in accs)};",
+                     *zero,
+                     "  for (int64_t t = t0; t < t1; ++t) {" if chunked else
+                     f"  for (int64_t t = 0; t < {taps}; ++t) {{",
+                     *[f"    const {vt} w{u} = wg[t * {step} + {u}];" for u in range(step)],
+                     *([f"    __builtin_prefetch(&wg[(t + {ahead}) * {step} + {u}], 0, 2);"
+                        for u in range(step)] if ahead else []),
+                     f"    const {ct} *xt = xt0 + {name}_taps[t];",
+                     f"    for (int64_t b = 0; b < {nb}; ++b) {{",
+                     f"      const {ct} v = xt[po[b]];",
+                     *[f"      acc{u}[b] += v * w{u};" for u in range(step)],
+                     "    }",
+                     "  }"]
         by_channel = []
         if layout.output_blocked:  # each pixel's lanes are one run of the output (o % B == 0)
             # Unrolled, so that each accumulator stays a register (a loop over b indexes the
@@ -299,7 +431,8 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
                 nb = size + (i < extra)
                 offsets = [(((q0 + b) // ow) * sh * wp + ((q0 + b) % ow) * sw) * px
                            for b in range(nb)]
-                body += pixel_block(step, nb, "xg", offsets, str(q0), True, chunked)
+                body += pixel_block(step, nb, "xg", offsets, str(q0), True, chunked,
+                                    [divmod(q0 + b, ow) for b in range(nb)])
                 q0 += nb
         elif ow <= most:  # whole rows
             r = max(d for d in range(1, min(most // ow, oh) + 1) if oh % d == 0)
@@ -307,7 +440,8 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
             offsets = [((b // ow) * sh * wp + (b % ow) * sw) * px for b in range(nb)]
             body += [f"    for (int64_t k = s0 * {r}; k < s1 * {r}; k += {r})",
                      *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL", offsets, f"k * {ow}",
-                                  True, chunked)]
+                                  True, chunked, [(None, b) for b in range(nb)] if r == 1
+                                  else None)]
         else:  # equal segments of a row, then the remainder
             # Few taps a pixel (1x1 convolutions of few input channels) leave the stores a
             # large share: there the transpose in registers wins.
@@ -315,16 +449,23 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
             segments = -(-ow // most)
             nb = -(-ow // segments)
             full, tail = divmod(ow, nb)
+            inner = border.inner_cols(ow) if border is not None else range(ow)
+            ok = [q for q in range(full) if q * nb in inner and q * nb + nb - 1 in inner]
+            ja, jb = (ok[0], ok[-1] + 1) if ok else (0, 0)
+
+            def segment(j0: str, q0: int, nb: int) -> list[str]:
+                return pixel_block(step, nb, f"xg + k * {sh * wp * px}LL + {j0} * {sw * px}",
+                                   [b * sw * px for b in range(nb)], f"k * {ow} + {j0}",
+                                   by_pixel, chunked, [(None, q0 + b) for b in range(nb)])
+            # The segments whose columns read the border one by one, the others in a loop.
             body += ["    for (int64_t k = s0; k < s1; ++k) {",
-                     f"      for (int64_t j0 = 0; j0 < {full * nb}; j0 += {nb})",
-                     *pixel_block(step, nb, f"xg + k * {sh * wp * px}LL + j0 * {sw * px}",
-                                  [b * sw * px for b in range(nb)], f"k * {ow} + j0",
-                                  by_pixel, chunked)]
+                     *[line for q in range(full) if not ja <= q < jb
+                       for line in segment(str(q * nb), q * nb, nb)]]
+            if ja < jb:
+                body += [f"      for (int64_t j0 = {ja * nb}; j0 < {jb * nb}; j0 += {nb})",
+                         *segment("j0", ja * nb, nb)]
             if tail:
-                body += pixel_block(step, tail,
-                                    f"xg + k * {sh * wp * px}LL + {full * nb * sw * px}",
-                                    [b * sw * px for b in range(tail)], f"k * {ow} + {full * nb}",
-                                    by_pixel, chunked)
+                body += segment(str(full * nb), full * nb, tail)
             body.append("    }")
         if not chunked:
             return head + body

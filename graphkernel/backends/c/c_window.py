@@ -34,6 +34,7 @@ import numpy as np
 from graphkernel.backends.c import onednn_choice
 from graphkernel.backends.c.c_conv_units import (
     NCHW,
+    BorderTaps,
     ConvLayout,
     StoreEpilogue,
     channel_block,
@@ -507,10 +508,9 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
           conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, layout, store=store, c=c,
-                      h=h, wd=wd,
-                      hp=gh,
-                      wp=gw, pt=pt, pl=pl, cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow,
-                      sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
+                      border=BorderTaps(kh, kw, dh, dw, sh, sw, pt, pl, h, wd)
+                      if fill_kind == "pad" else None, h=h, wd=wd, hp=gh, wp=gw, pt=pt, pl=pl,
+                      cg=cg, og=og, o=o, taps=taps, oh=oh, ow=ow, sh=gsh, sw=gsw, fsh=sh, fsw=sw)),
         *([f"static void {epilogue}({ct} *restrict tile, int64_t n, void *const *args, "
            f"const {ct} *restrict pre, int64_t c0, int64_t c1, int64_t p0, int64_t p1);"]
           if epilogue is not None else []),
