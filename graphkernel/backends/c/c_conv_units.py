@@ -94,15 +94,17 @@ class BorderTaps:
     h: int
     wd: int
 
-    def valid(self, r: int, c: int) -> tuple[bool, ...]:
-        """Per tap (i, j), row by row, whether output pixel (r, c) reads the image."""
-        return tuple(0 <= r * self.sh + i * self.dh - self.pt < self.h and
-                     0 <= c * self.sw + j * self.dw - self.pl < self.wd
-                     for i in range(self.kh) for j in range(self.kw))
+    def rows_valid(self, r: int) -> tuple[bool, ...]:
+        """Per kernel row i, whether output row r reads an image row with it."""
+        return tuple(0 <= r * self.sh + i * self.dh - self.pt < self.h for i in range(self.kh))
 
     def cols_valid(self, c: int) -> tuple[bool, ...]:
         """Per kernel column j, whether output column c reads an image column with it."""
         return tuple(0 <= c * self.sw + j * self.dw - self.pl < self.wd for j in range(self.kw))
+
+    def valid(self, r: int, c: int) -> tuple[bool, ...]:
+        """Per tap (i, j), row by row, whether output pixel (r, c) reads the image."""
+        return tuple(i and j for i in self.rows_valid(r) for j in self.cols_valid(c))
 
     def row_range(self, k: str) -> list[str]:
         """C lines that set [i0, i1), the kernel rows with which output row `k` (a C
@@ -115,15 +117,15 @@ class BorderTaps:
 
     def inner_rows(self, oh: int) -> range:
         """The output rows whose every tap reads image rows (a contiguous run, maybe empty)."""
-        rows = [r for r in range(oh) if all(0 <= r * self.sh + i * self.dh - self.pt < self.h
-                                            for i in range(self.kh))]
-        return range(rows[0], rows[-1] + 1) if rows else range(0)
+        return _run([r for r in range(oh) if all(self.rows_valid(r))])
 
     def inner_cols(self, ow: int) -> range:
         """The output columns whose every tap reads image columns."""
-        cols = [c for c in range(ow) if all(0 <= c * self.sw + j * self.dw - self.pl < self.wd
-                                            for j in range(self.kw))]
-        return range(cols[0], cols[-1] + 1) if cols else range(0)
+        return _run([c for c in range(ow) if all(self.cols_valid(c))])
+
+
+def _run(ascending: list[int]) -> range:
+    return range(ascending[0], ascending[-1] + 1) if ascending else range(0)
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,7 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
     path."""
     border = border if SKIP_BORDER_TAPS and border is not None and \
         border.kh * border.kw <= SKIP_MAX_KERNEL_TAPS else None
+    rows_read_border = border is not None and len(border.inner_rows(oh)) < oh
     if fill_kind == "pad":
         rows, cols, row_step, col_step = h, wd, 1, 1
     else:  # "sample" (and "none", which never calls it)
@@ -309,8 +312,9 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
     def pixel_block(step: int, nb: int, base: str, offsets: list[int], out: str,
                     by_pixel: bool, chunked: bool = False,
                     coords: list[tuple[int | None, int]] | None = None) -> list[str]:
-        # `coords`: each pixel's (row, column) in the output, where `border` may make some
-        # of its taps read the zero border (the block then skips them: border_taps).
+        # `coords`: each pixel's (row, column) in the output, the row None where it is C's
+        # `k` (a block of one row): where `border` makes some of its taps read the zero
+        # border, the block skips them (border_taps; border_rows for a row at run time).
         accs = [f"acc{u}" for u in range(step)]
         ahead = PREFETCH_TAPS if o * taps * (8 if ct == "double" else 4) >= PREFETCH_MIN_BYTES \
             else 0
@@ -327,8 +331,7 @@ def conv_units(name: str, fill: str, unit: str, vt: str, ct: str, st: str, tile:
         valid = [] if border is None or coords is None else \
             [border.cols_valid(q) for _, q in coords] if at_run else \
             [border.valid(r, q) for r, q in coords if r is not None]
-        if any(not all(v) for v in valid) or \
-                (at_run and border is not None and len(border.inner_rows(oh)) < oh):
+        if any(not all(v) for v in valid) or (at_run and rows_read_border):
             assert not chunked, "a padded convolution's units are not chunked"
             block = [f"{{  /* {nb} pixels, border taps left out */",
                      f"  const {ct} *xt0 = {base};",
