@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from graphkernel.backends.c.c_conv_units import ConvLayout
 from graphkernel.backends.c.c_depthwise import CLANG_CONTRACT
-from graphkernel.backends.c.c_text import c_comment
+from graphkernel.backends.c.c_text import c_comment, index_kernel_optimize
 
 # An NCHW depthwise convolution of at most this many output pixels runs channel-vectored
 # (its input gathered into blocks and its output back to planes, both through register
@@ -330,7 +330,7 @@ def depthwise_channel_parts(name: str, ops: str, geo: DepthwiseGeometry, layout:
         "}",
         "#if defined(__GNUC__) && !defined(__clang__)",
         "#pragma GCC push_options",
-        '#pragma GCC optimize("fp-contract=fast")',
+        index_kernel_optimize("fp-contract=fast"),
         "#endif",
         *statics,
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "

@@ -40,6 +40,7 @@ from graphkernel.backends.c.c_gemm_row import (
     emit_row_product,
     row_product,
 )
+from graphkernel.backends.c.c_text import index_kernel_optimize
 from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import Dim, SymSize
@@ -309,7 +310,7 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
 # contracted multiply-adds like BLAS's kernels, inside the entry's -Og glue (library.py).
 SMALL_PRODUCT = """#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC optimize ("O3", "fp-contract=fast")
+GK_INDEX_OPTIMIZE
 #endif
 typedef float gk_v16 __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) void gk_small_tile(
@@ -374,7 +375,8 @@ def prelude(int64: bool, small_products: bool = False) -> list[str]:
     """The entry's BLAS declarations; with graphkernel's own product kernels where some
     product runs on one (library "graphkernel": `small_product`, c_gemm_packed.py)."""
     text = PRELUDE.replace("BLASINT", "int64_t" if int64 else "int")
-    own = "\n#include <string.h>\n" + SMALL_PRODUCT + packed_source() + ROW_PRODUCT
+    own = ("\n#include <string.h>\n" + SMALL_PRODUCT + packed_source() + ROW_PRODUCT).replace(
+        "GK_INDEX_OPTIMIZE", index_kernel_optimize("O3", "fp-contract=fast"))
     return (text + (own if small_products else "")).split("\n")
 
 

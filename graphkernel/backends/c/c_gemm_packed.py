@@ -103,7 +103,7 @@ int omp_get_max_threads(void);
 #include <stdlib.h>
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC optimize ("O3", "fp-contract=fast")
+GK_INDEX_OPTIMIZE
 #endif
 /* C rows x 32 (masked to the columns there are) += / = A rows x kc times one packed panel of B
    (kc x 32, row d at bp + 32 d). A(r, d) = a[r * ra + d * da]. */

@@ -34,7 +34,7 @@ ROW_PRODUCT_MAX_ROWS = 8
 
 ROW_PRODUCT = """#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC optimize ("O3", "fp-contract=fast")
+GK_INDEX_OPTIMIZE
 #endif
 typedef float gk_rv16 __attribute__((vector_size(64)));
 static inline float gk_rv_sum(gk_rv16 v) {

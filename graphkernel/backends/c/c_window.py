@@ -61,7 +61,13 @@ from graphkernel.backends.c.c_pool import (
     pool_grad_scratch_bytes,
     pool_kernel,
 )
-from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment, literal
+from graphkernel.backends.c.c_text import (
+    C_COMPUTE,
+    C_STORAGE,
+    c_comment,
+    index_kernel_optimize,
+    literal,
+)
 from graphkernel.backends.c.config import CConfig
 from graphkernel.backends.c.conv_tile import RULE_TILE, ConvTile
 from graphkernel.backends.c.onednn_choice import ONEDNN_DECLS, ConvChoice, onednn_lines
@@ -503,7 +509,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         # that elementwise kernels round as numpy does; a sum of products rounds its own way).
         "#if defined(__GNUC__) && !defined(__clang__)",
         "#pragma GCC push_options",
-        '#pragma GCC optimize("fp-contract=fast")',
+        index_kernel_optimize("fp-contract=fast"),
         "#endif",
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
