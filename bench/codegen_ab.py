@@ -3,7 +3,7 @@ each setting, its calls alternated, each step's (and each whole call's) thread C
 thread, the minimum over the calls. On a shared, loaded host the minimum of interleaved calls
 moves ~1% between runs where process-by-process means moved 10-30%.
 
-    python -m bench.codegen_ab MODEL [--calls N] [--whole] [--swap] A B
+    python -m bench.codegen_ab MODEL [--calls N] [--whole [--threads T]] [--swap] A B
 
 A and B: comma-separated module settings, `module:NAME=python literal` (empty: as the code
 is), applied while that side compiles, e.g.
@@ -16,6 +16,8 @@ Per step or whole calls: the steps run one by one on the Python runner, as
 `Runner.profile` does; --whole times the compiled call (the C entry) instead.
 
 --swap compiles B first (to check that the order of the builds does not matter).
+--threads T (with --whole): T OpenMP threads, each call timed by the wall clock (a thread's CPU
+time leaves out the other threads' work), a warm call before each timed one.
 """
 from __future__ import annotations
 
@@ -95,19 +97,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--whole", action="store_true", help="whole compiled calls, not steps")
     ap.add_argument("--swap", action="store_true", help="compile B first (see the doc)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="with --whole: OpenMP threads, calls timed by the wall clock")
     args = ap.parse_args(argv)
+    if args.threads != 1 and not args.whole:
+        ap.error("--threads needs --whole: steps are timed by their thread's CPU time")
+    # Before anything loads an OpenMP runtime (the builds below): it reads this once.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
     order = ("B", "A") if args.swap else ("A", "B")
     sides = {tag: build(args.model, args.a if tag == "A" else args.b, tag) for tag in order}
-    print(f"# {args.model}, one thread, {args.calls} calls a side alternating; "
+    print(f"# {args.model}, {args.threads} thread(s), {args.calls} calls a side alternating; "
           f"A [{args.a}] B [{args.b}]; compiled first: {order[0]}")
     if args.whole:
         times: dict[str, list[float]] = {"A": [], "B": []}
         for i in range(args.calls):
             for tag in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 fn, xs = sides[tag]
-                t0 = time.thread_time()
+                if args.threads != 1:
+                    fn(*xs)  # the other side's call just ran: its data left the caches
+                t0 = clock()
                 fn(*xs)
-                times[tag].append(time.thread_time() - t0)
+                times[tag].append(clock() - t0)
         for tag, ts in times.items():
             print(f"{tag}: min {min(ts) * 1e3:.2f} ms, median {statistics.median(ts) * 1e3:.2f}")
         print(f"B/A min {min(times['B']) / min(times['A']):.3f}, median "

@@ -2,7 +2,8 @@
 options with fusion on and off, a chain of library products (`MatMulChain`), a pointwise net
 with a weight (`Pointwise`, for dynamic batches), the mark of tests that need OpenMP, and the
 absolute tolerances of float32 sums (`product_atol`, `sum_atol`), and a stack of identical
-encoder-like layers (`Stack`, for kernel sharing and compile time at depth)."""
+encoder-like layers (`Stack`, for kernel sharing and compile time at depth), and a net
+compiled again with a code-generation setting changed (`compiled_with`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graphkernel import Parameter, nn
+import graphkernel
+from graphkernel import Parameter, Tensor, nn
 from graphkernel.backends.c import toolchain
 from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
@@ -20,6 +22,17 @@ ON = CompileOptions(enable_graph_kernel=True)
 OFF = CompileOptions(enable_graph_kernel=False)
 needs_openmp = pytest.mark.skipif(toolchain.detect() is None or not toolchain.detect().openmp,
                                   reason="needs a C compiler with OpenMP")
+
+
+def compiled_with(net: Any, x: np.ndarray, setting: tuple[Any, str, Any], cache_folder: str,
+                  monkeypatch: Any, options: CompileOptions = ON) -> Any:
+    """`net` compiled for `x` with `setting` (module, name, value) in force, cold, in a kernel
+    cache of its own: a plan record knows graphkernel's files, not a setting changed in memory,
+    so the test's own cache would hand back the build made before."""
+    module, name, value = setting
+    monkeypatch.setattr(module, name, value)
+    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", f"{cache_folder}-{name}-{value}")
+    return graphkernel.compile(net, Tensor(x), options=options)
 
 
 def _rounding_atol(k: int, magnitude: Any, dtype: Any) -> float:

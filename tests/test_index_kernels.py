@@ -4,15 +4,14 @@ it, so integer ops still wrap as numpy's do. Leaving it out changes no float res
 built both ways gives the same bits, and numpy's result within the tolerance."""
 import numpy as np
 import pytest
+from cells import ON, compiled_with
 
 import graphkernel
 from graphkernel import Tensor, nn
 from graphkernel.backends.c import c_gemm, c_text
 from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL
-from graphkernel.graph_kernel.pipeline import CompileOptions
 from graphkernel.ops import operations as P
 
-ON = CompileOptions(enable_graph_kernel=True)
 NO_WRAPV = '"no-wrapv"'
 
 
@@ -59,11 +58,7 @@ def test_products_and_convolutions_give_the_same_bits_without_wrapping(rng, cach
     if product[0].attrs.get("gemm_library") != PACKED_PRODUCT_LABEL:
         pytest.skip("the packed product needs AVX-512 and two OpenMP threads")
     got = indexed(Tensor(x)).asnumpy()
-    # Wrapping kept: built cold in a cache of its own (a plan record does not know a setting
-    # changed in memory).
-    monkeypatch.setattr(c_text, "INDEX_WRAPS", True)
-    monkeypatch.setenv("GRAPHKERNEL_CACHE_DIR", cache_folder + "-wrapping")
-    wrapping = graphkernel.compile(net, Tensor(x), options=ON)
+    wrapping = compiled_with(net, x, (c_text, "INDEX_WRAPS", True), cache_folder, monkeypatch)
     assert not any(NO_WRAPV in s for s in conv_sources(wrapping))
     np.testing.assert_array_equal(got, wrapping(Tensor(x)).asnumpy())
     want = reference(net, x)
