@@ -1,5 +1,5 @@
 """Kernels that only index (products, convolutions, attention: float data, integer indices)
-build without -fwrapv (c_text.INDEX_WRAPS, `index_kernel_optimize`), elementwise kernels keep
+build without -fwrapv (c_text.INDEX_WRAPS, `index_kernel_options`), elementwise kernels keep
 it, so integer ops still wrap as numpy's do. Leaving it out changes no float result: a network
 built both ways gives the same bits, and numpy's result within the tolerance."""
 import numpy as np
@@ -71,7 +71,7 @@ def test_the_entry_product_kernels_follow_the_setting(wraps, monkeypatch):
     monkeypatch.setattr(c_text, "INDEX_WRAPS", wraps)
     prelude = "\n".join(c_gemm.prelude(True, True))
     assert prelude.count(NO_WRAPV) == (0 if wraps else 3)
-    assert "GK_INDEX_OPTIMIZE" not in prelude
+    assert "GK_INDEX_OPTIONS" not in prelude
 
 
 def test_integer_elementwise_kernels_keep_wrapping(cache_folder):

@@ -13,7 +13,7 @@ import numpy as np
 
 from graphkernel.backends.c.c_gemm import PARALLEL_BATCH_MIN_MNK
 from graphkernel.backends.c.c_loops import Buffer, KernelSource
-from graphkernel.backends.c.c_text import index_kernel_optimize
+from graphkernel.backends.c.c_text import index_kernel_options
 from graphkernel.graph_kernel.attention import ROWS, AttentionBlock, Operand, static_shape
 
 _C_TYPES = {np.dtype(np.float32): ("float", "f"), np.dtype(np.float64): ("double", "")}
@@ -108,10 +108,7 @@ def emit_attention_kernel(block: AttentionBlock, name: str) -> KernelSource:
     lines = [
         f"/* {name}: {block.scores.name}, {block.softmax.name}, {block.context.name} as one "
         f"kernel: {nb} x (S {rows}, T {keys}, D {d}, Dv {dv}) {dtype.name} */",
-        "#if defined(__GNUC__) && !defined(__clang__)",
-        "#pragma GCC push_options",
-        index_kernel_optimize("O3", "fp-contract=fast"),
-        "#endif",
+        *index_kernel_options("O3", "fp-contract=fast"),
         f"typedef {t} {vec} __attribute__((vector_size(64)));",
         # C(rows x 16*vecs... ) = A(rows x k) B(k x vecs lanes), A(i, e) = a[i * ra + e * da]
         f"static inline __attribute__((always_inline)) void {tile}(",

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from graphkernel.backends.c.c_conv_units import ConvLayout
 from graphkernel.backends.c.c_depthwise import CLANG_CONTRACT
-from graphkernel.backends.c.c_text import c_comment, index_kernel_optimize
+from graphkernel.backends.c.c_text import c_comment, index_kernel_options
 
 # An NCHW depthwise convolution of at most this many output pixels runs channel-vectored
 # (its input gathered into blocks and its output back to planes, both through register
@@ -328,10 +328,7 @@ def depthwise_channel_parts(name: str, ops: str, geo: DepthwiseGeometry, layout:
         "      }",
         "  }",
         "}",
-        "#if defined(__GNUC__) && !defined(__clang__)",
-        "#pragma GCC push_options",
-        index_kernel_optimize("fp-contract=fast"),
-        "#endif",
+        *index_kernel_options("fp-contract=fast"),
         *statics,
         f"static void {image}(const {st} *restrict xn, const {vt} *restrict wt, "
         f"{st} *restrict on, {ct} *restrict xp, int par) {{",

@@ -40,7 +40,7 @@ from graphkernel.backends.c.c_gemm_row import (
     emit_row_product,
     row_product,
 )
-from graphkernel.backends.c.c_text import index_kernel_optimize
+from graphkernel.backends.c.c_text import index_kernel_options
 from graphkernel.ir.opdefs.matmul import merged_row_stride
 from graphkernel.ir.opset import get_op
 from graphkernel.ir.types import Dim, SymSize
@@ -308,10 +308,7 @@ static PyObject *gk_set_blas(PyObject *self, PyObject *const *args, Py_ssize_t n
 # accumulate in registers over k: A is read as broadcast scalars in place, B's rows in place, or
 # packed once per call when B is transposed (its columns contiguous). Compiled at -O3 with
 # contracted multiply-adds like BLAS's kernels, inside the entry's -Og glue (library.py).
-SMALL_PRODUCT = """#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-GK_INDEX_OPTIMIZE
-#endif
+SMALL_PRODUCT = """GK_INDEX_OPTIONS
 typedef float gk_v16 __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) void gk_small_tile(
     const int rows, const int vecs, const float *a, int64_t ra, int64_t da, const float *b,
@@ -376,7 +373,7 @@ def prelude(int64: bool, small_products: bool = False) -> list[str]:
     product runs on one (library "graphkernel": `small_product`, c_gemm_packed.py)."""
     text = PRELUDE.replace("BLASINT", "int64_t" if int64 else "int")
     own = ("\n#include <string.h>\n" + SMALL_PRODUCT + packed_source() + ROW_PRODUCT).replace(
-        "GK_INDEX_OPTIMIZE", index_kernel_optimize("O3", "fp-contract=fast"))
+        "GK_INDEX_OPTIONS", "\n".join(index_kernel_options("O3", "fp-contract=fast")))
     return (text + (own if small_products else "")).split("\n")
 
 

@@ -101,10 +101,7 @@ PACKED_PRODUCT = """#if defined(__AVX512F__) && defined(_OPENMP)
 #include <immintrin.h>
 int omp_get_max_threads(void);
 #include <stdlib.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-GK_INDEX_OPTIMIZE
-#endif
+GK_INDEX_OPTIONS
 /* C rows x 32 (masked to the columns there are) += / = A rows x kc times one packed panel of B
    (kc x 32, row d at bp + 32 d). A(r, d) = a[r * ra + d * da]. */
 static inline __attribute__((always_inline)) void gk_pk_tile(

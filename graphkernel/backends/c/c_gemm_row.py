@@ -32,10 +32,7 @@ ROWS_PER_CHUNK = 16
 # 8 x 512 x 1000 took 0.35 ms within the call against OpenVINO's 0.09.
 ROW_PRODUCT_MAX_ROWS = 8
 
-ROW_PRODUCT = """#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-GK_INDEX_OPTIMIZE
-#endif
+ROW_PRODUCT = """GK_INDEX_OPTIONS
 typedef float gk_rv16 __attribute__((vector_size(64)));
 static inline float gk_rv_sum(gk_rv16 v) {
   float s = 0;

@@ -338,11 +338,12 @@ PRELUDE += "".join(f"#pragma omp declare simd notinbranch\n{t} {name}{s}({t});\n
 INDEX_WRAPS = False
 
 
-def index_kernel_optimize(*options: str) -> str:
-    """The `#pragma GCC optimize` line of a kernel that only indexes (INDEX_WRAPS): gcc's
-    `options`, then no-wrapv."""
+def index_kernel_options(*options: str) -> list[str]:
+    """The C lines that open a kernel that only indexes (INDEX_WRAPS) under gcc: push the
+    unit's options, then gcc's `options` and no-wrapv (the kernel pops them after itself)."""
     chosen = (*options, *(() if INDEX_WRAPS else ("no-wrapv",)))
-    return "#pragma GCC optimize (" + ", ".join(f'"{o}"' for o in chosen) + ")"
+    return ["#if defined(__GNUC__) && !defined(__clang__)", "#pragma GCC push_options",
+            "#pragma GCC optimize (" + ", ".join(f'"{o}"' for o in chosen) + ")", "#endif"]
 
 
 def c_identifier(text: str) -> str:

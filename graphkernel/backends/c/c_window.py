@@ -65,7 +65,7 @@ from graphkernel.backends.c.c_text import (
     C_COMPUTE,
     C_STORAGE,
     c_comment,
-    index_kernel_optimize,
+    index_kernel_options,
     literal,
 )
 from graphkernel.backends.c.config import CConfig
@@ -507,10 +507,7 @@ def conv_parts(node: Node, name: str, attrs: dict[str, Any], tile: ConvTile = RU
         "}",
         # Fused multiply-adds here (the translation unit is built with -ffp-contract=off so
         # that elementwise kernels round as numpy does; a sum of products rounds its own way).
-        "#if defined(__GNUC__) && !defined(__clang__)",
-        "#pragma GCC push_options",
-        index_kernel_optimize("fp-contract=fast"),
-        "#endif",
+        *index_kernel_options("fp-contract=fast"),
         *(pixel_units(name, fill, unit, vt, ct, st, planes, h=h, wd=wd, pt=pt, pl=pl, cg=cg,
                        og=og, o=o, taps=taps, oh=oh, ow=ow) if pixels_per_lane else
           conv_units(name, fill, unit, vt, ct, st, tile, fill_kind, layout, store=store, c=c,
