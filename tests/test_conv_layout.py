@@ -233,3 +233,86 @@ def test_convolutions_of_their_own_read_and_write_blocks(dtype, rng):
     assert sum("(single op), which reads NCHW" in v for v in notes.values()) == 2
     described = exe.plan.describe()
     assert described.count("depthwise channel-vectored (vectors along a channel block") == 1
+
+
+class PooledStem(nn.Cell):
+    """ResNet's stem at a size where the pool runs as a kernel of its own (an image's result
+    over the conv block's stack tile): conv + BN + ReLU, a pool, then a bottleneck; with
+    `pool_out` the pool's result is the graph's output instead."""
+
+    def __init__(self, c, dtype, pool, pool_out=False):
+        super().__init__()
+        bn = dtype == np.float32  # (as ResNetish: BatchNorm's parameters are float32)
+        self.stem = nn.Conv2d(3, c, 5, stride=2, pad_mode="pad", padding=2, has_bias=not bn,
+                              dtype=dtype)
+        self.bn = nn.BatchNorm2d(c) if bn else None
+        self.relu = nn.ReLU()
+        self.pool = pool
+        self.block = Bottleneck(c, 16, 2 * c, 1, bn, dtype)
+        self.pool_out = pool_out
+
+    def construct(self, x):
+        y = self.stem(x)
+        # float64 pools negative values too (no ReLU): its window's maximum starts at -inf
+        y = self.pool(self.relu(self.bn(y)) if self.bn is not None else y)
+        return y if self.pool_out else self.block(y)
+
+
+def pool_lowering(exe):
+    lowered = exe.stages["hwopt_e_lower"]
+    return [n.lowering.reason for n in lowered.nodes if n.op in ("MaxPool", "AvgPool")]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_max_pool_of_its_own_keeps_the_blocked_layout(dtype, batch, rng, tmp_path,
+                                                         monkeypatch):
+    from cells import compiled_with
+
+    from graphkernel.backends.c import c_pool
+    graphkernel.set_seed(7)
+    net = PooledStem(32, dtype, nn.MaxPool2d(3, 2, pad_mode="same"))
+    net.set_train(False)
+    x = rng.standard_normal((batch, 3, 45, 47)).astype(dtype)
+    x[0, 1, 20, 30] = np.nan  # the pool passes NaN on, as numpy's maximum does
+    exe, got, want = run_both(net, Tensor(x))
+    assert np.isnan(want).any() and np.array_equal(np.isnan(got), np.isnan(want))
+    check_close(got, want, dtype)
+    notes = layouts(exe)
+    block = 16 if dtype == np.float32 else 8
+    # every kernel's result blocked but the graph's output: the stem's (read by the pool),
+    # the pool's (read by two convolutions), the bottleneck's
+    assert [k for k, v in notes.items() if not v.startswith("blocked")] == [list(notes)[-1]]
+    assert len(notes) == 6 and notes[list(notes)[-1]] == "NCHW: a graph output"
+    assert notes["MaxPool"] == f"blocked, {block} channels a pixel: every reader is a " \
+        "convolution or pool kernel that reads the layout"
+    (reason,) = pool_lowering(exe)
+    assert "reads" in reason and f"blocked, writes blocked ({block} channels)" in reason
+    # The same maxima as the planes' kernel, and the convolutions after it sum the same
+    # taps in the same order: equal bit for bit.
+    planes = compiled_with(net, x, (c_pool, "BLOCKED_MAX_POOL", False), str(tmp_path),
+                           monkeypatch)
+    assert layouts(planes)["MaxPool"] == "NCHW: a pool writes the layout it reads, NCHW here"
+    np.testing.assert_array_equal(planes(Tensor(x)).asnumpy(), got)
+    assert exe.kernel_count == planes.kernel_count == 6
+
+
+def test_pools_that_keep_planes_say_why(rng):
+    graphkernel.set_seed(8)
+    x = Tensor(rng.standard_normal((1, 3, 40, 40)).astype(np.float32))
+    # a pool's result the graph's output: the pool writes planes, so it reads them too
+    net = PooledStem(32, np.float32, nn.MaxPool2d(2, 2), pool_out=True)
+    net.set_train(False)
+    exe, got, want = run_both(net, x)
+    check_close(got, want, np.float32)
+    notes = layouts(exe)
+    stem = [v for k, v in notes.items() if k != "MaxPool"]
+    assert stem == ["NCHW: read by MaxPool, a pool that keeps it NCHW (a graph output)"], notes
+    # an average pool's kernel reads planes alone
+    net = PooledStem(32, np.float32, nn.AvgPool2d(2, 2))
+    net.set_train(False)
+    exe, got, want = run_both(net, x)
+    check_close(got, want, np.float32)
+    notes = layouts(exe)
+    assert any("the blocked pool kernel is MaxPool's" in v for v in notes.values()), notes
+    assert "reads NCHW" in pool_lowering(exe)[0] or "blocked" not in pool_lowering(exe)[0]

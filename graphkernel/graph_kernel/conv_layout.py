@@ -11,16 +11,19 @@ time in those stores (/work/briefs/out/s8-nchwc.md).
 
 Run by lowering (graph_kernel/lower.py) once every node's kernel is chosen. A tensor is blocked
 when the kernel that writes it is a convolution's (its own kernel, or a conv block without a
-pool) that can write the layout, it is not a graph output (graph inputs and outputs stay NCHW),
-and every kernel that reads it can read the layout: a convolution reading it as its input
-(a depthwise one too: its kernel then runs its vectors along a block's channels, so
-MobileNetV2's 1x1 expand -> depthwise -> 1x1 project chain stays blocked), or a conv block's
-epilogue reading it element by element (a residual). Anything else (a pool, the head, a
-grouped convolution of several channels a group) keeps the tensor NCHW, and the decision's
-reason is a note (`layout`) on the node that writes it. The backend says which convolutions
-read or write the layout (`LoweringTarget.why_not_blocked`), its block (`channel_block`), and
-where its kernel for a convolution takes one of several forms by layout and size, which and
-why (`conv_form`, added to the kernel's lowering reason)."""
+pool) that can write the layout, or a pool's own kernel that reads its input blocked, it is not
+a graph output (graph inputs and outputs stay NCHW), and every kernel that reads it can read
+the layout: a convolution reading it as its input (a depthwise one too: its kernel then runs
+its vectors along a block's channels, so MobileNetV2's 1x1 expand -> depthwise -> 1x1 project
+chain stays blocked), a conv block's epilogue reading it element by element (a residual), or
+a pool's own kernel that can keep the layout (it reads and writes blocked together, so
+ResNet's stem -> MaxPool -> first block stays blocked: written to planes, the stem's 7x7 took
+each accumulator apart lane by lane, 7% of its time). Anything else (a pool inside a conv
+block, the head, a grouped convolution of several channels a group) keeps the tensor NCHW,
+and the decision's reason is a note (`layout`) on the node that writes it. The backend says
+which convolutions and pools read or write the layout (`LoweringTarget.why_not_blocked`), its
+block (`channel_block`), and where its kernel for a convolution takes one of several forms by
+layout and size, which and why (`conv_form`, added to the kernel's lowering reason)."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,14 +31,15 @@ from enum import Enum
 from typing import Protocol
 
 from graphkernel.ir.graph import Graph, Node, Value
+from graphkernel.ir.opset import Window, get_op
 
 
 class LayoutTarget(Protocol):
     """What the pass asks the backend (lower.py's LoweringTarget includes it)."""
 
     def why_not_blocked(self, conv: Node, side: str) -> str | None:
-        """Why this convolution's kernel cannot read (`side` "input") or write ("output") the
-        blocked channel layout; None when it can."""
+        """Why this convolution's (or pool's) kernel cannot read (`side` "input") or write
+        ("output") the blocked channel layout; None when it can."""
 
     def channel_block(self, conv: Node) -> int:
         """Channels per block of the blocked layout this convolution's kernel reads or writes."""
@@ -66,16 +70,22 @@ def choose_layouts(graph: Graph, target: LayoutTarget, window: Enum, conv_block:
                 kernel_of[member.uid] = node
     chosen: dict[int, int] = {}
     for node in graph.nodes:
-        conv = _conv_writing(node, kinds)
-        if conv is None:
+        writer = _conv_writing(node, kinds)
+        if writer is None and _own_pool(node, kinds):
+            writer = node
+            if node.inputs[0].uid not in chosen:  # a pool keeps its input's layout
+                node.notes[LAYOUT_NOTE] = "NCHW: a pool writes the layout it reads, NCHW here"
+                continue
+        if writer is None:
             continue
-        why = _why_nchw(node, conv, users.get(node.uid, []), results, kernel_of, target,
-                        kinds)
+        why = _why_nchw(node, writer, users, results, kernel_of, target, kinds)
         if why is None:
-            block = target.channel_block(conv)
+            block = chosen.get(node.inputs[0].uid) if writer is node and \
+                _own_pool(node, kinds) else target.channel_block(writer)
+            assert block is not None
             chosen[node.uid] = block
             node.notes[LAYOUT_NOTE] = f"blocked, {block} channels a pixel: every reader is a " \
-                                      "convolution kernel"
+                                      "convolution or pool kernel that reads the layout"
         else:
             node.notes[LAYOUT_NOTE] = f"NCHW: {why}"
     for node in graph.nodes:
@@ -123,29 +133,39 @@ def _conv_writing(node: Node, kinds: _Kinds) -> Node | None:
     return None
 
 
-def _why_nchw(node: Node, conv: Node, readers: list[Node], results: set[int],
+def _own_pool(node: Node, kinds: _Kinds) -> bool:
+    """Whether `node` is a pool that runs as its own kernel (not inside a conv block)."""
+    lowering = node.lowering
+    return lowering is not None and lowering.kind is kinds.WINDOW and \
+        get_op(node.op).window is Window.POOL
+
+
+def _why_nchw(node: Node, writer: Node, users: dict[int, list[Node]], results: set[int],
               kernel_of: dict[int, Node], target: LayoutTarget, kinds: _Kinds) -> str | None:
-    """Why `node`'s result (written by `conv`'s kernel) stays NCHW; None: it goes blocked."""
+    """Why `node`'s result (written by `writer`'s kernel: a convolution's, or a pool's own)
+    stays NCHW; None: it goes blocked."""
     lowering = node.lowering
     assert lowering is not None
     if node.uid in results:
         return "a graph output"
     if lowering.block is not None and lowering.block.pool is not None:
         return f"written by {lowering.block.pool.name}, a pool (it writes planes)"
-    why = target.why_not_blocked(conv, "output")
+    why = target.why_not_blocked(writer, "output")
     if why is not None:
-        return f"{conv.name} writes planes: {why}"
+        return f"{writer.name} writes planes: {why}"
+    readers = users.get(node.uid, [])
     if not readers:
         return "no reader"
     for reader in readers:
-        why = _why_reader_cannot(node, reader, kernel_of, target, kinds)
+        why = _why_reader_cannot(node, reader, users, results, kernel_of, target, kinds)
         if why is not None:
             return why
     return None
 
 
-def _why_reader_cannot(value: Value, reader: Node, kernel_of: dict[int, Node],
-                       target: LayoutTarget, kinds: _Kinds) -> str | None:
+def _why_reader_cannot(value: Value, reader: Node, users: dict[int, list[Node]],
+                       results: set[int], kernel_of: dict[int, Node], target: LayoutTarget,
+                       kinds: _Kinds) -> str | None:
     """Why `reader` cannot read `value` blocked; None when it can."""
     owner = kernel_of.get(reader.uid)
     lowering = reader.lowering
@@ -162,6 +182,11 @@ def _why_reader_cannot(value: Value, reader: Node, kernel_of: dict[int, Node],
     if lowering is not None and lowering.kind is kinds.WINDOW and \
             reader.op in ("Conv2D", "Conv2DFoldedBN"):
         return _as_conv_input(value, reader, target)
+    if _own_pool(reader, kinds):  # it reads blocked only where it can write blocked too
+        why = target.why_not_blocked(reader, "input") or \
+            _why_nchw(reader, reader, users, results, kernel_of, target, kinds)
+        return None if why is None else f"read by {reader.name}, a pool that keeps it NCHW " \
+            f"({why})"
     kind = lowering.kind.value if lowering is not None else "no kernel"
     return f"read by {reader.name} ({kind}), which reads NCHW"
 

@@ -3,22 +3,47 @@ convolution block's epilogue (c_conv_block.py). Each channel's plane is one func
 at least POOL_ROW_MIN_OUTPUTS outputs vectorise along the row (no bounds tests inside the image),
 narrower ones walk each output's window with bounds tests. Padding: MaxPool's is -inf, AvgPool
 divides by the elements it covers (by the window's size with count_include_pad); NaN propagates
-as in numpy."""
+as in numpy. A MaxPool of its own also reads and writes the blocked channel layout
+(graph_kernel/conv_layout.py) between convolutions: each output pixel's block of channels is one
+vector, the maximum over its window's pixels (`_blocked_max_image`)."""
 from __future__ import annotations
 
 from typing import Any
 
 from graphkernel.backends.c.c_images import batch_after, image_loop
 from graphkernel.backends.c.c_text import C_COMPUTE, C_STORAGE, c_comment
+from graphkernel.ir import types as T
 from graphkernel.ir.graph import Node
 from graphkernel.ir.opdefs.nn import pool_geometry
 from graphkernel.ir.types import TensorType
 
+# A MaxPool of its own reads and writes the blocked layout where its neighbours do; False keeps
+# every pool on planes (bench/codegen_ab.py compares the two).
+BLOCKED_MAX_POOL = True
 
-def pool_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: int) -> list[str]:
+
+def why_not_blocked_pool(node: Node, block: int) -> str | None:
+    """Why pool `node`'s own kernel cannot read and write the blocked layout of `block`
+    channels a pixel; None when it can."""
+    if not BLOCKED_MAX_POOL:
+        return "pools keep planes (c_pool.BLOCKED_MAX_POOL)"
+    if node.op != "MaxPool":
+        return f"{node.op} (the blocked pool kernel is MaxPool's)"
+    if node.dtype not in (T.float32, T.float64):
+        return f"{node.dtype.name} (the blocked pool kernel is float32's and float64's)"
+    channels = node.inputs[0].shape[1]
+    if channels % block:
+        return f"{channels} channels, not a multiple of the block ({block})"
+    return None
+
+
+def pool_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: int,
+                block: int = 0) -> list[str]:
     """The C lines of a pool's own kernel `name`: argv x, out, then the batch size when it is
-    dynamic; images on threads above `threshold` reads."""
-    statics, image, in_size, out_size, reads = pool_parts(node, name, attrs)
+    dynamic; images on threads above `threshold` reads. `block`: its input and output lie in
+    the blocked layout of `block` channels a pixel (0: NCHW)."""
+    statics, image, in_size, out_size, reads = _blocked_max_image(node, name, attrs, block) \
+        if block else pool_parts(node, name, attrs)
     batch, sizes = batch_after(node, len(node.inputs) + 1)
     st = C_STORAGE[node.dtype]
     lines = statics + ["", f"void {name}(void *const *args) {{",
@@ -64,6 +89,61 @@ def pool_parts(node: Node, name: str, attrs: dict[str, Any]
         "  } else {",
         f"    for (int64_t ci = 0; ci < {c}; ++ci) "
         f"{plane}(xn + ci * {h * wd}LL, on + ci * {oh * ow}LL);",
+        "  }",
+        "}",
+    ]
+    return lines, f"{image}({{xn}}, {{on}}, gk_par);", c * h * wd, c * oh * ow, \
+        c * oh * ow * kh * kw
+
+
+def _blocked_max_image(node: Node, name: str, attrs: dict[str, Any], block: int
+                       ) -> tuple[list[str], str, int, int, int]:
+    """pool_parts for a MaxPool over (C / block, H, W, block) images: each output pixel's
+    block of channels the lane-wise maximum of its window's pixels inside the image, in the
+    window's row-major order (as the planes' kernels take them: the same values, NaN
+    winning), the image's rows of channel blocks shared over the threads."""
+    x = node.inputs[0].tensor_type
+    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
+    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
+    _, c, h, wd = x.shape
+    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
+    (pt, _), (pl, _) = geo["pads"]
+    oh, ow = geo["out"]
+    inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
+    cb = c // block
+    rows, image = f"{name}_rows", f"{name}_image"
+    ops = f"MaxPool {list(x.shape)} -> {list(node.shape)} in blocks of {block} channels, " \
+          f"window {(kh, kw)}, stride {(sh, sw)}, pads {geo['pads']}"
+    lines = [
+        f"/* {c_comment(name)}: {c_comment(ops)} */",
+        f"static void {rows}(const {st} *restrict xn, {st} *restrict on, int64_t it) {{",
+        f"  const int64_t b = it / {oh}, i = it % {oh};",
+        f"  const {st} *restrict xb = xn + b * {h * wd * block}LL;",
+        f"  const int64_t r0 = i * {sh} - {pt};",
+        f"  const int64_t a0 = r0 < 0 ? -r0 : 0, a1 = r0 + {kh} > {h} ? {h} - r0 : {kh};",
+        f"  for (int64_t j = 0; j < {ow}; ++j) {{",
+        f"    const int64_t q0 = j * {sw} - {pl};",
+        f"    const int64_t b0 = q0 < 0 ? -q0 : 0, b1 = q0 + {kw} > {wd} ? {wd} - q0 : {kw};",
+        f"    {ct} acc[{block}];",
+        f"    for (int64_t l = 0; l < {block}; ++l) acc[l] = -{inf};",
+        "    for (int64_t a = a0; a < a1; ++a)",
+        "      for (int64_t c = b0; c < b1; ++c) {",
+        f"        const {st} *restrict v = xb + ((r0 + a) * {wd} + q0 + c) * {block};",
+        "        #pragma omp simd",
+        f"        for (int64_t l = 0; l < {block}; ++l) "
+        f"acc[l] = {_max_nan(ct)}(acc[l], ({ct})v[l]);",
+        "      }",
+        f"    {st} *restrict o = on + ((b * {oh} + i) * {ow} + j) * {block};",
+        "    #pragma omp simd",
+        f"    for (int64_t l = 0; l < {block}; ++l) o[l] = ({st})acc[l];",
+        "  }",
+        "}",
+        f"static void {image}(const {st} *restrict xn, {st} *restrict on, int par) {{",
+        "  if (par) {",
+        "    #pragma omp parallel for schedule(static)",
+        f"    for (int64_t it = 0; it < {cb * oh}; ++it) {rows}(xn, on, it);",
+        "  } else {",
+        f"    for (int64_t it = 0; it < {cb * oh}; ++it) {rows}(xn, on, it);",
         "  }",
         "}",
     ]

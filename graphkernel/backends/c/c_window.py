@@ -18,8 +18,8 @@ once, as the numpy reference does. Sums run in tap order, not BLAS's: results di
 reference by rounding only.
 
 The channel-vector units and the blocked layout are in c_conv_units.py. Pools and their
-gradients are in c_pool.py, a grouped convolution's filter gradient in
-c_filter_grad.py; the loop over images both share is in c_images.py.
+gradients are in c_pool.py, a grouped convolution's filter gradient in c_filter_grad.py; the
+loop over images both share is in c_images.py.
 
 Only the batch axis may be dynamic (its size is an argument, backends/c/shape_args.py); anything
 else stays the op's numpy reference (`why_not_window_kernel` says why)."""
@@ -41,11 +41,7 @@ from graphkernel.backends.c.c_conv_units import (
     conv_units,
     row_steps,
 )
-from graphkernel.backends.c.c_depthwise import (
-    SCRATCH_SLACK,
-    PhasePlanes,
-    pixel_units,
-)
+from graphkernel.backends.c.c_depthwise import SCRATCH_SLACK, PhasePlanes, pixel_units
 from graphkernel.backends.c.c_depthwise_blocked import (
     DepthwiseGeometry,
     depthwise_channel_parts,
@@ -60,6 +56,7 @@ from graphkernel.backends.c.c_pool import (
     pool_grad_kernel,
     pool_grad_scratch_bytes,
     pool_kernel,
+    why_not_blocked_pool,
 )
 from graphkernel.backends.c.c_text import (
     C_COMPUTE,
@@ -160,8 +157,10 @@ def why_not_blocked(conv: Node, side: str) -> str | None:
     """Why this convolution's kernel cannot read (`side` "input") or write ("output") the
     blocked channel layout; None when it can."""
     why = why_not_window_kernel(conv)
+    if why is None and get_op(conv.op).window is Window.POOL:
+        return why_not_blocked_pool(conv, channel_block(conv.dtype))
     if why is not None or get_op(conv.op).window is not Window.CONVOLUTION:
-        return why or "not a convolution"
+        return why or "not a convolution or pool"
     x, w = conv.inputs[0].shape, conv.inputs[1].shape
     g = x[1] // w[1]
     depthwise = is_plain_depthwise(x[1], conv.shape[1], g)
@@ -218,8 +217,10 @@ def emit_window_kernel(node: Node, name: str, threshold: int, workspace: bool = 
         lines = filter_grad_kernel(node, name, attrs, threshold)
     elif get_op(node.op).window is Window.POOL_GRAD:
         lines = pool_grad_kernel(node, name, attrs, threshold)
-    else:
-        lines = pool_kernel(node, name, attrs, threshold)
+    else:  # a pool reads and writes one layout (conv_layout.py)
+        assert layout.input_blocked == layout.output_blocked, layout
+        lines = pool_kernel(node, name, attrs, threshold,
+                            layout.block if layout.input_blocked else 0)
     buffers = [Buffer(v, tuple(v.shape), False, i) for i, v in enumerate(node.inputs)]
     buffers.append(Buffer(node, tuple(node.shape), True, 0))
     return KernelSource(name, head + "\n".join(lines) + "\n", buffers)
