@@ -55,21 +55,29 @@ def pool_kernel(node: Node, name: str, attrs: dict[str, Any], threshold: int,
     return lines
 
 
+def _pool_of(node: Node, attrs: dict[str, Any]) -> tuple[dict[str, Any], str, str, Any, Any,
+                                                         Any, tuple[int, int], Any, str]:
+    """A pool's geometry (pool_geometry) and what its kernels take from it: the storage and
+    compute C types, (C, H, W), the window, the stride, the top and left pads, the output's
+    (H, W), and the C literal of infinity."""
+    x = node.inputs[0].tensor_type
+    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
+    ct = C_COMPUTE[x.dtype]
+    (pt, _), (pl, _) = geo["pads"]
+    return geo, C_STORAGE[x.dtype], ct, x.shape[1:], geo["kernel"], geo["stride"], (pt, pl), \
+        geo["out"], "((double)INFINITY)" if ct == "double" else "INFINITY"
+
+
 def pool_parts(node: Node, name: str, attrs: dict[str, Any]
                ) -> tuple[list[str], str, int, int, int]:
     """A pool's per-image function, its call ({xn}, {on} to fill), the elements of an input
     and an output image, and the reads per image."""
     x = node.inputs[0].tensor_type
-    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
-    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
-    _, c, h, wd = x.shape
-    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
-    (pt, _), (pl, _) = geo["pads"]
-    oh, ow = geo["out"]
+    geo, st, ct, (c, h, wd), (kh, kw), (sh, sw), (pt, pl), (oh, ow), inf = \
+        _pool_of(node, attrs)
     is_max = node.op == "MaxPool"
     # count_include_pad: every window lies inside the padded image, so divides by its size
     full = None if is_max or not attrs.get("count_include_pad") else kh * kw
-    inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
     # NaN wins as in numpy's max: once a maximum is NaN no comparison replaces it.
     ops = f"{node.op} {list(x.shape)} -> {list(node.shape)}, window {(kh, kw)}, stride " \
           f"{(sh, sw)}, pads {geo['pads']}"
@@ -103,13 +111,8 @@ def _blocked_max_image(node: Node, name: str, attrs: dict[str, Any], block: int
     window's row-major order (as the planes' kernels take them: the same values, NaN
     winning), the image's rows of channel blocks shared over the threads."""
     x = node.inputs[0].tensor_type
-    geo = pool_geometry(TensorType(x.shape, x.dtype), attrs, node.op)
-    st, ct = C_STORAGE[x.dtype], C_COMPUTE[x.dtype]
-    _, c, h, wd = x.shape
-    (kh, kw), (sh, sw) = geo["kernel"], geo["stride"]
-    (pt, _), (pl, _) = geo["pads"]
-    oh, ow = geo["out"]
-    inf = "((double)INFINITY)" if ct == "double" else "INFINITY"
+    geo, st, ct, (c, h, wd), (kh, kw), (sh, sw), (pt, pl), (oh, ow), inf = \
+        _pool_of(node, attrs)
     cb = c // block
     rows, image = f"{name}_rows", f"{name}_image"
     ops = f"MaxPool {list(x.shape)} -> {list(node.shape)} in blocks of {block} channels, " \
