@@ -3,7 +3,7 @@ each setting, its calls alternated, each step's (and each whole call's) thread C
 thread, the minimum over the calls. On a shared, loaded host the minimum of interleaved calls
 moves ~1% between runs where process-by-process means moved 10-30%.
 
-    python -m bench.codegen_ab MODEL [--calls N] [--whole [--threads T]] [--swap] A B
+    python -m bench.codegen_ab MODEL [--calls N] [--whole] [--threads T] [--swap] A B
 
 A and B: comma-separated module settings, `module:NAME=python literal` (empty: as the code
 is), applied while that side compiles, e.g.
@@ -16,8 +16,10 @@ Per step or whole calls: the steps run one by one on the Python runner, as
 `Runner.profile` does; --whole times the compiled call (the C entry) instead.
 
 --swap compiles B first (to check that the order of the builds does not matter).
---threads T (with --whole): T OpenMP threads, each call timed by the wall clock (a thread's CPU
-time leaves out the other threads' work), a warm call before each timed one.
+--threads T: T OpenMP threads, timed by the wall clock (a thread's CPU time leaves out the other
+threads' work), a warm call before each timed one: with --whole each whole call, without it
+each kernel within whole calls of the compiled entry, as its profile records them
+(`profile_kernels`), the least over the calls.
 """
 from __future__ import annotations
 
@@ -89,6 +91,16 @@ def step_runner(fn: Any, args: list[Any]) -> Callable[[dict[int, float]], None]:
     return call
 
 
+def kernel_runner(fn: Any, args: list[Any]) -> Callable[[dict[int, float]], None]:
+    """A warm call, then one whole call on the compiled entry, each kernel's wall time as its
+    profile records it kept as the least seen so far."""
+    def call(best: dict[int, float]) -> None:
+        fn(*args)  # the other side's call just ran: its data left the caches
+        for i, seconds in enumerate(fn.profile_kernels(*args, repeats=1)):
+            best[i] = min(best.get(i, 1e9), seconds)
+    return call
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -98,10 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--whole", action="store_true", help="whole compiled calls, not steps")
     ap.add_argument("--swap", action="store_true", help="compile B first (see the doc)")
     ap.add_argument("--threads", type=int, default=1,
-                    help="with --whole: OpenMP threads, calls timed by the wall clock")
+                    help="OpenMP threads; above 1, whole calls (--whole) or each kernel "
+                         "within them timed by the wall clock")
     args = ap.parse_args(argv)
-    if args.threads != 1 and not args.whole:
-        ap.error("--threads needs --whole: steps are timed by their thread's CPU time")
     # Before anything loads an OpenMP runtime (the builds below): it reads this once.
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     clock = time.thread_time if args.threads == 1 else time.perf_counter
@@ -125,17 +136,21 @@ def main(argv: list[str] | None = None) -> None:
               f"{statistics.median(times['B']) / statistics.median(times['A']):.3f}; "
               f"load {os.getloadavg()[0]:.1f}")
         return
-    calls = {tag: step_runner(*side) for tag, side in sides.items()}
+    runner = step_runner if args.threads == 1 else kernel_runner
+    calls = {tag: runner(*side) for tag, side in sides.items()}
     best: dict[str, dict[int, float]] = {"A": {}, "B": {}}
     for i in range(args.calls):
         for tag in ("A", "B") if i % 2 == 0 else ("B", "A"):
             calls[tag](best[tag])
-    plan = sides["A"][0].executable.plan
-    print("| step | kernel | A ms | B ms | B/A |\n|---|---|---|---|---|")
-    for i, step in enumerate(plan.steps):
+    fn = sides["A"][0]
+    rows = [step.op_names for step in fn.executable.plan.steps] if args.threads == 1 else \
+        [kernel.op_names for kernel in fn.kernels]
+    what = "step" if args.threads == 1 else "kernel #"
+    print(f"| {what} | ops | A ms | B ms | B/A |\n|---|---|---|---|---|")
+    for i, op_names in enumerate(rows):
         a, b = best["A"][i], best["B"].get(i, 0.0)
         if a >= 5e-5:
-            label = "+".join(dict.fromkeys(step.op_names))[:40]
+            label = "+".join(dict.fromkeys(op_names))[:40]
             print(f"| {i} | {label} | {a * 1e3:.3f} | {b * 1e3:.3f} | {b / a:.3f} |")
     sa, sb = sum(best["A"].values()), sum(best["B"].values())
     print(f"sum A {sa * 1e3:.2f} ms, B {sb * 1e3:.2f} ms, B/A {sb / sa:.3f}; "
