@@ -424,6 +424,12 @@ def summarise(res: dict[str, Any]) -> None:
         for k in GK_KEYS:
             if t(k):
                 res[f"{k}_over_best_peer"] = t(k) / peers[best]  # type: ignore[operator]
+        # The same model's arithmetic over each one's time: how near the machine's FMA peak
+        # both run (the report divides by the peak measured at the start of the run).
+        flops, fused_s = systems.get("gk_fused", {}).get("flops"), t("gk_fused")
+        if flops and fused_s:
+            res["gflop_per_s"] = {"gk_fused": flops / fused_s / 1e9,
+                                  best: flops / peers[best] / 1e9}
         fused = systems.get("gk_fused", {}).get("steady_samples_s")
         if fused:
             res["gk_fused_over_best_peer_rounds"] = paired_ratios(
@@ -522,6 +528,19 @@ def select(only: list[str] | None) -> tuple[list[Row], bool]:
     return chosen, "compile_table" in only
 
 
+def fma_peak() -> dict[str, Any]:
+    """The machine's float32 FMA rate on one core, as `graphkernel doctor` measures it, times
+    the cores every system here runs on (all of them); or why it is unknown."""
+    from graphkernel.backends.c import toolchain
+    from graphkernel.tools import machine_rates
+    rate = machine_rates.fma_rate(toolchain.detect())
+    if isinstance(rate, str):
+        return {"error": rate}
+    cores = os.cpu_count() or 1
+    return {"gflops_core": rate.value, "cores": cores, "gflops": rate.value * cores,
+            "how": rate.how}
+
+
 def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
         on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The selected rows, then the compile table; on_row(results so far) after each row."""
@@ -542,6 +561,7 @@ def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
     results["load_average_start"] = os.getloadavg()
     log("measuring copy bandwidth ...")
     results["copy_bandwidth"] = machine.copy_bandwidth(256 << 20)
+    results["fma_peak"] = fma_peak()
     results["rows"] = []
     if with_table:
         log("compile table: the bench's encoder layer, 1/2/4/12 layers, cold and warm ...")

@@ -47,6 +47,30 @@ def _per_round(ratios: list[float] | None) -> str:
             f"{at_or_below}/{len(ratios)} at or below")
 
 
+def _roof(r: dict[str, Any], peak: dict[str, Any]) -> str:
+    """`221 / 219 (94% / 93%)`: GFLOP/s of fused and of the best peer on the model's arithmetic,
+    and each as a share of the machine's FMA peak (when the run measured it)."""
+    rates = r.get("gflop_per_s")
+    if not rates:
+        return ""
+    fused, best = rates.get("gk_fused"), rates.get(r["best_peer"])
+    if fused is None or best is None:
+        return ""
+    text = f"{fused:.0f} / {best:.0f}"
+    if peak.get("gflops"):
+        text += f" ({fused / peak['gflops']:.0%} / {best / peak['gflops']:.0%})"
+    return text
+
+
+def _peak_text(peak: dict[str, Any] | None) -> str:
+    if not peak:
+        return ""
+    if "error" in peak:
+        return f" FMA peak unknown ({peak['error']})."
+    return (f" FMA peak {peak['gflops']:.1f} GFLOP/s ({peak['gflops_core']:.1f} a core x "
+            f"{peak['cores']}; {peak['how']}).")
+
+
 def markdown(results: dict[str, Any], command: str) -> str:
     m = results["machine"]
     v = results["versions"]
@@ -60,15 +84,19 @@ def markdown(results: dict[str, Any], command: str) -> str:
              f"(1, 5, 15 min) at start {_load(results.get('load_average_start'))}, at end "
              f"{_load(results.get('load_average_end'))}. Versions: " +
              ", ".join(f"{k} {x}" for k, x in v.items() if x) + ". OpenVINO: "
-             f"{results['openvino_config']}, all cores.", ""]
+             f"{results['openvino_config']}, all cores." + _peak_text(results.get("fma_peak")),
+             ""]
     rows = results.get("rows", [])
     summary = ["## Summary: graphkernel against the best peer (steady median; < 1 is faster)",
                "", "Per round: fused over the best peer in each round (the two timed side by "
                "side, the machine's drift between rounds cancelled): the median, the range, and "
-               "the rounds in which fused was at or below the peer.", "",
+               "the rounds in which fused was at or below the peer. GFLOP/s: the model's "
+               "arithmetic (graphkernel's count: 2 per multiply-add) over the steady median of "
+               "fused and of the best peer, with each one's share of the FMA peak.", "",
                "| row | best peer | best peer ms | gk fused ms | fused / best | per round | "
-               "gk shape-generic / best | gk unfused ms |",
-               "|---|---|---:|---:|---:|---|---:|---:|"]
+               "gk shape-generic / best | gk unfused ms | GFLOP/s fused / best (of peak) |",
+               "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    peak = results.get("fma_peak") or {}
     for r in rows:
         if r["group"] == "imported" or "best_peer" not in r:
             continue
@@ -80,7 +108,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
             f"{_ratio(r.get('gk_fused_over_best_peer'), s, 'gk_fused')} | "
             f"{_per_round(r.get('gk_fused_over_best_peer_rounds'))} | "
             f"{_ratio(gen, s, 'gk_generic') if 'gk_generic' in s else ''} | "
-            f"{_ms(s.get('gk_unfused', {}).get('steady_median_s'))} |")
+            f"{_ms(s.get('gk_unfused', {}).get('steady_median_s'))} | {_roof(r, peak)} |")
     lines += summary + [""]
     imported = [r for r in rows if r["group"] == "imported"]
     if imported:

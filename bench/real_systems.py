@@ -18,6 +18,14 @@ LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
 STEP_CHANGE_RTOL = 0.05
 
 
+def plan_flops(plan: Any) -> int | None:
+    """Floating-point operations a call of the plan performs, as the report counts them
+    (runtime/flops.py: 2 per multiply-add of a product or convolution); None when a step's count
+    is unknown (a gradient kernel with no expander)."""
+    counts = [step.flops for step in plan.steps]
+    return None if any(c is None for c in counts) else int(sum(counts))
+
+
 # -- availability --------------------------------------------------------------------------------
 
 def missing(module: str) -> str | None:
@@ -46,7 +54,8 @@ def gk_inference(cell: Any, sets: list[list[np.ndarray]], fused: bool
         out = exe(*tensors[i])
         return (out[0] if isinstance(out, tuple) else out).asnumpy()
     return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels),
-                  "compile_cache": exe.report.compile_cache.split(":")[0]}
+                  "compile_cache": exe.report.compile_cache.split(":")[0],
+                  "flops": plan_flops(exe.plan)}
 
 
 def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
@@ -79,7 +88,7 @@ def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
     others = sorted({f"{s.kind.value} {s.op}" for s in compiled.plan.steps
                      if s.kind.value != "kernel"})
     return call, {"load_s": load_s, "compile_s": compile_s,
-                  "kernel_count": len(compiled.kernels),
+                  "kernel_count": len(compiled.kernels), "flops": plan_flops(compiled.plan),
                   "c_entry": compiled.entry is not None, "other_steps": others,
                   "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
 
@@ -183,7 +192,8 @@ def gk_train(net: Any, sets: list[list[np.ndarray]], fused: bool
 
     def call(i: int) -> np.ndarray:
         return np.asarray(exe.run_arrays(*sets[i])[0], np.float32).reshape(1)
-    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels)}
+    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels),
+                  "flops": plan_flops(exe.plan)}
 
 
 def torch_train(model: Any, sets: list[list[np.ndarray]]

@@ -137,3 +137,15 @@ def test_the_summary_pairs_each_round_with_the_peer_timed_beside_it() -> None:
                                  "openvino_config": {}, "rows": [res]}, "python -m bench --real")
     assert "| drift | ONNX Runtime | 1400 | 1500 | 1.07x | 0.95x (0.95-1.07), 2/3 at or below |" \
         in text
+    # the model's arithmetic over each one's median, against the run's FMA peak
+    res["systems"]["gk_fused"]["flops"] = 300e9
+    real.summarise(res)
+    assert res["gflop_per_s"] == {"gk_fused": 200.0, "onnxruntime": 300e9 / 1.4 / 1e9}
+    text = real_report.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": 3,
+                                 "machine": {}, "versions": {}, "copy_bandwidth": {"gbps": 1.0},
+                                 "openvino_config": {}, "rows": [res],
+                                 "fma_peak": {"gflops_core": 125.0, "cores": 2,
+                                              "gflops": 250.0, "how": "stand-in"}},
+                                "python -m bench --real")
+    assert "FMA peak 250.0 GFLOP/s (125.0 a core x 2; stand-in)" in text
+    assert "| 200 / 214 (80% / 86%) |" in text
