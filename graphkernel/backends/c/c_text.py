@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from graphkernel.backends.c.c_erf_table import ERF_TABLE_C
 from graphkernel.ir import types as T
 from graphkernel.runtime.plan import kernel_identifier
 
@@ -241,6 +242,12 @@ static inline float gk_expf_bounded(float v) {
    tanh 2.52 (three roundings after expm1; libmvec's tanhf: 1.38); NaN -> NaN, +-inf -> +-1,
    -0.0 -> -0.0, subnormals to within an ulp. Per element, one thread, in cache (a C loop):
    erf 0.59-0.62 ns against libmvec erff's 0.64-0.74, tanh 0.35 against tanhf's 0.45. */
+"""
+# Float erf: on AVX-512 under gcc, the table form of c_erf_table.py (one polynomial a lane);
+# elsewhere the two-branch form below.
+PRELUDE += ("#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)\n"
+            + ERF_TABLE_C + "#else\n")
+PRELUDE += """\
 #pragma omp declare simd notinbranch
 static inline float gkm_erff(float x) {
   const float a = fabsf(x);
@@ -267,6 +274,7 @@ static inline float gkm_erff(float x) {
   /* erf is odd: the sign is x's (x p alone is +0 for x = -0: p < 0 there). */
   return __builtin_copysignf(gk_select_bits(a < 0.875f, small, large), x);
 }
+#endif
 #pragma omp declare simd notinbranch
 static inline float gkm_tanhf(float x) {
   const float a = fabsf(x);
