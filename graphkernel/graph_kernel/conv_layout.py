@@ -71,7 +71,8 @@ def choose_layouts(graph: Graph, target: LayoutTarget, window: Enum, conv_block:
     chosen: dict[int, int] = {}
     for node in graph.nodes:
         writer = _conv_writing(node, kinds)
-        if writer is None and _own_pool(node, kinds):
+        pool = writer is None and _own_pool(node, kinds)
+        if pool:
             writer = node
             if node.inputs[0].uid not in chosen:  # a pool keeps its input's layout
                 node.notes[LAYOUT_NOTE] = "NCHW: a pool writes the layout it reads, NCHW here"
@@ -80,8 +81,7 @@ def choose_layouts(graph: Graph, target: LayoutTarget, window: Enum, conv_block:
             continue
         why = _why_nchw(node, writer, users, results, kernel_of, target, kinds)
         if why is None:
-            block = chosen.get(node.inputs[0].uid) if writer is node and \
-                _own_pool(node, kinds) else target.channel_block(writer)
+            block = chosen.get(node.inputs[0].uid) if pool else target.channel_block(writer)
             assert block is not None
             chosen[node.uid] = block
             node.notes[LAYOUT_NOTE] = f"blocked, {block} channels a pixel: every reader is a " \
