@@ -390,6 +390,9 @@ def run_row(row: Row, rounds: int, tmp: str, log: Callable[[str], None]) -> dict
             for j in range(k):
                 call((r + j + 1) % 2)
             samples[key].append((time.perf_counter() - t0) / k)
+    for key, call in live:  # whether a sample may have been a call on one thread
+        if hasattr(call, "threads_stats"):
+            res["systems"][key]["threads_stats"] = call.threads_stats()
     for key, s in samples.items():
         rec = res["systems"][key]
         rec["steady_median_s"] = float(np.median(s))

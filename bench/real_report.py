@@ -162,6 +162,13 @@ def markdown(results: dict[str, Any], command: str) -> str:
                 f"{' (one C call)' if s.get('c_entry') else ''} | "
                 f"{'' if err is None else f'{err:.1e}'} |")
         lines.append("")
+        for s in r["systems"].values():
+            modes = s.get("threads_stats")
+            if modes:  # the entry's thread modes over the row's calls (c_entry_threads.py)
+                lines += [f"{s['label']}'s entry: {modes.get('calls_alone', 0)} calls on one "
+                          f"thread, {modes.get('probes', 0)} probes "
+                          f"({modes.get('probes_skipped', 0)} skipped), "
+                          f"{modes.get('switches', 0)} switches.", ""]
     return "\n".join(lines) + "\n"
 
 

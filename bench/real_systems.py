@@ -18,6 +18,18 @@ LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
 STEP_CHANGE_RTOL = 0.05
 
 
+def with_threads_stats(call: Callable[[int], np.ndarray], compiled: Any
+                       ) -> Callable[[int], np.ndarray]:
+    """`call`, carrying its compiled entry's thread-mode counters as `call.threads_stats()`
+    (calls run alone, probes, switches: backends/c/c_entry_threads.py) where it has them, so a
+    row can say whether an outlier sample was a call on one thread."""
+    library = getattr(compiled.executable, "library", None)
+    entry = getattr(library, "entry_module", None)
+    if entry is not None and hasattr(entry, "threads_stats"):
+        call.threads_stats = lambda: dict(entry.threads_stats())  # type: ignore[attr-defined]
+    return call
+
+
 def plan_flops(plan: Any) -> int | None:
     """Floating-point operations a call of the plan performs, as the report counts them
     (runtime/flops.py: 2 per multiply-add of a product or convolution); None when a step's count
@@ -53,9 +65,9 @@ def gk_inference(cell: Any, sets: list[list[np.ndarray]], fused: bool
     def call(i: int) -> np.ndarray:
         out = exe(*tensors[i])
         return (out[0] if isinstance(out, tuple) else out).asnumpy()
-    return call, {"compile_s": compile_s, "kernel_count": len(exe.kernels),
-                  "compile_cache": exe.report.compile_cache.split(":")[0],
-                  "flops": plan_flops(exe.plan)}
+    return with_threads_stats(call, exe), {
+        "compile_s": compile_s, "kernel_count": len(exe.kernels),
+        "compile_cache": exe.report.compile_cache.split(":")[0], "flops": plan_flops(exe.plan)}
 
 
 def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
@@ -87,10 +99,10 @@ def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
     # generated kernel: what keeps a row on the Python runner's steps (issue 27's rows).
     others = sorted({f"{s.kind.value} {s.op}" for s in compiled.plan.steps
                      if s.kind.value != "kernel"})
-    return call, {"load_s": load_s, "compile_s": compile_s,
-                  "kernel_count": len(compiled.kernels), "flops": plan_flops(compiled.plan),
-                  "c_entry": compiled.entry is not None, "other_steps": others,
-                  "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
+    return with_threads_stats(call, compiled), {
+        "load_s": load_s, "compile_s": compile_s, "kernel_count": len(compiled.kernels),
+        "flops": plan_flops(compiled.plan), "c_entry": compiled.entry is not None,
+        "other_steps": others, "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
 
 
 def ort(path: str, names: list[str], sets: list[list[np.ndarray]]

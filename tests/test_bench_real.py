@@ -149,3 +149,28 @@ def test_the_summary_pairs_each_round_with_the_peer_timed_beside_it() -> None:
                                 "python -m bench --real")
     assert "FMA peak 250.0 GFLOP/s (125.0 a core x 2; stand-in)" in text
     assert "| 200 / 214 (80% / 86%) |" in text
+
+
+def test_a_row_says_how_its_entry_ran_the_calls(tmp_path) -> None:
+    # a sample on one thread (a probe) is twice a call on threads: the row keeps the counts
+    ref = np.ones(4, dtype=np.float32)
+
+    def fused():
+        def call(i: int) -> np.ndarray:
+            return ref
+        call.threads_stats = lambda: {"calls_alone": 1, "probes": 2, "probes_skipped": 3,
+                                      "switches": 0}
+        return call, {}
+
+    def build(tmp: str):
+        return [real.Contender("gk_fused", fused),
+                real.Contender("onnxruntime", lambda: ((lambda i: ref), {}))], {}
+    res = real.run_row(real.Row("modes", "real", "stand-in row", build), 2, str(tmp_path),
+                       lambda msg: None)
+    assert res["systems"]["gk_fused"]["threads_stats"]["probes"] == 2
+    assert "threads_stats" not in res["systems"]["onnxruntime"]
+    text = real_report.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": 2,
+                                 "machine": {}, "versions": {}, "copy_bandwidth": {"gbps": 1.0},
+                                 "openvino_config": {}, "rows": [res]}, "python -m bench --real")
+    assert "graphkernel fused's entry: 1 calls on one thread, 2 probes (3 skipped), " \
+        "0 switches." in text

@@ -19,6 +19,8 @@ from graphkernel.backends.c.c_entry_threads import (
     PROBE_CALLS,
     PROBE_MARGIN,
     RECHECK,
+    SLOW_FACTOR,
+    SLOW_STREAK,
 )
 
 ON_THREADS = 0.020  # seconds a call on threads, in every case below
@@ -64,9 +66,27 @@ def test_a_hopeless_probe_alone_ends_after_its_first_call(entry):
     second = FIRST_PROBE + 1 + 2 * FIRST_PROBE  # the interval doubles after a probe that lost
     modes = entry.threads_replay([(ON_THREADS, alone)] * (second + 1))
     assert modes[FIRST_PROBE:FIRST_PROBE + 2] == [1, 0]  # one call alone, then threads again
-    assert [i for i, m in enumerate(modes) if m] == [FIRST_PROBE, second]
+    # the second probe is skipped: the call alone was slower than the margin allows
+    assert [i for i, m in enumerate(modes) if m] == [FIRST_PROBE]
     stats = entry.threads_stats()
-    assert stats["probes"] == 2 and stats["switches"] == 0 and stats["alone_now"] == 0
+    assert stats["probes"] == 1 and stats["probes_skipped"] == 1 and stats["switches"] == 0
+    assert stats["alone_now"] == 0 and stats["alone_best_s"] == pytest.approx(alone)
+
+
+def test_a_slow_streak_probes_only_where_going_alone_could_win(entry):
+    # After one probe found a call alone 1.8x a call on threads: calls on threads slowed 1.6x
+    # (over SLOW_FACTOR, but alone would still be slower than PROBE_MARGIN x them) probe no
+    # more; slowed 2.2x (alone now under the margin) SLOW_STREAK in a row, they probe at once.
+    alone = 1.8 * ON_THREADS
+    modes = entry.threads_replay([(ON_THREADS, alone)] * (FIRST_PROBE + 1))
+    assert modes[FIRST_PROBE] == 1
+    slowed = 1.6 * ON_THREADS
+    assert slowed > SLOW_FACTOR * ON_THREADS and alone >= PROBE_MARGIN * slowed
+    assert entry.threads_replay([(slowed, alone)] * (3 * SLOW_STREAK)) == [0] * (3 * SLOW_STREAK)
+    loaded = 2.2 * ON_THREADS
+    assert alone < PROBE_MARGIN * loaded
+    modes = entry.threads_replay([(loaded, alone)] * (SLOW_STREAK + 1))
+    assert modes == [0] * SLOW_STREAK + [1]
 
 
 def test_a_probe_ends_at_its_first_counted_call_that_is_not_under_the_margin(entry):

@@ -60,7 +60,14 @@ PASSIVE_CALLS_AFTER_PREEMPTION = 1
 # cores). A probe that keeps the mode doubles the interval (from FIRST_PROBE, or RECHECK after
 # a switch, whose cause may have passed: another library's threads spinning after its call),
 # up to PROBE_MAX, so a quiet host probes rarely; SLOW_STREAK calls in a row on threads each
-# SLOW_FACTOR x the fastest such call probe at once (load that arrives).
+# SLOW_FACTOR x the fastest such call probe at once (load that arrives). Neither runs where the
+# fastest call alone so far is not under PROBE_MARGIN x the calls on threads (their median; a
+# streak: each slow call): such a probe would lose. A model whose kernels all split well runs
+# alone at about half its speed on two cores, so noise that slows its calls on threads 1.5x
+# could make it probe again and again, each probe a call at a single thread's speed
+# (ResNet-50 b1, 37 ms a call on threads, had a 67 ms sample in a bench run whose others took
+# 37-41 ms: such a call's time, though the run did not record probes). A skipped probe doubles
+# the interval as a lost one does.
 PROBE_CALLS = 3
 KEEP_CALLS = 8
 PROBE_MARGIN = 0.9
@@ -96,6 +103,8 @@ static __thread double gk_t0 = 0, gk_best = 0, gk_probe_best = 0;
 static __thread double gk_last[@KEEP@];  /* the current mode's latest calls, seconds (0: none) */
 static __thread int gk_next = 0;
 static __thread long long gk_calls_alone = 0, gk_probes = 0, gk_switches = 0;
+static __thread long long gk_probes_skipped = 0;
+static __thread double gk_alone_best = 0;  /* the fastest call alone so far, seconds (0: none) */
 static double gk_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -112,6 +121,11 @@ static double gk_recent(void) {  /* the median of the current mode's latest call
   }
   return n ? kept[n / 2] : 0;
 }
+/* Whether a call alone could beat calls on threads taking `on` seconds by the margin, as far
+   as the fastest call alone so far says (none yet: it could). */
+static int gk_alone_could_win(double on) {
+  return gk_alone_best == 0 || gk_alone_best < @MARGIN@ * on;
+}
 /* The mode of a timed call about to start (1: alone), a probe's calls the other one. */
 static int gk_next_mode(void) {
   int alone = gk_alone;
@@ -123,6 +137,7 @@ static int gk_next_mode(void) {
 }
 /* A timed call of `mode` took dt seconds: the mode of the calls after it. */
 static void gk_account(int mode, double dt) {
+  if (mode == 1 && (gk_alone_best == 0 || dt < gk_alone_best)) gk_alone_best = dt;
   if (mode != gk_alone) {  /* a probe's call: the first wakes or warms, the others count */
     if (gk_probe < @PROBE@ - 1 && dt > gk_probe_best) gk_probe_best = dt;  /* the slower */
     /* A probe that cannot win ends at once: a counted call not under the margin, or a first
@@ -149,12 +164,20 @@ static void gk_account(int mode, double dt) {
   }
   gk_last[gk_next] = dt;
   gk_next = (gk_next + 1) % @KEEP@;
+  int now = 0;
   if (mode == 0) {
     if (gk_best == 0 || dt < gk_best) gk_best = dt;
-    gk_slow = dt > @SLOW_FACTOR@ * gk_best ? gk_slow + 1 : 0;
-    if (gk_slow >= @STREAK@) gk_countdown = 0;  /* slow on threads now: probe at once */
+    gk_slow = dt > @SLOW_FACTOR@ * gk_best && gk_alone_could_win(dt) ? gk_slow + 1 : 0;
+    now = gk_slow >= @STREAK@;  /* slow on threads now, slower than alone was: probe at once */
   }
-  if (--gk_countdown <= 0) {
+  if (--gk_countdown <= 0 || now) {
+    if (!now && !gk_alone && !gk_alone_could_win(gk_recent())) {
+      /* a call alone has been slower than the margin allows: the probe would lose */
+      ++gk_probes_skipped;
+      gk_interval = gk_interval * 2 < @PROBE_MAX@ ? gk_interval * 2 : @PROBE_MAX@;
+      gk_countdown = gk_interval;
+      return;
+    }
     gk_probe = @PROBE@;
     gk_probe_best = 0;
   }
@@ -204,9 +227,10 @@ static void gk_awake_end(int state) {
   if (state == 2) omp_set_num_threads(gk_team); else kmp_set_blocktime(0);
 }
 static PyObject *gk_threads_stats(PyObject *self, PyObject *unused) {
-  return Py_BuildValue("{s:L,s:L,s:L,s:i,s:d}", "calls_alone", gk_calls_alone, "probes",
-                       gk_probes, "switches", gk_switches, "alone_now", gk_alone,
-                       "recent_call_s", gk_recent());
+  return Py_BuildValue("{s:L,s:L,s:L,s:L,s:i,s:d,s:d}", "calls_alone", gk_calls_alone,
+                       "probes", gk_probes, "probes_skipped", gk_probes_skipped, "switches",
+                       gk_switches, "alone_now", gk_alone, "recent_call_s", gk_recent(),
+                       "alone_best_s", gk_alone_best);
 }
 /* The probes' rules on given call times, no call run (their tests): for each (seconds on
    threads, seconds alone), the mode the rules pick and the time fed back for it; the modes. */
