@@ -172,3 +172,19 @@ def copy_bandwidth(nbytes: int, reps: int = 7) -> dict[str, Any]:
         result["note"] = native_error()
     del src, dst
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# FMA peak
+
+def fma_peak() -> dict[str, Any]:
+    """The machine's float32 FMA rate on one core, as `graphkernel doctor` measures it, times
+    the cores every system here runs on (all of them); or why it is unknown."""
+    from graphkernel.backends.c import toolchain
+    from graphkernel.tools import machine_rates
+    rate = machine_rates.fma_rate(toolchain.detect())
+    if isinstance(rate, str):
+        return {"error": rate}
+    cores = os.cpu_count() or 1
+    return {"gflops_core": rate.value, "cores": cores, "gflops": rate.value * cores,
+            "how": rate.how}

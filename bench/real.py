@@ -531,19 +531,6 @@ def select(only: list[str] | None) -> tuple[list[Row], bool]:
     return chosen, "compile_table" in only
 
 
-def fma_peak() -> dict[str, Any]:
-    """The machine's float32 FMA rate on one core, as `graphkernel doctor` measures it, times
-    the cores every system here runs on (all of them); or why it is unknown."""
-    from graphkernel.backends.c import toolchain
-    from graphkernel.tools import machine_rates
-    rate = machine_rates.fma_rate(toolchain.detect())
-    if isinstance(rate, str):
-        return {"error": rate}
-    cores = os.cpu_count() or 1
-    return {"gflops_core": rate.value, "cores": cores, "gflops": rate.value * cores,
-            "how": rate.how}
-
-
 def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
         on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The selected rows, then the compile table; on_row(results so far) after each row."""
@@ -564,7 +551,7 @@ def run(only: list[str] | None, rounds: int, log: Callable[[str], None],
     results["load_average_start"] = os.getloadavg()
     log("measuring copy bandwidth ...")
     results["copy_bandwidth"] = machine.copy_bandwidth(256 << 20)
-    results["fma_peak"] = fma_peak()
+    results["fma_peak"] = machine.fma_peak()
     results["rows"] = []
     if with_table:
         log("compile table: the bench's encoder layer, 1/2/4/12 layers, cold and warm ...")

@@ -244,9 +244,12 @@ static inline float gk_expf_bounded(float v) {
    erf 0.59-0.62 ns against libmvec erff's 0.64-0.74, tanh 0.35 against tanhf's 0.45. */
 """
 # Float erf: on AVX-512 under gcc, the table form of c_erf_table.py (one polynomial a lane);
-# elsewhere the two-branch form below.
-PRELUDE += ("#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)\n"
-            + ERF_TABLE_C + "#else\n")
+# elsewhere the two-branch form below. The table form's functions are compiled wherever they
+# stand (~15 ms a unit), so a unit whose code calls no erf gets the two-branch form, unused
+# (`prelude_for`).
+_ERF_TABLE_OPEN = ("#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)\n"
+                   + ERF_TABLE_C + "#else\n")
+PRELUDE += _ERF_TABLE_OPEN
 PRELUDE += """\
 #pragma omp declare simd notinbranch
 static inline float gkm_erff(float x) {
@@ -333,6 +336,12 @@ double pow(double, double);
 PRELUDE += "".join(f"#pragma omp declare simd notinbranch\n{t} {name}{s}({t});\n"
                    for name in ("sin", "cos", "erfc", "expm1", "log1p")
                    for t, s in (("float", "f"), ("double", "")))
+
+
+def prelude_for(code: str) -> str:
+    """PRELUDE for a translation unit holding `code`: the table erf only where `code` calls
+    gkm_erff."""
+    return PRELUDE if "gkm_erff(" in code else PRELUDE.replace(_ERF_TABLE_OPEN, "#if 1\n", 1)
 
 
 # The translation units build with -fwrapv (toolchain.py), so that integer ops wrap as numpy's

@@ -20,7 +20,7 @@ import numpy as np
 from graphkernel._version import __version__
 from graphkernel.backends.c import cache, toolchain
 from graphkernel.backends.c.c_emitter import KernelSource
-from graphkernel.backends.c.c_text import PRELUDE
+from graphkernel.backends.c.c_text import prelude_for
 from graphkernel.backends.c.shared_kernels import share_identical
 from graphkernel.backends.c.toolchain import compile_workers
 from graphkernel.errors import CompileError
@@ -53,12 +53,14 @@ class BuiltLibrary:
         return self._source
 
 
-def _prelude(with_libmvec: bool) -> str:
-    return PRELUDE if with_libmvec else PRELUDE.split("/* Vector variants")[0]
+def _prelude(with_libmvec: bool, code: str) -> str:
+    prelude = prelude_for(code)
+    return prelude if with_libmvec else prelude.split("/* Vector variants")[0]
 
 
 def translation_unit(kernels: list[KernelSource], with_libmvec: bool) -> str:
-    return _prelude(with_libmvec) + "\n" + "\n".join(k.source for k in kernels)
+    code = "\n".join(k.source for k in kernels)
+    return _prelude(with_libmvec, code) + "\n" + code
 
 
 # The compiler's work on a unit, measured in characters of generated kernel C (gcc -O3 here:
@@ -91,8 +93,8 @@ def translation_units(kernels: list[KernelSource], with_libmvec: bool, entry: st
         units[k] = (units[k][0] + weight, units[k][1] + [text])
     if max(w for w, _ in units) > 0.8 * total:  # one piece outweighs the rest: no gain
         return []
-    prelude = _prelude(with_libmvec)
-    return [prelude + "\n" + "\n".join(texts) for _, texts in units if texts]
+    codes = ["\n".join(texts) for _, texts in units if texts]
+    return [_prelude(with_libmvec, code) + "\n" + code for code in codes]
 
 
 # gcc's optimisation level for the CPython entry. The entry is glue (argument checks, buffer
