@@ -22,7 +22,11 @@ import graphkernel
 from graphkernel import Parameter, Tensor, nn
 from graphkernel.backends.c import c_gemm_packed
 from graphkernel.backends.c.c_gemm import gemm_call
-from graphkernel.backends.c.c_gemm_packed import PACKED_PRODUCT_LABEL, packed_product
+from graphkernel.backends.c.c_gemm_packed import (
+    PACKED_COPIED_A_LABEL,
+    PACKED_PRODUCT_LABEL,
+    packed_product,
+)
 from graphkernel.ops import operations as P
 from graphkernel.runtime.plan import SlotRole
 
@@ -68,6 +72,27 @@ def test_the_plan_names_the_prepacked_weight(rng: Any) -> None:
     assert "gk_pk_buffer((size_t)" not in source  # no per-call pack buffer
 
 
+def test_a_wide_product_copies_rows_of_a_that_share_l1_sets_once_for_all_threads(
+        rng: Any) -> None:
+    # 70 rows of A 4 KiB apart, 1100 columns: split by column panels, all of A read once a
+    # block of 256 columns (5 times a call), so it is copied 1040 floats apart once, first
+    w = rng.standard_normal((1024, 1100)).astype(np.float32)
+    x = rng.standard_normal((70, 1024)).astype(np.float32)
+    exe = graphkernel.compile(Lin(w), x, options=ON)
+    assert _product(exe).attrs.get("gemm_library") == PACKED_COPIED_A_LABEL
+    source = exe.executable.library.source
+    assert "float *gk_As = gk_pk_shared_a((size_t)72800);" in source  # 70 x 1040
+    assert "gk_pk_copy_row(1024, gk_A + gk_r * 1024, gk_As + gk_r * 1040);" in source
+    assert "gk_pk_cols_r(32 * gk_lo, 32 * gk_hi < 1100 ? 32 * gk_hi : 1100, gk_m, 1100, " \
+        "1024, gk_Ar, gk_ra, gk_Bp, gk_C, 1100);" in source
+    want = np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0)
+    np.testing.assert_allclose(exe(Tensor(x)).asnumpy(), want, rtol=1e-4, atol=1e-4)
+    # 600 columns: A read 3 times a call, not worth its copy (COLS_COPY_A_MIN_N)
+    narrow = graphkernel.compile(Lin(w[:, :600].copy()), x, options=ON)
+    assert _product(narrow).attrs.get("gemm_library") == PACKED_PRODUCT_LABEL
+    assert "gk_pk_shared_a((size_t)" not in narrow.executable.library.source
+
+
 def test_a_product_of_inputs_or_of_a_written_weight_is_not_prepacked(rng: Any) -> None:
     # sizes no other test file compiles this product at: the session's kernel cache keeps
     # plan records, whose key does not see the module settings other tests patch
@@ -93,7 +118,9 @@ def test_prepacking_off_packs_per_call(rng: Any, monkeypatch: pytest.MonkeyPatch
 # one under), k past the 768 block and not a multiple of 16 (the transposed pack's edge)
 CASES = [(1027, 800, 1000, False, True), (333, 256, 100, False, False),
          (250, 1000, 50, True, False), (297, 781, 209, True, True), (4000, 40, 40, False, True),
-         (61, 300, 1001, False, False), (130, 777, 700, False, True), (25, 1030, 2050, True, False)]
+         (61, 300, 1001, False, False), (130, 777, 700, False, True), (25, 1030, 2050, True, False),
+         # wide, A's rows 4 KiB apart: copied apart once, shared (n 1100), read in place (n 600)
+         (70, 1024, 1100, False, False), (100, 1024, 600, False, True)]
 
 _CHILD = r"""
 import json, sys
@@ -106,6 +133,7 @@ from graphkernel.ops import operations as P
 from cells import ON
 from test_prepacked_products import Lin
 from graphkernel.backends.c.c_gemm import gemm_call
+from graphkernel.backends.c.c_gemm_packed import copies_a
 
 rng = np.random.default_rng(12)
 out = []
@@ -123,7 +151,8 @@ for m, k, n, ta, tb in json.loads(sys.argv[2]):
     exe = graphkernel.compile(net, x, options=ON)
     (step,) = [s for s in exe.plan.steps if s.op == "MatMul"]
     assert exe.executable.runner.entry is not None
-    assert gemm_call(exe.plan, step).prepacked is not None
+    call = gemm_call(exe.plan, step)
+    assert call.prepacked is not None
     first = exe(Tensor(x)).asnumpy()
     second = exe(Tensor(x)).asnumpy()
     # written behind the version word's back: the kept panels (the old weight) are read
@@ -134,7 +163,7 @@ for m, k, n, ta, tb in json.loads(sys.argv[2]):
     third = exe(Tensor(x)).asnumpy()
     out.append([error(first, x, w, ta, tb), error(second, x, w, ta, tb),
                 error(stale, x, w, ta, tb), error(third, x, w2, ta, tb),
-                float(np.abs(stale).max())])
+                float(np.abs(stale).max()), copies_a(call)])
 
 # a dynamic row count: a batch of sequences times a weight (rows 128 N), batches 3, 1, 0, 5
 from graphkernel import nn
@@ -151,7 +180,7 @@ for batch in (3, 1, 0, 5):
     call = gemm_call(exe.plan, step)
     assert call.symbols and call.prepacked is not None and exe.executable.runner.entry
     e = error(got, x, w, False, False) if batch else 0.0
-    out.append([e, e, e, e, 0.0])
+    out.append([e, e, e, e, 0.0, copies_a(call)])
 print("RESULT " + json.dumps(out))
 """
 
@@ -166,9 +195,11 @@ def test_prepacked_products_match_numpy(threads: int) -> None:
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line[len("RESULT "):])
     assert len(result) == len(CASES) + 4
-    for case, (first, second, stale, third, zeroed) in zip(CASES, result):
+    for case, (first, second, stale, third, zeroed, copied) in zip(CASES, result):
         assert first < 1e-5 and second < 1e-5 and third < 1e-5, (case, threads)
         m, k, n = case[:3]
+        # rows 2 or 4 KiB apart; split by columns, copied only where n is at least 1024
+        assert copied == (not case[3] and k % 512 == 0 and (m >= n or n >= 1024)), case
         one_thread = c_gemm_packed.PREPACKED_ONE_THREAD
         if threads > 1 or one_thread is not None and min(k, n) >= one_thread:
             assert stale < 1e-5, (case, threads, "the kept panels were not read")

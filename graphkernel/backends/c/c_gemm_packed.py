@@ -95,6 +95,14 @@ L1_WAY_BYTES = 4096
 A_ROWS_PER_SET_MAX = 4
 A_COPY_ROWS = 240  # 20 strips: 240 x 3088 floats, 2.9 MiB a thread at k 3072
 A_COPY_BYTES = 4 << 20  # a thread's copy at most (but one strip): fewer rows at a time past it
+# Split by column panels, all of A is read once per block of PACKED_NC columns, so rows that
+# share L1 sets are copied apart whole (shared by the threads) before the panels are handed
+# out, where A is read at least 4 times. Zen 4, 2 threads, in place -> copied: the MLP's
+# 512 x 1024 x 4096 22.7 -> 21.7 ms and 512 x 4096 x 1024 26.9 -> 20.7, 384 x 2048 x 1024
+# 9.0 -> 7.9, 64 x 4096 x 1024 3.7 -> 2.8; but 256 x 1024 x 512 1.7 -> 1.8, 128 x 1024 x 768
+# 1.30 -> 1.38 (A read twice, three times).
+COLS_COPY_A_MIN_N: int | None = 1024
+COLS_COPY_A_BYTES = 64 << 20
 PACKED_COPIED_A_LABEL = PACKED_PRODUCT_LABEL + ", rows of A copied apart"
 
 PACKED_PRODUCT = """#if defined(__AVX512F__) && defined(_OPENMP)
@@ -227,6 +235,16 @@ static float *gk_pk_grow(float **buf, size_t *cap, size_t floats) {
    thread holds B's panels. */
 static __thread float *gk_pk_abuf = NULL;
 static __thread size_t gk_pk_acap = 0;
+
+/* Row `in` (k floats) to `out`. */
+static inline __attribute__((always_inline)) void gk_pk_copy_row(
+    int64_t k, const float *in, float *out) {
+  const __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
+  int64_t d = 0;
+  for (; d + 16 <= k; d += 16) _mm512_storeu_ps(out + d, _mm512_loadu_ps(in + d));
+  if (d < k) _mm512_mask_storeu_ps(out + d, tail, _mm512_maskz_loadu_ps(tail, in + d));
+}
+
 __attribute__((unused)) static void gk_pk_rows_rc(
     int64_t lo, int64_t hi, int64_t n, int64_t k, const float *A, int64_t ra, int64_t sa,
     int64_t at_once, const float *Bp, float *C, int64_t ldc) {
@@ -234,18 +252,18 @@ __attribute__((unused)) static void gk_pk_rows_rc(
     gk_pk_rows_of(lo, hi, n, k, A, ra, 1, Bp, C, ldc);
     return;
   }
-  const __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
   for (int64_t i0 = lo; i0 < hi; i0 += at_once) {
     const int64_t rows = hi - i0 < at_once ? hi - i0 : at_once;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float *in = A + (i0 + r) * ra;
-      float *out = gk_pk_abuf + r * sa;
-      int64_t d = 0;
-      for (; d + 16 <= k; d += 16) _mm512_storeu_ps(out + d, _mm512_loadu_ps(in + d));
-      if (d < k) _mm512_mask_storeu_ps(out + d, tail, _mm512_maskz_loadu_ps(tail, in + d));
-    }
+    for (int64_t r = 0; r < rows; ++r) gk_pk_copy_row(k, A + (i0 + r) * ra, gk_pk_abuf + r * sa);
     gk_pk_rows_of(0, rows, n, k, gk_pk_abuf, sa, 1, Bp, C + i0 * ldc, ldc);
   }
+}
+
+/* The calling thread's buffer for all of A's rows, copied apart once for every thread of a
+   product split by column panels (`copies_a`); NULL when it cannot be had (A read in place).
+   The calling thread is in no product's gk_pk_rows_rc while it is held. */
+__attribute__((unused)) static float *gk_pk_shared_a(size_t floats) {
+  return gk_pk_grow(&gk_pk_abuf, &gk_pk_acap, floats);
 }
 
 /* r[i] = row i of a 16 x 16 block in; r[j] = its column j out. */
@@ -358,11 +376,21 @@ def _by_columns(call: GemmCall) -> bool:
 
 
 def copies_a(call: GemmCall) -> bool:
-    """Whether the packed product copies A's rows apart first (`gk_pk_rows_rc`): A's rows
-    contiguous, split by rows, and a row stride that puts more than A_ROWS_PER_SET_MAX of a
-    tile's 12 rows in one L1 set."""
-    return not call.a.trans and not _by_columns(call) and \
-        rows_per_l1_set(4 * call.a.ld) > A_ROWS_PER_SET_MAX
+    """Whether the packed product copies A's rows apart first: A's rows contiguous and a row
+    stride that puts more than A_ROWS_PER_SET_MAX of a tile's 12 rows in one L1 set. Split
+    by rows, each thread copies its rows a block at a time (`gk_pk_rows_rc`); split by column
+    panels, all of A once, shared (`gk_pk_shared_a`), where n is at least
+    COLS_COPY_A_MIN_N and the copy at most COLS_COPY_A_BYTES."""
+    if call.a.trans or rows_per_l1_set(4 * call.a.ld) <= A_ROWS_PER_SET_MAX:
+        return False
+    if not _by_columns(call):
+        return True
+    return COLS_COPY_A_MIN_N is not None and call.n >= COLS_COPY_A_MIN_N and \
+        _cols_copy_floats(call) * 4 <= COLS_COPY_A_BYTES
+
+
+def _cols_copy_floats(call: GemmCall) -> int:
+    return int(call.m) * copy_stride(call.k)  # static: by columns
 
 
 def packed_product(call: GemmCall) -> bool:
@@ -409,7 +437,11 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
     layout, stride = ("c", call.a.ld) if call.a.trans else ("r", call.a.ld)
     n, k, panels = call.n, call.k, (call.n + 31) // 32
     by_cols = _by_columns(call)
-    if by_cols:  # chunks of whole panels, every row
+    shared = by_cols and copies_a(call)
+    if shared:  # chunks of whole panels, every row of A's copy (in place without one)
+        rows = (f"gk_pk_cols_r(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, "
+                f"{n}, {k}, gk_Ar, gk_ra, gk_Bp, {c}, {call.c.ld});")
+    elif by_cols:  # chunks of whole panels, every row
         rows = (f"gk_pk_cols_{layout}(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, "
                 f"{n}, {k}, {a}, {stride}, gk_Bp, {c}, {call.c.ld});")
     elif copies_a(call):
@@ -440,15 +472,29 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
                 f"gk_h[3] != gk_seen || gk_h[6] != (int64_t)(intptr_t){b};"]
         tail = [f"      if (gk_stale) {{ gk_h[3] = gk_seen; gk_h[6] = (int64_t)(intptr_t){b}; "
                 "gk_h[9] = 1; }"]
+    copy_head: list[str] = []
+    copy: list[str] = []
+    if shared:
+        sa = copy_stride(k)
+        copy_head = [f"      float *gk_As = gk_pk_shared_a((size_t){_cols_copy_floats(call)});",
+                     f"      const float *gk_Ar = gk_As != NULL ? gk_As : {a};",
+                     f"      const int64_t gk_ra = gk_As != NULL ? {sa} : {stride};"]
+        copy = ["        if (gk_As != NULL) {",
+                "          #pragma omp for schedule(static)",
+                "          for (int64_t gk_r = 0; gk_r < gk_m; ++gk_r) "
+                f"gk_pk_copy_row({k}, {a} + gk_r * {stride}, gk_As + gk_r * {sa});",
+                "        }"]
     return ["#if defined(__AVX512F__) && defined(_OPENMP)",
             *head,
             f"      const int64_t gk_m = {m};",
+            *copy_head,
             "      #pragma omp parallel",
             "      {",
             "        if (gk_stale) {",
             "          #pragma omp for schedule(static)",
             f"          for (int64_t gk_p = 0; gk_p < {panels}; ++gk_p) {pack}",
             "        }",
+            *copy,
             "        const int64_t gk_parts = omp_get_num_threads();",
             f"        const int64_t gk_chunks = gk_parts * {PACKED_CHUNKS_PER_THREAD};",
             *_chunk_bounds(by_cols, panels),
