@@ -20,9 +20,9 @@ import numpy as np
 
 
 def _onnx_bert(tmp: str) -> tuple[str, list[list[np.ndarray]]]:
-    from bench.real import _transformer
+    from bench.real_models import transformer
     from bench.real_systems import fix_batch, torch_export
-    net, names, sets, _ = _transformer("bert", 8)
+    net, names, sets, _ = transformer("bert", 8)
     path, fixed = os.path.join(tmp, "bert_dynamic.onnx"), os.path.join(tmp, "bert_b8.onnx")
     torch_export(net, sets[0], names, path, dynamic_batch=True)
     fix_batch(path, 8, fixed)

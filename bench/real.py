@@ -5,7 +5,8 @@ Rows (names for --only):
 - real sizes, written with graphkernel.nn (bench/real_models.py) beside torch eager and beside
   ONNX Runtime and OpenVINO on torch's ONNX export of the same weights: bert_base (12 encoder
   layers, hidden 768, 12 heads, seq 128, batch 8), bert_base_train, resnet18_b1/b8,
-  resnet50_b1/b8 (224x224), resnet50_train_b4, mobilenetv2_b8;
+  resnet50_b1/b8 (224x224), resnet50_train_b4, mobilenetv2_b8; the CNNs' inference rows beside
+  MindSpore 2.10 (graph-kernel fusion on) too, on the same network code and weights;
 - ONNX models exported from PyTorch (a dynamic batch axis) and read with graphkernel.load:
   onnx_resnet18_b1/b8, onnx_mobilenetv3_b1/b8, onnx_bert_small, onnx_gpt2_block; graphkernel
   fused and unfused on the file with its batch fixed, shape-generic on the file itself, ONNX
@@ -22,7 +23,8 @@ interleaved round by round (a few rounds: one call each at these sizes) and thei
 Where every system of a row takes under WARM_CALL_BELOW_S a call, each runs one untimed call
 right before each of its samples, so it is timed after itself, as its users run it, and not
 while the previous system's thread pool (ONNX Runtime's and OpenVINO's spin; torch's OpenMP)
-still spins on the cores.
+still spins on the cores. MindSpore, whose calls take seconds at these sizes, stands apart
+from that rule (Contender.warm_rule): no untimed call of its own, nor does it turn the others' off.
 graphkernel compiles into a fresh kernel cache folder for the run, so its first calls are cold.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from bench.peers import OPENVINO_CONFIG
+from bench.real_models import transformer
 from bench.real_report import markdown
 from bench.real_systems import (
     LABELS,
@@ -48,6 +51,8 @@ from bench.real_systems import (
     gk_inference,
     gk_loaded,
     gk_train,
+    mindspore_cnn,
+    mindspore_missing,
     missing,
     needs_torch_export,
     openvino,
@@ -59,6 +64,7 @@ from bench.real_systems import (
 
 GK_KEYS = ("gk_fused", "gk_unfused", "gk_generic")
 PEER_KEYS = ("onnxruntime", "openvino", "torch")
+ALL_PEER_KEYS = PEER_KEYS + ("mindspore",)  # MindSpore: the CNN inference rows
 ENCODER_COMPILE_LAYERS = (1, 2, 4, 12)
 MIN_SAMPLE_S = 0.05
 # Peers' pools spin for milliseconds after a call: that matters to a 30 ms call, not a 1 s one,
@@ -77,6 +83,10 @@ class Contender:
     key: str
     prepare: Callable[[], tuple[Callable[[int], np.ndarray], dict[str, Any]]] | None
     skipped: str | None = None
+    # False: a system whose calls take seconds where the row's others take milliseconds
+    # (MindSpore's CPU convolutions at 224x224) gets no untimed call before its samples and
+    # does not turn that call off for the others (WARM_CALL_BELOW_S)
+    warm_rule: bool = True
 
 
 @dataclass
@@ -108,6 +118,7 @@ def cnn_row(model: str, batch: int, train: bool = False) -> Row:
         shapes = [x_shape, (batch, 1000)] if train else [x_shape]
         sets = _sets(shapes, 2)
         params = gk_params(gk_cnn(model))
+        ms = [] if train else [_mindspore_peer(model, params, sets, tmp)]
 
         def gk_prep(fused: bool) -> Callable[[], Any]:
             def prep() -> Any:
@@ -120,7 +131,7 @@ def cnn_row(model: str, batch: int, train: bool = False) -> Row:
         out = [Contender("gk_fused", gk_prep(True)), Contender("gk_unfused", gk_prep(False))]
         why = needs_torch_export()
         if why:
-            return out + [Contender(k, None, why) for k in PEER_KEYS], {}
+            return out + [Contender(k, None, why) for k in PEER_KEYS] + ms, {}
         net = torch_cnn(model)
         load_into_torch(net, params)
         if train:
@@ -130,12 +141,22 @@ def cnn_row(model: str, batch: int, train: bool = False) -> Row:
         path = os.path.join(tmp, f"{model}_b{batch}.onnx")
         torch_export(net, sets[0], ["x"], path, dynamic_batch=False)
         return out + _onnx_peers(path, ["x"], sets) + [
-            Contender("torch", lambda: torch_inference(net, sets))], {"onnx_file": path}
+            Contender("torch", lambda: torch_inference(net, sets))] + ms, {"onnx_file": path}
 
     kind = "training step (MSE + Adam)" if train else "inference"
     return Row(f"{model}_train_b{batch}" if train else f"{model}_b{batch}", "real",
                f"{model} {kind}, batch {batch}, 224x224 (graphkernel.nn)", build,
                rtol=TRAIN_RTOL if train else 1e-3, check_calls=2 if train else 1)
+
+
+def _mindspore_peer(model: str, params: dict[str, np.ndarray], sets: list[list[np.ndarray]],
+                    tmp: str) -> Contender:
+    """MindSpore 2.10 running the same network code and weights (bench/real_models.py gk_cnn on
+    MindSpore's cells), in a helper process."""
+    why = mindspore_missing()
+    return Contender("mindspore", None if why else
+                     lambda: mindspore_cnn(model, params, [s[0] for s in sets], tmp), why,
+                     warm_rule=False)
 
 
 def _onnx_peers(path: str, names: list[str], sets: list[list[np.ndarray]]) -> list[Contender]:
@@ -202,7 +223,7 @@ def onnx_model_row(name: str, batch: int) -> Row:
             names, sets = ["x"], _sets([(batch, 3, 224, 224)], 2)
             dims = {"batch": batch, "image": 224}
         else:
-            net, names, sets, dims = _transformer(name, batch)
+            net, names, sets, dims = transformer(name, batch)
             opset = 18 if name == "gpt2" else 17
         path = os.path.join(tmp, f"{name}_dynamic.onnx")
         fixed = os.path.join(tmp, f"{name}_b{batch}.onnx")
@@ -222,42 +243,6 @@ def onnx_model_row(name: str, batch: int) -> Row:
              "gpt2": "transformers GPT2Model, one block (hidden 256, 4 heads, seq 128)"}[name]
     key = f"onnx_{name}_b{batch}"
     return Row(key, "onnx", f"ONNX export: {title}, batch {batch}", build)
-
-
-def _transformer(name: str, batch: int) -> tuple[Any, list[str], list[list[np.ndarray]],
-                                                 dict[str, int]]:
-    import torch
-    seq, vocab = 128, 8000
-    rng = np.random.default_rng(0)
-    ids = [rng.integers(0, vocab, (batch, seq)).astype(np.int64) for _ in range(2)]
-    masks = [np.ones((batch, seq), np.int64) for _ in range(2)]
-    for m in masks:
-        m[:, seq - seq // 4:] = 0  # padding at the end of every row
-    names, sets = ["input_ids", "attention_mask"], [[i, m] for i, m in zip(ids, masks)]
-    if name == "bert":
-        from transformers import BertConfig, BertModel
-        config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=4,
-                            num_attention_heads=4, intermediate_size=1024,
-                            max_position_embeddings=seq, attn_implementation="eager")
-        model = BertModel(config, add_pooling_layer=False).eval()
-    else:
-        from transformers import GPT2Config, GPT2Model
-        config = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=1, n_head=4,
-                            use_cache=False)
-        config._attn_implementation = "eager"
-        # With an attention mask given, transformers does not look for packed sequences
-        # (torch.diff of the positions, which has no ONNX form).
-        model = GPT2Model(config).eval()
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              return_dict=False)[0]
-    return LastHidden().eval(), names, sets, {"batch": batch, "seq": seq}
 
 
 def imported_rows() -> list[Row]:
@@ -376,15 +361,20 @@ def run_row(row: Row, rounds: int, tmp: str, log: Callable[[str], None]) -> dict
             once = time.perf_counter() - t0
         per_sample[key] = max(1, min(100_000, int(MIN_SAMPLE_S / max(once, 1e-7))))
         call_s[key] = once
-    # One rule for the whole row, so no system of it is timed warmer than another.
-    warm = bool(call_s) and max(call_s.values()) < WARM_CALL_BELOW_S
+    # One rule for the whole row, so no system of it is timed warmer than another (but the
+    # ones apart from it: Contender.warm_rule).
+    apart = {c.key for c in contenders if not c.warm_rule}
+    ruled = [s for k, s in call_s.items() if k not in apart]
+    warm = bool(ruled) and max(ruled) < WARM_CALL_BELOW_S
     res["warm_call_before_sample"] = warm
+    if apart & set(call_s):
+        res["no_warm_call"] = sorted(apart & set(call_s))
     samples: dict[str, list[float]] = {k: [] for k, _ in live}
     for r in range(max(rounds, row.min_rounds)):
         shift = r % max(1, len(live))
         for key, call in live[shift:] + live[:shift]:
             k = per_sample[key]
-            if warm:
+            if warm and key not in apart:
                 call(r % 2)
             t0 = time.perf_counter()
             for j in range(k):
@@ -420,7 +410,7 @@ def summarise(res: dict[str, Any]) -> None:
             res["kernel_counts"] = {k: systems[k].get("kernel_count")
                                     for k in ("gk_handwritten", "gk_imported")}
         return
-    peers = {k: t(k) for k in PEER_KEYS if t(k)}
+    peers = {k: t(k) for k in ALL_PEER_KEYS if t(k)}
     if peers:
         best = min(peers, key=lambda k: peers[k])  # type: ignore[arg-type,return-value]
         res["best_peer"], res["best_peer_s"] = best, peers[best]

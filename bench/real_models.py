@@ -36,12 +36,16 @@ def _make_divisible(v: float, divisor: int = 8) -> int:
 
 # -- graphkernel.nn ------------------------------------------------------------------------------
 
-def gk_cnn(name: str, params: dict[str, np.ndarray] | None = None, classes: int = 1000) -> Any:
+def gk_cnn(name: str, params: dict[str, np.ndarray] | None = None, classes: int = 1000,
+           framework: str = "graphkernel") -> Any:
     """ResNet-18/50 or MobileNetV2 with graphkernel.nn layers, inference mode: `params` by name
-    (as gk_params returns them), else random weights."""
-    import graphkernel
-    from graphkernel import nn
-    from graphkernel.ops import operations as P
+    (as gk_params returns them), else random weights. framework "mindspore": the same code on
+    MindSpore 2.10's cells and primitives (graphkernel's API is MindSpore's; `params` needed),
+    as bench/ms_worker.py runs it in a process of its own."""
+    import importlib
+    fw = importlib.import_module(framework)
+    nn = importlib.import_module(framework + ".nn")
+    P = importlib.import_module(framework + ".ops.operations")
 
     class ConvBN(nn.Cell):
         def __init__(self, cin: int, cout: int, k: int, stride: int = 1, group: int = 1,
@@ -136,7 +140,9 @@ def gk_cnn(name: str, params: dict[str, np.ndarray] | None = None, classes: int 
     if params is None:
         _randomise_batchnorm(net)
     else:
-        not_loaded, unused = graphkernel.load_param_into_net(net, params)
+        if framework == "mindspore":  # MindSpore loads Parameters, not arrays
+            params = {k: fw.Parameter(fw.Tensor(v), name=k) for k, v in params.items()}
+        not_loaded, unused = fw.load_param_into_net(net, params)
         if not_loaded or unused:
             raise KeyError(f"{name}: parameters not loaded {not_loaded}, unused {unused}")
     net.set_train(False)
@@ -404,3 +410,42 @@ def torch_encoder(params: list[dict[str, np.ndarray]], heads: int) -> Any:
             return self.norm2(h1 + f)
 
     return nn.Sequential(*[Layer(p) for p in params]).eval()
+
+
+def transformer(name: str, batch: int) -> tuple[Any, list[str], list[list[np.ndarray]],
+                                                dict[str, int]]:
+    """transformers' BertModel (4 layers, hidden 256) or GPT2Model (one block) at seq 128, its
+    last hidden state as the output, in eval mode (the ONNX rows' exports), with its input
+    names, two input sets (token ids, a mask padding each row's last quarter) and dims."""
+    import torch
+    seq, vocab = 128, 8000
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, vocab, (batch, seq)).astype(np.int64) for _ in range(2)]
+    masks = [np.ones((batch, seq), np.int64) for _ in range(2)]
+    for m in masks:
+        m[:, seq - seq // 4:] = 0  # padding at the end of every row
+    names, sets = ["input_ids", "attention_mask"], [[i, m] for i, m in zip(ids, masks)]
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+        config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=4,
+                            num_attention_heads=4, intermediate_size=1024,
+                            max_position_embeddings=seq, attn_implementation="eager")
+        model = BertModel(config, add_pooling_layer=False).eval()
+    else:
+        from transformers import GPT2Config, GPT2Model
+        config = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=1, n_head=4,
+                            use_cache=False)
+        config._attn_implementation = "eager"
+        # With an attention mask given, transformers does not look for packed sequences
+        # (torch.diff of the positions, which has no ONNX form).
+        model = GPT2Model(config).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              return_dict=False)[0]
+    return LastHidden().eval(), names, sets, {"batch": batch, "seq": seq}

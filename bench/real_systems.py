@@ -3,6 +3,7 @@ loaded file, ONNX Runtime, OpenVINO and torch on the same graph, and training st
 returns call(i) for input set i and what it learned while preparing."""
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 LABELS = {"gk_fused": "graphkernel fused", "gk_unfused": "graphkernel unfused",
           "gk_generic": "graphkernel shape-generic", "gk_handwritten": "graphkernel hand-written",
           "gk_imported": "graphkernel imported (ONNX)", "onnxruntime": "ONNX Runtime",
-          "openvino": "OpenVINO", "torch": "torch eager"}
+          "openvino": "OpenVINO", "torch": "torch eager", "mindspore": "MindSpore 2.10 fused"}
 # A training step's loss change (second loss - first) may differ from the reference's by this
 # much, relative: float32 gradients of deep nets, and BatchNorm's batch statistics.
 STEP_CHANGE_RTOL = 0.05
@@ -103,6 +104,41 @@ def gk_loaded(source: Any, sets: list[list[np.ndarray]], fused: bool
         "load_s": load_s, "compile_s": compile_s, "kernel_count": len(compiled.kernels),
         "flops": plan_flops(compiled.plan), "c_entry": compiled.entry is not None,
         "other_steps": others, "signature": [f"{n}: {t}" for n, t in cell._loaded.signature]}
+
+
+def mindspore_missing() -> str | None:
+    """Why MindSpore cannot run here, or None (bench/peers.py MindSporeFused's probe)."""
+    from bench.peers import MindSporeFused
+    return MindSporeFused().probe()
+
+
+def mindspore_cnn(model: str, params: dict[str, np.ndarray], xs: list[np.ndarray], tmp: str
+                  ) -> tuple[Callable[[int], np.ndarray], dict[str, Any]]:
+    """bench/real_models.py's `model` on MindSpore 2.10 (graph mode, graph-kernel fusion on, as
+    the suite's MindSpore system) with `params`, in a helper process (bench/ms_worker.py: its
+    import sets OMP_NUM_THREADS=1 process-wide); a call asks it for input set i's result, so its
+    time includes a pipe's round trip (~0.1 ms) and the 1000-class output's copy."""
+    import weakref
+
+    from bench.remote import RemoteWorker
+    params_path = os.path.join(tmp, f"{model}_mindspore_params.npz")
+    inputs_path = os.path.join(tmp, f"{model}_mindspore_inputs.npz")
+    np.savez(params_path, **params)
+    np.savez(inputs_path, *xs)
+    worker = RemoteWorker("bench.ms_worker")
+    try:
+        t0 = time.perf_counter()
+        info = worker.request("prepare_cnn", model=model, params_path=params_path,
+                              inputs_path=inputs_path)
+        info["prepare_in_helper_s"] = time.perf_counter() - t0
+    except Exception:
+        worker.close()
+        raise
+
+    def call(i: int) -> np.ndarray:
+        return worker.request("output", mode="fresh", index=i)
+    weakref.finalize(call, worker.close)  # the helper ends with the row
+    return call, info
 
 
 def ort(path: str, names: list[str], sets: list[list[np.ndarray]]

@@ -82,7 +82,8 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
     options say so, as the bench's fused rows do)."""
     import graphkernel
     from bench import real_systems as rs
-    from bench.real import BERT_BASE, _sets, _transformer
+    from bench.real import BERT_BASE, _sets
+    from bench.real_models import transformer
     from graphkernel.graph_kernel.pipeline import CompileOptions
     if model.startswith("bert"):
         from bench.real_models import encoder_params, gk_encoder
@@ -96,7 +97,7 @@ def _build(model: str, tmp: str) -> tuple[Any, list[Any]]:
         from bench.real_systems import fix_batch, torch_export
         from graphkernel import nn
         name, batch = model.split("_")[1], int(model.rsplit("b", 1)[1])
-        net, names, sets, _ = _transformer(name, batch)
+        net, names, sets, _ = transformer(name, batch)
         path, fixed = os.path.join(tmp, "net.onnx"), os.path.join(tmp, "net_fixed.onnx")
         torch_export(net, sets[0], names, path, dynamic_batch=True, opset=17)
         fix_batch(path, batch, fixed)

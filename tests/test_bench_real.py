@@ -35,20 +35,24 @@ def test_a_wrong_answer_is_flagged_and_not_timed(tmp_path) -> None:
     assert "test cpu" in text and "wrong answer" in text and "| stand_in |" in text
 
 
-def _counting_row(seconds: float, calls: dict[str, list[int]]) -> real.Row:
-    """Two stand-in systems whose every call is logged; each call's time is `seconds`."""
+def _counting_row(seconds: float, calls: dict[str, list[int]],
+                  apart: dict[str, float] | None = None) -> real.Row:
+    """Stand-in systems whose every call is logged; each call's time is `seconds`, or for the
+    ones `apart` from the row's warm rule (Contender.warm_rule) their own."""
     import time as _time
     ref = np.ones(4, dtype=np.float32)
+    apart = apart or {}
 
     def system(key: str):
         def call(i: int) -> np.ndarray:
             calls[key].append(i)
-            _time.sleep(seconds)
+            _time.sleep(apart.get(key, seconds))
             return ref
         return call, {}
 
     def build(tmp: str):
-        return [real.Contender(k, (lambda k=k: system(k))) for k in calls], {}
+        return [real.Contender(k, (lambda k=k: system(k)), warm_rule=k not in apart)
+                for k in calls], {}
     return real.Row("counting", "real", "stand-in row", build, rtol=1e-3)
 
 
@@ -65,6 +69,44 @@ def test_each_sample_follows_an_untimed_call_of_its_own_system(tmp_path, monkeyp
         timed = rounds * res["systems"][key]["calls_per_sample"]
         checking = 1  # the first call, checked against the reference (check_calls=1)
         assert len(log) == checking + timed + (rounds if warm else 0), key
+
+
+def test_a_system_of_seconds_a_call_stands_apart_from_the_warm_rule(tmp_path) -> None:
+    # MindSpore's CPU convolutions take seconds a call at 224x224 where the others take
+    # milliseconds: it gets no untimed call, and the others keep theirs (1.05 s: over
+    # WARM_CALL_BELOW_S, which would have turned theirs off)
+    calls: dict[str, list[int]] = {"gk_fused": [], "onnxruntime": [], "mindspore": []}
+    rounds = 2
+    res = real.run_row(_counting_row(0.06, calls, apart={"mindspore": 1.05}), rounds,
+                       str(tmp_path), lambda m: None)
+    assert res["warm_call_before_sample"] is True and res["no_warm_call"] == ["mindspore"]
+    for key, log in calls.items():
+        timed = rounds * res["systems"][key]["calls_per_sample"]
+        assert len(log) == 1 + timed + (0 if key == "mindspore" else rounds), key
+    assert res["best_peer"] == "onnxruntime"  # the fastest peer, MindSpore among them
+    text = real_report.markdown({"started_utc": "2026-01-01T00:00:00Z", "rounds": rounds,
+                                 "machine": {}, "versions": {}, "copy_bandwidth": {"gbps": 1.0},
+                                 "openvino_config": {}, "rows": [res]}, "python -m bench --real")
+    assert "MindSpore 2.10 fused: no untimed call before each sample" in text
+
+
+@pytest.mark.slow  # a peer library: MindSpore's compile of a ResNet takes seconds
+def test_mindspore_runs_the_same_network_code_and_weights(tmp_path) -> None:
+    if real_systems.mindspore_missing():
+        pytest.skip(real_systems.mindspore_missing())
+    import graphkernel
+    from bench.real_models import gk_cnn, gk_params
+    params = gk_params(gk_cnn("resnet18", classes=10))
+    xs = [np.random.default_rng(i).standard_normal((2, 3, 32, 32)).astype(np.float32)
+          for i in range(2)]
+    exe = graphkernel.compile(gk_cnn("resnet18", params, classes=10), xs[0])
+    call, info = real_systems.mindspore_cnn("resnet18", params, xs, str(tmp_path))
+    for i, x in enumerate(xs):
+        want = exe(graphkernel.Tensor(x)).asnumpy()
+        got = call(i)
+        assert got.shape == (2, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert info["graph_kernel"] is True and info["first_call_in_helper_s"] > 0
 
 
 def test_only_refuses_an_unknown_row() -> None:
