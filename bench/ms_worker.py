@@ -280,8 +280,10 @@ def prepare_cnn(model: str, params_path: str, inputs_path: str) -> dict[str, Any
     call(0)
     first = time.perf_counter() - t0
     _state["call"], _state["n"] = call, len(tensors)
-    return {"first_call_in_helper_s": first, "graph_kernel": True,
-            "threads": threads(), "cwd": os.getcwd()}
+    return {"first_call_in_helper_s": first,
+            "graph_kernel": bool(ms.get_context("enable_graph_kernel")),
+            "threads": threads(), "calls": "through a pipe to this helper (a round trip each)",
+            "cwd": os.getcwd()}
 
 
 def output(mode: str, index: int) -> np.ndarray:

@@ -363,12 +363,12 @@ def run_row(row: Row, rounds: int, tmp: str, log: Callable[[str], None]) -> dict
         call_s[key] = once
     # One rule for the whole row, so no system of it is timed warmer than another (but the
     # ones apart from it: Contender.warm_rule).
-    apart = {c.key for c in contenders if not c.warm_rule}
+    apart = {c.key for c in contenders if not c.warm_rule} & set(call_s)
     ruled = [s for k, s in call_s.items() if k not in apart]
     warm = bool(ruled) and max(ruled) < WARM_CALL_BELOW_S
     res["warm_call_before_sample"] = warm
-    if apart & set(call_s):
-        res["no_warm_call"] = sorted(apart & set(call_s))
+    if apart:
+        res["no_warm_call"] = sorted(apart)
     samples: dict[str, list[float]] = {k: [] for k, _ in live}
     for r in range(max(rounds, row.min_rounds)):
         shift = r % max(1, len(live))

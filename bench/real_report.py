@@ -166,7 +166,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
             lines += [", ".join(LABELS[k] for k in r["no_warm_call"]) + ": no untimed call "
                       "before each sample (its calls take seconds; the others' rule: "
                       f"{'an untimed call first' if r.get('warm_call_before_sample') else 'none'}"
-                      "). Its calls run in a helper process (a pipe's round trip each).", ""]
+                      ").", ""]
         for s in r["systems"].values():
             modes = s.get("threads_stats")
             if modes:  # the entry's thread modes over the row's calls (c_entry_threads.py)

@@ -438,12 +438,10 @@ def emit_packed(call: GemmCall, a: str, b: str, c: str, m: str, blas: list[str],
     n, k, panels = call.n, call.k, (call.n + 31) // 32
     by_cols = _by_columns(call)
     shared = by_cols and copies_a(call)
-    if shared:  # chunks of whole panels, every row of A's copy (in place without one)
-        rows = (f"gk_pk_cols_r(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, "
-                f"{n}, {k}, gk_Ar, gk_ra, gk_Bp, {c}, {call.c.ld});")
-    elif by_cols:  # chunks of whole panels, every row
+    if by_cols:  # chunks of whole panels, every row (of A's copy where there is one)
+        src, src_stride = ("gk_Ar", "gk_ra") if shared else (a, str(stride))
         rows = (f"gk_pk_cols_{layout}(32 * gk_lo, 32 * gk_hi < {n} ? 32 * gk_hi : {n}, gk_m, "
-                f"{n}, {k}, {a}, {stride}, gk_Bp, {c}, {call.c.ld});")
+                f"{n}, {k}, {src}, {src_stride}, gk_Bp, {c}, {call.c.ld});")
     elif copies_a(call):
         rows = (f"gk_pk_rows_rc(gk_lo, gk_hi, {n}, {k}, {a}, {stride}, {copy_stride(k)}, "
                 f"{copy_rows(k)}, gk_Bp, {c}, {call.c.ld});")
